@@ -15,8 +15,11 @@ struct Entry {
 };
 
 // Block geometry from GGUF's own block layouts (blocks of 32 for the legacy quants,
-// 256 for the K and most IQ quants).
-constexpr std::array<Entry, 32> kTypes = {{
+// 256 for the K and most IQ quants). Checked against ggml-common.h's block structs
+// (e.g. q8_K = f32 d + 256 qs + 16 i16 bsums = 292; tq1_0 = 48 qs + 4 qh + f16 d = 54;
+// nvfp4 = 4 e4m3 scales + 32 qs per 64 values). Ids 4, 5, 31-33 and 36-38 were removed
+// from ggml and are rejected.
+constexpr std::array<Entry, 33> kTypes = {{
     {0, {"f32", 1, 4}},        {1, {"f16", 1, 2}},        {2, {"q4_0", 32, 18}},
     {3, {"q4_1", 32, 20}},     {6, {"q5_0", 32, 22}},     {7, {"q5_1", 32, 24}},
     {8, {"q8_0", 32, 34}},     {9, {"q8_1", 32, 36}},     {10, {"q2_K", 256, 84}},
@@ -28,6 +31,7 @@ constexpr std::array<Entry, 32> kTypes = {{
     {26, {"i32", 1, 4}},       {27, {"i64", 1, 8}},       {28, {"f64", 1, 8}},
     {29, {"iq1_m", 256, 56}},  {30, {"bf16", 1, 2}},      {34, {"tq1_0", 256, 54}},
     {35, {"tq2_0", 256, 66}},  {39, {"mxfp4", 32, 17}},
+    {40, {"nvfp4", 64, 36}},
 }};
 
 }  // namespace

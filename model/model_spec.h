@@ -73,11 +73,19 @@ struct ModelSpec {
     uint64_t weight_bytes_non_layer = 0;              // embeddings, output norm, head
     std::map<GgmlType, uint64_t> weight_bytes_by_type;
     std::map<GgmlType, uint64_t> tensor_count_by_type;
+
+    // Things that are legal but limit what spillway can do with the model (e.g. a head dim
+    // that is not a multiple of 32 rules out the quantized KV tiers). Shown by `info`.
+    std::vector<std::string> notes;
 };
 
 // Builds and validates a ModelSpec from GGUF metadata and the tensor table (no tensor data
 // is read). Throws spillway::Error listing every missing or inconsistent key at once.
 ModelSpec model_spec_from_gguf(const GgufHeader& header);
+
+// Whether every layer's K and V rows split into whole blocks of `type` (head dims that are
+// multiples of 32 for q8_0 / q4_0). The planner skips tiers for which this is false.
+bool kv_type_fits(const ModelSpec& spec, KvType type);
 
 // KV bytes one cell (one token position) takes in layer `layer` for K type `k`, V type `v`.
 uint64_t layer_kv_bytes_per_cell(const ModelSpec& spec, uint32_t layer, KvType k, KvType v);

@@ -1,0 +1,284 @@
+// Kernel micro-benchmarks: every op of engine/cuda on shapes of Qwen2.5-14B, on random data
+// generated on the GPU, each input set rotated among copies totalling >= 1 GiB so that no
+// timed launch reads from L2 (60 MB on the H200). Median of N launches timed by events.
+// Prints a markdown table: achieved GB/s (bytes the kernel must move / time) and its share
+// of two ceilings measured in the same run: HBM read (a read-only reduction kernel) and
+// device-to-device copy (bytes read + written).
+//
+// Usage: bench_kernels [--iters N] [--only SUBSTRING]
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/cuda/attention.cuh"
+#include "engine/cuda/cuda_check.h"
+#include "engine/cuda/kv_write.cuh"
+#include "engine/cuda/matvec.cuh"
+#include "engine/cuda/rmsnorm.cuh"
+#include "engine/cuda/rope.cuh"
+#include "engine/cuda/swiglu.cuh"
+#include "gguf/ggml_types.h"
+
+using namespace spillway;
+
+namespace {
+
+constexpr size_t kRotateBytes = size_t(1) << 30;
+
+__device__ uint32_t hash32(uint64_t i, uint32_t salt) {
+    uint32_t x = (uint32_t)(i ^ (i >> 32)) * 0x9E3779B1u ^ salt;
+    x ^= x >> 16;
+    x *= 0x85EBCA6Bu;
+    x ^= x >> 13;
+    x *= 0xC2B2AE35u;
+    x ^= x >> 16;
+    return x;
+}
+__device__ float hash_unit(uint64_t i, uint32_t salt) { return (hash32(i, salt) >> 8) * (2.0f / 16777216.0f) - 1.0f; }
+
+// Random bytes everywhere (fill_bytes), then a valid small f16 scale at the start of each
+// block (fix_block_scales, a second launch: blocks of one launch do not wait for each other).
+__global__ void fill_bytes(uint8_t* p, size_t bytes, uint32_t salt) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < bytes; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = (uint8_t)hash32(i, salt);
+}
+__global__ void fix_block_scales(uint8_t* p, size_t bytes, uint32_t block_bytes, uint32_t salt) {
+    const size_t n_blocks = bytes / block_bytes;
+    for (size_t b = blockIdx.x * (size_t)blockDim.x + threadIdx.x; b < n_blocks; b += (size_t)gridDim.x * blockDim.x) {
+        const __half d = __float2half(0.01f * (1.0f + hash_unit(b, salt + 1)));
+        memcpy(p + b * block_bytes, &d, 2);
+    }
+}
+__global__ void fill_f16(__half* p, size_t n, uint32_t salt) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = __float2half(hash_unit(i, salt));
+}
+__global__ void fill_bf16(uint16_t* p, size_t n, uint32_t salt) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float f = hash_unit(i, salt);
+        uint32_t bits;
+        memcpy(&bits, &f, 4);
+        p[i] = (uint16_t)(bits >> 16);
+    }
+}
+__global__ void fill_f32(float* p, size_t n, uint32_t salt) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = hash_unit(i, salt);
+}
+
+// The HBM read ceiling: each thread sums 16-byte vectors, 4 in flight.
+__global__ void read_kernel(const uint4* p, size_t n, uint32_t* sink) {
+    uint32_t acc = 0;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        const uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride), d = __ldcs(p + i + 3 * stride);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n; i += stride) {
+        const uint4 a = __ldcs(p + i);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w;
+    }
+    if (acc == 0x12345678u) *sink = acc;  // practically never: keeps the loads alive
+}
+
+void fill_type(GgmlType type, void* p, size_t bytes, uint32_t salt) {
+    const dim3 grid(4096), block(256);
+    switch (type) {
+        case GgmlType::F16: fill_f16<<<grid, block>>>(static_cast<__half*>(p), bytes / 2, salt); break;
+        case GgmlType::BF16: fill_bf16<<<grid, block>>>(static_cast<uint16_t*>(p), bytes / 2, salt); break;
+        case GgmlType::Q8_0:
+        case GgmlType::Q4_0:
+            fill_bytes<<<grid, block>>>(static_cast<uint8_t*>(p), bytes, salt);
+            fix_block_scales<<<grid, block>>>(static_cast<uint8_t*>(p), bytes, type == GgmlType::Q8_0 ? 34 : 18, salt);
+            break;
+        default: fail("bench: no filler for this type");
+    }
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+GgmlType ggml_of(KvType t) { return t == KvType::f16 ? GgmlType::F16 : t == KvType::q8_0 ? GgmlType::Q8_0 : GgmlType::Q4_0; }
+
+struct Options {
+    int iters = 50;
+    std::string only;
+};
+
+// Median of `iters` launches (after 3 warm-ups), each bracketed by its own event pair.
+double median_us(const std::function<void(int)>& launch, int iters) {
+    for (int i = 0; i < 3; ++i) launch(i);
+    std::vector<cudaEvent_t> ev(2 * iters);
+    for (auto& e : ev) SPILLWAY_CUDA_CHECK(cudaEventCreate(&e));
+    for (int i = 0; i < iters; ++i) {
+        SPILLWAY_CUDA_CHECK(cudaEventRecord(ev[2 * i]));
+        launch(i);
+        SPILLWAY_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1]));
+    }
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> ms(iters);
+    for (int i = 0; i < iters; ++i) SPILLWAY_CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+    for (auto& e : ev) cudaEventDestroy(e);
+    std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
+    return ms[iters / 2] * 1000.0;
+}
+
+struct Row {
+    std::string kernel, shape;
+    double mbytes, us, gbps;
+};
+
+struct Report {
+    double read_gbps = 0, copy_gbps = 0;
+    std::vector<Row> rows;
+    void add(const std::string& kernel, const std::string& shape, double bytes, double us) {
+        rows.push_back({kernel, shape, bytes / 1e6, us, bytes / (us * 1e3)});
+        std::printf("  %-28s %-30s %9.1f MB %9.2f us %7.0f GB/s\n", kernel.c_str(), shape.c_str(), bytes / 1e6, us,
+                    bytes / (us * 1e3));
+        std::fflush(stdout);
+    }
+};
+
+size_t rotation_count(size_t bytes) { return std::max<size_t>(2, (kRotateBytes + bytes - 1) / bytes); }
+
+void bench_ceilings(Report& r, const Options& o) {
+    const size_t bytes = size_t(2) << 30;
+    DeviceBuffer<uint8_t> a(bytes), b(bytes);
+    DeviceBuffer<uint32_t> sink(1);
+    fill_type(GgmlType::F16, a.data(), bytes, 1);
+    const double copy_us = median_us([&](int) { SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice)); }, 10);
+    const double read_us = median_us([&](int) {
+        read_kernel<<<132 * 16, 256>>>(reinterpret_cast<const uint4*>(a.data()), bytes / 16, sink.data());
+    }, 10);
+    (void)o;
+    r.copy_gbps = 2.0 * bytes / (copy_us * 1e3);
+    r.read_gbps = bytes / (read_us * 1e3);
+    std::printf("ceilings: device copy %.0f GB/s (read+write), HBM read %.0f GB/s\n", r.copy_gbps, r.read_gbps);
+}
+
+void bench_matvec(Report& r, const Options& o, GgmlType type, uint32_t rows, uint32_t cols, uint32_t n_tokens) {
+    const std::string name = std::string("matvec ") + ggml_type_name(type) + (n_tokens > 1 ? " x" + std::to_string(n_tokens) : "");
+    if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
+    const size_t w_bytes = *ggml_row_bytes(type, cols) * rows;
+    const size_t n_sets = rotation_count(w_bytes);
+    std::vector<DeviceBuffer<uint8_t>> w;
+    for (size_t i = 0; i < n_sets; ++i) {
+        w.emplace_back(w_bytes);
+        fill_type(type, w.back().data(), w_bytes, 100 + i);
+    }
+    DeviceBuffer<float> x((size_t)n_tokens * cols), y((size_t)n_tokens * rows);
+    fill_f32<<<256, 256>>>(x.data(), x.size(), 7);
+    const double us = median_us([&](int i) {
+        matvec_cuda(type, w[i % n_sets].data(), x.data(), y.data(), rows, cols, n_tokens, nullptr);
+    }, o.iters);
+    r.add(name, std::to_string(rows) + "x" + std::to_string(cols), (double)w_bytes, us);
+}
+
+void bench_attention(Report& r, const Options& o, KvType kt, KvType vt, uint32_t n_cells, int sms) {
+    const std::string name = std::string("attention ") + kv_type_name(kt) + "/" + kv_type_name(vt);
+    if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
+    const AttentionShape s{40, 8, 128, 128, 1.0f / std::sqrt(128.0f)};
+    const size_t k_bytes = kv_row_bytes(kt, 8 * 128) * n_cells, v_bytes = kv_row_bytes(vt, 8 * 128) * n_cells;
+    const size_t n_sets = rotation_count(k_bytes + v_bytes);
+    std::vector<DeviceBuffer<uint8_t>> k, v;
+    for (size_t i = 0; i < n_sets; ++i) {
+        k.emplace_back(k_bytes);
+        v.emplace_back(v_bytes);
+        fill_type(ggml_of(kt), k.back().data(), k_bytes, 200 + i);
+        fill_type(ggml_of(vt), v.back().data(), v_bytes, 300 + i);
+    }
+    DeviceBuffer<float> q(40 * 128), out(40 * 128), lse(40);
+    fill_f32<<<64, 256>>>(q.data(), q.size(), 9);
+    DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
+    const double us = median_us([&](int i) {
+        attention_partial_cuda(s, q.data(), kt, k[i % n_sets].data(), vt, v[i % n_sets].data(), n_cells, out.data(),
+                               lse.data(), ws.data(), ws.bytes(), sms, nullptr);
+    }, o.iters);
+    r.add(name, "40/8x128, " + std::to_string(n_cells / 1024) + "k cells", (double)(k_bytes + v_bytes), us);
+}
+
+void bench_small_ops(Report& r, const Options& o) {
+    if (!o.only.empty() && std::string("small").find(o.only) == std::string::npos) return;
+    const uint32_t dim = 5120, ffn = 13824;
+    DeviceBuffer<float> x(dim), add(dim), w(dim), out(dim), gate(ffn), up(ffn), h(ffn), qk(48 * 128);
+    for (auto* b : {&x, &add, &w, &out}) fill_f32<<<16, 256>>>(b->data(), b->size(), 3);
+    for (auto* b : {&gate, &up, &qk}) fill_f32<<<16, 256>>>(b->data(), b->size(), 4);
+    std::vector<float> inv(64);
+    for (int i = 0; i < 64; ++i) inv[i] = std::pow(1e6f, -2.0f * i / 128);
+    DeviceBuffer<float> d_inv(64);
+    SPILLWAY_CUDA_CHECK(cudaMemcpy(d_inv.data(), inv.data(), 256, cudaMemcpyHostToDevice));
+    const int32_t pos_host = 65000;
+    DeviceBuffer<int32_t> pos(1);
+    SPILLWAY_CUDA_CHECK(cudaMemcpy(pos.data(), &pos_host, 4, cudaMemcpyHostToDevice));
+    RopeDeviceTables rt;
+    rt.neox = true;
+    rt.n_dims = 128;
+    rt.inv_freq = d_inv.data();
+    DeviceBuffer<uint8_t> cache(kv_row_bytes(KvType::q8_0, 1024) * 16);
+    r.add("rmsnorm+add", "1x5120", 4.0 * dim * 5, median_us([&](int) {
+        rmsnorm_cuda(x.data(), add.data(), w.data(), out.data(), 1, dim, 1e-6f, nullptr); }, o.iters));
+    r.add("rope neox", "48 heads x128", 2.0 * 4 * qk.size(), median_us([&](int) {
+        rope_cuda(rt, qk.data(), 1, 48, 128, pos.data(), nullptr); }, o.iters));
+    r.add("swiglu", "13824", 3.0 * 4 * ffn, median_us([&](int) {
+        swiglu_cuda(gate.data(), up.data(), h.data(), ffn, nullptr); }, o.iters));
+    r.add("kv_write q8_0", "1x1024", 4.0 * 1024 + 34 * 32, median_us([&](int i) {
+        kv_write_cuda(KvType::q8_0, qk.data(), cache.data(), i % 16, 1, 1024, nullptr); }, o.iters));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) o.iters = std::max(5, std::atoi(argv[++i]));
+        else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) o.only = argv[++i];
+        else {
+            std::fprintf(stderr, "usage: bench_kernels [--iters N] [--only SUBSTRING]\n");
+            return 2;
+        }
+    }
+    try {
+        int count = 0;
+        if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+            std::printf("bench_kernels: no CUDA device\n");
+            return 0;
+        }
+        cudaDeviceProp prop{};
+        SPILLWAY_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+        std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+        Report r;
+        bench_ceilings(r, o);
+        for (GgmlType t : {GgmlType::Q8_0, GgmlType::F16, GgmlType::BF16}) {
+            bench_matvec(r, o, t, 5120, 13824, 1);
+            bench_matvec(r, o, t, 13824, 5120, 1);
+            bench_matvec(r, o, t, 152064, 5120, 1);
+        }
+        bench_matvec(r, o, GgmlType::Q8_0, 5120, 5120, 1);
+        bench_matvec(r, o, GgmlType::Q8_0, 896, 896, 1);  // 0.5B shape: unaligned rows, launch-bound
+        for (uint32_t n : {2u, 4u, 8u}) bench_matvec(r, o, GgmlType::Q8_0, 13824, 5120, n);
+        for (uint32_t n : {4u, 8u}) bench_matvec(r, o, GgmlType::F16, 13824, 5120, n);
+        for (uint32_t cells : {8192u, 32768u, 65536u}) {
+            bench_attention(r, o, KvType::f16, KvType::f16, cells, prop.multiProcessorCount);
+            bench_attention(r, o, KvType::q8_0, KvType::q8_0, cells, prop.multiProcessorCount);
+            bench_attention(r, o, KvType::q4_0, KvType::q4_0, cells, prop.multiProcessorCount);
+        }
+        bench_attention(r, o, KvType::q8_0, KvType::q4_0, 65536, prop.multiProcessorCount);
+        bench_small_ops(r, o);
+
+        std::printf("\n| kernel | shape | MB moved | median us | GB/s | %% HBM read (%.0f) | %% copy (%.0f) |\n",
+                    r.read_gbps, r.copy_gbps);
+        std::printf("|---|---|---:|---:|---:|---:|---:|\n");
+        for (const Row& row : r.rows)
+            std::printf("| %s | %s | %.1f | %.2f | %.0f | %.1f%% | %.1f%% |\n", row.kernel.c_str(), row.shape.c_str(),
+                        row.mbytes, row.us, row.gbps, 100.0 * row.gbps / r.read_gbps, 100.0 * row.gbps / r.copy_gbps);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench_kernels: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,55 @@
+#include "plan/kv_tiers.h"
+
+#include <algorithm>
+
+namespace spillway {
+
+std::string kv_tier_name(KvTier tier) {
+    return std::string(kv_type_name(tier.k)) + "/" + kv_type_name(tier.v);
+}
+
+std::vector<KvTier> default_kv_ladder() {
+    return {{KvType::f16, KvType::f16},
+            {KvType::q8_0, KvType::q8_0},
+            {KvType::q8_0, KvType::q4_0},
+            {KvType::q4_0, KvType::q4_0}};
+}
+
+std::vector<KvTier> v_axis_ladder(KvType pinned_k) {
+    return {{pinned_k, KvType::f16}, {pinned_k, KvType::q8_0}, {pinned_k, KvType::q4_0}};
+}
+
+KvFootprint kv_footprint(const ModelSpec& model, uint64_t n_ctx, KvTier tier) {
+    KvFootprint f;
+    f.n_ctx = n_ctx;
+    bool any_local = false;
+    for (uint32_t il = 0; il < model.layers.size(); ++il) {
+        uint64_t per_cell = layer_kv_bytes_per_cell(model, il, tier.k, tier.v);
+        if (model.layers[il].is_local && model.swa_window > 0) {
+            f.local_bytes_per_cell += per_cell;
+            any_local = true;
+        } else {
+            f.global_bytes_per_cell += per_cell;
+        }
+    }
+    f.local_cells = any_local ? std::min<uint64_t>(n_ctx, model.swa_window) : 0;
+    return f;
+}
+
+SpillWindow spill_window(const KvFootprint& f, uint64_t budget_bytes) {
+    SpillWindow w;
+    if (f.global_bytes_per_cell == 0) {  // nothing spillable: the whole (local) cache stays
+        w.resident_cells = f.n_ctx;
+        w.resident_bytes = f.total_bytes();
+        return w;
+    }
+    // Local layers' windows are resident first; what is left holds whole global cells.
+    uint64_t for_global = budget_bytes > f.local_bytes() ? budget_bytes - f.local_bytes() : 0;
+    w.resident_cells = std::min<uint64_t>(f.n_ctx, for_global / f.global_bytes_per_cell);
+    w.spilled_cells = f.n_ctx - w.resident_cells;
+    w.spilled_bytes = w.spilled_cells * f.global_bytes_per_cell;
+    w.resident_bytes = f.total_bytes() - w.spilled_bytes;
+    return w;
+}
+
+}  // namespace spillway

@@ -1,0 +1,165 @@
+// attention_partial_cuda / attention_merge_cuda vs engine/cpu/attention.h on the same KV
+// bytes. The GPU rounds q, the dequantized K/V values and the softmax weights to f16 for
+// the tensor-core products (f32 accumulation), so outputs carry ~2^-11 relative rounding:
+// tolerance 5e-3 on ||out - ref|| / ||ref|| and 5e-3 absolute on the log-sum-exp, for every
+// K/V type pair (the reference reads the same quantized bytes, so quantization itself is
+// not part of the error).
+#include "engine/cuda/attention.cuh"
+
+#include <algorithm>
+#include <limits>
+
+#include "cuda_test_util.h"
+#include "kv/kv_codec.h"
+
+namespace spillway {
+namespace {
+
+using namespace cuda_test;
+
+constexpr double kOutTolerance = 5e-3;
+constexpr double kLseTolerance = 5e-3;
+
+struct KvCells {
+    std::vector<uint8_t> k, v;
+};
+
+KvCells random_cells(std::mt19937& rng, const AttentionShape& s, KvType kt, KvType vt, uint32_t n_cells) {
+    const uint32_t nk = s.n_head_kv * s.head_dim_k, nv = s.n_head_kv * s.head_dim_v;
+    KvCells cells;
+    cells.k.resize(kv_row_bytes(kt, nk) * n_cells + 16);
+    cells.v.resize(kv_row_bytes(vt, nv) * n_cells + 16);
+    for (uint32_t c = 0; c < n_cells; ++c) {
+        const auto kr = random_floats(rng, nk), vr = random_floats(rng, nv);
+        kv_store_row(kt, kr.data(), cells.k.data() + kv_row_bytes(kt, nk) * c, nk);
+        kv_store_row(vt, vr.data(), cells.v.data() + kv_row_bytes(vt, nv) * c, nv);
+    }
+    return cells;
+}
+
+int sm_count() {
+    int n = 0;
+    SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0));
+    return n;
+}
+
+struct GpuPartial {
+    std::vector<float> out, lse;
+};
+
+GpuPartial run_gpu(const AttentionShape& s, const std::vector<float>& q, KvType kt, const uint8_t* k,
+                   KvType vt, const uint8_t* v, uint32_t n_cells, uint32_t n_k_bytes, uint32_t n_v_bytes) {
+    auto d_q = to_device(q);
+    DeviceBuffer<uint8_t> d_k(std::max(1u, n_k_bytes)), d_v(std::max(1u, n_v_bytes));
+    if (n_k_bytes) SPILLWAY_CUDA_CHECK(cudaMemcpy(d_k.data(), k, n_k_bytes, cudaMemcpyHostToDevice));
+    if (n_v_bytes) SPILLWAY_CUDA_CHECK(cudaMemcpy(d_v.data(), v, n_v_bytes, cudaMemcpyHostToDevice));
+    DeviceBuffer<float> d_out((size_t)s.n_head * s.head_dim_v), d_lse(s.n_head);
+    poison(d_out);
+    poison(d_lse);
+    const uint32_t sms = sm_count();
+    DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
+    attention_partial_cuda(s, d_q.data(), kt, d_k.data(), vt, d_v.data(), n_cells, d_out.data(), d_lse.data(),
+                           ws.data(), ws.bytes(), sms, nullptr);
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    return {to_host(d_out), to_host(d_lse)};
+}
+
+void expect_close(const GpuPartial& gpu, const std::vector<float>& out, const std::vector<float>& lse) {
+    EXPECT_EQ(count_nan(gpu.out), 0u);
+    const double err = rel_error(gpu.out, out);
+    EXPECT_LT(err, kOutTolerance) << "output relative error " << err;
+    double worst = 0.0;
+    for (size_t h = 0; h < lse.size(); ++h) worst = std::max(worst, std::fabs((double)gpu.lse[h] - lse[h]));
+    EXPECT_LT(worst, kLseTolerance) << "worst lse error " << worst;
+}
+
+void check_attention(const AttentionShape& s, KvType kt, KvType vt, uint32_t n_cells) {
+    const uint32_t seed = fresh_seed();
+    SCOPED_TRACE(std::string("K ") + kv_type_name(kt) + " V " + kv_type_name(vt) + " heads " +
+                 std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) + " dim " + std::to_string(s.head_dim_k) +
+                 " cells " + std::to_string(n_cells) + " seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    // q scaled up so the softmax is peaked (scores of several units), not nearly uniform.
+    const auto q = random_floats(rng, (size_t)s.n_head * s.head_dim_k, 2.5f);
+    const KvCells cells = random_cells(rng, s, kt, vt, n_cells);
+    std::vector<float> out((size_t)s.n_head * s.head_dim_v), lse(s.n_head);
+    attention_partial_cpu(s, q.data(), kt, cells.k.data(), vt, cells.v.data(), n_cells, out.data(), lse.data());
+    const uint32_t k_bytes = kv_row_bytes(kt, s.n_head_kv * s.head_dim_k) * n_cells;
+    const uint32_t v_bytes = kv_row_bytes(vt, s.n_head_kv * s.head_dim_v) * n_cells;
+    expect_close(run_gpu(s, q, kt, cells.k.data(), vt, cells.v.data(), n_cells, k_bytes, v_bytes), out, lse);
+}
+
+AttentionShape make_shape(uint32_t n_head, uint32_t n_head_kv, uint32_t dim) {
+    return {n_head, n_head_kv, dim, dim, 1.0f / std::sqrt((float)dim)};
+}
+
+constexpr KvType kTypes[] = {KvType::f16, KvType::q8_0, KvType::q4_0};
+
+TEST(CudaAttention, MatchesCpuForEveryKvTypePair) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const AttentionShape qwen14b = make_shape(40, 8, 128);
+    for (KvType kt : kTypes)
+        for (KvType vt : kTypes)
+            for (uint32_t n_cells : {1u, 63u, 1000u, 4099u}) check_attention(qwen14b, kt, vt, n_cells);
+}
+
+TEST(CudaAttention, MatchesCpuForOtherGqaShapes) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    // Qwen2.5-0.5B (14/2, dim 64), Llama-3-8B (32/8), no GQA (8/8), 16 heads per KV head.
+    for (const AttentionShape& s : {make_shape(14, 2, 64), make_shape(32, 8, 128), make_shape(8, 8, 64),
+                                    make_shape(16, 1, 128)}) {
+        for (uint32_t n_cells : {7u, 700u, 3000u}) {
+            check_attention(s, KvType::f16, KvType::f16, n_cells);
+            check_attention(s, KvType::q8_0, KvType::q4_0, n_cells);
+        }
+    }
+}
+
+TEST(CudaAttention, EmptyRangeIsTheMergeIdentity) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const AttentionShape s = make_shape(40, 8, 128);
+    const std::vector<float> q((size_t)s.n_head * s.head_dim_k, 1.0f);
+    const GpuPartial gpu = run_gpu(s, q, KvType::f16, nullptr, KvType::f16, nullptr, 0, 0, 0);
+    for (float v : gpu.out) ASSERT_EQ(v, 0.0f);
+    for (float l : gpu.lse) ASSERT_EQ(l, -std::numeric_limits<float>::infinity());
+}
+
+// A resident range and a tail range attended separately and merged on the GPU equal one
+// pass over all cells: the split the spill path relies on.
+TEST(CudaAttention, MergedPartialsEqualOnePass) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const AttentionShape s = make_shape(40, 8, 128);
+    for (KvType kt : kTypes) {
+        const uint32_t seed = fresh_seed();
+        SCOPED_TRACE(std::string("K/V ") + kv_type_name(kt) + " seed " + std::to_string(seed));
+        std::mt19937 rng(seed);
+        const uint32_t n_cells = 3000, split = 1234;
+        const auto q = random_floats(rng, (size_t)s.n_head * s.head_dim_k, 2.5f);
+        const KvCells cells = random_cells(rng, s, kt, kt, n_cells);
+        std::vector<float> out((size_t)s.n_head * s.head_dim_v), lse(s.n_head);
+        attention_partial_cpu(s, q.data(), kt, cells.k.data(), kt, cells.v.data(), n_cells, out.data(), lse.data());
+
+        const uint64_t krow = kv_row_bytes(kt, s.n_head_kv * s.head_dim_k);
+        const uint64_t vrow = kv_row_bytes(kt, s.n_head_kv * s.head_dim_v);
+        const GpuPartial a = run_gpu(s, q, kt, cells.k.data(), kt, cells.v.data(), split, krow * split, vrow * split);
+        const GpuPartial b = run_gpu(s, q, kt, cells.k.data() + krow * split, kt, cells.v.data() + vrow * split,
+                                     n_cells - split, krow * (n_cells - split), vrow * (n_cells - split));
+        auto d_out_a = to_device(a.out), d_lse_a = to_device(a.lse);
+        auto d_out_b = to_device(b.out), d_lse_b = to_device(b.lse);
+        attention_merge_cuda(s.n_head, s.head_dim_v, d_out_a.data(), d_lse_a.data(), d_out_b.data(), d_lse_b.data(), nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        expect_close({to_host(d_out_a), to_host(d_lse_a)}, out, lse);
+    }
+}
+
+TEST(CudaAttention, SplitCountIsBoundedByTiles) {
+    const AttentionShape s = make_shape(40, 8, 128);
+    EXPECT_EQ(attention_split_count(s, 0, 132), 0u);
+    EXPECT_EQ(attention_split_count(s, 1, 132), 1u);
+    EXPECT_EQ(attention_split_count(s, 64, 132), 1u);
+    EXPECT_LE(attention_split_count(s, 65536, 132) * s.n_head_kv, 2u * 132 + s.n_head_kv);
+    EXPECT_EQ(attention_workspace_bytes(s, 64, 132), 0u);
+}
+
+}  // namespace
+}  // namespace spillway

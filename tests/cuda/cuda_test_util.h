@@ -1,0 +1,75 @@
+#pragma once
+// Shared helpers of the GPU tests: skip without a GPU, fresh seeds (printed on failure),
+// poisoned outputs, and the relative error ||out - ref|| / ||ref|| every kernel is judged by.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/cuda/cuda_check.h"
+
+namespace spillway::cuda_test {
+
+inline bool have_gpu() {
+    int count = 0;
+    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+#define SPILLWAY_SKIP_WITHOUT_GPU() \
+    if (!::spillway::cuda_test::have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+inline uint32_t fresh_seed() { return std::random_device{}(); }
+
+inline std::vector<float> random_floats(std::mt19937& rng, size_t n, float scale = 1.0f) {
+    std::normal_distribution<float> dist(0.0f, scale);
+    std::vector<float> v(n);
+    for (auto& x : v) x = dist(rng);
+    return v;
+}
+
+template <typename T>
+DeviceBuffer<T> to_device(const std::vector<T>& host) {
+    DeviceBuffer<T> d(host.size());
+    SPILLWAY_CUDA_CHECK(cudaMemcpy(d.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+
+template <typename T>
+std::vector<T> to_host(const DeviceBuffer<T>& d) {
+    std::vector<T> host(d.size());
+    SPILLWAY_CUDA_CHECK(cudaMemcpy(host.data(), d.data(), d.bytes(), cudaMemcpyDeviceToHost));
+    return host;
+}
+
+// 0xFF bytes: a NaN pattern for f32, so an element the kernel forgot to write fails the check.
+template <typename T>
+void poison(DeviceBuffer<T>& d) {
+    SPILLWAY_CUDA_CHECK(cudaMemset(d.data(), 0xFF, d.bytes()));
+}
+
+// ||out - ref|| / ||ref|| in double; NaN anywhere gives NaN (which fails every comparison).
+inline double rel_error(const float* out, const float* ref, size_t n) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+        const double d = (double)out[i] - (double)ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return std::sqrt(num) / std::sqrt(den > 0 ? den : 1.0);
+}
+inline double rel_error(const std::vector<float>& out, const std::vector<float>& ref) {
+    return rel_error(out.data(), ref.data(), ref.size());
+}
+
+inline size_t count_nan(const std::vector<float>& v) {
+    size_t n = 0;
+    for (float x : v) n += std::isnan(x);
+    return n;
+}
+
+}  // namespace spillway::cuda_test

@@ -1,0 +1,139 @@
+// RMSNorm (+ residual add), RoPE (normal, NeoX, YaRN tables), SwiGLU and the quantizing KV
+// write vs the CPU engine's functions. Tolerances: 1e-5 relative for the f32 ops (only
+// summation order and expf/sincos ulps differ); the KV write must produce the very bytes the
+// CPU codec writes (same IEEE operations in the same order).
+#include "cuda_test_util.h"
+#include "engine/cpu/rmsnorm.h"
+#include "engine/cpu/rope.h"
+#include "engine/cpu/swiglu.h"
+#include "engine/cuda/kv_write.cuh"
+#include "engine/cuda/rmsnorm.cuh"
+#include "engine/cuda/rope.cuh"
+#include "engine/cuda/swiglu.cuh"
+#include "kv/kv_codec.h"
+
+namespace spillway {
+namespace {
+
+using namespace cuda_test;
+
+TEST(CudaSmallOps, RmsNormWithAndWithoutResidualAdd) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    for (bool with_add : {false, true}) {
+        const uint32_t seed = fresh_seed();
+        SCOPED_TRACE("add " + std::to_string(with_add) + " seed " + std::to_string(seed));
+        std::mt19937 rng(seed);
+        const uint32_t rows = 3, dim = 5120;
+        const float eps = 1e-6f;
+        auto x = random_floats(rng, (size_t)rows * dim, 3.0f);
+        const auto add = random_floats(rng, (size_t)rows * dim);
+        const auto weight = random_floats(rng, dim);
+        auto d_x = to_device(x);
+        auto d_add = to_device(add);
+        auto d_w = to_device(weight);
+        DeviceBuffer<float> d_out(x.size());
+        poison(d_out);
+        rmsnorm_cuda(d_x.data(), with_add ? d_add.data() : nullptr, d_w.data(), d_out.data(), rows, dim, eps, nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        if (with_add)
+            for (size_t i = 0; i < x.size(); ++i) x[i] += add[i];
+        std::vector<float> ref(x.size());
+        for (uint32_t r = 0; r < rows; ++r) rmsnorm_cpu(x.data() + r * dim, weight.data(), ref.data() + r * dim, dim, eps);
+        const auto out = to_host(d_out);
+        EXPECT_EQ(count_nan(out), 0u);
+        EXPECT_LT(rel_error(out, ref), 1e-5);
+        EXPECT_LT(rel_error(to_host(d_x), x), 1e-7) << "residual stream not updated";
+    }
+}
+
+TEST(CudaSmallOps, RopeNormalNeoxAndYarn) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    RopeSpec yarn;
+    yarn.type = RopeType::neox;
+    yarn.freq_base = 1000000.0f;
+    yarn.scaling = RopeScaling::yarn;
+    yarn.scaling_factor = 4.0f;
+    yarn.original_context = 32768;
+    RopeSpec normal;
+    normal.freq_base = 500000.0f;
+    RopeSpec neox_partial;  // rotates only half of each head
+    neox_partial.type = RopeType::neox;
+    neox_partial.n_dims = 64;
+    for (RopeSpec spec : {normal, yarn, neox_partial}) {
+        const uint32_t seed = fresh_seed();
+        SCOPED_TRACE("rope type " + std::to_string((int)spec.type) + " scaling " + std::to_string((int)spec.scaling) +
+                     " seed " + std::to_string(seed));
+        std::mt19937 rng(seed);
+        const uint32_t head_dim = 128, n_heads = 12;
+        if (spec.n_dims == 0) spec.n_dims = head_dim;
+        const RopeTables tables = make_rope_tables(spec, head_dim);
+        const std::vector<int32_t> positions = {0, 1, 17, 4095, 65535, 131071};
+        const uint32_t n_tokens = positions.size();
+        auto x = random_floats(rng, (size_t)n_tokens * n_heads * head_dim);
+        auto d_x = to_device(x);
+        auto d_pos = to_device(positions);
+        auto d_inv = to_device(tables.inv_freq);
+        auto d_mix = to_device(tables.ramp_mix);
+        RopeDeviceTables dt;
+        dt.neox = tables.type == RopeType::neox;
+        dt.n_dims = tables.n_dims;
+        dt.inv_freq = d_inv.data();
+        dt.ramp_mix = d_mix.data();
+        dt.freq_scale = tables.freq_scale;
+        dt.mscale = tables.mscale;
+        rope_cuda(dt, d_x.data(), n_tokens, n_heads, head_dim, d_pos.data(), nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        for (uint32_t t = 0; t < n_tokens; ++t) rope_cpu(tables, x.data() + (size_t)t * n_heads * head_dim, n_heads, head_dim, positions[t]);
+        EXPECT_LT(rel_error(to_host(d_x), x), 1e-5);
+    }
+}
+
+TEST(CudaSmallOps, SwiGlu) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const uint32_t seed = fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const size_t n = 3 * 13824 + 5;
+    const auto gate = random_floats(rng, n, 4.0f), up = random_floats(rng, n);
+    auto d_gate = to_device(gate), d_up = to_device(up);
+    DeviceBuffer<float> d_out(n);
+    poison(d_out);
+    swiglu_cuda(d_gate.data(), d_up.data(), d_out.data(), n, nullptr);
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> ref(n);
+    swiglu_cpu(gate.data(), up.data(), ref.data(), n);
+    EXPECT_LT(rel_error(to_host(d_out), ref), 1e-6);
+}
+
+TEST(CudaSmallOps, KvWriteEqualsTheCpuCodecBytes) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    for (KvType type : {KvType::f16, KvType::q8_0, KvType::q4_0}) {
+        const uint32_t seed = fresh_seed();
+        SCOPED_TRACE(std::string(kv_type_name(type)) + " seed " + std::to_string(seed));
+        std::mt19937 rng(seed);
+        const uint32_t n_values = 8 * 128, n_cells = 10, first = 3, n_tokens = 5;
+        const uint64_t row = kv_row_bytes(type, n_values);
+        auto src = random_floats(rng, (size_t)n_tokens * n_values);
+        src[7] = 0.0f;  // an all-zero block exercises the d == 0 branch
+        for (int i = 32; i < 64; ++i) src[i] = 0.0f;
+        auto d_src = to_device(src);
+        DeviceBuffer<uint8_t> d_cache(row * n_cells);
+        poison(d_cache);
+        kv_write_cuda(type, d_src.data(), d_cache.data(), first, n_tokens, n_values, nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto cache = to_host(d_cache);
+        std::vector<uint8_t> ref(row);
+        size_t mismatches = 0;
+        for (uint32_t t = 0; t < n_tokens; ++t) {
+            kv_store_row(type, src.data() + (size_t)t * n_values, ref.data(), n_values);
+            for (uint64_t i = 0; i < row; ++i) mismatches += cache[(first + t) * row + i] != ref[i];
+        }
+        EXPECT_EQ(mismatches, 0u);
+        // Cells outside [first, first + n_tokens) are untouched.
+        for (uint64_t i = 0; i < first * row; ++i) ASSERT_EQ(cache[i], 0xFF);
+        for (uint64_t i = (first + n_tokens) * row; i < n_cells * row; ++i) ASSERT_EQ(cache[i], 0xFF);
+    }
+}
+
+}  // namespace
+}  // namespace spillway

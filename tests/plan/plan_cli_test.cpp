@@ -1,0 +1,82 @@
+// Runs the built `spillway plan` binary the way a script would.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+
+struct Run {
+    int status = -1;
+    std::string out;  // stdout and, with `2>&1` in the command, stderr
+};
+
+// The knobs' environment variables are cleared so the test sees only its flags.
+Run run_plan(const std::string& args) {
+    std::string cmd = std::string("env -u SPILLWAY_KV_AUTO_TIER -u OPENCOTI_KV_AUTO_TIER -u SPILLWAY_KV_TSTAR_DROP "
+                                  "-u OPENCOTI_KV_TSTAR_DROP -u SPILLWAY_KV_TSTAR_MAX_SPILL_MIB "
+                                  "-u OPENCOTI_KV_TSTAR_MAX_SPILL_MIB -u SPILLWAY_KV_HOST_RAM_GBPS "
+                                  "-u OPENCOTI_KV_HOST_RAM_GBPS -u SPILLWAY_VRAM_TARGET_MIB "
+                                  "-u SPILLWAY_CACHE_TYPE_K -u SPILLWAY_CACHE_TYPE_V '") +
+                      SPILLWAY_BINARY + "' plan " + args;
+    Run r;
+    FILE* pipe = popen(cmd.c_str(), "r");
+    if (!pipe) return r;
+    std::array<char, 4096> buf;
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+    int st = pclose(pipe);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return r;
+}
+
+std::string profile(const char* name) { return std::string(SPILLWAY_SOURCE_DIR) + "/profiles/" + name; }
+
+}  // namespace
+
+TEST(PlanCli, SpecT5ConfigurationAsJson) {
+    Run r = run_plan("--preset qwen2.5-14b --wtype q8_0 -c 65536 --vram-target 27000 --profile " +
+                     profile("rtx6000ada-pcie5-ddr5.json") + " --kv-auto-tier --json 2>/dev/null");
+    ASSERT_EQ(r.status, 0) << r.out;
+    nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["decision"]["tier"], "q8_0/q8_0");
+    EXPECT_EQ(j["decision"]["spill_bytes"], 0);
+    EXPECT_EQ(j["decision"]["probed"], true);
+    const auto& f16 = j["ladder"][0];
+    EXPECT_EQ(f16["tier"], "f16/f16");
+    double spill_mib = f16["spill_bytes"].get<double>() / (1 << 20);
+    EXPECT_GT(spill_mib, 1024);
+    EXPECT_LT(spill_mib, 2560);
+    double tstar_mib = f16["tstar_bytes"].get<double>() / (1 << 20);
+    EXPECT_GT(tstar_mib, 0);
+    EXPECT_LT(tstar_mib, 100);
+    EXPECT_EQ(f16["verdict"], "spill>T*");
+    EXPECT_EQ(j["terms"]["binding"], "host-RAM-bound");
+    EXPECT_FALSE(j["diagnostics"].empty());
+}
+
+TEST(PlanCli, SwitchOffShowsTheLadderAndTheDefaultDecision) {
+    Run r = run_plan("--preset qwen2.5-14b -c 65536 --vram-target 27000 --profile " +
+                     profile("rtx6000ada-pcie5-ddr5.json") + " 2>&1");
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_EQ(r.out.find("warn"), std::string::npos) << "switch off: no diagnostics\n" << r.out;
+    EXPECT_NE(r.out.find("q4_0/q4_0"), std::string::npos) << r.out;  // the whole ladder
+    EXPECT_NE(r.out.find("decision auto-tier off: f16/f16"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("it would choose q8_0/q8_0"), std::string::npos) << r.out;
+}
+
+TEST(PlanCli, InvalidValuesFailWithTheirName) {
+    Run r = run_plan("--preset qwen2.5-14b -c 65536 --tstar-drop 1.5 --profile " + profile("rtx3090-pcie4-ddr4.json") +
+                     " 2>&1");
+    EXPECT_EQ(r.status, 1);
+    EXPECT_NE(r.out.find("--tstar-drop"), std::string::npos) << r.out;
+    r = run_plan("--preset qwen2.5-14b -c 65536 --vram-target 20000 --kv-auto-tier 2>&1");
+    EXPECT_EQ(r.status, 1);
+    EXPECT_NE(r.out.find("--profile"), std::string::npos) << r.out;  // no measurements exist: say where they come from
+    r = run_plan("-c 4096 2>&1");
+    EXPECT_EQ(r.status, 1);
+    EXPECT_NE(r.out.find("-m FILE or --preset NAME"), std::string::npos) << r.out;
+}
