@@ -214,8 +214,9 @@ GgufHeader gguf_vocab_from_hf_json(std::string_view tokenizer_json, std::string_
         set_id("tokenizer.ggml.unknown_token_id", unk_text);
         if (config.contains("add_bos_token") && config["add_bos_token"].is_boolean())
             header.set("tokenizer.ggml.add_bos_token", GgufValue::make_bool(config["add_bos_token"].get<bool>()));
-        else if (have_template)
-            header.set("tokenizer.ggml.add_bos_token", GgufValue::make_bool(template_adds_bos));
+        else if (tok.contains("post_processor") && !tok["post_processor"].is_null())
+            // HF adds exactly what the post-processor says: nothing unless it is a template.
+            header.set("tokenizer.ggml.add_bos_token", GgufValue::make_bool(have_template && template_adds_bos));
         if (config.contains("add_eos_token") && config["add_eos_token"].is_boolean())
             header.set("tokenizer.ggml.add_eos_token", GgufValue::make_bool(config["add_eos_token"].get<bool>()));
         if (config.contains("chat_template") && config["chat_template"].is_string())

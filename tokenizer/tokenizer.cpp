@@ -185,7 +185,19 @@ void Tokenizer::encode_sentencepiece(std::string_view fragment, bool add_prefix,
         else text += c;
     }
     if (text.empty()) return;
+    // Merge each stretch between barrier bytes on its own (exact: no token spans one).
+    size_t begin = 0;
+    for (size_t k = 0; k < text.size(); ++k) {
+        auto byte = static_cast<uint8_t>(text[k]);
+        if (byte >= 128 || !vocab_.merge_barrier[byte]) continue;
+        if (k > begin) merge_sentencepiece(std::string_view(text).substr(begin, k - begin), out);
+        merge_sentencepiece(std::string_view(text).substr(k, 1), out);
+        begin = k + 1;
+    }
+    if (begin < text.size()) merge_sentencepiece(std::string_view(text).substr(begin), out);
+}
 
+void Tokenizer::merge_sentencepiece(std::string_view text, std::vector<int32_t>& out) const {
     std::vector<Symbol> symbols;
     for (size_t k = 0; k < text.size();) {
         size_t length = std::min(utf8_sequence_length(static_cast<uint8_t>(text[k])), text.size() - k);

@@ -54,6 +54,7 @@ private:
     std::vector<Fragment> split_special(std::string_view text, bool parse_special) const;
     void encode_byte_bpe(std::string_view text, std::vector<int32_t>& out) const;
     void encode_sentencepiece(std::string_view text, bool add_prefix, std::vector<int32_t>& out) const;
+    void merge_sentencepiece(std::string_view text, std::vector<int32_t>& out) const;
 
     Vocab vocab_;
     // Tokens matched in raw text, bucketed by first byte, longest first.

@@ -158,6 +158,12 @@ Vocab load_vocab(const GgufHeader& header) {
             vocab.byte_token[b] = lookup(vocab, name);
         }
         vocab.add_space_prefix = get_bool(header, "tokenizer.ggml.add_space_prefix", true);
+        vocab.merge_barrier.fill(true);
+        for (const std::string& token : vocab.tokens) {
+            if (token.size() < 2) continue;
+            for (char c : token)
+                if (static_cast<uint8_t>(c) < 128) vocab.merge_barrier[static_cast<uint8_t>(c)] = false;
+        }
     }
 
     vocab.bos = get_token_id(header, "tokenizer.ggml.bos_token_id", n);

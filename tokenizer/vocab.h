@@ -58,6 +58,11 @@ struct Vocab {
     // (sentencepiece); -1 when the vocabulary lacks it.
     std::array<int32_t, 256> byte_token{};
 
+    // Sentencepiece: ASCII bytes that no multi-byte token contains (e.g. '\n' in Llama 2,
+    // which is only <0x0A>). No merge can cross them, so the merge loop runs on the text
+    // between them separately and its queue stays small.
+    std::array<bool, 128> merge_barrier{};
+
     int32_t size() const { return static_cast<int32_t>(tokens.size()); }
     // Tokens that encode() can find written in the text (control and unknown ones only
     // with parse_special); sentencepiece restarts its ▁ prefix after them.

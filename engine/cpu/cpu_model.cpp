@@ -125,3 +125,12 @@ uint64_t decode_bytes_per_token(const CpuModel& m, uint64_t n_cells, KvType k_ty
 }
 
 }  // namespace spillway
+
+namespace spillway {
+
+CpuModel load_cpu_model_file(const std::string& path) {
+    std::shared_ptr<const GgufFile> file = GgufFile::open(path);
+    return load_cpu_model(file, model_spec_from_gguf(file->header()));
+}
+
+}  // namespace spillway

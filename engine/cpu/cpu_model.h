@@ -3,6 +3,7 @@
 // into buffers a test or benchmark owns), plus norms and biases widened to f32 at load.
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/cpu/matmul.h"
@@ -44,5 +45,12 @@ void finish_cpu_model(CpuModel& model);
 // Bytes one decode step reads: every weight once (the tied head counted once more, since
 // it is read as embedding row and as the head) plus K and V of `n_cells` cells.
 uint64_t decode_bytes_per_token(const CpuModel& model, uint64_t n_cells, KvType k_type, KvType v_type);
+
+}  // namespace spillway
+
+namespace spillway {
+
+// Opens a GGUF file, reads its ModelSpec and binds the weights (what `run` does).
+CpuModel load_cpu_model_file(const std::string& path);
 
 }  // namespace spillway

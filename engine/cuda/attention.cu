@@ -40,24 +40,31 @@ __host__ __device__ constexpr uint32_t slice_bytes(KvType type, int d) {
 __host__ __device__ constexpr uint32_t copy_chunk(uint32_t slice) { return slice % 16 == 0 ? 16 : slice % 8 == 0 ? 8 : 4; }
 __host__ __device__ constexpr size_t align128(size_t n) { return (n + 127) / 128 * 128; }
 
-// Shared-memory carve-up, in bytes, for one kernel instance.
+// Shared-memory carve-up, in bytes, for one kernel instance. An f16 operand is copied by
+// cp.async straight into padded f16 rows of its ring stage and read from there by the MMAs
+// ("direct"); a quantized operand lands as raw blocks and is dequantized into its f16 tile.
 template <int D, KvType KT, KvType VT>
 struct SmemLayout {
-    static constexpr uint32_t kSliceK = slice_bytes(KT, D);
-    static constexpr uint32_t kSliceV = slice_bytes(VT, D);
+    static constexpr bool kDirectK = KT == KvType::f16;
+    static constexpr bool kDirectV = VT == KvType::f16;
     static constexpr int kLd = D + 8;       // padded f16 row: rows land on different banks
     static constexpr int kLdP = kTile + 8;
-    static constexpr size_t raw_stage = align128((size_t)kTile * (kSliceK + kSliceV));
+    static constexpr uint32_t kSliceK = slice_bytes(KT, D);
+    static constexpr uint32_t kSliceV = slice_bytes(VT, D);
+    static constexpr uint32_t kStrideK = kDirectK ? kLd * 2 : kSliceK;  // bytes per cell in a stage
+    static constexpr uint32_t kStrideV = kDirectV ? kLd * 2 : kSliceV;
+    static constexpr size_t raw_stage = align128((size_t)kTile * (kStrideK + kStrideV));
     static constexpr size_t raw = 0;
     static constexpr size_t k_tile = raw + kStages * raw_stage;
-    static constexpr size_t v_tile = k_tile + align128((size_t)kTile * kLd * 2);
-    static constexpr size_t q_tile = v_tile + align128((size_t)kTile * kLd * 2);
+    static constexpr size_t v_tile = k_tile + (kDirectK ? 0 : align128((size_t)kTile * kLd * 2));
+    static constexpr size_t q_tile = v_tile + (kDirectV ? 0 : align128((size_t)kTile * kLd * 2));
     static constexpr size_t scores = q_tile + align128((size_t)kMaxGroup * kLd * 2);
     static constexpr size_t p_tile = scores + align128((size_t)kTile * kMaxGroup * 4);
     static constexpr size_t o_tile = p_tile + align128((size_t)kMaxGroup * kLdP * 2);
     static constexpr size_t stats = o_tile + align128((size_t)kMaxGroup * D * 4);
     static constexpr size_t total = stats + align128(3 * kMaxGroup * 4);
 };
+static_assert(kTile == 64, "the softmax step gives each lane two cells");
 
 struct SplitParams {
     const float* q;
@@ -159,17 +166,17 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p
     auto issue_tile = [&](uint32_t tile) {
         if (tile < n_tiles) {
             uint8_t* raw_k = smem + L::raw + (tile % kStages) * L::raw_stage;
-            uint8_t* raw_v = raw_k + kTile * L::kSliceK;
+            uint8_t* raw_v = raw_k + kTile * L::kStrideK;
             const uint32_t first = cell_begin + tile * kTile;
             const uint32_t count = min((uint32_t)kTile, cell_end - first);
             constexpr uint32_t ck = copy_chunk(L::kSliceK), cv = copy_chunk(L::kSliceV);
             for (uint32_t i = tid; i < count * (L::kSliceK / ck); i += kThreads) {
                 const uint32_t c = i / (L::kSliceK / ck), o = i % (L::kSliceK / ck) * ck;
-                cp_async<ck>(raw_k + c * L::kSliceK + o, k_src + (size_t)(first + c) * p.k_row_bytes + o);
+                cp_async<ck>(raw_k + c * L::kStrideK + o, k_src + (size_t)(first + c) * p.k_row_bytes + o);
             }
             for (uint32_t i = tid; i < count * (L::kSliceV / cv); i += kThreads) {
                 const uint32_t c = i / (L::kSliceV / cv), o = i % (L::kSliceV / cv) * cv;
-                cp_async<cv>(raw_v + c * L::kSliceV + o, v_src + (size_t)(first + c) * p.v_row_bytes + o);
+                cp_async<cv>(raw_v + c * L::kStrideV + o, v_src + (size_t)(first + c) * p.v_row_bytes + o);
             }
         }
         cp_async_commit();  // empty groups keep the wait count uniform
@@ -198,20 +205,29 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p
         cp_async_wait<kStages - 1>();
         __syncthreads();
 
-        // Dequantize the raw slices into the padded f16 tiles; invalid cells become zeros.
+        // Dequantize raw slices into the padded f16 tiles. Invalid cells (past the split's
+        // end) must hold V = 0: their p is 0, but 0 * stale NaN bits would poison P V.
+        const uint8_t* raw_k = smem + L::raw + (tile % kStages) * L::raw_stage;
+        const uint8_t* raw_v = raw_k + kTile * L::kStrideK;
+        const __half* k_mma = L::kDirectK ? reinterpret_cast<const __half*>(raw_k) : k_tile;
+        const __half* v_mma = L::kDirectV ? reinterpret_cast<const __half*>(raw_v) : v_tile;
         {
-            const uint8_t* raw_k = smem + L::raw + (tile % kStages) * L::raw_stage;
-            const uint8_t* raw_v = raw_k + kTile * L::kSliceK;
             const uint32_t valid = min((uint32_t)kTile, cell_end - (cell_begin + tile * kTile));
-            for (uint32_t i = tid; i < kTile * (D / 8); i += kThreads) {
-                const uint32_t c = i / (D / 8), j = i % (D / 8);
-                uint4 kv8 = make_uint4(0, 0, 0, 0), vv8 = make_uint4(0, 0, 0, 0);
-                if (c < valid) {
-                    kv8 = dequant8<KT>(raw_k + c * L::kSliceK, j);
-                    vv8 = dequant8<VT>(raw_v + c * L::kSliceV, j);
+            if (!L::kDirectK || !L::kDirectV || valid < kTile) {
+                for (uint32_t i = tid; i < kTile * (D / 8); i += kThreads) {
+                    const uint32_t c = i / (D / 8), j = i % (D / 8);
+                    if constexpr (!L::kDirectK) {
+                        const uint4 k8 = c < valid ? dequant8<KT>(raw_k + c * L::kSliceK, j) : make_uint4(0, 0, 0, 0);
+                        *reinterpret_cast<uint4*>(k_tile + c * L::kLd + 8 * j) = k8;
+                    }
+                    if constexpr (!L::kDirectV) {
+                        const uint4 v8 = c < valid ? dequant8<VT>(raw_v + c * L::kSliceV, j) : make_uint4(0, 0, 0, 0);
+                        *reinterpret_cast<uint4*>(v_tile + c * L::kLd + 8 * j) = v8;
+                    } else {
+                        if (c >= valid)
+                            *reinterpret_cast<uint4*>(const_cast<__half*>(v_mma) + c * L::kLd + 8 * j) = make_uint4(0, 0, 0, 0);
+                    }
                 }
-                *reinterpret_cast<uint4*>(k_tile + c * L::kLd + 8 * j) = kv8;
-                *reinterpret_cast<uint4*>(v_tile + c * L::kLd + 8 * j) = vv8;
             }
         }
         __syncthreads();
@@ -224,7 +240,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p
             wmma::fill_fragment(s, 0.0f);
 #pragma unroll
             for (int kk = 0; kk < D; kk += 16) {
-                wmma::load_matrix_sync(a, k_tile + warp * 16 * L::kLd + kk, L::kLd);
+                wmma::load_matrix_sync(a, k_mma + warp * 16 * L::kLd + kk, L::kLd);
                 wmma::load_matrix_sync(b, q_tile + kk, L::kLd);
                 wmma::mma_sync(s, a, b, s);
             }
@@ -271,7 +287,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p
 #pragma unroll
                 for (int kk = 0; kk < kTile; kk += 16) {
                     wmma::load_matrix_sync(a, p_tile + kk, L::kLdP);
-                    wmma::load_matrix_sync(b, v_tile + kk * L::kLd + dim0, L::kLd);
+                    wmma::load_matrix_sync(b, v_mma + kk * L::kLd + dim0, L::kLd);
                     wmma::mma_sync(o, a, b, o);
                 }
                 wmma::store_matrix_sync(o_tile + dim0, o, D, wmma::mem_row_major);

@@ -3,26 +3,27 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <sys/wait.h>
 
 namespace {
 
-struct Run {
+struct PlanRun {
     int status = -1;
     std::string out;  // stdout and, with `2>&1` in the command, stderr
 };
 
 // The knobs' environment variables are cleared so the test sees only its flags.
-Run run_plan(const std::string& args) {
+PlanRun run_plan(const std::string& args) {
     std::string cmd = std::string("env -u SPILLWAY_KV_AUTO_TIER -u OPENCOTI_KV_AUTO_TIER -u SPILLWAY_KV_TSTAR_DROP "
                                   "-u OPENCOTI_KV_TSTAR_DROP -u SPILLWAY_KV_TSTAR_MAX_SPILL_MIB "
                                   "-u OPENCOTI_KV_TSTAR_MAX_SPILL_MIB -u SPILLWAY_KV_HOST_RAM_GBPS "
                                   "-u OPENCOTI_KV_HOST_RAM_GBPS -u SPILLWAY_VRAM_TARGET_MIB "
                                   "-u SPILLWAY_CACHE_TYPE_K -u SPILLWAY_CACHE_TYPE_V '") +
                       SPILLWAY_BINARY + "' plan " + args;
-    Run r;
+    PlanRun r;
     FILE* pipe = popen(cmd.c_str(), "r");
     if (!pipe) return r;
     std::array<char, 4096> buf;
@@ -38,7 +39,7 @@ std::string profile(const char* name) { return std::string(SPILLWAY_SOURCE_DIR) 
 }  // namespace
 
 TEST(PlanCli, SpecT5ConfigurationAsJson) {
-    Run r = run_plan("--preset qwen2.5-14b --wtype q8_0 -c 65536 --vram-target 27000 --profile " +
+    PlanRun r = run_plan("--preset qwen2.5-14b --wtype q8_0 -c 65536 --vram-target 27000 --profile " +
                      profile("rtx6000ada-pcie5-ddr5.json") + " --kv-auto-tier --json 2>/dev/null");
     ASSERT_EQ(r.status, 0) << r.out;
     nlohmann::json j = nlohmann::json::parse(r.out);
@@ -59,7 +60,7 @@ TEST(PlanCli, SpecT5ConfigurationAsJson) {
 }
 
 TEST(PlanCli, SwitchOffShowsTheLadderAndTheDefaultDecision) {
-    Run r = run_plan("--preset qwen2.5-14b -c 65536 --vram-target 27000 --profile " +
+    PlanRun r = run_plan("--preset qwen2.5-14b -c 65536 --vram-target 27000 --profile " +
                      profile("rtx6000ada-pcie5-ddr5.json") + " 2>&1");
     ASSERT_EQ(r.status, 0) << r.out;
     EXPECT_EQ(r.out.find("warn"), std::string::npos) << "switch off: no diagnostics\n" << r.out;
@@ -69,7 +70,7 @@ TEST(PlanCli, SwitchOffShowsTheLadderAndTheDefaultDecision) {
 }
 
 TEST(PlanCli, InvalidValuesFailWithTheirName) {
-    Run r = run_plan("--preset qwen2.5-14b -c 65536 --tstar-drop 1.5 --profile " + profile("rtx3090-pcie4-ddr4.json") +
+    PlanRun r = run_plan("--preset qwen2.5-14b -c 65536 --tstar-drop 1.5 --profile " + profile("rtx3090-pcie4-ddr4.json") +
                      " 2>&1");
     EXPECT_EQ(r.status, 1);
     EXPECT_NE(r.out.find("--tstar-drop"), std::string::npos) << r.out;
@@ -79,4 +80,20 @@ TEST(PlanCli, InvalidValuesFailWithTheirName) {
     r = run_plan("-c 4096 2>&1");
     EXPECT_EQ(r.status, 1);
     EXPECT_NE(r.out.find("-m FILE or --preset NAME"), std::string::npos) << r.out;
+}
+
+// -m FILE: a tiny synthetic GGUF written by make-model, planned like a real file.
+TEST(PlanCli, PlansAGgufFile) {
+    std::string path = ::testing::TempDir() + "plan_cli_tiny.gguf";
+    std::string make = std::string("'") + SPILLWAY_BINARY + "' make-model --preset tiny --wtype q8_0 --no-progress -o '" +
+                       path + "' >/dev/null 2>&1";
+    ASSERT_EQ(std::system(make.c_str()), 0);
+    PlanRun r = run_plan("-m '" + path + "' -c 4096 --vram-free-mib 2048 --json 2>/dev/null");
+    ASSERT_EQ(r.status, 0) << r.out;
+    nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["decision"]["tier"], "f16/f16");
+    EXPECT_EQ(j["decision"]["spill_bytes"], 0);
+    EXPECT_EQ(j["model"]["n_layer"], 4);
+    EXPECT_EQ(j["terms"], nullptr);  // no profile: bytes only, no predictions
+    std::remove(path.c_str());
 }
