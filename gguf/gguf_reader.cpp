@@ -27,7 +27,9 @@ std::string hex32(uint32_t v) {
     return buf;
 }
 
-// A bounds-checked little-endian cursor over the file image.
+// A bounds-checked little-endian cursor over the file image. `what` is a callable that
+// names the field; it is only called to build an error message, so the happy path never
+// pays for string building (a vocabulary has ~10^5 elements).
 class Cursor {
 public:
     Cursor(const uint8_t* data, size_t size) : data_(data), size_(size) {}
@@ -35,15 +37,15 @@ public:
     uint64_t pos() const { return pos_; }
     uint64_t remaining() const { return size_ - pos_; }
 
-    void need(uint64_t n, const std::string& what) const {
+    template <typename Name>
+    void need(uint64_t n, const Name& what) const {
         if (n > remaining())
-            fail("gguf: " + what + ": needs " + std::to_string(n) + " bytes at offset " +
-                 std::to_string(pos_) + " but the file has only " + std::to_string(remaining()) +
-                 " left (truncated file?)");
+            fail("gguf: " + what() + ": needs " + std::to_string(n) + " bytes at offset " + std::to_string(pos_) +
+                 " but the file has only " + std::to_string(remaining()) + " left (truncated file?)");
     }
 
-    template <typename T>
-    T read(const std::string& what) {
+    template <typename T, typename Name>
+    T read(const Name& what) {
         need(sizeof(T), what);
         T v;
         std::memcpy(&v, data_ + pos_, sizeof(T));  // the format is little-endian, like every host we run on
@@ -51,10 +53,11 @@ public:
         return v;
     }
 
-    std::string read_string(const std::string& what) {
-        uint64_t len = read<uint64_t>(what + " length");
+    template <typename Name>
+    std::string read_string(const Name& what) {
+        uint64_t len = read<uint64_t>([&] { return what() + " length"; });
         if (len > remaining())
-            fail("gguf: " + what + ": string length " + std::to_string(len) + " at offset " +
+            fail("gguf: " + what() + ": string length " + std::to_string(len) + " at offset " +
                  std::to_string(pos_ - 8) + " exceeds the " + std::to_string(remaining()) +
                  " bytes left in the file");
         std::string s(reinterpret_cast<const char*>(data_ + pos_), static_cast<size_t>(len));
@@ -68,10 +71,23 @@ private:
     uint64_t pos_ = 0;
 };
 
-// Reads one value of `raw_type`. `what` names it in messages ("key 'x'" or "key 'x'[3]").
-GgufValue read_value(Cursor& in, uint32_t raw_type, const std::string& what, int depth) {
+// Names a value in messages: "key 'x'" or, inside arrays, "key 'x'[3][0]".
+struct ValuePath {
+    const std::string& key;
+    std::vector<uint64_t> indices;
+
+    std::string operator()() const {
+        std::string s = "key '" + key + "'";
+        for (uint64_t k : indices) s += "[" + std::to_string(k) + "]";
+        return s;
+    }
+};
+
+// Reads one value of `raw_type`; `path` names it and tracks the array nesting depth.
+GgufValue read_value(Cursor& in, uint32_t raw_type, ValuePath& path) {
+    const ValuePath& what = path;
     if (!is_known_value_type(raw_type))
-        fail("gguf: " + what + ": unknown value type " + std::to_string(raw_type));
+        fail("gguf: " + what() + ": unknown value type " + std::to_string(raw_type));
     GgufValue v;
     v.type = static_cast<GgufValueType>(raw_type);
     switch (v.type) {
@@ -87,32 +103,36 @@ GgufValue read_value(Cursor& in, uint32_t raw_type, const std::string& what, int
         case GgufValueType::FLOAT64: v.f = in.read<double>(what); break;
         case GgufValueType::BOOL: {
             uint8_t b = in.read<uint8_t>(what);
-            if (b > 1) fail("gguf: " + what + ": bool value " + std::to_string(b) + " is not 0 or 1");
+            if (b > 1) fail("gguf: " + what() + ": bool value " + std::to_string(b) + " is not 0 or 1");
             v.b = b != 0;
             break;
         }
         case GgufValueType::STRING: v.s = in.read_string(what); break;
         case GgufValueType::ARRAY: {
-            if (depth >= kMaxArrayDepth)
-                fail("gguf: " + what + ": arrays nested deeper than " + std::to_string(kMaxArrayDepth));
-            uint32_t element_type = in.read<uint32_t>(what + " array type");
+            if (path.indices.size() >= static_cast<size_t>(kMaxArrayDepth))
+                fail("gguf: " + what() + ": arrays nested deeper than " + std::to_string(kMaxArrayDepth));
+            uint32_t element_type = in.read<uint32_t>([&] { return what() + " array type"; });
             if (!is_known_value_type(element_type))
-                fail("gguf: " + what + ": unknown array element type " + std::to_string(element_type));
+                fail("gguf: " + what() + ": unknown array element type " + std::to_string(element_type));
             v.array_type = static_cast<GgufValueType>(element_type);
-            uint64_t count = in.read<uint64_t>(what + " array count");
+            uint64_t count = in.read<uint64_t>([&] { return what() + " array count"; });
             // Bound the count by what the remaining bytes could hold before reserving.
             uint64_t min_size = min_value_size(element_type);
             if (count > in.remaining() / min_size)
-                fail("gguf: " + what + ": array count " + std::to_string(count) + " of " +
+                fail("gguf: " + what() + ": array count " + std::to_string(count) + " of " +
                      gguf_value_type_name(v.array_type) + " needs at least " +
                      (count > UINT64_MAX / min_size ? std::string("2^64") : std::to_string(count * min_size)) +
                      " bytes but the file has only " + std::to_string(in.remaining()) + " left");
             if (count > kMaxArrayElements)
-                fail("gguf: " + what + ": array count " + std::to_string(count) + " exceeds the limit of " +
+                fail("gguf: " + what() + ": array count " + std::to_string(count) + " exceeds the limit of " +
                      std::to_string(kMaxArrayElements));
             v.array.reserve(static_cast<size_t>(count));
-            for (uint64_t k = 0; k < count; ++k)
-                v.array.push_back(read_value(in, element_type, what + "[" + std::to_string(k) + "]", depth + 1));
+            path.indices.push_back(0);
+            for (uint64_t k = 0; k < count; ++k) {
+                path.indices.back() = k;
+                v.array.push_back(read_value(in, element_type, path));
+            }
+            path.indices.pop_back();
             break;
         }
     }
@@ -130,10 +150,10 @@ GgufHeader parse_gguf(const uint8_t* data, size_t size, uint64_t* data_offset) {
     Cursor in(data, data ? size : 0);
     GgufHeader header;
 
-    uint32_t magic = in.read<uint32_t>("magic");
+    uint32_t magic = in.read<uint32_t>([] { return std::string("magic"); });
     if (magic != kMagic)
         fail("gguf: bad magic " + hex32(magic) + " (expected " + hex32(kMagic) + ", \"GGUF\"): not a GGUF file");
-    uint32_t version = in.read<uint32_t>("version");
+    uint32_t version = in.read<uint32_t>([] { return std::string("version"); });
     if (version == 1)
         fail("gguf: version 1 is not supported (32-bit counts; re-convert the model to GGUF v2 or v3)");
     if (version == 0x02000000 || version == 0x03000000)
@@ -142,8 +162,8 @@ GgufHeader parse_gguf(const uint8_t* data, size_t size, uint64_t* data_offset) {
         fail("gguf: unsupported version " + std::to_string(version) + " (supported: 2, 3)");
     header.version = version;
 
-    uint64_t n_tensors = in.read<uint64_t>("tensor_count");
-    uint64_t n_kv = in.read<uint64_t>("metadata_kv_count");
+    uint64_t n_tensors = in.read<uint64_t>([] { return std::string("tensor_count"); });
+    uint64_t n_kv = in.read<uint64_t>([] { return std::string("metadata_kv_count"); });
     // Each entry takes some minimum number of bytes, so counts the file cannot hold are
     // rejected here, before anything is reserved.
     if (n_kv > in.remaining() / kMinKvSize)
@@ -156,10 +176,11 @@ GgufHeader parse_gguf(const uint8_t* data, size_t size, uint64_t* data_offset) {
     header.metadata.reserve(static_cast<size_t>(n_kv));
     std::unordered_set<std::string> keys;
     for (uint64_t k = 0; k < n_kv; ++k) {
-        std::string key = in.read_string("key of metadata entry " + std::to_string(k));
+        std::string key = in.read_string([&] { return "key of metadata entry " + std::to_string(k); });
         if (!keys.insert(key).second) fail("gguf: duplicate metadata key '" + key + "'");
-        uint32_t type = in.read<uint32_t>("key '" + key + "' value type");
-        GgufValue value = read_value(in, type, "key '" + key + "'", 0);
+        ValuePath path{key, {}};
+        uint32_t type = in.read<uint32_t>([&] { return path() + " value type"; });
+        GgufValue value = read_value(in, type, path);
         header.metadata.emplace_back(std::move(key), std::move(value));
     }
 
@@ -180,23 +201,23 @@ GgufHeader parse_gguf(const uint8_t* data, size_t size, uint64_t* data_offset) {
     std::unordered_set<std::string> names;
     for (uint64_t t = 0; t < n_tensors; ++t) {
         GgufTensorInfo info;
-        info.name = in.read_string("name of tensor " + std::to_string(t));
-        const std::string what = "tensor '" + info.name + "'";
+        info.name = in.read_string([&] { return "name of tensor " + std::to_string(t); });
+        auto what = [&] { return "tensor '" + info.name + "'"; };
         if (!names.insert(info.name).second) fail("gguf: duplicate tensor name '" + info.name + "'");
-        uint32_t n_dims = in.read<uint32_t>(what + " n_dims");
+        uint32_t n_dims = in.read<uint32_t>([&] { return what() + " n_dims"; });
         if (n_dims == 0 || n_dims > kMaxDims)
-            fail("gguf: " + what + ": n_dims " + std::to_string(n_dims) + " is outside 1.." +
+            fail("gguf: " + what() + ": n_dims " + std::to_string(n_dims) + " is outside 1.." +
                  std::to_string(kMaxDims));
         info.shape.resize(n_dims);
-        for (uint32_t d = 0; d < n_dims; ++d) info.shape[d] = in.read<uint64_t>(what + " dim " + std::to_string(d));
-        uint32_t raw_type = in.read<uint32_t>(what + " type");
+        for (uint32_t d = 0; d < n_dims; ++d) info.shape[d] = in.read<uint64_t>([&] { return what() + " dim " + std::to_string(d); });
+        uint32_t raw_type = in.read<uint32_t>([&] { return what() + " type"; });
         if (!ggml_type_traits(raw_type))
-            fail("gguf: " + what + ": unknown ggml type " + std::to_string(raw_type));
+            fail("gguf: " + what() + ": unknown ggml type " + std::to_string(raw_type));
         info.type = static_cast<GgmlType>(raw_type);
-        info.offset = in.read<uint64_t>(what + " offset");
+        info.offset = in.read<uint64_t>([&] { return what() + " offset"; });
         compute_tensor_size(info);
         if (info.offset % header.alignment != 0)
-            fail("gguf: " + what + ": offset " + std::to_string(info.offset) + " is not a multiple of the alignment " +
+            fail("gguf: " + what() + ": offset " + std::to_string(info.offset) + " is not a multiple of the alignment " +
                  std::to_string(header.alignment));
         header.tensors.push_back(std::move(info));
     }

@@ -213,6 +213,7 @@ void Tokenizer::merge_sentencepiece(std::string_view text, std::vector<int32_t>&
         int32_t right = symbols[left].next;
         if (right < 0) return;
         std::string_view merged(text.data() + symbols[left].start, symbols[right].end - symbols[left].start);
+        if (merged.size() > vocab_.max_token_bytes) return;
         auto it = vocab_.ids.find(merged);
         if (it == vocab_.ids.end()) return;
         queue.push({vocab_.scores[it->second], left, right, symbols[left].end, symbols[right].end});

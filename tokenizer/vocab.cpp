@@ -1,5 +1,6 @@
 #include "tokenizer/vocab.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "common/error.h"
@@ -99,6 +100,7 @@ Vocab load_vocab(const GgufHeader& header) {
         vocab.tokens.push_back(tokens->array[id].s);
         // First id wins for duplicate strings, as in llama.cpp.
         vocab.ids.emplace(vocab.tokens.back(), id);
+        vocab.max_token_bytes = std::max(vocab.max_token_bytes, vocab.tokens.back().size());
     }
 
     vocab.types.assign(n, TokenType::normal);

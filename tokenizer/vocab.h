@@ -62,6 +62,7 @@ struct Vocab {
     // which is only <0x0A>). No merge can cross them, so the merge loop runs on the text
     // between them separately and its queue stays small.
     std::array<bool, 128> merge_barrier{};
+    size_t max_token_bytes = 0;  // no merge can produce anything longer
 
     int32_t size() const { return static_cast<int32_t>(tokens.size()); }
     // Tokens that encode() can find written in the text (control and unknown ones only
