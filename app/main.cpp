@@ -18,6 +18,7 @@ struct Command {
 const Command kCommands[] = {
     {"info", spillway::cmd_info, "show a GGUF model's shape, tensors and KV size per tier"},
     {"make-model", spillway::cmd_make_model, "write a synthetic GGUF model of a preset shape"},
+    {"probe", spillway::cmd_probe, "measure (or load cached) GPU and host bandwidths and costs"},
     {"plan", spillway::cmd_plan, "decide the KV tier and spill for a model, context and GPU"},
 };
 

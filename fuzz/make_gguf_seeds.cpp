@@ -1,8 +1,12 @@
 // Writes small valid GGUF files into a directory, as the fuzzer's seed corpus:
-//   gguf_fuzz_seeds OUT_DIR
+//   gguf_fuzz_seeds OUT_DIR [MODEL.gguf]
+// With a model (e.g. from `spillway make-model --preset tiny`), two more seeds carry its real
+// metadata (tokenizer arrays, chat template): the metadata alone as a valid file, and the
+// model's header without its tensor data (invalid: a truncated download).
 // Each file exercises a different part of the format (value types, nested arrays, v2,
 // alignments, quantized tensor types) and stays small so the fuzzer mutates it quickly.
 #include <cstdio>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -51,8 +55,8 @@ void write(const std::string& dir, const std::string& name, const GgufHeader& he
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc != 2) {
-        std::fprintf(stderr, "usage: %s OUT_DIR\n", argv[0]);
+    if (argc != 2 && argc != 3) {
+        std::fprintf(stderr, "usage: %s OUT_DIR [MODEL.gguf]\n", argv[0]);
         return 2;
     }
     const std::string dir = argv[1];
@@ -116,6 +120,16 @@ int main(int argc, char** argv) {
             GgufHeader h;
             h.set("general.name", GgufValue::make_string("no tensors"));
             write(dir, "metadata_only.gguf", h, rng);
+        }
+        if (argc == 3) {
+            auto model = spillway::GgufFile::open(argv[2]);
+            GgufHeader h = model->header();
+            h.tensors.clear();
+            write(dir, "model_metadata.gguf", h, rng);
+            std::ifstream in(argv[2], std::ios::binary);
+            std::vector<char> head(model->data_offset());
+            in.read(head.data(), static_cast<std::streamsize>(head.size()));
+            std::ofstream(dir + "/model_header_only.gguf", std::ios::binary).write(head.data(), in.gcount());
         }
     } catch (const spillway::Error& e) {
         std::fprintf(stderr, "gguf_fuzz_seeds: %s\n", e.what());

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kv/kv_codec.h"
 #include "kv/kv_layout.h"
 #include "model/model_spec.h"
 
@@ -14,7 +15,9 @@ struct KvCache {
     uint32_t n_ctx = 0;
     KvType k_type = KvType::f16;
     KvType v_type = KvType::f16;
-    std::vector<LayerKvLayout> layers;
+    KvFormat k_format = KvFormat::f16;  // = the tiers above, or f32 for the exact reference cache
+    KvFormat v_format = KvFormat::f16;
+    std::vector<LayerKvLayout> layers;  // n_head_kv and head dims per layer
     std::vector<std::vector<uint8_t>> k;  // per layer: n_ctx * k_row bytes
     std::vector<std::vector<uint8_t>> v;  // per layer: n_ctx * v_row bytes
 };
@@ -22,6 +25,8 @@ struct KvCache {
 // Throws spillway::Error when head dims are not multiples of 32 (quantized tiers) or the
 // allocation fails.
 KvCache make_kv_cache(const ModelSpec& spec, uint32_t n_ctx, KvType k_type, KvType v_type);
+// The exact reference: K and V kept as f32 (tests against float64 references only).
+KvCache make_kv_cache_f32(const ModelSpec& spec, uint32_t n_ctx);
 
 uint64_t kv_k_row_bytes(const KvCache& cache, uint32_t layer);
 uint64_t kv_v_row_bytes(const KvCache& cache, uint32_t layer);

@@ -19,29 +19,49 @@ inline float block_scale(const uint8_t* block) {
 
 }  // namespace
 
-void kv_store_row(KvType type, const float* x, uint8_t* row, size_t n) {
+const char* kv_format_name(KvFormat format) {
+    switch (format) {
+        case KvFormat::f16: return "f16";
+        case KvFormat::q8_0: return "q8_0";
+        case KvFormat::q4_0: return "q4_0";
+        case KvFormat::f32: return "f32";
+    }
+    return "?";
+}
+
+void kv_store_row(KvFormat type, const float* x, uint8_t* row, size_t n) {
     switch (type) {
-        case KvType::f16: {
+        case KvFormat::f16: {
             for (size_t i = 0; i < n; ++i) {
                 uint16_t h = fp32_to_fp16(x[i]);
                 std::memcpy(row + 2 * i, &h, 2);
             }
             return;
         }
-        case KvType::q8_0: quantize_row_q8_0(x, reinterpret_cast<BlockQ8_0*>(row), n); return;
-        case KvType::q4_0: quantize_row_q4_0(x, reinterpret_cast<BlockQ4_0*>(row), n); return;
+        case KvFormat::q8_0: quantize_row_q8_0(x, reinterpret_cast<BlockQ8_0*>(row), n); return;
+        case KvFormat::q4_0: quantize_row_q4_0(x, reinterpret_cast<BlockQ4_0*>(row), n); return;
+        case KvFormat::f32: std::memcpy(row, x, n * sizeof(float)); return;
     }
     fail("kv_store_row: unknown KV type");
 }
 
-void kv_load_row(KvType type, const uint8_t* row, float* y, size_t n) {
+void kv_load_row(KvFormat type, const uint8_t* row, float* y, size_t n) {
     for (size_t i = 0; i < n; ++i) y[i] = 0.0f;
     kv_axpy(type, row, 1.0f, y, n);
 }
 
-float kv_dot(KvType type, const uint8_t* row, const float* q, size_t n) {
+float kv_dot(KvFormat type, const uint8_t* row, const float* q, size_t n) {
     switch (type) {
-        case KvType::f16: {
+        case KvFormat::f32: {
+            float sum = 0.0f;
+            for (size_t i = 0; i < n; ++i) {
+                float v;
+                std::memcpy(&v, row + 4 * i, 4);
+                sum += q[i] * v;
+            }
+            return sum;
+        }
+        case KvFormat::f16: {
             float sum = 0.0f;
             for (size_t i = 0; i < n; ++i) {
                 uint16_t h;
@@ -50,7 +70,7 @@ float kv_dot(KvType type, const uint8_t* row, const float* q, size_t n) {
             }
             return sum;
         }
-        case KvType::q8_0: {
+        case KvFormat::q8_0: {
             float sum = 0.0f;
             for (size_t b = 0; b < n / 32; ++b) {
                 const uint8_t* block = row + b * 34;
@@ -62,7 +82,7 @@ float kv_dot(KvType type, const uint8_t* row, const float* q, size_t n) {
             }
             return sum;
         }
-        case KvType::q4_0: {
+        case KvFormat::q4_0: {
             float sum = 0.0f;
             for (size_t b = 0; b < n / 32; ++b) {
                 const uint8_t* block = row + b * 18;
@@ -81,9 +101,17 @@ float kv_dot(KvType type, const uint8_t* row, const float* q, size_t n) {
     fail("kv_dot: unknown KV type");
 }
 
-void kv_axpy(KvType type, const uint8_t* row, float a, float* y, size_t n) {
+void kv_axpy(KvFormat type, const uint8_t* row, float a, float* y, size_t n) {
     switch (type) {
-        case KvType::f16: {
+        case KvFormat::f32: {
+            for (size_t i = 0; i < n; ++i) {
+                float v;
+                std::memcpy(&v, row + 4 * i, 4);
+                y[i] += a * v;
+            }
+            return;
+        }
+        case KvFormat::f16: {
             for (size_t i = 0; i < n; ++i) {
                 uint16_t h;
                 std::memcpy(&h, row + 2 * i, 2);
@@ -91,7 +119,7 @@ void kv_axpy(KvType type, const uint8_t* row, float a, float* y, size_t n) {
             }
             return;
         }
-        case KvType::q8_0: {
+        case KvFormat::q8_0: {
             for (size_t b = 0; b < n / 32; ++b) {
                 const uint8_t* block = row + b * 34;
                 const int8_t* qs = reinterpret_cast<const int8_t*>(block + 2);
@@ -101,7 +129,7 @@ void kv_axpy(KvType type, const uint8_t* row, float a, float* y, size_t n) {
             }
             return;
         }
-        case KvType::q4_0: {
+        case KvFormat::q4_0: {
             for (size_t b = 0; b < n / 32; ++b) {
                 const uint8_t* block = row + b * 18;
                 const uint8_t* qs = block + 2;

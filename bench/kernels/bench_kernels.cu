@@ -208,10 +208,10 @@ void bench_small_ops(Report& r, const Options& o) {
     DeviceBuffer<float> x(dim), add(dim), w(dim), out(dim), gate(ffn), up(ffn), h(ffn), qk(48 * 128);
     for (auto* b : {&x, &add, &w, &out}) fill_f32<<<16, 256>>>(b->data(), b->size(), 3);
     for (auto* b : {&gate, &up, &qk}) fill_f32<<<16, 256>>>(b->data(), b->size(), 4);
-    std::vector<float> inv(64);
-    for (int i = 0; i < 64; ++i) inv[i] = std::pow(1e6f, -2.0f * i / 128);
-    DeviceBuffer<float> d_inv(64);
-    SPILLWAY_CUDA_CHECK(cudaMemcpy(d_inv.data(), inv.data(), 256, cudaMemcpyHostToDevice));
+    std::vector<double> inv(64);
+    for (int i = 0; i < 64; ++i) inv[i] = std::pow(1e6, -2.0 * i / 128);
+    DeviceBuffer<double> d_inv(64);
+    SPILLWAY_CUDA_CHECK(cudaMemcpy(d_inv.data(), inv.data(), d_inv.bytes(), cudaMemcpyHostToDevice));
     const int32_t pos_host = 65000;
     DeviceBuffer<int32_t> pos(1);
     SPILLWAY_CUDA_CHECK(cudaMemcpy(pos.data(), &pos_host, 4, cudaMemcpyHostToDevice));

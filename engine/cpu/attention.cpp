@@ -24,8 +24,8 @@ void check_shape(const AttentionShape& s) {
 
 }  // namespace
 
-void attention_partial_cpu_kv_heads(const AttentionShape& s, const float* q, KvType k_type,
-                                    const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
+void attention_partial_cpu_kv_heads(const AttentionShape& s, const float* q, KvFormat k_type,
+                                    const uint8_t* k_cells, KvFormat v_type, const uint8_t* v_cells,
                                     uint32_t n_cells, uint32_t kv_head_begin, uint32_t kv_head_end,
                                     float* out, float* lse) {
     check_shape(s);
@@ -84,7 +84,7 @@ void attention_partial_cpu_kv_heads(const AttentionShape& s, const float* q, KvT
 void attention_partial_cpu(const AttentionShape& shape, const float* q, KvType k_type,
                            const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                            uint32_t n_cells, float* out, float* lse) {
-    attention_partial_cpu_kv_heads(shape, q, k_type, k_cells, v_type, v_cells, n_cells, 0,
+    attention_partial_cpu_kv_heads(shape, q, kv_format(k_type), k_cells, kv_format(v_type), v_cells, n_cells, 0,
                                    shape.n_head_kv, out, lse);
 }
 

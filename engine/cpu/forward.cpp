@@ -48,8 +48,8 @@ void attention_layer(const CpuModel& m, const KvCache& cache, CpuForwardState& s
             const uint32_t n_cells = pos0 + t + 1;  // causal: the token sees itself and all before
             const uint32_t c0 = (uint32_t)((uint64_t)n_cells * split / splits);
             const uint32_t c1 = (uint32_t)((uint64_t)n_cells * (split + 1) / splits);
-            attention_partial_cpu_kv_heads(shape, st.q.data() + t * q_stride, cache.k_type, k_cells + c0 * k_row,
-                                           cache.v_type, v_cells + c0 * v_row, c1 - c0, g, g + 1,
+            attention_partial_cpu_kv_heads(shape, st.q.data() + t * q_stride, cache.k_format, k_cells + c0 * k_row,
+                                           cache.v_format, v_cells + c0 * v_row, c1 - c0, g, g + 1,
                                            st.attn.data() + split * split_stride + t * out_stride,
                                            st.attn_lse.data() + split * lse_split_stride + (uint64_t)t * s.n_head);
         }

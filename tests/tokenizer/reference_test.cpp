@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -158,6 +159,23 @@ TEST_P(ReferenceTest, ChatTemplateMatchesJinjaRendering) {
         ++compared;
     }
     EXPECT_GT(compared, 0);
+}
+
+// The converted vocab survives a trip through a real GGUF file (writer and mmap reader).
+TEST_P(ReferenceTest, VocabLoadsFromGgufFile) {
+    const LoadedVocab& vocab = load(GetParam());
+    GgufHeader header = gguf_vocab_from_hf_files(vocab.expected["tokenizer_json"].get<std::string>(),
+                                                 vocab.expected["tokenizer_config"].get<std::string>());
+    fs::path path = fs::temp_directory_path() / ("spillway-vocab-" + GetParam() + "-" + std::to_string(::getpid()) + ".gguf");
+    write_gguf(path.string(), header, {});
+    auto file = GgufFile::open(path.string());
+    Tokenizer from_file(file->header());
+    fs::remove(path);
+    for (const json& c : vocab.expected["cases"]) {
+        std::string input = from_hex(c["effective_hex"].get<std::string>());
+        EXPECT_EQ(from_file.encode(input, {.add_special = true, .parse_special = true}),
+                  c["ids_with_special"].get<std::vector<int32_t>>()) << c["name"];
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Vocabs, ReferenceTest, testing::Values("qwen3", "llama2", "llama3"));
