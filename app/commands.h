@@ -7,5 +7,6 @@ int cmd_info(int argc, char** argv);
 int cmd_make_model(int argc, char** argv);
 int cmd_plan(int argc, char** argv);
 int cmd_probe(int argc, char** argv);
+int cmd_run(int argc, char** argv);
 
 }  // namespace spillway

@@ -7,10 +7,14 @@
 // (docs/perf-notes.md). So scores = K·Qᵀ and out = P·V run as 16x16x16 f16 MMAs with f32
 // accumulation, and the CUDA cores only dequantize and do the online softmax.
 //
-// One block = one KV head x one range of cells (a split). Per tile of kTile cells:
-//   cp.async raw K/V slices (kStages-deep ring) -> dequantize to padded f16 tiles ->
-//   S = K Qᵀ (warp w: cells 16w..16w+15) -> online softmax per query head (warp per head)
-//   -> O_tile = P V (warp w: a quarter of the dims) -> acc = acc*alpha + O_tile.
+// One block = one KV head x one range of cells (a split), 8 warps. Per tile of kTile cells:
+//   cp.async raw K/V slices (ring of stages) -> dequantize to padded f16 tiles ->
+//   S = K Qᵀ (warp w: cells 16(w%4).., half w/4 of the dims; the halves are summed next) ->
+//   online softmax (16 threads per query head, 4 cells each) ->
+//   O_tile = P V (warp w: dims 16w..16w+15) -> acc = acc*alpha + O_tile.
+// Every phase is a short dependent chain, so the block is latency-bound unless many warps
+// run: 8 warps per block and 2 blocks per SM (measured: 4 warps and 1 block per SM for f16
+// left HBM at 39%; docs/perf-notes.md).
 // Query heads are padded to 16 rows with zeros; padded/invalid cells get p = 0 and V = 0.
 #include "engine/cuda/attention.cuh"
 
@@ -28,8 +32,7 @@ namespace spillway {
 namespace {
 
 constexpr int kTile = 64;
-constexpr int kStages = 3;
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMaxGroup = 16;  // query heads per KV head, padded to one MMA dimension
 constexpr float kLog2e = 1.4426950408889634f;
@@ -45,6 +48,9 @@ __host__ __device__ constexpr size_t align128(size_t n) { return (n + 127) / 128
 // ("direct"); a quantized operand lands as raw blocks and is dequantized into its f16 tile.
 template <int D, KvType KT, KvType VT>
 struct SmemLayout {
+    // Two stages when both operands are f16 (32 KB each) keep two blocks per SM; quantized
+    // stages are small, so three.
+    static constexpr int kStages = KT == KvType::f16 && VT == KvType::f16 ? 2 : 3;
     static constexpr bool kDirectK = KT == KvType::f16;
     static constexpr bool kDirectV = VT == KvType::f16;
     static constexpr int kLd = D + 8;       // padded f16 row: rows land on different banks
@@ -58,13 +64,16 @@ struct SmemLayout {
     static constexpr size_t k_tile = raw + kStages * raw_stage;
     static constexpr size_t v_tile = k_tile + (kDirectK ? 0 : align128((size_t)kTile * kLd * 2));
     static constexpr size_t q_tile = v_tile + (kDirectV ? 0 : align128((size_t)kTile * kLd * 2));
+    // scores: two partial S tiles (one per half of the dims); o_tile reuses that space,
+    // since scores are consumed (softmax) before O_tile is written (after a barrier).
     static constexpr size_t scores = q_tile + align128((size_t)kMaxGroup * kLd * 2);
-    static constexpr size_t p_tile = scores + align128((size_t)kTile * kMaxGroup * 4);
-    static constexpr size_t o_tile = p_tile + align128((size_t)kMaxGroup * kLdP * 2);
-    static constexpr size_t stats = o_tile + align128((size_t)kMaxGroup * D * 4);
+    static constexpr size_t scores_bytes = std::max((size_t)2 * kTile * kMaxGroup * 4, (size_t)kMaxGroup * D * 4);
+    static constexpr size_t o_tile = scores;
+    static constexpr size_t p_tile = scores + align128(scores_bytes);
+    static constexpr size_t stats = p_tile + align128((size_t)kMaxGroup * kLdP * 2);
     static constexpr size_t total = stats + align128(3 * kMaxGroup * 4);
 };
-static_assert(kTile == 64, "the softmax step gives each lane two cells");
+static_assert(kTile == 64 && kWarps == 8, "the phases below divide 64 cells among 8 warps");
 
 struct SplitParams {
     const float* q;
@@ -165,7 +174,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p
     const uint8_t* v_src = p.v + (size_t)kv_head * L::kSliceV;
     auto issue_tile = [&](uint32_t tile) {
         if (tile < n_tiles) {
-            uint8_t* raw_k = smem + L::raw + (tile % kStages) * L::raw_stage;
+            uint8_t* raw_k = smem + L::raw + (tile % L::kStages) * L::raw_stage;
             uint8_t* raw_v = raw_k + kTile * L::kStrideK;
             const uint32_t first = cell_begin + tile * kTile;
             const uint32_t count = min((uint32_t)kTile, cell_end - first);
@@ -182,7 +191,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p
         cp_async_commit();  // empty groups keep the wait count uniform
     };
 
-    for (int s = 0; s < kStages - 1; ++s) issue_tile(s);
+    for (int s = 0; s < L::kStages - 1; ++s) issue_tile(s);
 
     // Query heads of this KV head as f16 rows, zero-padded to kMaxGroup; P rows likewise.
     for (uint32_t i = tid; i < kMaxGroup * D; i += kThreads) {
@@ -201,13 +210,13 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p
     for (int j = 0; j < kAccPerThread; ++j) acc[j] = 0.0f;
 
     for (uint32_t tile = 0; tile < n_tiles; ++tile) {
-        issue_tile(tile + kStages - 1);
-        cp_async_wait<kStages - 1>();
+        issue_tile(tile + L::kStages - 1);
+        cp_async_wait<L::kStages - 1>();
         __syncthreads();
 
         // Dequantize raw slices into the padded f16 tiles. Invalid cells (past the split's
         // end) must hold V = 0: their p is 0, but 0 * stale NaN bits would poison P V.
-        const uint8_t* raw_k = smem + L::raw + (tile % kStages) * L::raw_stage;
+        const uint8_t* raw_k = smem + L::raw + (tile % L::kStages) * L::raw_stage;
         const uint8_t* raw_v = raw_k + kTile * L::kStrideK;
         const __half* k_mma = L::kDirectK ? reinterpret_cast<const __half*>(raw_k) : k_tile;
         const __half* v_mma = L::kDirectV ? reinterpret_cast<const __half*>(raw_v) : v_tile;
@@ -232,40 +241,53 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p
         }
         __syncthreads();
 
-        // S[cell][head] = K Qᵀ: warp w owns cells 16w..16w+15.
+        // S[cell][head] = K Qᵀ: warp w owns cells 16(w%4).. over dims [w/4 * D/2, +D/2).
         {
+            const uint32_t cell0 = (warp % 4) * 16, dim0 = (warp / 4) * (D / 2);
             wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
             wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
             wmma::fragment<wmma::accumulator, 16, 16, 16, float> s;
             wmma::fill_fragment(s, 0.0f);
 #pragma unroll
-            for (int kk = 0; kk < D; kk += 16) {
-                wmma::load_matrix_sync(a, k_mma + warp * 16 * L::kLd + kk, L::kLd);
-                wmma::load_matrix_sync(b, q_tile + kk, L::kLd);
+            for (int kk = 0; kk < D / 2; kk += 16) {
+                wmma::load_matrix_sync(a, k_mma + cell0 * L::kLd + dim0 + kk, L::kLd);
+                wmma::load_matrix_sync(b, q_tile + dim0 + kk, L::kLd);
                 wmma::mma_sync(s, a, b, s);
             }
-            wmma::store_matrix_sync(scores + warp * 16 * kMaxGroup, s, kMaxGroup, wmma::mem_row_major);
+            wmma::store_matrix_sync(scores + (warp / 4) * kTile * kMaxGroup + cell0 * kMaxGroup, s, kMaxGroup,
+                                    wmma::mem_row_major);
         }
         __syncthreads();
 
-        // Online softmax, one warp per query head; each lane owns cells lane and lane + 32.
+        // Online softmax: 16 threads per query head (a half warp), each owning 4 cells.
         {
             const uint32_t valid = min((uint32_t)kTile, cell_end - (cell_begin + tile * kTile));
-            for (uint32_t g = warp; g < n_group; g += kWarps) {
-                const float s0 = lane < valid ? scores[lane * kMaxGroup + g] * p.scale_log2 : -INFINITY;
-                const float s1 = lane + 32 < valid ? scores[(lane + 32) * kMaxGroup + g] * p.scale_log2 : -INFINITY;
-                float m = fmaxf(s0, s1);
+            const uint32_t g = tid / 16, part = tid % 16;
+            const unsigned half_mask = 0xffffu << (lane / 16 * 16);  // n_group may end mid-warp
+            if (g < n_group) {
+                float sc[4];
+                float m = -INFINITY;
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+                for (int i = 0; i < 4; ++i) {
+                    const uint32_t c = part + 16 * i;
+                    sc[i] = c < valid ? (scores[c * kMaxGroup + g] + scores[(kTile + c) * kMaxGroup + g]) * p.scale_log2
+                                      : -INFINITY;
+                    m = fmaxf(m, sc[i]);
+                }
+#pragma unroll
+                for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(half_mask, m, o));
                 const float m_old = run_max[g];
                 const float m_new = fmaxf(m_old, m);
-                const float e0 = exp2f(s0 - m_new), e1 = exp2f(s1 - m_new);
-                p_tile[g * L::kLdP + lane] = __float2half_rn(e0);
-                p_tile[g * L::kLdP + lane + 32] = __float2half_rn(e1);
-                float sum = e0 + e1;
+                float sum = 0.0f;
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-                if (lane == 0) {
+                for (int i = 0; i < 4; ++i) {
+                    const float e = exp2f(sc[i] - m_new);
+                    p_tile[g * L::kLdP + part + 16 * i] = __float2half_rn(e);
+                    sum += e;
+                }
+#pragma unroll
+                for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(half_mask, sum, o);
+                if (part == 0) {
                     const float a = exp2f(m_old - m_new);  // 0 on the first tile (m_old = -inf)
                     alpha[g] = a;
                     run_sum[g] = run_sum[g] * a + sum;
@@ -275,23 +297,20 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p
         }
         __syncthreads();
 
-        // O_tile[head][dim] = P V: warp w owns dims w*D/4 .. (w+1)*D/4.
-        {
+        // O_tile[head][dim] = P V: warp w owns dims 16w..16w+15 (D/16 warps busy).
+        if (warp < D / 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
             wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
             wmma::fragment<wmma::accumulator, 16, 16, 16, float> o;
+            const int dim0 = warp * 16;
+            wmma::fill_fragment(o, 0.0f);
 #pragma unroll
-            for (int f = 0; f < D / 64; ++f) {
-                const int dim0 = warp * (D / 4) + 16 * f;
-                wmma::fill_fragment(o, 0.0f);
-#pragma unroll
-                for (int kk = 0; kk < kTile; kk += 16) {
-                    wmma::load_matrix_sync(a, p_tile + kk, L::kLdP);
-                    wmma::load_matrix_sync(b, v_mma + kk * L::kLd + dim0, L::kLd);
-                    wmma::mma_sync(o, a, b, o);
-                }
-                wmma::store_matrix_sync(o_tile + dim0, o, D, wmma::mem_row_major);
+            for (int kk = 0; kk < kTile; kk += 16) {
+                wmma::load_matrix_sync(a, p_tile + kk, L::kLdP);
+                wmma::load_matrix_sync(b, v_mma + kk * L::kLd + dim0, L::kLd);
+                wmma::mma_sync(o, a, b, o);
             }
+            wmma::store_matrix_sync(o_tile + dim0, o, D, wmma::mem_row_major);
         }
         __syncthreads();
 

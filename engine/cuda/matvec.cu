@@ -177,22 +177,24 @@ __global__ void __launch_bounds__(kThreads) matvec_q8_0_kernel(const uint8_t* __
         for (uint32_t g = 0; g < kSlabBlocks / 8; ++g) {
             const uint32_t b = g * 8 + lane / 4;
             if (b >= slab_blocks) break;
+            // Block scale d applied once per 8 products (sum(q*x)*d), not per weight.
             float wv[kRowsPerWarp][8];
+            float scale[kRowsPerWarp];
 #pragma unroll
             for (int r = 0; r < kRowsPerWarp; ++r) {
                 const uint8_t* blk = slab[warp][r] + b * 34;
-                const float d = __half2float(*reinterpret_cast<const __half*>(blk));
+                scale[r] = __half2float(*reinterpret_cast<const __half*>(blk));
                 const unsigned short* q16 = reinterpret_cast<const unsigned short*>(blk + 2 + 8 * quarter);
-                const uint32_t lo = ((uint32_t)q16[0] | ((uint32_t)q16[1] << 16)) ^ 0x80808080u;
-                const uint32_t hi = ((uint32_t)q16[2] | ((uint32_t)q16[3] << 16)) ^ 0x80808080u;
-                wv[r][0] = d * biased_byte_to_float<0>(lo);
-                wv[r][1] = d * biased_byte_to_float<1>(lo);
-                wv[r][2] = d * biased_byte_to_float<2>(lo);
-                wv[r][3] = d * biased_byte_to_float<3>(lo);
-                wv[r][4] = d * biased_byte_to_float<0>(hi);
-                wv[r][5] = d * biased_byte_to_float<1>(hi);
-                wv[r][6] = d * biased_byte_to_float<2>(hi);
-                wv[r][7] = d * biased_byte_to_float<3>(hi);
+                const uint32_t lo = __byte_perm(q16[0], q16[1], 0x5410) ^ 0x80808080u;
+                const uint32_t hi = __byte_perm(q16[2], q16[3], 0x5410) ^ 0x80808080u;
+                wv[r][0] = biased_byte_to_float<0>(lo);
+                wv[r][1] = biased_byte_to_float<1>(lo);
+                wv[r][2] = biased_byte_to_float<2>(lo);
+                wv[r][3] = biased_byte_to_float<3>(lo);
+                wv[r][4] = biased_byte_to_float<0>(hi);
+                wv[r][5] = biased_byte_to_float<1>(hi);
+                wv[r][6] = biased_byte_to_float<2>(hi);
+                wv[r][7] = biased_byte_to_float<3>(hi);
             }
             const uint32_t col = (s * kSlabBlocks + b) * 32 + 8 * quarter;
 #pragma unroll
@@ -210,7 +212,7 @@ __global__ void __launch_bounds__(kThreads) matvec_q8_0_kernel(const uint8_t* __
                     sum = fmaf(wv[r][5], xb.y, sum);
                     sum = fmaf(wv[r][6], xb.z, sum);
                     sum = fmaf(wv[r][7], xb.w, sum);
-                    acc[r][t] += sum;
+                    acc[r][t] = fmaf(scale[r], sum, acc[r][t]);
                 }
             }
         }

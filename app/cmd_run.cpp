@@ -1,0 +1,243 @@
+// spillway run: generate text with a GGUF model on the CPU engine. Streams text as it is
+// generated (stdout), then reports prefill and decode speed and achieved GB/s (stderr),
+// or everything as one JSON object with --json. --logits-out writes every evaluated
+// position's logits (docs/logits-format.md).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "app/args.h"
+#include "app/commands.h"
+#include "common/error.h"
+#include "engine/cpu/forward.h"
+#include "engine/cpu/sampler.h"
+#include "gguf/gguf.h"
+#include "model/model_spec.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace spillway {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+KvType parse_kv_type(const std::string& text, const char* flag) {
+    auto t = kv_type_from_name(text);
+    if (!t) fail(std::string(flag) + ": unknown KV type '" + text + "' (expected f16, q8_0 or q4_0)");
+    return *t;
+}
+
+std::string read_text_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail("cannot read prompt file '" + path + "'");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// Writes the logits file: one JSON header line, then per evaluated position an int32
+// token id, an int32 position and n_vocab little-endian f32 logits.
+class LogitsWriter {
+public:
+    LogitsWriter(const std::string& path, const std::string& model_path, uint32_t n_vocab) : n_vocab_(n_vocab) {
+        out_.open(path, std::ios::binary | std::ios::trunc);
+        if (!out_) fail("--logits-out: cannot create '" + path + "'");
+        nlohmann::json header = {{"format", "spillway-logits"}, {"version", 1}, {"n_vocab", n_vocab},
+                                 {"dtype", "f32"}, {"endian", "little"},
+                                 {"record", "int32 token, int32 position, f32 logits[n_vocab]"},
+                                 {"model", model_path}};
+        out_ << header.dump() << '\n';
+    }
+    void write(int32_t token, int32_t position, const float* logits) {
+        // The engine's hosts are little-endian (x86-64, aarch64); the format says so.
+        out_.write(reinterpret_cast<const char*>(&token), 4);
+        out_.write(reinterpret_cast<const char*>(&position), 4);
+        out_.write(reinterpret_cast<const char*>(logits), (std::streamsize)n_vocab_ * 4);
+        if (!out_) fail("--logits-out: write failed");
+    }
+
+private:
+    std::ofstream out_;
+    uint32_t n_vocab_;
+};
+
+}  // namespace
+
+int cmd_run(int argc, char** argv) {
+    ArgParser args("run", "generate text with a GGUF model");
+    args.option({"-m", "--model"}, "FILE", "GGUF model file");
+    args.option({"-p", "--prompt"}, "TEXT", "prompt text");
+    args.option({"-f", "--file"}, "FILE", "read the prompt from a file");
+    args.option({"-n", "--n-predict"}, "N", "tokens to generate", "128");
+    args.option({"-c", "--ctx-size"}, "N", "context size in tokens (prompt + generated)", "4096, at most the training context");
+    args.option({"-b", "--batch-size"}, "N", "prefill chunk size", "512");
+    args.option({"-ctk", "--cache-type-k"}, "T", "K cache type: f16, q8_0, q4_0", "f16");
+    args.option({"-ctv", "--cache-type-v"}, "T", "V cache type: f16, q8_0, q4_0", "f16");
+    args.option({"-s", "--seed"}, "S", "sampling seed", "random");
+    args.option({"--temp"}, "T", "temperature; 0 = greedy", "0.8");
+    args.option({"--top-k"}, "N", "top-k; 0 = off", "40");
+    args.option({"--top-p"}, "P", "top-p; 1 = off", "0.95");
+    args.option({"--min-p"}, "P", "min-p; 0 = off", "0.05");
+    args.option({"--repeat-penalty"}, "X", "repetition penalty; 1 = off", "1.0");
+    args.option({"--repeat-last-n"}, "N", "tokens the repetition penalty looks back over", "64");
+    args.option({"-t", "--threads"}, "N", "CPU threads", "all cores");
+    args.option({"--device"}, "DEV", "cpu or cuda", "cpu");
+    args.flag({"--chat"}, "format the prompt with the model's chat template");
+    args.option({"-sys", "--system-prompt"}, "TEXT", "system prompt for --chat");
+    args.flag({"--json"}, "print one JSON object (token ids, text, timings) instead of streaming");
+    args.option({"--logits-out"}, "FILE", "write every evaluated position's logits (docs/logits-format.md)");
+    args.epilog("example: spillway run -m tiny.gguf -p \"Once upon a time\" -n 64 --temp 0");
+    args.parse(argc, argv);
+    if (args.help_requested()) {
+        std::printf("%s", args.help().c_str());
+        return 0;
+    }
+
+    const std::string device = args.get_or("--device", "cpu");
+    if (device == "cuda") {
+#ifdef SPILLWAY_HAVE_CUDA
+        fail("--device cuda: the CUDA engine is not wired into run yet; use --device cpu");
+#else
+        fail("--device cuda: this build has no CUDA engine (configure with -DSPILLWAY_CUDA=ON on a machine with nvcc)");
+#endif
+    } else if (device != "cpu") {
+        fail("--device: unknown device '" + device + "' (expected cpu or cuda)");
+    }
+    const auto model_path = args.get("--model");
+    if (!model_path) fail("-m FILE is required");
+    if (args.has("--prompt") == args.has("--file")) fail("give exactly one of -p TEXT or -f FILE");
+    const std::string text = args.has("--prompt") ? *args.get("--prompt") : read_text_file(*args.get("--file"));
+    if (text.empty()) fail("the prompt is empty");
+    if (args.has("--system-prompt") && !args.has("--chat")) fail("-sys needs --chat");
+    const KvType k_type = parse_kv_type(args.get_or("--cache-type-k", "f16"), "-ctk");
+    const KvType v_type = parse_kv_type(args.get_or("--cache-type-v", "f16"), "-ctv");
+    const int64_t n_predict = args.get_int("--n-predict", 0, 1 << 24).value_or(128);
+    const int64_t batch = args.get_int("--batch-size", 1, 1 << 16).value_or(512);
+    const unsigned threads =
+        (unsigned)args.get_int("--threads", 1, 1024).value_or(std::max(1u, std::thread::hardware_concurrency()));
+    SamplerConfig sampling;
+    sampling.temperature = (float)args.get_double("--temp").value_or(0.8);
+    sampling.top_k = (int32_t)args.get_int("--top-k", 0, 1 << 30).value_or(40);
+    sampling.top_p = (float)args.get_double("--top-p").value_or(0.95);
+    sampling.min_p = (float)args.get_double("--min-p").value_or(0.05);
+    sampling.repeat_penalty = (float)args.get_double("--repeat-penalty").value_or(1.0);
+    sampling.repeat_last_n = (uint32_t)args.get_int("--repeat-last-n", 0, 1 << 30).value_or(64);
+    sampling.seed = args.has("--seed") ? (uint64_t)*args.get_int("--seed", 0, INT64_MAX) : std::random_device{}();
+    const bool json = args.has("--json");
+
+    std::shared_ptr<const GgufFile> file = GgufFile::open(*model_path);
+    const ModelSpec spec = model_spec_from_gguf(file->header());
+    const CpuModel model = load_cpu_model(file, spec);
+    const Tokenizer tokenizer(file->header());
+
+    std::vector<int32_t> prompt;
+    if (args.has("--chat")) {
+        const ChatTemplate tmpl = chat_template_from_string(tokenizer.vocab().chat_template);
+        ChatOptions options;
+        options.system_prompt = args.get("--system-prompt");
+        prompt = tokenizer.encode(format_chat(tmpl, {{"user", text}}, options), {.add_special = true, .parse_special = true});
+    } else {
+        prompt = tokenizer.encode(text);
+    }
+    if (prompt.empty()) fail("the prompt is empty after tokenization");
+
+    const int64_t ctx_default = std::min<int64_t>(4096, spec.n_ctx_train ? spec.n_ctx_train : 4096);
+    const uint32_t n_ctx = (uint32_t)args.get_int("--ctx-size", 1, 1 << 26).value_or(std::max<int64_t>(ctx_default, 1));
+    if (prompt.size() >= n_ctx)
+        fail("the prompt has " + std::to_string(prompt.size()) + " tokens but the context holds " +
+             std::to_string(n_ctx) + " (raise -c, or shorten the prompt)");
+    const uint32_t n_generate = (uint32_t)std::min<int64_t>(n_predict, n_ctx - (int64_t)prompt.size());
+
+    std::unique_ptr<LogitsWriter> logits_out;
+    if (auto path = args.get("--logits-out")) logits_out = std::make_unique<LogitsWriter>(*path, *model_path, spec.n_vocab);
+
+    // Everything the loops touch is allocated here.
+    ThreadPool pool(threads);
+    KvCache cache = make_kv_cache(spec, n_ctx, k_type, v_type);
+    const uint32_t chunk = (uint32_t)std::min<int64_t>(batch, (int64_t)prompt.size());
+    CpuForwardState state = make_forward_state(model, chunk, logits_out != nullptr, threads);
+    Sampler sampler = make_sampler(sampling, spec.n_vocab);
+    std::vector<int32_t> history = prompt;
+    history.reserve(prompt.size() + n_generate + 1);
+    const uint32_t V = spec.n_vocab;
+
+    const auto t_prefill = Clock::now();
+    for (uint32_t pos = 0; pos < prompt.size(); pos += chunk) {
+        const uint32_t n = std::min<uint32_t>(chunk, (uint32_t)prompt.size() - pos);
+        forward_cpu(model, cache, state, pool, prompt.data() + pos, n, pos);
+        if (logits_out)
+            for (uint32_t i = 0; i < n; ++i) logits_out->write(prompt[pos + i], (int32_t)(pos + i), state.logits.data() + (size_t)i * V);
+    }
+    const double prefill_s = seconds_since(t_prefill);
+    // With all_logits the last token's row is the last of the last chunk.
+    auto last_logits = [&](uint32_t n_in_call) {
+        return state.logits.data() + (state.all_logits ? (size_t)(n_in_call - 1) * V : 0);
+    };
+    const uint32_t last_chunk = (uint32_t)(prompt.size() - (prompt.size() - 1) / chunk * chunk);
+
+    StreamDecoder stream(tokenizer);
+    std::string generated_text;
+    std::vector<int32_t> generated;
+    generated.reserve(n_generate);
+    uint64_t bytes_read = 0;
+    const auto t_decode = Clock::now();
+    const float* logits = last_logits(last_chunk);
+    uint32_t pos = (uint32_t)prompt.size();
+    for (uint32_t i = 0; i < n_generate; ++i) {
+        const int32_t token = sample_token(sampler, logits, history);
+        generated.push_back(token);
+        history.push_back(token);
+        const bool stop = tokenizer.is_end_of_generation(token);
+        if (!stop) {
+            const std::string piece = stream.push(token);
+            generated_text += piece;
+            if (!json) {
+                std::fwrite(piece.data(), 1, piece.size(), stdout);
+                std::fflush(stdout);
+            }
+        }
+        if (stop || i + 1 == n_generate || pos >= n_ctx) break;
+        forward_cpu(model, cache, state, pool, &token, 1, pos);
+        bytes_read += decode_bytes_per_token(model, pos + 1, k_type, v_type);
+        if (logits_out) logits_out->write(token, (int32_t)pos, state.logits.data());
+        logits = last_logits(1);
+        ++pos;
+    }
+    const double decode_s = seconds_since(t_decode);
+    const std::string tail = stream.finish();
+    generated_text += tail;
+    const uint32_t n_decoded = pos - (uint32_t)prompt.size();  // forward passes of generated tokens
+
+    const double prefill_tps = prefill_s > 0 ? prompt.size() / prefill_s : 0;
+    const double decode_tps = decode_s > 0 && n_decoded ? n_decoded / decode_s : 0;
+    const double decode_gbps = decode_s > 0 && n_decoded ? bytes_read / decode_s / 1e9 : 0;
+    if (json) {
+        nlohmann::json out = {
+            {"model", *model_path}, {"device", "cpu"}, {"threads", threads},
+            {"ctk", kv_type_name(k_type)}, {"ctv", kv_type_name(v_type)}, {"n_ctx", n_ctx},
+            {"seed", sampling.seed}, {"prompt_tokens", prompt}, {"generated_tokens", generated},
+            {"text", generated_text},
+            {"timings", {{"prefill_s", prefill_s}, {"prefill_tokens", prompt.size()}, {"prefill_tok_s", prefill_tps},
+                         {"decode_s", decode_s}, {"decode_tokens", n_decoded}, {"decode_tok_s", decode_tps},
+                         {"decode_gb_s", decode_gbps}}}};
+        std::printf("%s\n", out.dump(1).c_str());
+    } else {
+        std::printf("%s\n", tail.c_str());
+        std::fprintf(stderr,
+                     "prefill: %zu tokens in %.3f s (%.1f tok/s)\n"
+                     "decode:  %u tokens in %.3f s (%.1f tok/s, %.2f GB/s of weights + KV read)\n",
+                     prompt.size(), prefill_s, prefill_tps, n_decoded, decode_s, decode_tps, decode_gbps);
+    }
+    return 0;
+}
+
+}  // namespace spillway
