@@ -33,8 +33,9 @@ diagnostics are logged. plan still prints the whole ladder, with predicted drop 
 tok/s when a profile supplies the terms, and what --kv-auto-tier would choose.
 Switch ON: the T* walk decides and WARN lines on stderr explain each step.
 
-Probe values come from, in order: the override flags below, --profile FILE, cached boot
-measurements (none exist yet: measuring is a later issue). Shipped profiles:
+Probe values come from, in order: the override flags below, then --profile FILE. plan
+measures nothing and does not read the boot probe cache yet; without a profile the table
+shows bytes only and --kv-auto-tier fails when the walk needs measurements. Shipped profiles:
   profiles/rtx3090-pcie4-ddr4.json  profiles/rtx6000ada-pcie5-ddr5.json  profiles/h200-sxm.json
 Budget = min(free VRAM, --vram-target) - weights - compute reserve. Free VRAM is the
 profile's vram_free_mib, else its vram_total_mib, else --vram-target alone.

@@ -146,7 +146,7 @@ std::string missing_measurements_message(const ProbeValues& v) {
     std::string msg = "the auto KV tier needs host/GPU measurements that do not exist here:";
     for (const Need& n : needs)
         if (n.missing) msg += std::string("\n  ") + n.what + " (" + n.flag + ")";
-    msg += "\nno cached boot measurements exist yet (measuring is not implemented); pass --profile FILE "
+    msg += "\nno profile, override or cached measurement supplies them; pass --profile FILE "
            "(profiles/rtx3090-pcie4-ddr4.json, profiles/rtx6000ada-pcie5-ddr5.json, profiles/h200-sxm.json) "
            "or the flags above";
     return msg;

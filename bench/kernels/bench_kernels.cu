@@ -110,20 +110,58 @@ struct Options {
     std::string only;
 };
 
-// Median of `iters` launches (after 3 warm-ups), each bracketed by its own event pair.
-double median_us(const std::function<void(int)>& launch, int iters) {
-    for (int i = 0; i < 3; ++i) launch(i);
-    std::vector<cudaEvent_t> ev(2 * iters);
+// Per-launch time the engine will see: `iters` launches (rotating input sets) captured in one
+// CUDA graph, as a decode step will be; the graph is replayed 7 times after a warm-up and the
+// median replay time is divided by `iters`. Launch gaps inside a graph are ~1 us or less, so
+// this is kernel time plus that gap; timing single launches with an event pair each adds
+// several microseconds of event overhead (seen in the first run: a 0.9 MB matvec "took" 5 us).
+double median_us(const std::function<void(cudaStream_t, int)>& launch, int iters) {
+    cudaStream_t stream;
+    SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (int i = 0; i < 3; ++i) launch(stream, i);  // module load, attribute set-up
+    SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    SPILLWAY_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < iters; ++i) launch(stream, i);
+    SPILLWAY_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    SPILLWAY_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    SPILLWAY_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    constexpr int kReplays = 7;
+    cudaEvent_t ev[kReplays + 1];
     for (auto& e : ev) SPILLWAY_CUDA_CHECK(cudaEventCreate(&e));
-    for (int i = 0; i < iters; ++i) {
-        SPILLWAY_CUDA_CHECK(cudaEventRecord(ev[2 * i]));
-        launch(i);
-        SPILLWAY_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1]));
+    SPILLWAY_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+    for (int r = 0; r < kReplays; ++r) {
+        SPILLWAY_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+        SPILLWAY_CUDA_CHECK(cudaEventRecord(ev[r + 1], stream));
     }
-    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<float> ms(iters);
-    for (int i = 0; i < iters; ++i) SPILLWAY_CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+    SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<float> ms(kReplays);
+    for (int r = 0; r < kReplays; ++r) SPILLWAY_CUDA_CHECK(cudaEventElapsedTime(&ms[r], ev[r], ev[r + 1]));
     for (auto& e : ev) cudaEventDestroy(e);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    std::nth_element(ms.begin(), ms.begin() + kReplays / 2, ms.end());
+    return ms[kReplays / 2] * 1000.0 / iters;
+}
+
+// Plain event-pair timing for the ceilings (one big transfer each, overhead negligible).
+double median_event_us(const std::function<void()>& launch, int iters) {
+    for (int i = 0; i < 2; ++i) launch();
+    std::vector<float> ms(iters);
+    cudaEvent_t a, b;
+    SPILLWAY_CUDA_CHECK(cudaEventCreate(&a));
+    SPILLWAY_CUDA_CHECK(cudaEventCreate(&b));
+    for (int i = 0; i < iters; ++i) {
+        SPILLWAY_CUDA_CHECK(cudaEventRecord(a));
+        launch();
+        SPILLWAY_CUDA_CHECK(cudaEventRecord(b));
+        SPILLWAY_CUDA_CHECK(cudaEventSynchronize(b));
+        SPILLWAY_CUDA_CHECK(cudaEventElapsedTime(&ms[i], a, b));
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
     std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
     return ms[iters / 2] * 1000.0;
 }
@@ -151,8 +189,8 @@ void bench_ceilings(Report& r, const Options& o) {
     DeviceBuffer<uint8_t> a(bytes), b(bytes);
     DeviceBuffer<uint32_t> sink(1);
     fill_type(GgmlType::F16, a.data(), bytes, 1);
-    const double copy_us = median_us([&](int) { SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice)); }, 10);
-    const double read_us = median_us([&](int) {
+    const double copy_us = median_event_us([&]() { SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice)); }, 10);
+    const double read_us = median_event_us([&]() {
         read_kernel<<<132 * 16, 256>>>(reinterpret_cast<const uint4*>(a.data()), bytes / 16, sink.data());
     }, 10);
     (void)o;
@@ -173,8 +211,8 @@ void bench_matvec(Report& r, const Options& o, GgmlType type, uint32_t rows, uin
     }
     DeviceBuffer<float> x((size_t)n_tokens * cols), y((size_t)n_tokens * rows);
     fill_f32<<<256, 256>>>(x.data(), x.size(), 7);
-    const double us = median_us([&](int i) {
-        matvec_cuda(type, w[i % n_sets].data(), x.data(), y.data(), rows, cols, n_tokens, nullptr);
+    const double us = median_us([&](cudaStream_t st, int i) {
+        matvec_cuda(type, w[i % n_sets].data(), x.data(), y.data(), rows, cols, n_tokens, st);
     }, o.iters);
     r.add(name, std::to_string(rows) + "x" + std::to_string(cols), (double)w_bytes, us);
 }
@@ -195,9 +233,9 @@ void bench_attention(Report& r, const Options& o, KvType kt, KvType vt, uint32_t
     DeviceBuffer<float> q(40 * 128), out(40 * 128), lse(40);
     fill_f32<<<64, 256>>>(q.data(), q.size(), 9);
     DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
-    const double us = median_us([&](int i) {
+    const double us = median_us([&](cudaStream_t st, int i) {
         attention_partial_cuda(s, q.data(), kt, k[i % n_sets].data(), vt, v[i % n_sets].data(), n_cells, out.data(),
-                               lse.data(), ws.data(), ws.bytes(), sms, nullptr);
+                               lse.data(), ws.data(), ws.bytes(), sms, st);
     }, o.iters);
     r.add(name, "40/8x128, " + std::to_string(n_cells / 1024) + "k cells", (double)(k_bytes + v_bytes), us);
 }
@@ -220,14 +258,14 @@ void bench_small_ops(Report& r, const Options& o) {
     rt.n_dims = 128;
     rt.inv_freq = d_inv.data();
     DeviceBuffer<uint8_t> cache(kv_row_bytes(KvType::q8_0, 1024) * 16);
-    r.add("rmsnorm+add", "1x5120", 4.0 * dim * 5, median_us([&](int) {
-        rmsnorm_cuda(x.data(), add.data(), w.data(), out.data(), 1, dim, 1e-6f, nullptr); }, o.iters));
-    r.add("rope neox", "48 heads x128", 2.0 * 4 * qk.size(), median_us([&](int) {
-        rope_cuda(rt, qk.data(), 1, 48, 128, pos.data(), nullptr); }, o.iters));
-    r.add("swiglu", "13824", 3.0 * 4 * ffn, median_us([&](int) {
-        swiglu_cuda(gate.data(), up.data(), h.data(), ffn, nullptr); }, o.iters));
-    r.add("kv_write q8_0", "1x1024", 4.0 * 1024 + 34 * 32, median_us([&](int i) {
-        kv_write_cuda(KvType::q8_0, qk.data(), cache.data(), i % 16, 1, 1024, nullptr); }, o.iters));
+    r.add("rmsnorm+add", "1x5120", 4.0 * dim * 5, median_us([&](cudaStream_t st, int) {
+        rmsnorm_cuda(x.data(), add.data(), w.data(), out.data(), 1, dim, 1e-6f, st); }, o.iters));
+    r.add("rope neox", "48 heads x128", 2.0 * 4 * qk.size(), median_us([&](cudaStream_t st, int) {
+        rope_cuda(rt, qk.data(), 1, 48, 128, pos.data(), st); }, o.iters));
+    r.add("swiglu", "13824", 3.0 * 4 * ffn, median_us([&](cudaStream_t st, int) {
+        swiglu_cuda(gate.data(), up.data(), h.data(), ffn, st); }, o.iters));
+    r.add("kv_write q8_0", "1x1024", 4.0 * 1024 + 34 * 32, median_us([&](cudaStream_t st, int i) {
+        kv_write_cuda(KvType::q8_0, qk.data(), cache.data(), i % 16, 1, 1024, st); }, o.iters));
 }
 
 }  // namespace

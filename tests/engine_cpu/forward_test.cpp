@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "common/error.h"
 #include "engine/cpu/forward.h"
 #include "model/make_model.h"
@@ -104,11 +106,12 @@ TEST(ForwardCpu, QuantizedKvTiersStayCloseToF16) {
     const uint32_t V = m.spec.n_vocab;
     const auto tokens = random_tokens(rng, 64, V);
     const auto f16 = run_all_logits(m, tokens, 16, KvType::f16, KvType::f16, 2);
-    // Bounds: K/V rounding error relative to f16 (q8_0 ~0.4%, q4_0 ~7% per value) shrinks
-    // through softmax averaging and the residual stream; measured worst rows were ~10x below.
+    // Bounds on the worst row's ||logits - f16|| / ||f16||. Measured over repeated seeds
+    // (64 tokens, tiny preset): q8_0 V 0.007-0.010, q4_0 V 0.11-0.15; K's tier barely
+    // matters (q8_0/q8_0 == f16/q8_0 to 3 digits). Bounds leave ~2x headroom.
     struct Tier { KvType k, v; double bound; };
     for (const Tier& t : {Tier{KvType::q8_0, KvType::q8_0, 2e-2}, Tier{KvType::f16, KvType::q8_0, 2e-2},
-                          Tier{KvType::q8_0, KvType::q4_0, 2e-1}, Tier{KvType::q4_0, KvType::q4_0, 2e-1}}) {
+                          Tier{KvType::q8_0, KvType::q4_0, 0.3}, Tier{KvType::q4_0, KvType::q4_0, 0.3}}) {
         const auto q = run_all_logits(m, tokens, 16, t.k, t.v, 2);
         const double err = worst_row_error(q, f16, V);
         EXPECT_LE(err, t.bound) << test::kv_name(t.k) << "/" << test::kv_name(t.v);

@@ -1,0 +1,54 @@
+#pragma once
+// `spillway bench` on the GPU: prefill tok/s, decode tok/s at several KV depths, achieved
+// GB/s and % of the roofline ((weights + KV bytes read per token) / HBM bandwidth measured
+// in the same run by a streaming-read kernel). Plain data in and out; app/cmd_bench.cpp
+// formats it. No CUDA types here (app/ includes it with the host compiler).
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gguf/ggml_types.h"
+#include "model/model_spec.h"
+
+namespace spillway {
+
+struct CudaBenchOptions {
+    std::string model_path;           // a GGUF file, or
+    std::string synthetic_preset;     // a preset built with random weights on the GPU
+    GgmlType wtype = GgmlType::Q8_0;  // weight type of the synthetic model
+    uint32_t n_prompt = 512;          // prefill test (0: skip)
+    uint32_t n_gen = 128;             // decode steps per depth (0: skip)
+    uint32_t batch = 512;             // prefill chunk
+    std::vector<uint32_t> depths = {0};
+    std::vector<std::pair<KvType, KvType>> kv_types = {{KvType::f16, KvType::f16}};
+    uint64_t seed = 1;
+    bool show_progress = true;
+};
+
+struct CudaBenchRow {
+    KvType k_type = KvType::f16, v_type = KvType::f16;
+    std::string test;                 // "pp512", "tg128"
+    uint32_t depth = 0;
+    double tok_s = 0;
+    double ms_per_token = 0;
+    double gb_s = 0;                  // decode: bytes read per token / time per token
+    double roofline_pct = 0;          // decode: (bytes / HBM bandwidth) / time per token
+    uint64_t bytes_per_token = 0;
+    double capture_us = 0;            // decode: host time to capture + update one step's graph
+    uint64_t vram_kv = 0;
+};
+
+struct CudaBenchReport {
+    std::string device;
+    std::string model;                // file path or "synthetic PRESET (TYPE)"
+    double hbm_gb_s = 0;              // measured streaming read
+    uint64_t vram_weights = 0, vram_scratch = 0, vram_graphs = 0;
+    uint64_t kv_cells = 0;            // cache size in cells (max depth + n_gen + 1)
+    std::vector<CudaBenchRow> rows;
+};
+
+// Throws spillway::Error without a usable GPU, with a message that says so.
+CudaBenchReport run_cuda_bench(const CudaBenchOptions& options);
+
+}  // namespace spillway

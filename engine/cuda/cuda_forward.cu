@@ -1,0 +1,417 @@
+// The GPU forward pass: launch sequence of one chunk (prefill) or one token (decode), the
+// decode graph, and the small kernels nobody else owns (embedding rows, bias add, argmax,
+// random KV fill). The heavy ops are the kernel engineer's launchers (matvec, attention,
+// rmsnorm, rope, swiglu, kv_write) and cuda_prefill.cuh.
+#include "engine/cuda/cuda_forward.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "common/error.h"
+#include "engine/cuda/attention.cuh"
+#include "engine/cuda/cuda_prefill.cuh"
+#include "engine/cuda/kv_write.cuh"
+#include "engine/cuda/matvec.cuh"
+#include "engine/cuda/rmsnorm.cuh"
+#include "engine/cuda/rope.cuh"
+#include "engine/cuda/swiglu.cuh"
+
+namespace spillway {
+namespace {
+
+// Cap of the prefill weight-tile scratch: 32M halves (64 MiB) = 2.3 FFN tiles of the 14B
+// shape; the 152k x 5120 head (1.5 GB as f16) goes through it in 25 tiles.
+constexpr size_t kWeightTileElems = 32ull << 20;
+
+// tokens[0..n) := src (device) when given; positions[i] := pos0 + i. A kernel rather than a
+// memcpy so that pos0 is a node parameter the per-step graph update can change.
+__global__ void set_inputs_kernel(int32_t* tokens, int32_t* positions, const int32_t* token_src, uint32_t pos0,
+                                  uint32_t n) {
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+        positions[i] = (int32_t)(pos0 + i);
+        if (token_src) tokens[i] = token_src[i];
+    }
+}
+
+// x[t] = row tokens[t] of the embedding table as f32. Out-of-range ids were rejected on the
+// host; the clamp only keeps a corrupt id from reading outside the table.
+__global__ void embed_rows_kernel(int type, const uint8_t* table, uint64_t row_bytes, const int32_t* tokens,
+                                  uint32_t n_vocab, uint32_t n_embd, float* x) {
+    const uint32_t t = blockIdx.y;
+    const uint32_t token = (uint32_t)min(max(tokens[t], 0), (int32_t)n_vocab - 1);
+    const uint8_t* row = table + token * row_bytes;
+    for (uint32_t d = blockIdx.x * blockDim.x + threadIdx.x; d < n_embd; d += gridDim.x * blockDim.x) {
+        float v;
+        if (type == (int)GgmlType::Q8_0) {
+            const uint8_t* b = row + (d / 32) * 34;
+            v = __half2float(*reinterpret_cast<const __half*>(b)) * (float)(int8_t)b[2 + d % 32];
+        } else if (type == (int)GgmlType::F16) {
+            v = __half2float(reinterpret_cast<const __half*>(row)[d]);
+        } else if (type == (int)GgmlType::BF16) {
+            v = __uint_as_float((uint32_t)reinterpret_cast<const uint16_t*>(row)[d] << 16);
+        } else {
+            v = reinterpret_cast<const float*>(row)[d];
+        }
+        x[(size_t)t * n_embd + d] = v;
+    }
+}
+
+__global__ void add_bias_kernel(float* y, const float* bias, uint32_t n, uint32_t n_tokens) {
+    const size_t total = (size_t)n * n_tokens;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+        y[i] += bias[i % n];
+}
+
+// Index of the largest logit, the first on ties (engine/cpu/sampler.h's argmax); NaN never wins.
+constexpr int kArgmaxThreads = 1024;
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, uint32_t n, int32_t* out) {
+    __shared__ float best_v[kArgmaxThreads];
+    __shared__ int32_t best_i[kArgmaxThreads];
+    float bv = -INFINITY;
+    int32_t bi = -1;
+    for (uint32_t i = threadIdx.x; i < n; i += kArgmaxThreads) {
+        const float raw = logits[i];
+        const float v = raw != raw ? -INFINITY : raw;
+        if (bi < 0 || v > bv) {  // strictly greater: a thread's indices ascend, so ties keep the first
+            bv = v;
+            bi = (int32_t)i;
+        }
+    }
+    best_v[threadIdx.x] = bv;
+    best_i[threadIdx.x] = bi;
+    __syncthreads();
+    for (int stride = kArgmaxThreads / 2; stride > 0; stride >>= 1) {
+        if ((int)threadIdx.x < stride) {
+            const float ov = best_v[threadIdx.x + stride];
+            const int32_t oi = best_i[threadIdx.x + stride];
+            const float mv = best_v[threadIdx.x];
+            const int32_t mi = best_i[threadIdx.x];
+            if (oi >= 0 && (mi < 0 || ov > mv || (ov == mv && oi < mi))) {
+                best_v[threadIdx.x] = ov;
+                best_i[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[0] = max(best_i[0], 0);
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+// Random valid KV units: one f16 value (uniform in [-2, 2)), or one q8_0 / q4_0 block with
+// a scale in [0.002, 0.03) (q4_0: x8) and random quants (q8_0 kept in [-127, 127]).
+__global__ void fill_kv_random_kernel(uint8_t* dst, uint64_t n_units, int type, uint64_t seed) {
+    for (uint64_t u = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; u < n_units; u += (uint64_t)gridDim.x * blockDim.x) {
+        uint64_t r = mix64(seed ^ (u * 0xD1B54A32D192ED03ull));
+        const float x01 = (float)(r >> 40) * (1.0f / 16777216.0f);
+        if (type == (int)KvType::f16) {
+            reinterpret_cast<__half*>(dst)[u] = __float2half_rn(4.0f * x01 - 2.0f);
+            continue;
+        }
+        const int block = type == (int)KvType::q8_0 ? 34 : 18;
+        uint8_t* b = dst + u * block;
+        const float scale = 0.002f + 0.028f * x01;
+        *reinterpret_cast<__half*>(b) = __float2half_rn(type == (int)KvType::q8_0 ? scale : 8.0f * scale);
+        for (int i = 2; i < block; ++i) {
+            if ((i - 2) % 8 == 0) r = mix64(r + i);
+            uint8_t q = (uint8_t)(r >> (8 * ((i - 2) % 8)));
+            if (type == (int)KvType::q8_0 && q == 0x80) q = 0x81;
+            b[i] = q;
+        }
+    }
+}
+
+unsigned grid_for(uint64_t n, unsigned threads) {
+    return (unsigned)std::max<uint64_t>(1, std::min<uint64_t>((n + threads - 1) / threads, 132ull * 32));
+}
+
+void add_bias(float* y, const float* bias, uint32_t n, uint32_t n_tokens, cudaStream_t s) {
+    add_bias_kernel<<<grid_for((uint64_t)n * n_tokens, 256), 256, 0, s>>>(y, bias, n, n_tokens);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+AttentionShape attention_shape(const CudaModel& m) {
+    const ModelSpec& s = m.spec;
+    return AttentionShape{s.n_head, m.n_head_kv, s.head_dim_k, s.head_dim_v, 1.0f / std::sqrt((float)s.head_dim_k)};
+}
+
+// y = W x for a chunk: matvec for one token, tensor-core GEMM for more.
+void matmul(CudaForwardState& st, const CudaMatrix& w, const float* x, uint32_t n_tokens, float* y) {
+    if (n_tokens == 1) matvec_cuda(w.type, w.data, x, y, w.n_out, w.n_in, 1, st.stream);
+    else matmul_prefill_cuda(st.cublas, w, x, n_tokens, y, st.act_f16.data(), st.w_f16.data(), st.w_f16.size(), st.stream);
+}
+
+// The whole forward of n tokens at pos0..; token ids from token_src (device) when given,
+// else already in st.tokens.
+void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, uint32_t T, uint32_t pos0,
+                     const int32_t* token_src) {
+    const ModelSpec& s = m.spec;
+    const cudaStream_t stream = st.stream;
+    const uint32_t E = s.n_embd, F = s.n_ff, V = s.n_vocab, nkv = m.n_head_kv;
+    const uint32_t qd = s.n_head * s.head_dim_k, kd = nkv * s.head_dim_k, vd = nkv * s.head_dim_v;
+    const AttentionShape shape = attention_shape(m);
+
+    set_inputs_kernel<<<1, 256, 0, stream>>>(st.tokens.data(), st.positions.data(), token_src, pos0, T);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    embed_rows_kernel<<<dim3((E + 255) / 256, T), 256, 0, stream>>>((int)m.token_embd.type, m.token_embd.data,
+                                                                     m.token_embd.row_bytes, st.tokens.data(), V, E,
+                                                                     st.x.data());
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+
+    float* x = st.x.data();
+    float* xn = st.xn.data();
+    float* proj = st.proj.data();
+    float* q = st.qkv.data();
+    float* k = q + (size_t)T * qd;
+    float* v = k + (size_t)T * kd;
+    float* gate = st.gate_up.data();
+    float* up = gate + (size_t)T * F;
+    for (uint32_t il = 0; il < s.n_layer; ++il) {
+        const CudaLayerWeights& L = m.layers[il];
+        // The previous layer's FFN output joins the residual stream inside the norm.
+        rmsnorm_cuda(x, il == 0 ? nullptr : proj, L.attn_norm, xn, T, E, s.norm_eps, stream);
+        if (T == 1 && L.fused_qkv) {
+            matvec_cuda(L.wq.type, L.wq.data, xn, q, qd + kd + vd, E, 1, stream);  // q|k|v contiguous
+        } else {
+            matmul(st, L.wq, xn, T, q);
+            matmul(st, L.wk, xn, T, k);
+            matmul(st, L.wv, xn, T, v);
+        }
+        if (L.bqkv) {
+            if (T == 1) {
+                add_bias(q, L.bqkv, qd + kd + vd, 1, stream);
+            } else {
+                add_bias(q, L.bqkv, qd, T, stream);
+                add_bias(k, L.bqkv + qd, kd, T, stream);
+                add_bias(v, L.bqkv + qd + kd, vd, T, stream);
+            }
+        }
+        if (T == 1) {
+            rope_cuda(m.rope_dev, q, 1, s.n_head + nkv, s.head_dim_k, st.positions.data(), stream);  // q and k heads
+        } else {
+            rope_cuda(m.rope_dev, q, T, s.n_head, s.head_dim_k, st.positions.data(), stream);
+            rope_cuda(m.rope_dev, k, T, nkv, s.head_dim_k, st.positions.data(), stream);
+        }
+        // K/V into the cache first: attention reads them back through the tier's quantization,
+        // as the CPU engine does.
+        kv_write_cuda(cache.k_type, k, cache.k[il], pos0, T, kd, stream);
+        kv_write_cuda(cache.v_type, v, cache.v[il], pos0, T, vd, stream);
+        if (T == 1) {
+            attention_partial_cuda(shape, q, cache.k_type, cache.k[il], cache.v_type, cache.v[il], pos0 + 1,
+                                   st.attn.data(), st.attn_lse.data(), st.attn_workspace.data(),
+                                   st.attn_workspace.size(), st.sm_count, stream);
+        } else {
+            prefill_attention_cuda(shape, q, cache.k_type, cache.k[il], cache.v_type, cache.v[il], pos0, T,
+                                   st.attn.data(), stream);
+        }
+        matmul(st, L.wo, st.attn.data(), T, proj);
+        rmsnorm_cuda(x, proj, L.ffn_norm, xn, T, E, s.norm_eps, stream);
+        if (T == 1 && L.fused_gate_up) {
+            matvec_cuda(L.ffn_gate.type, L.ffn_gate.data, xn, gate, 2 * F, E, 1, stream);  // gate|up contiguous
+        } else {
+            matmul(st, L.ffn_gate, xn, T, gate);
+            matmul(st, L.ffn_up, xn, T, up);
+        }
+        swiglu_cuda(gate, up, gate, (size_t)T * F, stream);
+        matmul(st, L.ffn_down, gate, T, proj);
+    }
+    // Head: the last FFN output joins the stream in the final norm; only the rows whose
+    // logits are wanted are normed (the stream is dead after this).
+    const uint32_t first = st.all_logits ? 0 : T - 1;
+    const uint32_t n_out = T - first;
+    rmsnorm_cuda(x + (size_t)first * E, proj + (size_t)first * E, m.output_norm, xn, n_out, E, s.norm_eps, stream);
+    matmul(st, m.output, xn, n_out, st.logits.data());
+}
+
+void enqueue_argmax(CudaForwardState& st, uint32_t n_vocab, uint32_t row) {
+    argmax_kernel<<<1, kArgmaxThreads, 0, st.stream>>>(st.logits.data() + (size_t)row * n_vocab, n_vocab,
+                                                       st.next_token.data());
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(st.host_token.data(), st.next_token.data(), sizeof(int32_t),
+                                        cudaMemcpyDeviceToHost, st.stream));
+}
+
+void enqueue_decode(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, uint32_t pos, bool greedy) {
+    if (pos >= cache.n_ctx) fail("decode: position " + std::to_string(pos) + " is past the context of " +
+                                 std::to_string(cache.n_ctx));
+    enqueue_forward(m, cache, st, 1, pos, st.next_token.data());
+    if (greedy) enqueue_argmax(st, m.spec.n_vocab, 0);
+}
+
+}  // namespace
+
+CudaKvCache make_cuda_kv_cache(const CudaModel& m, uint32_t n_ctx, KvType k_type, KvType v_type) {
+    const ModelSpec& s = m.spec;
+    for (KvType t : {k_type, v_type})
+        if (t != KvType::f16 && !kv_type_fits(s, t))
+            fail(std::string("KV type ") + kv_type_name(t) + " needs head dims that are multiples of 32");
+    CudaKvCache c;
+    c.n_ctx = n_ctx;
+    c.k_type = k_type;
+    c.v_type = v_type;
+    c.k_row_bytes = kv_row_bytes(k_type, (uint64_t)m.n_head_kv * s.head_dim_k);
+    c.v_row_bytes = kv_row_bytes(v_type, (uint64_t)m.n_head_kv * s.head_dim_v);
+    // Each layer's K and V start 256-byte aligned (the attention kernel needs 16).
+    auto aligned = [](uint64_t n) { return (n + 255) / 256 * 256; };
+    const uint64_t k_bytes = aligned(c.k_row_bytes * n_ctx), v_bytes = aligned(c.v_row_bytes * n_ctx);
+    c.arena = DeviceBuffer<uint8_t>((k_bytes + v_bytes) * s.n_layer);
+    for (uint32_t i = 0; i < s.n_layer; ++i) {
+        c.k.push_back(c.arena.data() + (k_bytes + v_bytes) * i);
+        c.v.push_back(c.arena.data() + (k_bytes + v_bytes) * i + k_bytes);
+    }
+    return c;
+}
+
+void fill_cuda_kv_cache_random(CudaKvCache& c, uint64_t seed, cudaStream_t stream) {
+    auto units = [&](KvType t, uint64_t row_bytes) {
+        return t == KvType::f16 ? row_bytes / 2 * c.n_ctx : row_bytes / (t == KvType::q8_0 ? 34 : 18) * c.n_ctx;
+    };
+    const uint64_t nk = units(c.k_type, c.k_row_bytes), nv = units(c.v_type, c.v_row_bytes);
+    for (size_t i = 0; i < c.k.size(); ++i) {
+        fill_kv_random_kernel<<<grid_for(nk, 256), 256, 0, stream>>>(c.k[i], nk, (int)c.k_type, seed + 2 * i);
+        SPILLWAY_CUDA_CHECK(cudaGetLastError());
+        fill_kv_random_kernel<<<grid_for(nv, 256), 256, 0, stream>>>(c.v[i], nv, (int)c.v_type, seed + 2 * i + 1);
+        SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    }
+}
+
+CudaForwardState::~CudaForwardState() {
+    for (int i = 0; i < 2; ++i) {
+        if (graph_exec[i]) cudaGraphExecDestroy(graph_exec[i]);
+        if (graph_done[i]) cudaEventDestroy(graph_done[i]);
+    }
+    if (cublas) cublasDestroy(cublas);
+    if (stream) cudaStreamDestroy(stream);
+}
+
+void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t max_tokens, bool all_logits,
+                             uint32_t n_ctx) {
+    if (max_tokens == 0) fail("forward state: max_tokens must be at least 1");
+    if (st.stream) fail("forward state: already initialised");
+    const ModelSpec& s = m.spec;
+    const AttentionShape shape = attention_shape(m);
+    if (!attention_supports(shape))
+        fail("CUDA engine: attention shape not supported (head dim 64 or 128, K and V dims equal, <= 16 query heads per KV head)");
+    int dev = 0, sms = 0;
+    SPILLWAY_CUDA_CHECK(cudaGetDevice(&dev));
+    SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    st.sm_count = (uint32_t)sms;
+    st.max_tokens = max_tokens;
+    st.all_logits = all_logits;
+    SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&st.stream, cudaStreamNonBlocking));
+    SPILLWAY_CUDA_CHECK(cublasCreate(&st.cublas));
+    SPILLWAY_CUDA_CHECK(cublasSetStream(st.cublas, st.stream));
+    const size_t T = max_tokens;
+    const size_t qd = (size_t)s.n_head * s.head_dim_k, kd = (size_t)m.n_head_kv * s.head_dim_k,
+                 vd = (size_t)m.n_head_kv * s.head_dim_v, ad = (size_t)s.n_head * s.head_dim_v;
+    st.x = DeviceBuffer<float>(T * s.n_embd);
+    st.xn = DeviceBuffer<float>(T * s.n_embd);
+    st.proj = DeviceBuffer<float>(T * s.n_embd);
+    st.qkv = DeviceBuffer<float>(T * (qd + kd + vd));
+    st.attn = DeviceBuffer<float>(T * ad);
+    st.attn_lse = DeviceBuffer<float>(s.n_head);
+    st.gate_up = DeviceBuffer<float>(2 * T * s.n_ff);
+    st.logits = DeviceBuffer<float>((all_logits ? T : 1) * (size_t)s.n_vocab);
+    st.attn_workspace = DeviceBuffer<uint8_t>(std::max<size_t>(256, attention_workspace_bytes(shape, n_ctx, st.sm_count)));
+    if (max_tokens > 1) {
+        st.act_f16 = DeviceBuffer<__half>(T * std::max({(size_t)s.n_embd, (size_t)s.n_ff, ad}));
+        size_t widest = (size_t)s.n_vocab * s.n_embd;  // the head
+        widest = std::max(widest, (size_t)s.n_ff * s.n_embd);
+        st.w_f16 = DeviceBuffer<__half>(std::min(widest, kWeightTileElems));
+    }
+    st.tokens = DeviceBuffer<int32_t>(T);
+    st.positions = DeviceBuffer<int32_t>(T);
+    st.next_token = DeviceBuffer<int32_t>(1);
+    st.host_token = PinnedBuffer(sizeof(int32_t));
+    for (auto& e : st.graph_done) SPILLWAY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
+uint64_t cuda_forward_scratch_bytes(const CudaForwardState& st) {
+    return st.x.bytes() + st.xn.bytes() + st.proj.bytes() + st.qkv.bytes() + st.attn.bytes() + st.attn_lse.bytes() +
+           st.gate_up.bytes() + st.logits.bytes() + st.attn_workspace.bytes() + st.act_f16.bytes() + st.w_f16.bytes() +
+           st.tokens.bytes() + st.positions.bytes() + st.next_token.bytes();
+}
+
+void forward_cuda(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, uint32_t n_tokens, uint32_t pos0) {
+    if (n_tokens == 0) return;
+    if (n_tokens > st.max_tokens) fail("forward_cuda: chunk larger than the state was made for");
+    if ((uint64_t)pos0 + n_tokens > cache.n_ctx)
+        fail("forward_cuda: positions up to " + std::to_string(pos0 + n_tokens) + " exceed the context of " +
+             std::to_string(cache.n_ctx));
+    enqueue_forward(m, cache, st, n_tokens, pos0, nullptr);
+}
+
+void forward_cuda_tokens(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, const int32_t* host_tokens,
+                         uint32_t n_tokens, uint32_t pos0) {
+    if (n_tokens > st.max_tokens) fail("forward_cuda: chunk larger than the state was made for");
+    for (uint32_t i = 0; i < n_tokens; ++i)
+        if (host_tokens[i] < 0 || (uint32_t)host_tokens[i] >= m.spec.n_vocab)
+            fail("token id " + std::to_string(host_tokens[i]) + " outside the vocabulary of " +
+                 std::to_string(m.spec.n_vocab));
+    SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(st.tokens.data(), host_tokens, n_tokens * sizeof(int32_t),
+                                        cudaMemcpyHostToDevice, st.stream));
+    forward_cuda(m, cache, st, n_tokens, pos0);
+}
+
+void argmax_logits_cuda(CudaForwardState& st, uint32_t n_vocab, uint32_t row) { enqueue_argmax(st, n_vocab, row); }
+
+void prepare_decode_graph(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, uint32_t pos, bool greedy) {
+    const int slot = (int)(pos & 1);
+    // This executable last ran two steps ago; it must be finished before it is changed.
+    if (st.graph_launched[slot]) SPILLWAY_CUDA_CHECK(cudaEventSynchronize(st.graph_done[slot]));
+    cudaGraph_t graph = nullptr;
+    SPILLWAY_CUDA_CHECK(cudaStreamBeginCapture(st.stream, cudaStreamCaptureModeThreadLocal));
+    try {
+        enqueue_decode(m, cache, st, pos, greedy);
+    } catch (...) {
+        cudaStreamEndCapture(st.stream, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+    }
+    SPILLWAY_CUDA_CHECK(cudaStreamEndCapture(st.stream, &graph));
+    if (st.graph_exec[slot]) {
+        cudaGraphExecUpdateResultInfo info{};
+        if (cudaGraphExecUpdate(st.graph_exec[slot], graph, &info) != cudaSuccess) {
+            // Topology changed (e.g. attention went from one split to several): rebuild.
+            (void)cudaGetLastError();
+            SPILLWAY_CUDA_CHECK(cudaGraphExecDestroy(st.graph_exec[slot]));
+            st.graph_exec[slot] = nullptr;
+        }
+    }
+    if (!st.graph_exec[slot]) {
+        size_t free_before = 0, free_after = 0, total = 0;
+        SPILLWAY_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+        SPILLWAY_CUDA_CHECK(cudaGraphInstantiate(&st.graph_exec[slot], graph, 0));
+        SPILLWAY_CUDA_CHECK(cudaGraphUpload(st.graph_exec[slot], st.stream));
+        SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(st.stream));
+        SPILLWAY_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+        st.graph_bytes = std::max(st.graph_bytes, free_before > free_after ? free_before - free_after : 0);
+        ++st.graph_rebuilds;
+    }
+    SPILLWAY_CUDA_CHECK(cudaGraphDestroy(graph));
+    st.graph_pos[slot] = pos;
+    st.graph_greedy[slot] = greedy;
+}
+
+void decode_step_cuda(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, uint32_t pos, bool greedy,
+                      bool use_graph) {
+    if (!use_graph) {
+        enqueue_decode(m, cache, st, pos, greedy);
+        return;
+    }
+    const int slot = (int)(pos & 1);
+    if (st.graph_pos[slot] != pos || st.graph_greedy[slot] != greedy || !st.graph_exec[slot])
+        prepare_decode_graph(m, cache, st, pos, greedy);
+    SPILLWAY_CUDA_CHECK(cudaGraphLaunch(st.graph_exec[slot], st.stream));
+    SPILLWAY_CUDA_CHECK(cudaEventRecord(st.graph_done[slot], st.stream));
+    st.graph_launched[slot] = true;
+    st.graph_pos[slot] = UINT32_MAX;  // consumed: the next use of this slot captures anew
+}
+
+}  // namespace spillway

@@ -1,0 +1,111 @@
+#pragma once
+// The Llama/Qwen2 forward on the GPU, op for op the structure of engine/cpu/forward.cpp
+// (embeddings -> n_layer x (RMSNorm, QKV (+bias), RoPE, KV write, attention, output proj,
+// residual, RMSNorm, SwiGLU FFN, residual) -> final norm -> head), so the two can be
+// diffed tensor by tensor.
+//
+// Decode (one token): matvec kernels, flash-decoding attention, greedy argmax on the GPU;
+// the step is one CUDA graph. Prefill (a chunk of tokens): the matrices on tensor cores
+// through cuBLAS (Q8_0/BF16 weight tiles dequantized to f16 into a bounded scratch), a
+// causal attention kernel over the cache (CUDA cores, first version).
+//
+// Why the graph is re-captured each step: the KV length changes every token, and the
+// kernel engineer's attention launcher takes it (and derives its split grid from it) on
+// the host. A step is therefore captured by stream capture and patched into an instantiated
+// graph with cudaGraphExecUpdate (node parameters only, no re-instantiation). The capture
+// of step t+1 is done on the host while the GPU runs step t, so its cost is hidden; two
+// executable graphs alternate so that one is never updated while it may still run.
+// All state below is allocated once: a step allocates nothing.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/cuda/cuda_check.h"
+#include "engine/cuda/cuda_model.h"
+#include "model/model_spec.h"
+
+namespace spillway {
+
+// The GPU KV cache: per layer K and V cell-major in kv/kv_layout.h's format, one arena.
+struct CudaKvCache {
+    uint32_t n_ctx = 0;
+    KvType k_type = KvType::f16;
+    KvType v_type = KvType::f16;
+    uint64_t k_row_bytes = 0;  // one cell of one layer
+    uint64_t v_row_bytes = 0;
+    std::vector<uint8_t*> k;   // per layer: n_ctx * k_row_bytes
+    std::vector<uint8_t*> v;
+    DeviceBuffer<uint8_t> arena;
+};
+
+CudaKvCache make_cuda_kv_cache(const CudaModel& model, uint32_t n_ctx, KvType k_type, KvType v_type);
+// Random valid cells (finite f16 values, sane block scales) in every layer, for benchmarks
+// that need a cache filled to some depth without running the prefill.
+void fill_cuda_kv_cache_random(CudaKvCache& cache, uint64_t seed, cudaStream_t stream);
+
+struct CudaForwardState {
+    uint32_t max_tokens = 0;
+    bool all_logits = false;
+    uint32_t sm_count = 0;
+    cudaStream_t stream = nullptr;
+    cublasHandle_t cublas = nullptr;
+    DeviceBuffer<float> x, xn, proj;        // [max_tokens][n_embd]
+    DeviceBuffer<float> qkv;                // q [T][q_dim], then k [T][k_dim], then v [T][v_dim]
+    DeviceBuffer<float> attn, attn_lse;     // [T][n_head*dv], [n_head]
+    DeviceBuffer<float> gate_up;            // gate [T][n_ff], then up [T][n_ff]
+    DeviceBuffer<float> logits;             // [all_logits ? T : 1][n_vocab]
+    DeviceBuffer<uint8_t> attn_workspace;   // decode attention split partials
+    DeviceBuffer<__half> act_f16;           // prefill: activations as f16 for cuBLAS
+    DeviceBuffer<__half> w_f16;             // prefill: one dequantized weight tile
+    DeviceBuffer<int32_t> tokens, positions;  // [max_tokens]
+    DeviceBuffer<int32_t> next_token;       // greedy argmax output (input of the next step)
+    PinnedBuffer host_token;                // int32: the sampled token, read by the host
+    // Decode graphs: two executables alternate (see the header comment).
+    cudaGraphExec_t graph_exec[2] = {nullptr, nullptr};
+    cudaEvent_t graph_done[2] = {nullptr, nullptr};
+    bool graph_launched[2] = {false, false};
+    uint32_t graph_pos[2] = {UINT32_MAX, UINT32_MAX};
+    bool graph_greedy[2] = {false, false};
+    uint64_t graph_rebuilds = 0;            // full instantiations (topology changes)
+    size_t graph_bytes = 0;                 // VRAM the instantiated graphs took (cudaMemGetInfo delta)
+
+    CudaForwardState() = default;
+    CudaForwardState(const CudaForwardState&) = delete;
+    CudaForwardState& operator=(const CudaForwardState&) = delete;
+    ~CudaForwardState();
+};
+
+// Scratch sized for chunks of up to max_tokens tokens and a cache of n_ctx cells.
+// The state owns its own non-blocking stream and cuBLAS handle.
+void init_cuda_forward_state(CudaForwardState& state, const CudaModel& model, uint32_t max_tokens,
+                             bool all_logits, uint32_t n_ctx);
+// Scratch bytes the state holds (everything except the graphs).
+uint64_t cuda_forward_scratch_bytes(const CudaForwardState& state);
+
+// Enqueues the forward of tokens (device array state.tokens, already written) at positions
+// pos0.. on state.stream; logits land in state.logits. n_tokens == 1 takes the decode path.
+void forward_cuda(const CudaModel& model, CudaKvCache& cache, CudaForwardState& state, uint32_t n_tokens,
+                  uint32_t pos0);
+
+// Copies host tokens into state.tokens (async, on state.stream) and runs forward_cuda.
+void forward_cuda_tokens(const CudaModel& model, CudaKvCache& cache, CudaForwardState& state,
+                         const int32_t* host_tokens, uint32_t n_tokens, uint32_t pos0);
+
+// One decode step of the token in state.next_token at position pos: the forward, then (when
+// greedy) argmax into state.next_token and state.host_token. use_graph = false enqueues the
+// same kernels directly (the reference for the graph path).
+void decode_step_cuda(const CudaModel& model, CudaKvCache& cache, CudaForwardState& state, uint32_t pos,
+                      bool greedy, bool use_graph);
+// Captures the step for position pos into its graph ahead of time (the host work of the
+// next step, done while the GPU runs the current one). decode_step_cuda calls it itself
+// when it was not done.
+void prepare_decode_graph(const CudaModel& model, CudaKvCache& cache, CudaForwardState& state, uint32_t pos,
+                          bool greedy);
+
+// argmax of state.logits row `row` into state.next_token and state.host_token (async).
+void argmax_logits_cuda(CudaForwardState& state, uint32_t n_vocab, uint32_t row);
+
+}  // namespace spillway

@@ -1,0 +1,226 @@
+#include "engine/cuda/cuda_prefill.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "common/error.h"
+#include "engine/cuda/cuda_check.h"
+
+namespace spillway {
+namespace {
+
+__global__ void f32_to_f16_kernel(const float* in, __half* out, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __float2half_rn(in[i]);
+}
+
+// One thread per 32 values (a Q8_0 block, or 32 f16/bf16 values) of the tile.
+__global__ void dequantize_rows_kernel(int type, const uint8_t* src, uint64_t row_bytes, uint32_t n_in,
+                                       uint32_t n_rows, __half* out) {
+    const uint32_t blocks_per_row = n_in / 32;
+    const uint64_t n_blocks = (uint64_t)n_rows * blocks_per_row;
+    for (uint64_t b = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; b < n_blocks; b += (uint64_t)gridDim.x * blockDim.x) {
+        const uint64_t r = b / blocks_per_row, j = b % blocks_per_row;
+        const uint8_t* row = src + r * row_bytes;
+        __half* dst = out + r * n_in + j * 32;
+        if (type == (int)GgmlType::Q8_0) {
+            const uint8_t* blk = row + j * 34;
+            const float d = __half2float(*reinterpret_cast<const __half*>(blk));
+#pragma unroll
+            for (int i = 0; i < 32; ++i) dst[i] = __float2half_rn(d * (float)(int8_t)blk[2 + i]);
+        } else if (type == (int)GgmlType::BF16) {
+            const uint16_t* v = reinterpret_cast<const uint16_t*>(row) + j * 32;
+#pragma unroll
+            for (int i = 0; i < 32; ++i) dst[i] = __float2half_rn(__uint_as_float((uint32_t)v[i] << 16));
+        } else {
+            const __half* v = reinterpret_cast<const __half*>(row) + j * 32;
+#pragma unroll
+            for (int i = 0; i < 32; ++i) dst[i] = v[i];
+        }
+    }
+}
+
+unsigned grid_for(uint64_t n, unsigned threads) {
+    return (unsigned)std::max<uint64_t>(1, std::min<uint64_t>((n + threads - 1) / threads, 132ull * 32));
+}
+
+// Value d of one head's slice of a cell, decoded from the tier's GGUF block layout.
+__device__ __forceinline__ float kv_value(int type, const uint8_t* slice, uint32_t d) {
+    if (type == (int)KvType::f16) return __half2float(reinterpret_cast<const __half*>(slice)[d]);
+    if (type == (int)KvType::q8_0) {
+        const uint8_t* b = slice + (d / 32) * 34;
+        return __half2float(*reinterpret_cast<const __half*>(b)) * (float)(int8_t)b[2 + d % 32];
+    }
+    const uint8_t* b = slice + (d / 32) * 18;
+    const uint32_t j = d % 32;
+    const int q = j < 16 ? (b[2 + j] & 0x0F) : (b[2 + j - 16] >> 4);
+    return __half2float(*reinterpret_cast<const __half*>(b)) * (float)(q - 8);
+}
+
+constexpr int kCells = 32;       // cells per tile (one per lane in the softmax)
+constexpr int kMaxGroup = 16;
+constexpr int kThreads = 128;
+
+struct PrefillParams {
+    const float* q;
+    const uint8_t* k;
+    const uint8_t* v;
+    uint64_t k_row, v_row, k_slice, v_slice;
+    int k_type, v_type;
+    uint32_t n_head, n_group, pos0;
+    float scale;
+    float* out;
+};
+
+// Block = (KV head, query token): the KV head's cells are read once for its G query heads.
+// Per tile of 32 cells: K and V dequantized to f32 in shared memory, scores G x 32, online
+// softmax (one warp per query head, one lane per cell), then acc = acc*alpha + P V.
+template <int D>
+__global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillParams p) {
+    __shared__ float qs[kMaxGroup][D];
+    __shared__ float ks[kCells][D + 1];  // +1: lanes reading different cells hit different banks
+    __shared__ float vs[kCells][D];
+    __shared__ float ps[kMaxGroup][kCells];
+    __shared__ float run_max[kMaxGroup], run_sum[kMaxGroup], alpha[kMaxGroup];
+    const uint32_t kv_head = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const uint32_t G = p.n_group, n_cells = p.pos0 + t + 1;
+    for (uint32_t i = tid; i < G * D; i += kThreads) {
+        const uint32_t g = i / D, d = i % D;
+        qs[g][d] = p.q[((size_t)t * p.n_head + kv_head * G + g) * D + d] * p.scale;
+    }
+    if (tid < kMaxGroup) {
+        run_max[tid] = -INFINITY;
+        run_sum[tid] = 0.0f;
+    }
+    constexpr int kAcc = kMaxGroup * D / kThreads;
+    float acc[kAcc];
+#pragma unroll
+    for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;
+    const uint8_t* k_base = p.k + kv_head * p.k_slice;
+    const uint8_t* v_base = p.v + kv_head * p.v_slice;
+
+    for (uint32_t c0 = 0; c0 < n_cells; c0 += kCells) {
+        __syncthreads();  // previous tile fully consumed
+        for (uint32_t i = tid; i < kCells * D; i += kThreads) {
+            const uint32_t c = i / D, d = i % D, cell = c0 + c;
+            const bool ok = cell < n_cells;
+            ks[c][d] = ok ? kv_value(p.k_type, k_base + cell * p.k_row, d) : 0.0f;
+            vs[c][d] = ok ? kv_value(p.v_type, v_base + cell * p.v_row, d) : 0.0f;
+        }
+        __syncthreads();
+        for (uint32_t i = tid; i < G * kCells; i += kThreads) {
+            const uint32_t g = i / kCells, c = i % kCells;
+            float s = 0.0f;
+#pragma unroll 16
+            for (int d = 0; d < D; ++d) s = fmaf(qs[g][d], ks[c][d], s);
+            ps[g][c] = c0 + c < n_cells ? s : -INFINITY;
+        }
+        __syncthreads();
+        for (uint32_t g = warp; g < G; g += kThreads / 32) {
+            const float s = ps[g][lane];
+            float m = s;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            const float m_old = run_max[g];
+            const float m_new = fmaxf(m_old, m);  // finite: cell c0 is always valid
+            const float e = __expf(s - m_new);
+            float sum = e;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            ps[g][lane] = e;
+            __syncwarp();
+            if (lane == 0) {
+                const float a = __expf(m_old - m_new);
+                alpha[g] = a;
+                run_sum[g] = run_sum[g] * a + sum;
+                run_max[g] = m_new;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < kAcc; ++j) {
+            const uint32_t idx = tid + kThreads * j, g = idx / D, d = idx % D;
+            if (g < G) {
+                float o = 0.0f;
+#pragma unroll 8
+                for (int c = 0; c < kCells; ++c) o = fmaf(ps[g][c], vs[c][d], o);
+                acc[j] = acc[j] * alpha[g] + o;
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < kAcc; ++j) {
+        const uint32_t idx = tid + kThreads * j, g = idx / D, d = idx % D;
+        if (g < G) p.out[((size_t)t * p.n_head + kv_head * G + g) * D + d] = acc[j] / run_sum[g];
+    }
+}
+
+}  // namespace
+
+void dequantize_rows_f16_cuda(const CudaMatrix& w, uint32_t r0, uint32_t n_rows, __half* out, cudaStream_t stream) {
+    if (w.n_in % 32 != 0) fail("dequantize_rows_f16_cuda: n_in must be a multiple of 32");
+    const uint64_t n_blocks = (uint64_t)n_rows * (w.n_in / 32);
+    dequantize_rows_kernel<<<grid_for(n_blocks, 256), 256, 0, stream>>>((int)w.type, w.data + (uint64_t)r0 * w.row_bytes,
+                                                                       w.row_bytes, w.n_in, n_rows, out);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+void matmul_prefill_cuda(cublasHandle_t cublas, const CudaMatrix& w, const float* x, uint32_t n_tokens, float* y,
+                         __half* act_f16, __half* w_tile, size_t w_tile_elems, cudaStream_t stream) {
+    const size_t n_act = (size_t)n_tokens * w.n_in;
+    f32_to_f16_kernel<<<grid_for(n_act, 256), 256, 0, stream>>>(x, act_f16, n_act);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    SPILLWAY_CUDA_CHECK(cublasSetStream(cublas, stream));
+    // Tiles of whole multiples of 128 rows (tensor-core friendly) that fit the scratch.
+    uint32_t tile_rows = (uint32_t)std::min<size_t>(w.n_out, w_tile_elems / w.n_in);
+    if (tile_rows > 128) tile_rows = tile_rows / 128 * 128;
+    if (w.type != GgmlType::F16 && tile_rows == 0) fail("matmul_prefill_cuda: weight scratch smaller than one row");
+    if (w.type == GgmlType::F16) tile_rows = w.n_out;  // used in place
+    const float one = 1.0f, zero = 0.0f;
+    for (uint32_t r0 = 0; r0 < w.n_out; r0 += tile_rows) {
+        const uint32_t rows = std::min(tile_rows, w.n_out - r0);
+        const __half* a;
+        if (w.type == GgmlType::F16) {
+            a = reinterpret_cast<const __half*>(w.data + (uint64_t)r0 * w.row_bytes);
+        } else {
+            dequantize_rows_f16_cuda(w, r0, rows, w_tile, stream);
+            a = w_tile;
+        }
+        // Column-major view: C (rows x T, ldc n_out) = A^T (rows x n_in) * B (n_in x T).
+        SPILLWAY_CUDA_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n_tokens, (int)w.n_in, &one,
+                                         a, CUDA_R_16F, (int)w.n_in, act_f16, CUDA_R_16F, (int)w.n_in, &zero, y + r0,
+                                         CUDA_R_32F, (int)w.n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+}
+
+void prefill_attention_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
+                            KvType v_type, const uint8_t* v_cells, uint32_t pos0, uint32_t n_tokens, float* out,
+                            cudaStream_t stream) {
+    if (n_tokens == 0) return;
+    const uint32_t D = shape.head_dim_k;
+    if (shape.head_dim_k != shape.head_dim_v || (D != 64 && D != 128) || shape.n_head_kv == 0 ||
+        shape.n_head % shape.n_head_kv != 0 || shape.n_head / shape.n_head_kv > (uint32_t)kMaxGroup)
+        fail("prefill_attention_cuda: unsupported shape");
+    PrefillParams p{};
+    p.q = q;
+    p.k = k_cells;
+    p.v = v_cells;
+    p.k_slice = kv_row_bytes(k_type, D);
+    p.v_slice = kv_row_bytes(v_type, D);
+    p.k_row = p.k_slice * shape.n_head_kv;
+    p.v_row = p.v_slice * shape.n_head_kv;
+    p.k_type = (int)k_type;
+    p.v_type = (int)v_type;
+    p.n_head = shape.n_head;
+    p.n_group = shape.n_head / shape.n_head_kv;
+    p.pos0 = pos0;
+    p.scale = shape.scale;
+    p.out = out;
+    const dim3 grid(shape.n_head_kv, n_tokens);
+    if (D == 64) prefill_attention_kernel<64><<<grid, kThreads, 0, stream>>>(p);
+    else prefill_attention_kernel<128><<<grid, kThreads, 0, stream>>>(p);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace spillway
