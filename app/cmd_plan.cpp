@@ -193,12 +193,11 @@ int cmd_plan(int argc, char** argv) {
     KvPlan plan = plan_kv(model.spec, n_ctx, budget, knobs, probe);
 
     std::optional<HostTerms> terms = plan.terms;
-    std::string terms_missing;
     if (!terms) {
         try {
             terms = host_terms_from(values, knobs);
-        } catch (const Error& e) {
-            terms_missing = e.what();
+        } catch (const Error&) {
+            // Not needed for the decision (it was made without them): show bytes only.
         }
     }
     std::vector<LadderRow> rows = display_rows(model.spec, plan, terms ? &*terms : nullptr, knobs);
@@ -298,7 +297,7 @@ int cmd_plan(int argc, char** argv) {
                     terms->vram_bw_gbps, terms->bw.gbps, terms->bw.binding, terms->bw.pcie_gbps, terms->bw.host_ram_gbps,
                     terms->c_engage_ms, knobs.tstar_drop, knobs.max_spill_mib, drop_model_name(DropModel::serial));
     else
-        std::printf("terms   unknown (no drop/tok/s predictions): %s\n", terms_missing.c_str());
+        std::printf("terms   incomplete: no drop/tok/s predictions (pass --profile FILE or the override flags)\n");
     std::printf("\n%-10s %8s %12s %9s %9s %7s %7s %7s  %s\n", "tier", "KV MiB", "resident MiB", "spill MiB",
                 "t_res ms", "T* MiB", "drop", "tok/s", "verdict");
     for (size_t i = 0; i < rows.size(); ++i) {

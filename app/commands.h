@@ -3,6 +3,8 @@
 // They return the process exit code; spillway::Error escapes to main, which prints it.
 namespace spillway {
 
+int cmd_bench(int argc, char** argv);
+int cmd_gate(int argc, char** argv);
 int cmd_info(int argc, char** argv);
 int cmd_make_model(int argc, char** argv);
 int cmd_plan(int argc, char** argv);

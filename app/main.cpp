@@ -16,6 +16,8 @@ struct Command {
 };
 
 const Command kCommands[] = {
+    {"bench", spillway::cmd_bench, "measure prefill and decode speed of the CUDA engine against the roofline"},
+    {"gate", spillway::cmd_gate, "quality gate: RULER niah, KL of KV tiers vs f16, the spec's four-cell table"},
     {"info", spillway::cmd_info, "show a GGUF model's shape, tensors and KV size per tier"},
     {"make-model", spillway::cmd_make_model, "write a synthetic GGUF model of a preset shape"},
     {"probe", spillway::cmd_probe, "measure (or load cached) GPU and host bandwidths and costs"},

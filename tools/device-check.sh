@@ -6,6 +6,8 @@
 #   from a Debian machine, for images that lack them.
 # Options: --bench-only SUBSTRING (skip tests, benchmark matching kernels),
 #          --sanitize (also run the GPU tests under compute-sanitizer memcheck),
+#          --ncu "KERNEL_REGEX@BENCH_FILTER,..." (profile one launch of each kernel within the
+#          benchmarks selected by the filter, with Nsight Compute, clocks left alone: ncu.log),
 #          --prebuilt DIR (skip the build; run DIR/test_cuda and DIR/bench_kernels, built
 #          elsewhere for sm_90). If the build fails and .dev/prebuilt exists, it is used.
 # Logs land in $OUT (or ./out) as build.log, ctest.log, bench.log.
@@ -16,11 +18,13 @@ mkdir -p "$out"
 bench_only=""
 sanitize=0
 prebuilt=""
+ncu_regex=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench-only) bench_only="$2"; shift 2 ;;
     --sanitize) sanitize=1; shift ;;
     --prebuilt) prebuilt="$2"; shift 2 ;;
+    --ncu) ncu_regex="$2"; shift 2 ;;
     *) echo "usage: tools/device-check.sh [--bench-only SUBSTRING] [--sanitize]"; exit 2 ;;
   esac
 done
@@ -66,9 +70,39 @@ if [ -n "$bench_only" ]; then bench_args+=(--only "$bench_only"); fi
 "$bin/bench_kernels" "${bench_args[@]}" >"$out/bench.log" 2>&1
 bench_rc=$?
 
+if [ -n "$ncu_regex" ]; then
+  IFS=',' read -ra ncu_pairs <<<"$ncu_regex"
+  for pair in "${ncu_pairs[@]}"; do
+    ncu --clock-control none --kernel-name "regex:${pair%%@*}" --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+      "$bin/bench_kernels" --iters 5 --only "${pair#*@}" >>"$out/ncu.log" 2>&1
+  done
+  grep -E "^  [a-z_]+.*kernel|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Duration|Achieved Occupancy|Issued Warp|No Eligible|Stall|Registers Per|Warp Cycles Per Issued" "$out/ncu.log" | head -60
+fi
+
 echo
 echo "== tests: $test_status"
 echo "== bench rc=$bench_rc"
 sed -n '/^device:/p;/^ceilings:/p;/^| kernel/,$p' "$out/bench.log"
 [ $bench_rc -eq 0 ] || tail -5 "$out/bench.log"
 exit 0
+
+# ---- engine block (appended by the engine engineer; the lines above belong to the kernels) ----
+# The CUDA engine's end-to-end bench on the issue-5 shape: Qwen2.5-14B, Q8_0 weights built
+# randomly on the GPU, decode at depths 0 / 8k / 64k for f16, q8_0 and q4_0 KV, prefill 512.
+# Skipped with --bench-only. Full output in $out/engine-bench.log and $out/engine-bench.json.
+if [ -z "$bench_only" ]; then
+  if [ ! -x "$bin/spillway" ] && [ "$bin" = "$build/bin" ]; then
+    cmake --build "$build" -j16 --target spillway >>"$out/build.log" 2>&1 || echo "engine: spillway build failed"
+  fi
+  if [ -x "$bin/spillway" ]; then
+    echo
+    echo "== engine bench (spillway bench --synthetic qwen2.5-14b --wtype q8_0)"
+    "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 512 -n 128 -d 0,8192,65536 \
+      -ctk f16,q8_0,q4_0 -ctv f16,q8_0,q4_0 >"$out/engine-bench.log" 2>&1
+    echo "engine bench rc=$?"
+    cat "$out/engine-bench.log"
+  else
+    echo "engine: no spillway binary in $bin"
+  fi
+fi

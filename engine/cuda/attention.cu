@@ -105,10 +105,22 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 __device__ __forceinline__ uint32_t load_u32_from_u16(const uint8_t* p) {
     const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
-    return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+    return __byte_perm(h[0], h[1], 0x5410);
 }
 
-// Eight consecutive values (chunk j of D/8) of one cell's head slice, as f16.
+// Four bytes, each an unsigned integer u < 256 (8-bit biased or 4-bit), as two half2 of
+// (u - bias): 0x64 above a byte is the half 1024 + u, exact, so the subtraction is exact too.
+__device__ __forceinline__ void bytes_to_half2x2(uint32_t bytes, __half2 bias, __half2& lo, __half2& hi) {
+    const uint32_t a = __byte_perm(bytes, 0x64646464u, 0x4140), b = __byte_perm(bytes, 0x64646464u, 0x4342);
+    lo = __hsub2(*reinterpret_cast<const __half2*>(&a), bias);
+    hi = __hsub2(*reinterpret_cast<const __half2*>(&b), bias);
+}
+
+__device__ __forceinline__ uint32_t half2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+
+// Eight consecutive values (chunk j of D/8) of one cell's head slice, as f16. Quantized
+// values become f16 by integer tricks and half2 math (d * q rounded once, as f32 would be
+// then rounded to f16): the int-to-float converter runs at 16/clk/SM and was the bottleneck.
 template <KvType T>
 __device__ __forceinline__ uint4 dequant8(const uint8_t* slice, int j) {
     if constexpr (T == KvType::f16) {
@@ -116,35 +128,25 @@ __device__ __forceinline__ uint4 dequant8(const uint8_t* slice, int j) {
     } else {
         const int part = j % 4;
         const uint8_t* blk = slice + (j / 4) * (T == KvType::q8_0 ? 34 : 18);
-        const float d = __half2float(*reinterpret_cast<const __half*>(blk));
-        float v[8];
+        const __half2 d2 = __half2half2(*reinterpret_cast<const __half*>(blk));
+        uint32_t lo, hi;
+        __half2 bias;
         if constexpr (T == KvType::q8_0) {
-            const uint32_t lo = load_u32_from_u16(blk + 2 + 8 * part);
-            const uint32_t hi = load_u32_from_u16(blk + 6 + 8 * part);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                v[i] = d * (float)(int8_t)(lo >> (8 * i));
-                v[i + 4] = d * (float)(int8_t)(hi >> (8 * i));
-            }
+            lo = load_u32_from_u16(blk + 2 + 8 * part) ^ 0x80808080u;  // signed -> biased by 128
+            hi = load_u32_from_u16(blk + 6 + 8 * part) ^ 0x80808080u;
+            bias = __float2half2_rn(1024.0f + 128.0f);
         } else {
             // values 0..15 are the low nibbles of qs[0..15], 16..31 the high nibbles.
-            const uint32_t lo = load_u32_from_u16(blk + 2 + 8 * (part % 2));
-            const uint32_t hi = load_u32_from_u16(blk + 6 + 8 * (part % 2));
             const int shift = part < 2 ? 0 : 4;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                v[i] = d * (float)((int)((lo >> (8 * i + shift)) & 0xF) - 8);
-                v[i + 4] = d * (float)((int)((hi >> (8 * i + shift)) & 0xF) - 8);
-            }
+            lo = (load_u32_from_u16(blk + 2 + 8 * (part % 2)) >> shift) & 0x0F0F0F0Fu;
+            hi = (load_u32_from_u16(blk + 6 + 8 * (part % 2)) >> shift) & 0x0F0F0F0Fu;
+            bias = __float2half2_rn(1024.0f + 8.0f);
         }
-        uint4 out;
-        __half2 h0 = __floats2half2_rn(v[0], v[1]), h1 = __floats2half2_rn(v[2], v[3]);
-        __half2 h2 = __floats2half2_rn(v[4], v[5]), h3 = __floats2half2_rn(v[6], v[7]);
-        out.x = *reinterpret_cast<uint32_t*>(&h0);
-        out.y = *reinterpret_cast<uint32_t*>(&h1);
-        out.z = *reinterpret_cast<uint32_t*>(&h2);
-        out.w = *reinterpret_cast<uint32_t*>(&h3);
-        return out;
+        __half2 v0, v1, v2, v3;
+        bytes_to_half2x2(lo, bias, v0, v1);
+        bytes_to_half2x2(hi, bias, v2, v3);
+        return make_uint4(half2_bits(__hmul2(v0, d2)), half2_bits(__hmul2(v1, d2)), half2_bits(__hmul2(v2, d2)),
+                          half2_bits(__hmul2(v3, d2)));
     }
 }
 

@@ -1,0 +1,151 @@
+// spillway bench: llama-bench-like speed test of the CUDA engine. Prefill tok/s, decode
+// tok/s at each KV depth, achieved GB/s and % of the roofline (weights + KV bytes read per
+// token over the HBM bandwidth measured in the same run), as a markdown table or --json.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "app/args.h"
+#include "app/commands.h"
+#include "common/error.h"
+#include "gguf/ggml_types.h"
+#include "model/model_spec.h"
+#ifdef SPILLWAY_HAVE_CUDA
+#include "engine/cuda/cuda_bench.h"
+#endif
+
+namespace spillway {
+namespace {
+
+std::vector<std::string> split_commas(const std::string& text) {
+    std::vector<std::string> out;
+    std::stringstream ss(text);
+    std::string item;
+    while (std::getline(ss, item, ','))
+        if (!item.empty()) out.push_back(item);
+    return out;
+}
+
+std::vector<uint32_t> parse_uint_list(const std::string& text, const char* flag) {
+    std::vector<uint32_t> out;
+    for (const std::string& s : split_commas(text)) {
+        char* end = nullptr;
+        const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+        if (end == s.c_str() || *end != '\0' || v > (1ull << 26)) fail(std::string(flag) + ": bad number '" + s + "'");
+        out.push_back((uint32_t)v);
+    }
+    if (out.empty()) fail(std::string(flag) + ": empty list");
+    return out;
+}
+
+std::vector<KvType> parse_kv_list(const std::string& text, const char* flag) {
+    std::vector<KvType> out;
+    for (const std::string& s : split_commas(text)) {
+        auto t = kv_type_from_name(s);
+        if (!t) fail(std::string(flag) + ": unknown KV type '" + s + "' (expected f16, q8_0 or q4_0)");
+        out.push_back(*t);
+    }
+    if (out.empty()) fail(std::string(flag) + ": empty list");
+    return out;
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+    ArgParser args("bench", "measure prefill and decode speed of the CUDA engine against the HBM roofline");
+    args.option({"-m", "--model"}, "FILE", "GGUF model file");
+    args.option({"--synthetic"}, "PRESET", "random weights of a preset shape built on the GPU (tiny, qwen2.5-14b, ...)");
+    args.option({"--wtype"}, "T", "weight type of --synthetic: f16, bf16, q8_0", "q8_0");
+    args.option({"-p", "--n-prompt"}, "N", "prefill test length (0 = skip)", "512");
+    args.option({"-n", "--n-gen"}, "N", "decode steps per depth (0 = skip)", "128");
+    args.option({"-b", "--batch-size"}, "N", "prefill chunk", "512");
+    args.option({"-d", "--depth"}, "LIST", "KV depths for the decode test, comma separated", "0");
+    args.option({"-ctk", "--cache-type-k"}, "LIST", "K cache types, comma separated", "f16");
+    args.option({"-ctv", "--cache-type-v"}, "LIST", "V cache types, comma separated (paired with -ctk)", "same as -ctk");
+    args.option({"-s", "--seed"}, "S", "seed of the synthetic weights and prompt", "1");
+    args.flag({"--json"}, "print one JSON object instead of the table");
+    args.epilog(
+        "-ctk and -ctv lists pair up element by element (a single entry pairs with every entry of\n"
+        "the other list). Example:\n"
+        "  spillway bench --synthetic qwen2.5-14b --wtype q8_0 -d 0,8192,65536 -ctk f16,q8_0,q4_0\n");
+    args.parse(argc, argv);
+    if (args.help_requested()) {
+        std::printf("%s", args.help().c_str());
+        return 0;
+    }
+    if (args.has("--model") == args.has("--synthetic")) fail("give exactly one of -m FILE or --synthetic PRESET");
+    const std::vector<KvType> ks = parse_kv_list(args.get_or("--cache-type-k", "f16"), "-ctk");
+    const std::vector<KvType> vs =
+        args.has("--cache-type-v") ? parse_kv_list(*args.get("--cache-type-v"), "-ctv") : ks;
+    if (ks.size() != vs.size() && ks.size() != 1 && vs.size() != 1)
+        fail("-ctk and -ctv lists must have the same length (or one entry)");
+    std::vector<std::pair<KvType, KvType>> pairs;
+    for (size_t i = 0; i < std::max(ks.size(), vs.size()); ++i)
+        pairs.push_back({ks[ks.size() == 1 ? 0 : i], vs[vs.size() == 1 ? 0 : i]});
+    const auto wtype = ggml_type_from_name(args.get_or("--wtype", "q8_0"));
+    if (!wtype) fail("--wtype: unknown type '" + args.get_or("--wtype", "") + "'");
+    const std::vector<uint32_t> depths = parse_uint_list(args.get_or("--depth", "0"), "-d");
+    const uint32_t n_prompt = (uint32_t)args.get_int("--n-prompt", 0, 1 << 20).value_or(512);
+    const uint32_t n_gen = (uint32_t)args.get_int("--n-gen", 0, 1 << 20).value_or(128);
+    const uint32_t batch = (uint32_t)args.get_int("--batch-size", 1, 1 << 16).value_or(512);
+    const uint64_t seed = (uint64_t)args.get_int("--seed", 0, INT64_MAX).value_or(1);
+    const bool json = args.has("--json");
+
+#ifndef SPILLWAY_HAVE_CUDA
+    (void)pairs, (void)wtype, (void)depths, (void)n_prompt, (void)n_gen, (void)batch, (void)seed, (void)json;
+    fail("bench measures the CUDA engine, and this build has none (configure with -DSPILLWAY_CUDA=ON on a machine with nvcc)");
+#else
+    CudaBenchOptions o;
+    o.model_path = args.get_or("--model", "");
+    o.synthetic_preset = args.get_or("--synthetic", "");
+    o.wtype = *wtype;
+    o.n_prompt = n_prompt;
+    o.n_gen = n_gen;
+    o.batch = batch;
+    o.depths = depths;
+    o.kv_types = pairs;
+    o.seed = seed;
+    o.show_progress = !json;
+    const CudaBenchReport r = run_cuda_bench(o);
+
+    auto mib = [](uint64_t b) { return (double)b / (1 << 20); };
+    if (json) {
+        nlohmann::json rows = nlohmann::json::array();
+        for (const CudaBenchRow& row : r.rows)
+            rows.push_back({{"ctk", kv_type_name(row.k_type)}, {"ctv", kv_type_name(row.v_type)}, {"test", row.test},
+                            {"depth", row.depth}, {"tok_s", row.tok_s}, {"ms_per_token", row.ms_per_token},
+                            {"gb_s", row.gb_s}, {"roofline_pct", row.roofline_pct},
+                            {"bytes_per_token", row.bytes_per_token}, {"graph_capture_us", row.capture_us},
+                            {"vram_kv_bytes", row.vram_kv}});
+        nlohmann::json out = {{"device", r.device}, {"model", r.model}, {"hbm_read_gb_s", r.hbm_gb_s},
+                              {"kv_cells", r.kv_cells},
+                              {"vram_bytes", {{"weights", r.vram_weights}, {"scratch", r.vram_scratch},
+                                              {"graphs", r.vram_graphs}}},
+                              {"rows", rows}};
+        std::printf("%s\n", out.dump(1).c_str());
+        return 0;
+    }
+    std::printf("device: %s, HBM read %.0f GB/s (measured now)\nmodel: %s\n", r.device.c_str(), r.hbm_gb_s,
+                r.model.c_str());
+    std::printf("VRAM: weights %.0f MiB, scratch %.1f MiB, graphs %.1f MiB, KV per tier below (%llu cells)\n\n",
+                mib(r.vram_weights), mib(r.vram_scratch), mib(r.vram_graphs), (unsigned long long)r.kv_cells);
+    std::printf("| ctk | ctv | test | depth | tok/s | ms/tok | GB/s | %% roofline | capture us | KV MiB |\n");
+    std::printf("|-----|-----|------|------:|------:|-------:|-----:|-----------:|-----------:|-------:|\n");
+    for (const CudaBenchRow& row : r.rows) {
+        const bool decode = row.test.rfind("tg", 0) == 0;
+        std::printf("| %s | %s | %s | %u | %.1f | %.3f | %s | %s | %s | %.0f |\n", kv_type_name(row.k_type),
+                    kv_type_name(row.v_type), row.test.c_str(), row.depth, row.tok_s, row.ms_per_token,
+                    decode ? std::to_string((int)(row.gb_s + 0.5)).c_str() : "-",
+                    decode ? (std::to_string((int)(row.roofline_pct * 10 + 0.5) / 10) + "." +
+                              std::to_string((int)(row.roofline_pct * 10 + 0.5) % 10))
+                                 .c_str()
+                           : "-",
+                    decode ? std::to_string((int)(row.capture_us + 0.5)).c_str() : "-", mib(row.vram_kv));
+    }
+    return 0;
+#endif
+}
+
+}  // namespace spillway

@@ -1,0 +1,202 @@
+#include "quality/niah_runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "engine/cpu/sampler.h"
+
+namespace spillway {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Where a newline ends the answer: the first '\n' after some non-space text. A leading
+// newline is allowed (models often start the answer on a new line).
+size_t answer_end(const std::string& text) {
+    bool begun = false;
+    for (size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (c == '\n' && begun) return i;
+        if (c != ' ' && c != '\n' && c != '\t' && c != '\r') begun = true;
+    }
+    return std::string::npos;
+}
+
+std::string depth_name(double depth) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f", depth);
+    return buf;
+}
+
+}  // namespace
+
+GreedyAnswer generate_greedy(LogitsBackend& backend, const TextCodec& codec, const std::vector<int32_t>& prompt,
+                             const GreedyOptions& options) {
+    if (prompt.empty()) fail("niah: empty prompt");
+    if (prompt.size() >= backend.n_ctx())
+        fail("niah: the prompt has " + std::to_string(prompt.size()) + " tokens but the context holds " +
+             std::to_string(backend.n_ctx()));
+    GreedyAnswer answer;
+    backend.reset();
+    const uint32_t V = backend.n_vocab();
+    auto t0 = Clock::now();
+    const float* logits = backend.eval(prompt.data(), (uint32_t)prompt.size(), false);
+    answer.prefill_s = seconds_since(t0);
+
+    t0 = Clock::now();
+    for (uint32_t i = 0; i < options.max_tokens; ++i) {
+        const int32_t token = argmax(logits, V);
+        if (codec.is_end(token)) break;
+        answer.tokens.push_back(token);
+        if (options.stop_at_newline) {
+            answer.text = codec.decode(answer.tokens);
+            if (answer_end(answer.text) != std::string::npos) break;
+        }
+        if (i + 1 == options.max_tokens || backend.position() >= backend.n_ctx()) break;
+        logits = backend.eval(&token, 1, false);
+        ++answer.decode_steps;
+    }
+    answer.decode_s = seconds_since(t0);
+    answer.text = codec.decode(answer.tokens);
+    if (options.stop_at_newline) {
+        const size_t end = answer_end(answer.text);
+        if (end != std::string::npos) answer.text.resize(end);
+    }
+    return answer;
+}
+
+NiahReport aggregate_niah(std::vector<NiahCase> cases) {
+    NiahReport report;
+    report.cases = std::move(cases);
+    // Groups in first-seen order, which is the config's order for run_niah's cases.
+    auto add = [](std::vector<NiahGroup>& groups, const std::string& name, double score) {
+        auto it = std::find_if(groups.begin(), groups.end(), [&](const NiahGroup& g) { return g.name == name; });
+        if (it == groups.end()) {
+            groups.push_back({name, 0, 0});
+            it = groups.end() - 1;
+        }
+        it->score += score;  // a sum until the end
+        ++it->cases;
+    };
+    double total = 0;
+    for (const NiahCase& c : report.cases) {
+        add(report.by_task, niah_task_name(c.task), c.score);
+        add(report.by_length, std::to_string(c.length), c.score);
+        add(report.by_depth, depth_name(c.depth), c.score);
+        total += c.score;
+        report.prefill_tokens += c.prompt_tokens;
+        report.prefill_s += c.prefill_s;
+        report.decode_steps += c.decode_steps;
+        report.decode_s += c.decode_s;
+    }
+    for (auto* groups : {&report.by_task, &report.by_length, &report.by_depth})
+        for (NiahGroup& g : *groups) g.score /= (double)g.cases;
+    std::sort(report.by_depth.begin(), report.by_depth.end(),
+              [](const NiahGroup& a, const NiahGroup& b) { return std::stod(a.name) < std::stod(b.name); });
+    report.score = report.cases.empty() ? 0 : total / (double)report.cases.size();
+    return report;
+}
+
+NiahReport run_niah(LogitsBackend& backend, const TextCodec& codec, const NiahRunConfig& config,
+                    const NiahProgress& progress) {
+    if (config.tasks.empty() || config.lengths.empty() || config.n_depths == 0 || config.samples == 0)
+        fail("niah: nothing to run (no tasks, lengths, depths or samples)");
+    for (uint32_t length : config.lengths) {
+        if (length > backend.n_ctx())
+            fail("niah: length " + std::to_string(length) + " exceeds the backend's context of " +
+                 std::to_string(backend.n_ctx()));
+        if (length <= config.greedy.max_tokens)
+            fail("niah: length " + std::to_string(length) + " leaves no room for the prompt after " +
+                 std::to_string(config.greedy.max_tokens) + " answer tokens");
+    }
+    const TokenCounter count = [&](const std::string& text) { return codec.encode(text).size(); };
+    const std::vector<double> depths = niah_depths(config.n_depths);
+    const size_t total = config.tasks.size() * config.lengths.size() * depths.size() * config.samples;
+
+    std::vector<NiahCase> cases;
+    cases.reserve(total);
+    for (NiahTask task : config.tasks)
+        for (uint32_t length : config.lengths)
+            for (double depth : depths)
+                for (uint32_t s = 0; s < config.samples; ++s) {
+                    // Samples differ by seed; make_niah_sample mixes task and length in too.
+                    NiahRequest request{task, length - config.greedy.max_tokens, depth, config.seed + s};
+                    const NiahSample sample = make_niah_sample(request, count);
+                    const std::vector<int32_t> prompt = codec.encode(sample.prompt + sample.answer_prefix);
+                    const GreedyAnswer answer = generate_greedy(backend, codec, prompt, config.greedy);
+                    NiahCase c;
+                    c.task = task;
+                    c.length = length;
+                    c.depth = depth;
+                    c.sample = s;
+                    c.prompt_tokens = (uint32_t)prompt.size();
+                    c.expected = sample.expected;
+                    c.answer = answer.text;
+                    c.score = niah_score(answer.text, sample.expected);
+                    c.generated_tokens = (uint32_t)answer.tokens.size();
+                    c.prefill_s = answer.prefill_s;
+                    c.decode_s = answer.decode_s;
+                    c.decode_steps = answer.decode_steps;
+                    cases.push_back(std::move(c));
+                    if (progress) progress(cases.size(), total);
+                }
+    return aggregate_niah(std::move(cases));
+}
+
+std::string format_niah_table(const NiahReport& report) {
+    std::string out;
+    char line[160];
+    auto section = [&](const char* title, const std::vector<NiahGroup>& groups) {
+        std::snprintf(line, sizeof line, "%-18s %7s %6s\n", title, "niah", "cases");
+        out += line;
+        for (const NiahGroup& g : groups) {
+            std::snprintf(line, sizeof line, "  %-16s %7.1f %6u\n", g.name.c_str(), g.score, g.cases);
+            out += line;
+        }
+    };
+    section("task", report.by_task);
+    section("context length", report.by_length);
+    section("depth", report.by_depth);
+    std::snprintf(line, sizeof line, "%-18s %7.1f %6zu\n", "overall", report.score, report.cases.size());
+    out += line;
+    std::snprintf(line, sizeof line, "speed: prefill %.1f tok/s (%llu tokens), decode %.1f tok/s (%llu steps)\n",
+                  report.prefill_tok_s(), (unsigned long long)report.prefill_tokens, report.decode_tok_s(),
+                  (unsigned long long)report.decode_steps);
+    out += line;
+    return out;
+}
+
+nlohmann::json niah_report_json(const NiahReport& report, bool with_cases) {
+    auto groups = [](const std::vector<NiahGroup>& gs) {
+        nlohmann::json a = nlohmann::json::array();
+        for (const NiahGroup& g : gs) a.push_back({{"name", g.name}, {"score", g.score}, {"cases", g.cases}});
+        return a;
+    };
+    nlohmann::json j = {{"score", report.score},
+                        {"cases", report.cases.size()},
+                        {"by_task", groups(report.by_task)},
+                        {"by_length", groups(report.by_length)},
+                        {"by_depth", groups(report.by_depth)},
+                        {"prefill_tokens", report.prefill_tokens},
+                        {"prefill_s", report.prefill_s},
+                        {"prefill_tok_s", report.prefill_tok_s()},
+                        {"decode_steps", report.decode_steps},
+                        {"decode_s", report.decode_s},
+                        {"decode_tok_s", report.decode_tok_s()}};
+    if (with_cases) {
+        nlohmann::json a = nlohmann::json::array();
+        for (const NiahCase& c : report.cases)
+            a.push_back({{"task", niah_task_name(c.task)}, {"length", c.length}, {"depth", c.depth},
+                         {"sample", c.sample}, {"prompt_tokens", c.prompt_tokens}, {"expected", c.expected},
+                         {"answer", c.answer}, {"score", c.score}, {"generated_tokens", c.generated_tokens}});
+        j["case_list"] = a;
+    }
+    return j;
+}
+
+}  // namespace spillway
