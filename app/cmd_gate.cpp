@@ -308,11 +308,9 @@ int gate_cells(const ArgParser& args, const Runtime& rt, const GateModel& model,
     thresholds.niah_tolerance = args.get_double("--niah-tolerance").value_or(0.0);
     std::vector<std::string> diagnostics;
     const std::optional<AutoDecision> decision = plan_auto_decision(args, model, plan_ctx, diagnostics);
-    if (decision) {
-        KnobFlags flags;
-        flags.tstar_drop = args.get("--tstar-drop");
-        thresholds.tstar_drop = resolve_plan_knobs(flags, process_env()).tstar_drop;
-    }
+    KnobFlags drop_flag;
+    drop_flag.tstar_drop = args.get("--tstar-drop");
+    thresholds.tstar_drop = resolve_plan_knobs(drop_flag, process_env()).tstar_drop;
 
     const GateKv f16{{KvType::f16, KvType::f16}, false};
     const GateKv q8{{KvType::q8_0, KvType::q8_0}, false};

@@ -58,8 +58,6 @@ int cmd_make_model(int argc, char** argv) {
     options.path = *output;
     options.show_progress = !args.has("--no-progress");
 
-    // Validate the preset name before creating the output file.
-    preset_header(options.preset, options.wtype);
     MakeModelResult result = make_model(options);
 
     if (args.has("--json")) {

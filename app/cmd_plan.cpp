@@ -8,6 +8,7 @@
 
 #include "app/args.h"
 #include "app/commands.h"
+#include "app/model_arg.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/parse.h"
@@ -15,6 +16,7 @@
 #include "model/model_spec.h"
 #include "model/presets.h"
 #include "plan/planner.h"
+#include "probe/machine_probe.h"
 #include "probe/profile.h"
 
 namespace spillway {
@@ -33,9 +35,11 @@ diagnostics are logged. plan still prints the whole ladder, with predicted drop 
 tok/s when a profile supplies the terms, and what --kv-auto-tier would choose.
 Switch ON: the T* walk decides and WARN lines on stderr explain each step.
 
-Probe values come from, in order: the override flags below, then --profile FILE. plan
-measures nothing and does not read the boot probe cache yet; without a profile the table
-shows bytes only and --kv-auto-tier fails when the walk needs measurements. Shipped profiles:
+Probe values come from, in order: the override flags below, then --profile FILE, else
+this machine's GPU: its measurements are loaded from the probe cache (see spillway probe)
+or measured once, and only when the walk needs them. Without a profile and without a GPU
+the table shows bytes only and --kv-auto-tier fails when the walk needs measurements.
+Shipped profiles:
   profiles/rtx3090-pcie4-ddr4.json  profiles/rtx6000ada-pcie5-ddr5.json  profiles/h200-sxm.json
 Budget = min(free VRAM, --vram-target) - weights - compute reserve. Free VRAM is the
 profile's vram_free_mib, else its vram_total_mib, else --vram-target alone.
@@ -59,29 +63,22 @@ std::optional<double> positive_option(const ArgParser& args, const std::string& 
     return x;
 }
 
-struct LoadedModel {
-    ModelSpec spec;
-    std::string label;  // "preset qwen2.5-14b (q8_0 weights)" or the file path
-};
-
-LoadedModel load_model(const ArgParser& args) {
-    auto file = args.get("--model");
-    auto preset = args.get("--preset");
-    if (file.has_value() == preset.has_value()) fail("give exactly one of -m FILE or --preset NAME");
-    LoadedModel m;
-    if (file) {
-        auto gguf = GgufFile::open(*file);
-        m.spec = model_spec_from_gguf(gguf->header());
-        m.label = *file;
-    } else {
-        std::string wname = args.get_or("--wtype", "q8_0");
-        auto wtype = ggml_type_from_name(wname);
-        if (!wtype) fail("--wtype: unknown weight type '" + wname + "' (f32, f16, bf16, q8_0)");
-        m.spec = model_spec_from_gguf(preset_header(*preset, *wtype));
-        m.label = "preset " + *preset + " (" + wname + " weights)";
+// Measurements of this machine (cached or measured on first need), with the override
+// flags applied on top, as the planner's lazy probe source.
+class OverriddenMachineProbe : public ProbeSource {
+public:
+    OverriddenMachineProbe(const ModelSpec& model, ProbeOverrides overrides)
+        : machine_(model), overrides_(overrides) {}
+    ProbeValues measure() override {
+        ProbeValues v = machine_.measure();
+        apply_probe_overrides(v, overrides_);
+        return v;
     }
-    return m;
-}
+
+private:
+    MachineProbeSource machine_;
+    ProbeOverrides overrides_;
+};
 
 // Rows to display: the planner's when it measured, else recomputed with the profile's
 // terms (reading a profile is not a measurement), else bytes only.
@@ -128,9 +125,7 @@ std::string fmt_opt(const std::optional<double>& v, const char* fmt) {
 
 int cmd_plan(int argc, char** argv) {
     ArgParser args("plan", "Decide the KV cache tier and host spill for a model, context size and GPU/host.");
-    args.option({"-m", "--model"}, "FILE", "GGUF model file");
-    args.option({"--preset"}, "NAME", "a preset model shape instead of a file (qwen2.5-14b, llama3-8b, ...)");
-    args.option({"--wtype"}, "T", "weight type of --preset (f32, f16, bf16, q8_0)", "q8_0");
+    add_model_options(args);
     args.option({"-c", "--ctx-size"}, "N", "context size in cells (tokens)");
     args.option({"--vram-target"}, "MiB", "cap on the process's VRAM (env SPILLWAY_VRAM_TARGET_MIB)");
     args.option({"-ctk", "--cache-type-k"}, "T", "explicit K type (f16, q8_0, q4_0): pins K, V is walked");
@@ -167,17 +162,30 @@ int cmd_plan(int argc, char** argv) {
     if (!ctx_text) fail("-c N (the context size) is required");
     uint64_t n_ctx = (uint64_t)parse_int_in(*ctx_text, "-c", 1, int64_t(1) << 31);
 
+    ModelChoice model = model_from_args(args);
+
+    // Probe values: a profile if given; else this machine's GPU (identity now, bandwidths
+    // measured or loaded from the cache only if the walk needs them); else flags alone.
     ProbeValues values;
-    if (auto profile = args.get("--profile")) values = load_probe_profile(*profile);
-    else values.origin = "flags";
+    bool use_machine = false;
+    if (auto profile = args.get("--profile")) {
+        values = load_probe_profile(*profile);
+    } else if (cuda_device_available()) {
+        GpuIdentity gpu = gpu_identity();
+        values.gpu_name = gpu.name;
+        values.vram_total_mib = gpu.vram_total_mib;
+        values.vram_free_mib = gpu.vram_free_mib;
+        values.origin = "this GPU (" + gpu.name + ")";
+        use_machine = true;
+    } else {
+        values.origin = "flags";
+    }
     ProbeOverrides overrides;
     overrides.vram_free_mib = positive_option(args, "--vram-free-mib");
     overrides.vram_bw_gbps = positive_option(args, "--vram-bw-gbps");
     overrides.pcie_h2d_gbps = positive_option(args, "--pcie-gbps");
     overrides.c_engage_ms = positive_option(args, "--c-engage-ms", true);
     apply_probe_overrides(values, overrides);
-
-    LoadedModel model = load_model(args);
 
     BudgetInputs budget;
     std::optional<double> free_mib = values.vram_free_mib ? values.vram_free_mib : values.vram_total_mib;
@@ -189,7 +197,9 @@ int cmd_plan(int argc, char** argv) {
     auto reserve = positive_option(args, "--compute-reserve-mib", true);
     budget.compute_reserve_bytes = reserve ? (uint64_t)(*reserve * (double)kMiB) : default_compute_reserve_bytes(model.spec);
 
-    FixedProbeSource probe(values);
+    FixedProbeSource fixed_probe(values);
+    OverriddenMachineProbe machine_probe(model.spec, overrides);
+    ProbeSource& probe = use_machine ? static_cast<ProbeSource&>(machine_probe) : fixed_probe;
     KvPlan plan = plan_kv(model.spec, n_ctx, budget, knobs, probe);
 
     std::optional<HostTerms> terms = plan.terms;

@@ -16,9 +16,16 @@ inline constexpr uint32_t kMaxDims = 4;
 // Arrays of arrays are legal GGUF but nothing real nests deeply; the bound keeps the
 // recursive reader's stack small whatever the file says.
 inline constexpr int kMaxArrayDepth = 8;
-// Each decoded element costs ~100 bytes of memory for 1-8 bytes of file, so the element
-// count is capped as well as bounded by the file size. Real vocabularies are < 1M entries.
-inline constexpr uint64_t kMaxArrayElements = uint64_t{1} << 24;
+// Each decoded element costs ~100 bytes of memory for 1-8 bytes of file, so counts are
+// capped as well as bounded by the file size: a corrupt count in a 15 GB model must not
+// turn into gigabytes of allocation. Real files stay far below: vocabularies and merge
+// lists are < 1M entries, tensor counts a few thousand, metadata keys a few hundred.
+inline constexpr uint64_t kMaxArrayElements = uint64_t{1} << 22;
+inline constexpr uint64_t kMaxTensors = uint64_t{1} << 20;
+inline constexpr uint64_t kMaxMetadataKeys = uint64_t{1} << 20;
+// Vectors are reserved up to this many entries from a count read from the file; beyond
+// it they grow only as entries are actually parsed.
+inline constexpr uint64_t kMaxReserve = uint64_t{1} << 16;
 
 // Bytes a scalar of this type occupies in the file; nullopt for STRING, ARRAY and unknown.
 std::optional<uint64_t> scalar_size(uint32_t raw_type);

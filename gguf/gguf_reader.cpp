@@ -78,7 +78,11 @@ struct ValuePath {
 
     std::string operator()() const {
         std::string s = "key '" + key + "'";
-        for (uint64_t k : indices) s += "[" + std::to_string(k) + "]";
+        for (uint64_t k : indices) {
+            s += '[';
+            s += std::to_string(k);
+            s += ']';
+        }
         return s;
     }
 };
@@ -126,7 +130,7 @@ GgufValue read_value(Cursor& in, uint32_t raw_type, ValuePath& path) {
             if (count > kMaxArrayElements)
                 fail("gguf: " + what() + ": array count " + std::to_string(count) + " exceeds the limit of " +
                      std::to_string(kMaxArrayElements));
-            v.array.reserve(static_cast<size_t>(count));
+            v.array.reserve(static_cast<size_t>(std::min(count, kMaxReserve)));
             path.indices.push_back(0);
             for (uint64_t k = 0; k < count; ++k) {
                 path.indices.back() = k;
@@ -173,7 +177,13 @@ GgufHeader parse_gguf(const uint8_t* data, size_t size, uint64_t* data_offset) {
         fail("gguf: tensor_count " + std::to_string(n_tensors) + " cannot fit in the " +
              std::to_string(in.remaining()) + " bytes after the header");
 
-    header.metadata.reserve(static_cast<size_t>(n_kv));
+    if (n_kv > kMaxMetadataKeys)
+        fail("gguf: metadata_kv_count " + std::to_string(n_kv) + " exceeds the limit of " +
+             std::to_string(kMaxMetadataKeys));
+    if (n_tensors > kMaxTensors)
+        fail("gguf: tensor_count " + std::to_string(n_tensors) + " exceeds the limit of " +
+             std::to_string(kMaxTensors));
+    header.metadata.reserve(static_cast<size_t>(std::min(n_kv, kMaxReserve)));
     std::unordered_set<std::string> keys;
     for (uint64_t k = 0; k < n_kv; ++k) {
         std::string key = in.read_string([&] { return "key of metadata entry " + std::to_string(k); });
@@ -197,7 +207,7 @@ GgufHeader parse_gguf(const uint8_t* data, size_t size, uint64_t* data_offset) {
         header.alignment = kDefaultAlignment;
     }
 
-    header.tensors.reserve(static_cast<size_t>(n_tensors));
+    header.tensors.reserve(static_cast<size_t>(std::min(n_tensors, kMaxReserve)));
     std::unordered_set<std::string> names;
     for (uint64_t t = 0; t < n_tensors; ++t) {
         GgufTensorInfo info;
@@ -209,7 +219,8 @@ GgufHeader parse_gguf(const uint8_t* data, size_t size, uint64_t* data_offset) {
             fail("gguf: " + what() + ": n_dims " + std::to_string(n_dims) + " is outside 1.." +
                  std::to_string(kMaxDims));
         info.shape.resize(n_dims);
-        for (uint32_t d = 0; d < n_dims; ++d) info.shape[d] = in.read<uint64_t>([&] { return what() + " dim " + std::to_string(d); });
+        for (uint32_t d = 0; d < n_dims; ++d)
+            info.shape[d] = in.read<uint64_t>([&] { return what() + " dim " + std::to_string(d); });
         uint32_t raw_type = in.read<uint32_t>([&] { return what() + " type"; });
         if (!ggml_type_traits(raw_type))
             fail("gguf: " + what() + ": unknown ggml type " + std::to_string(raw_type));

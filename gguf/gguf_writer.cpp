@@ -111,6 +111,11 @@ std::vector<uint8_t> serialize_header(GgufHeader& header) {
                                       : GgufValue::make_u64(header.alignment));
     }
 
+    if (header.tensors.size() > kMaxTensors || header.metadata.size() > kMaxMetadataKeys)
+        fail("gguf: " + std::to_string(header.tensors.size()) + " tensors and " +
+             std::to_string(header.metadata.size()) + " metadata keys exceed the reader's limits (" +
+             std::to_string(kMaxTensors) + ", " + std::to_string(kMaxMetadataKeys) + ")");
+
     std::vector<uint8_t> out;
     put<uint32_t>(out, kMagic);
     put<uint32_t>(out, header.version);

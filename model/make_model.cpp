@@ -71,6 +71,7 @@ void synthetic_values(uint64_t seed, uint64_t tensor_index, WeightInit init, uin
 
 MakeModelResult make_model(const MakeModelOptions& options) {
     const auto start = std::chrono::steady_clock::now();
+    // Built (and so validated) before the output file is created.
     GgufHeader header = preset_header(options.preset, options.wtype);
     MakeModelResult result;
     result.tensor_count = header.tensors.size();

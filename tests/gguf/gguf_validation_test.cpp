@@ -73,6 +73,16 @@ TEST(GgufValidation, HugeTensorCountIsRejectedBeforeAllocating) {
     EXPECT_GGUF_ERROR(r.bytes, "tensor_count 18446744073709551615 cannot fit in the");
 }
 
+TEST(GgufValidation, CountsAboveTheLimitsInALargeFile) {
+    // Big enough that the byte bound alone would allow these counts.
+    RawGguf r;
+    r.header((uint64_t{1} << 20) + 1, 0).zeros(40u << 20);
+    EXPECT_GGUF_ERROR(r.bytes, "tensor_count 1048577 exceeds the limit of 1048576");
+    r.patch<uint64_t>(8, 0);
+    r.patch<uint64_t>(16, (uint64_t{1} << 20) + 1);
+    EXPECT_GGUF_ERROR(r.bytes, "metadata_kv_count 1048577 exceeds the limit of 1048576");
+}
+
 TEST(GgufValidation, TensorCountLargerThanTheInfosPresent) {
     RawGguf r = one_tensor_file();
     r.patch<uint64_t>(8, 2);  // fits the byte bound, but the second info runs into the data
@@ -101,11 +111,11 @@ TEST(GgufValidation, HugeArrayCountIsRejectedBeforeReserving) {
 }
 
 TEST(GgufValidation, ArrayCountAboveTheElementLimit) {
-    // Every element is present in the file, but 16M+1 decoded values is over the cap.
-    const uint64_t n = (uint64_t{1} << 24) + 1;
+    // Every element is present in the file, but 4M+1 decoded values is over the cap.
+    const uint64_t n = (uint64_t{1} << 22) + 1;
     RawGguf r;
     r.header(0, 1).str("bytes").u32(kTypeArray).u32(kTypeU8).u64(n).zeros(n);
-    EXPECT_GGUF_ERROR(r.bytes, "key 'bytes': array count 16777217 exceeds the limit of 16777216");
+    EXPECT_GGUF_ERROR(r.bytes, "key 'bytes': array count 4194305 exceeds the limit of 4194304");
 }
 
 TEST(GgufValidation, ArrayElementsTruncated) {
