@@ -293,7 +293,7 @@ std::optional<AutoDecision> plan_auto_decision(const ArgParser& args, const Gate
     AutoDecision d;
     d.tier = kv_tier_name(plan.tier);
     d.reason = plan.reason;
-    d.source = "planner, profile " + *profile + ", ctx " + std::to_string(n_ctx);
+    d.source = "profile " + *profile + ", ctx " + std::to_string(n_ctx);
     for (const LadderRow& row : plan.ladder)
         if (row.tier == KvTier{KvType::f16, KvType::f16}) d.f16_spills = row.window.spilled_bytes > 0;
     return d;
@@ -325,7 +325,7 @@ int gate_cells(const ArgParser& args, const Runtime& rt, const GateModel& model,
         const NiahReport report = run_niah_with_progress(*backend, model, config, gate_kv_name(kv), true);
         r.niah = report.score;
         if (report.decode_steps) r.decode_tok_s = report.decode_tok_s();
-        r.spilled_mib = 0;  // the CPU backend holds the whole cache in one buffer
+        r.spilled_mib = (double)backend->spilled_bytes() / (double)kMiB;
         return std::pair{r, report};
     };
     auto [f16_cell, f16_report] = run_resident(GateCell::f16_resident, f16);

@@ -274,6 +274,7 @@ void fill_weight_bytes(const GgufHeader& header, ModelSpec& spec) {
         auto layer = layer_of(t.name);
         if (layer && *layer < spec.layers.size()) spec.layers[*layer].weight_bytes += t.n_bytes;
         else spec.weight_bytes_non_layer += t.n_bytes;
+        if (t.name == "token_embd.weight") spec.weight_bytes_token_embd = t.n_bytes;
     }
 }
 

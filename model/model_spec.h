@@ -71,6 +71,7 @@ struct ModelSpec {
     // Weight bytes, derived from the tensor table.
     uint64_t weight_bytes_total = 0;
     uint64_t weight_bytes_non_layer = 0;              // embeddings, output norm, head
+    uint64_t weight_bytes_token_embd = 0;             // the embedding table alone
     std::map<GgmlType, uint64_t> weight_bytes_by_type;
     std::map<GgmlType, uint64_t> tensor_count_by_type;
 

@@ -31,9 +31,10 @@ EffectiveBandwidth effective_bandwidth(double pcie_gbps, double host_ram_gbps) {
 }
 
 uint64_t weight_bytes_read_per_token(const ModelSpec& model) {
+    // A token reads one row of the embedding table, not the table; a tied head reads it all.
     if (model.tied_embeddings) return model.weight_bytes_total;
-    uint64_t embedding_table = model.weight_bytes_non_layer / 2;
-    return model.weight_bytes_total - embedding_table;
+    uint64_t one_row = model.n_vocab ? model.weight_bytes_token_embd / model.n_vocab : 0;
+    return model.weight_bytes_total - model.weight_bytes_token_embd + one_row;
 }
 
 double t_resident_ms(const ModelSpec& model, uint64_t n_ctx, KvTier tier, double vram_bw_gbps) {

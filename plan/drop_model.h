@@ -36,11 +36,8 @@ struct EffectiveBandwidth {
 };
 EffectiveBandwidth effective_bandwidth(double pcie_gbps, double host_ram_gbps);
 
-// W_active: weight bytes read per generated token. Every layer tensor and the output head
-// are read once; the token-embedding table is not (one row is gathered), unless it is the
-// head too (tied embeddings). ModelSpec has no separate token_embd size, so for untied
-// models half of the non-layer bytes is taken as the head (token_embd and output have the
-// same shape; they differ only when their types differ, e.g. Q4_K_M files).
+// W_active: weight bytes one decode step reads. Every tensor once, except the embedding
+// table, of which one row is gathered (a tied head reads the whole table as the head).
 uint64_t weight_bytes_read_per_token(const ModelSpec& model);
 
 // t_resident = (W_active + KV bytes read per token) / vram_bw, with the KV read from the

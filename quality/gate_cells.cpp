@@ -72,6 +72,11 @@ GateCheck check_spill_drop(const std::vector<CellResult>& cells, const std::opti
         c.detail = measured + "; no planner decision to check it against";
         return c;
     }
+    if (!d->f16_spills) {
+        c.detail = measured + "; f16 fits the budget (" + d->source +
+                   "), so auto spills nothing and the drop decides nothing: force the spill with --vram-target";
+        return c;
+    }
     // Rejecting f16 is right when its spill costs more than the target; keeping it, when not.
     const bool kept_f16 = d->tier == "f16/f16";
     const bool ok = kept_f16 ? drop <= t.tstar_drop : drop > t.tstar_drop;

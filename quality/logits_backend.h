@@ -27,6 +27,9 @@ public:
     virtual const float* eval(const int32_t* tokens, uint32_t n, bool all_logits) = 0;
     // "cpu f16/f16", for reports.
     virtual std::string describe() const = 0;
+    // KV bytes held in the host tail and streamed each step (the spill engine's; 0 for a
+    // cache that is wholly in the engine's own memory, as the CPU engine's is).
+    virtual uint64_t spilled_bytes() const { return 0; }
 };
 
 // The KV cache formats the gate compares: a tier of the ladder, or the CPU engine's exact

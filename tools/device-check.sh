@@ -8,6 +8,7 @@
 #          --sanitize (also run the GPU tests under compute-sanitizer memcheck),
 #          --ncu "KERNEL_REGEX@BENCH_FILTER,..." (profile one launch of each kernel within the
 #          benchmarks selected by the filter, with Nsight Compute, clocks left alone: ncu.log),
+#          --filter GTEST_GLOB (run only these GPU tests, e.g. 'CudaMatvec.*:CudaAttention.*'),
 #          --prebuilt DIR (skip the build; run DIR/test_cuda and DIR/bench_kernels, built
 #          elsewhere for sm_90). If the build fails and .dev/prebuilt exists, it is used.
 # Logs land in $OUT (or ./out) as build.log, ctest.log, bench.log.
@@ -19,12 +20,14 @@ bench_only=""
 sanitize=0
 prebuilt=""
 ncu_regex=""
+test_filter=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench-only) bench_only="$2"; shift 2 ;;
     --sanitize) sanitize=1; shift ;;
     --prebuilt) prebuilt="$2"; shift 2 ;;
     --ncu) ncu_regex="$2"; shift 2 ;;
+    --filter) test_filter="$2"; shift 2 ;;
     *) echo "usage: tools/device-check.sh [--bench-only SUBSTRING] [--sanitize]"; exit 2 ;;
   esac
 done
@@ -50,11 +53,11 @@ fi
 
 test_status="skipped"
 if [ -z "$bench_only" ]; then
-  if [ "$bin" = "$build/bin" ]; then
+  if [ "$bin" = "$build/bin" ] && [ -z "$test_filter" ]; then
     (cd "$build" && ctest -L cuda --output-on-failure --timeout 300) >"$out/ctest.log" 2>&1
     test_status=$(grep -E "tests passed|tests failed" "$out/ctest.log" | tail -1)
   else
-    "$bin/test_cuda" >"$out/ctest.log" 2>&1
+    "$bin/test_cuda" ${test_filter:+--gtest_filter="$test_filter"} >"$out/ctest.log" 2>&1
     test_status="test_cuda rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/ctest.log" | head -2 | tr '\n' ' ')"
   fi
   grep -E "Failed|FAILED|error|Expected|Which is|seed|SKIPPED" "$out/ctest.log" | head -60

@@ -363,6 +363,15 @@ void argmax_logits_cuda(CudaForwardState& st, uint32_t n_vocab, uint32_t row) { 
 
 void prepare_decode_graph(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, uint32_t pos, bool greedy) {
     const int slot = (int)(pos & 1);
+    // Launchers configure their kernels on first use (shared-memory limits, occupancy
+    // queries); do that outside capture with one direct forward. It writes the same K/V
+    // cell the captured step will write again with the same input, so it is harmless.
+    bool& warmed = st.warmed[(int)cache.k_type][(int)cache.v_type];
+    if (!warmed) {
+        enqueue_forward(m, cache, st, 1, pos, st.next_token.data());
+        SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(st.stream));
+        warmed = true;
+    }
     // This executable last ran two steps ago; it must be finished before it is changed.
     if (st.graph_launched[slot]) SPILLWAY_CUDA_CHECK(cudaEventSynchronize(st.graph_done[slot]));
     cudaGraph_t graph = nullptr;

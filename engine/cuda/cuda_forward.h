@@ -69,6 +69,7 @@ struct CudaForwardState {
     bool graph_launched[2] = {false, false};
     uint32_t graph_pos[2] = {UINT32_MAX, UINT32_MAX};
     bool graph_greedy[2] = {false, false};
+    bool warmed[3][3] = {};                 // per (K, V) type: one direct step ran (see prepare)
     uint64_t graph_rebuilds = 0;            // full instantiations (topology changes)
     size_t graph_bytes = 0;                 // VRAM the instantiated graphs took (cudaMemGetInfo delta)
 

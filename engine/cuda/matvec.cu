@@ -89,34 +89,35 @@ __global__ void __launch_bounds__(kThreads) matvec_half_kernel(const uint4* __re
     const uint32_t vecs_per_row = cols / 8;
     for (uint32_t row0 = (blockIdx.x * kWarps + threadIdx.x / 32) * kRowsPerWarp; row0 < rows;
          row0 += gridDim.x * kWarps * kRowsPerWarp) {
-    const uint4* w_row[kRowsPerWarp];
+        const uint4* w_row[kRowsPerWarp];
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) w_row[r] = w + (size_t)min(row0 + r, rows - 1) * vecs_per_row;
+        for (int r = 0; r < kRowsPerWarp; ++r) w_row[r] = w + (size_t)min(row0 + r, rows - 1) * vecs_per_row;
 
-    float acc[kRowsPerWarp][kTokens] = {};
-    for (uint32_t base = 0; base < vecs_per_row; base += 32 * kUnroll) {
-        uint4 v[kUnroll][kRowsPerWarp];
+        float acc[kRowsPerWarp][kTokens] = {};
+        for (uint32_t base = 0; base < vecs_per_row; base += 32 * kUnroll) {
+            uint4 v[kUnroll][kRowsPerWarp];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const uint32_t i = base + u * 32 + lane;
+            for (int u = 0; u < kUnroll; ++u) {
+                const uint32_t i = base + u * 32 + lane;
 #pragma unroll
-            for (int r = 0; r < kRowsPerWarp; ++r) v[u][r] = i < vecs_per_row ? __ldcs(w_row[r] + i) : make_uint4(0, 0, 0, 0);
-        }
+                for (int r = 0; r < kRowsPerWarp; ++r)
+                v[u][r] = i < vecs_per_row ? __ldcs(w_row[r] + i) : make_uint4(0, 0, 0, 0);
+            }
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const uint32_t i = base + u * 32 + lane;
-            if (i >= vecs_per_row) break;
+            for (int u = 0; u < kUnroll; ++u) {
+                const uint32_t i = base + u * 32 + lane;
+                if (i >= vecs_per_row) break;
 #pragma unroll
-            for (int t = 0; t < kTokens; ++t) {
-                if (t >= (int)n_tokens) break;
-                const float4* xv = reinterpret_cast<const float4*>(x + (size_t)t * cols) + 2 * i;
-                const float4 xa = __ldg(xv), xb = __ldg(xv + 1);
+                for (int t = 0; t < kTokens; ++t) {
+                    if (t >= (int)n_tokens) break;
+                    const float4* xv = reinterpret_cast<const float4*>(x + (size_t)t * cols) + 2 * i;
+                    const float4 xa = __ldg(xv), xb = __ldg(xv + 1);
 #pragma unroll
-                for (int r = 0; r < kRowsPerWarp; ++r) acc[r][t] += dot8<Half>(v[u][r], xa, xb);
+                    for (int r = 0; r < kRowsPerWarp; ++r) acc[r][t] += dot8<Half>(v[u][r], xa, xb);
+                }
             }
         }
-    }
-    store_rows<kTokens>(acc, y, row0, rows, n_tokens, lane);
+        store_rows<kTokens>(acc, y, row0, rows, n_tokens, lane);
     }
 }
 
@@ -141,130 +142,129 @@ __global__ void __launch_bounds__(kThreads) matvec_q8_0_kernel(const uint8_t* __
     const uint32_t n_slabs = (n_blocks + kSlabBlocks - 1) / kSlabBlocks;
     for (uint32_t row0 = (blockIdx.x * kWarps + warp) * kRowsPerWarp; row0 < rows;
          row0 += gridDim.x * kWarps * kRowsPerWarp) {
-    const uint8_t* w_row[kRowsPerWarp];
+        const uint8_t* w_row[kRowsPerWarp];
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) w_row[r] = w + (size_t)min(row0 + r, rows - 1) * row_bytes;
+        for (int r = 0; r < kRowsPerWarp; ++r) w_row[r] = w + (size_t)min(row0 + r, rows - 1) * row_bytes;
 
-    Vec staged[kRowsPerWarp][kLoadsPerLane];
-    auto load_slab = [&](uint32_t s) {
-        const uint32_t slab_vecs = min(kSlabBlocks, (int)(n_blocks - s * kSlabBlocks)) * 34 / kVecBytes;
-#pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-            const Vec* src = reinterpret_cast<const Vec*>(w_row[r] + (size_t)s * kSlabBytes);
-#pragma unroll
-            for (int k = 0; k < kLoadsPerLane; ++k) {
-                const uint32_t i = lane + 32 * k;
-                if (i < slab_vecs) staged[r][k] = __ldcs(src + i);
-            }
-        }
-    };
-
-    float acc[kRowsPerWarp][kTokens] = {};
-    const uint32_t quarter = lane % 4;  // 8 of the block's 32 values
-    load_slab(0);
-    for (uint32_t s = 0; s < n_slabs; ++s) {
-        const uint32_t slab_blocks = min(kSlabBlocks, (int)(n_blocks - s * kSlabBlocks));
-        const uint32_t slab_vecs = slab_blocks * 34 / kVecBytes;
-#pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-#pragma unroll
-            for (int k = 0; k < kLoadsPerLane; ++k) {
-                const uint32_t i = lane + 32 * k;
-                if (i < slab_vecs) reinterpret_cast<Vec*>(slab[warp][r])[i] = staged[r][k];
-            }
-        }
-        __syncwarp();
-        if (s + 1 < n_slabs) load_slab(s + 1);
-
-#pragma unroll 2
-        for (uint32_t g = 0; g < kSlabBlocks / 8; ++g) {
-            const uint32_t b = g * 8 + lane / 4;
-            if (b >= slab_blocks) break;
-            // Block scale d applied once per 8 products (sum(q*x)*d), not per weight.
-            float wv[kRowsPerWarp][8];
-            float scale[kRowsPerWarp];
+        Vec staged[kRowsPerWarp][kLoadsPerLane];
+        auto load_slab = [&](uint32_t s) {
+            const uint32_t slab_vecs = min(kSlabBlocks, (int)(n_blocks - s * kSlabBlocks)) * 34 / kVecBytes;
 #pragma unroll
             for (int r = 0; r < kRowsPerWarp; ++r) {
-                const uint8_t* blk = slab[warp][r] + b * 34;
-                scale[r] = __half2float(*reinterpret_cast<const __half*>(blk));
-                const unsigned short* q16 = reinterpret_cast<const unsigned short*>(blk + 2 + 8 * quarter);
-                const uint32_t lo = __byte_perm(q16[0], q16[1], 0x5410) ^ 0x80808080u;
-                const uint32_t hi = __byte_perm(q16[2], q16[3], 0x5410) ^ 0x80808080u;
-                wv[r][0] = biased_byte_to_float<0>(lo);
-                wv[r][1] = biased_byte_to_float<1>(lo);
-                wv[r][2] = biased_byte_to_float<2>(lo);
-                wv[r][3] = biased_byte_to_float<3>(lo);
-                wv[r][4] = biased_byte_to_float<0>(hi);
-                wv[r][5] = biased_byte_to_float<1>(hi);
-                wv[r][6] = biased_byte_to_float<2>(hi);
-                wv[r][7] = biased_byte_to_float<3>(hi);
-            }
-            const uint32_t col = (s * kSlabBlocks + b) * 32 + 8 * quarter;
+                const Vec* src = reinterpret_cast<const Vec*>(w_row[r] + (size_t)s * kSlabBytes);
 #pragma unroll
-            for (int t = 0; t < kTokens; ++t) {
-                if (t >= (int)n_tokens) break;
-                const float4* xv = reinterpret_cast<const float4*>(x + (size_t)t * cols + col);
-                const float4 xa = __ldg(xv), xb = __ldg(xv + 1);
-#pragma unroll
-                for (int r = 0; r < kRowsPerWarp; ++r) {
-                    float sum = wv[r][0] * xa.x;
-                    sum = fmaf(wv[r][1], xa.y, sum);
-                    sum = fmaf(wv[r][2], xa.z, sum);
-                    sum = fmaf(wv[r][3], xa.w, sum);
-                    sum = fmaf(wv[r][4], xb.x, sum);
-                    sum = fmaf(wv[r][5], xb.y, sum);
-                    sum = fmaf(wv[r][6], xb.z, sum);
-                    sum = fmaf(wv[r][7], xb.w, sum);
-                    acc[r][t] = fmaf(scale[r], sum, acc[r][t]);
+                for (int k = 0; k < kLoadsPerLane; ++k) {
+                    const uint32_t i = lane + 32 * k;
+                    if (i < slab_vecs) staged[r][k] = __ldcs(src + i);
                 }
             }
+        };
+
+        float acc[kRowsPerWarp][kTokens] = {};
+        const uint32_t quarter = lane % 4;  // 8 of the block's 32 values
+        load_slab(0);
+        for (uint32_t s = 0; s < n_slabs; ++s) {
+            const uint32_t slab_blocks = min(kSlabBlocks, (int)(n_blocks - s * kSlabBlocks));
+            const uint32_t slab_vecs = slab_blocks * 34 / kVecBytes;
+#pragma unroll
+            for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+                for (int k = 0; k < kLoadsPerLane; ++k) {
+                    const uint32_t i = lane + 32 * k;
+                    if (i < slab_vecs) reinterpret_cast<Vec*>(slab[warp][r])[i] = staged[r][k];
+                }
+            }
+            __syncwarp();
+            if (s + 1 < n_slabs) load_slab(s + 1);
+
+#pragma unroll 2
+            for (uint32_t g = 0; g < kSlabBlocks / 8; ++g) {
+                const uint32_t b = g * 8 + lane / 4;
+                if (b >= slab_blocks) break;
+                // Block scale d applied once per 8 products (sum(q*x)*d), not per weight.
+                float wv[kRowsPerWarp][8];
+                float scale[kRowsPerWarp];
+#pragma unroll
+                for (int r = 0; r < kRowsPerWarp; ++r) {
+                    const uint8_t* blk = slab[warp][r] + b * 34;
+                    scale[r] = __half2float(*reinterpret_cast<const __half*>(blk));
+                    const unsigned short* q16 = reinterpret_cast<const unsigned short*>(blk + 2 + 8 * quarter);
+                    const uint32_t lo = __byte_perm(q16[0], q16[1], 0x5410) ^ 0x80808080u;
+                    const uint32_t hi = __byte_perm(q16[2], q16[3], 0x5410) ^ 0x80808080u;
+                    wv[r][0] = biased_byte_to_float<0>(lo);
+                    wv[r][1] = biased_byte_to_float<1>(lo);
+                    wv[r][2] = biased_byte_to_float<2>(lo);
+                    wv[r][3] = biased_byte_to_float<3>(lo);
+                    wv[r][4] = biased_byte_to_float<0>(hi);
+                    wv[r][5] = biased_byte_to_float<1>(hi);
+                    wv[r][6] = biased_byte_to_float<2>(hi);
+                    wv[r][7] = biased_byte_to_float<3>(hi);
+                }
+                const uint32_t col = (s * kSlabBlocks + b) * 32 + 8 * quarter;
+#pragma unroll
+                for (int t = 0; t < kTokens; ++t) {
+                    if (t >= (int)n_tokens) break;
+                    const float4* xv = reinterpret_cast<const float4*>(x + (size_t)t * cols + col);
+                    const float4 xa = __ldg(xv), xb = __ldg(xv + 1);
+#pragma unroll
+                    for (int r = 0; r < kRowsPerWarp; ++r) {
+                        float sum = wv[r][0] * xa.x;
+                        sum = fmaf(wv[r][1], xa.y, sum);
+                        sum = fmaf(wv[r][2], xa.z, sum);
+                        sum = fmaf(wv[r][3], xa.w, sum);
+                        sum = fmaf(wv[r][4], xb.x, sum);
+                        sum = fmaf(wv[r][5], xb.y, sum);
+                        sum = fmaf(wv[r][6], xb.z, sum);
+                        sum = fmaf(wv[r][7], xb.w, sum);
+                        acc[r][t] = fmaf(scale[r], sum, acc[r][t]);
+                    }
+                }
+            }
+            __syncwarp();
         }
-        __syncwarp();
-    }
-    store_rows<kTokens>(acc, y, row0, rows, n_tokens, lane);
+        store_rows<kTokens>(acc, y, row0, rows, n_tokens, lane);
     }
 }
 
-// Grid: as many blocks as fit at once (each loops over row pairs), or fewer when the matrix
-// is small. One resident wave avoids the tail of a 2.2-wave grid (13824 rows: 1728 blocks
-// against ~790 slots), which cost ~8% on Qwen2.5-14B's FFN matrices.
-template <typename Kernel>
-dim3 resident_grid(Kernel kernel, uint32_t rows) {
-    static const uint32_t slots = [&] {
+// Grid for one token: as many blocks as fit at once (each loops over row pairs), or fewer
+// when the matrix is small. Measured (docs/perf-notes.md, runs 2-3): 13824-row matrices 5-7%
+// faster than one block per 8 rows, the 152064-row head 7% slower. Small batches were 14-28%
+// slower with it, so they keep one block per 8 rows.
+template <auto kKernel>  // one cached occupancy per kernel instance
+dim3 matvec_grid(uint32_t rows, uint32_t n_tokens) {
+    const uint32_t needed = (rows + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp);
+    if (n_tokens > 1) return dim3(needed);
+    static const uint32_t slots = [] {
         int device = 0, sms = 0, per_sm = 0;
         SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-        SPILLWAY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+        SPILLWAY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kThreads, 0));
         return (uint32_t)std::max(1, sms * per_sm);
     }();
-    const uint32_t needed = (rows + kWarps * kRowsPerWarp - 1) / (kWarps * kRowsPerWarp);
     return dim3(std::min(needed, slots));
+}
+
+template <auto kKernel, typename W>
+void launch(const W* w, const float* x, float* y, uint32_t rows, uint32_t cols, uint32_t n_tokens,
+            cudaStream_t stream) {
+    kKernel<<<matvec_grid<kKernel>(rows, n_tokens), kThreads, 0, stream>>>(w, x, y, rows, cols, n_tokens);
 }
 
 template <int kTokens>
 void launch_for_tokens(GgmlType w_type, const void* w, const float* x, float* y, uint32_t rows,
                        uint32_t cols, uint32_t n_tokens, cudaStream_t stream) {
+    const auto* w_vec = static_cast<const uint4*>(w);
+    const auto* w_bytes = static_cast<const uint8_t*>(w);
     switch (w_type) {
         case GgmlType::F16:
-            matvec_half_kernel<HalfF16, kTokens><<<resident_grid(matvec_half_kernel<HalfF16, kTokens>, rows), kThreads, 0, stream>>>(
-                static_cast<const uint4*>(w), x, y, rows, cols, n_tokens);
-            break;
+            return launch<matvec_half_kernel<HalfF16, kTokens>>(w_vec, x, y, rows, cols, n_tokens, stream);
         case GgmlType::BF16:
-            matvec_half_kernel<HalfBF16, kTokens><<<resident_grid(matvec_half_kernel<HalfBF16, kTokens>, rows), kThreads, 0, stream>>>(
-                static_cast<const uint4*>(w), x, y, rows, cols, n_tokens);
-            break;
-        case GgmlType::Q8_0: {
+            return launch<matvec_half_kernel<HalfBF16, kTokens>>(w_vec, x, y, rows, cols, n_tokens, stream);
+        case GgmlType::Q8_0:
             // 16-byte loads need every row to start 16-byte aligned: cols % 256 == 0.
-            const bool aligned = (cols / 32 * 34) % 16 == 0;
-            if (aligned) {
-                matvec_q8_0_kernel<kTokens, 16><<<resident_grid(matvec_q8_0_kernel<kTokens, 16>, rows), kThreads, 0, stream>>>(
-                    static_cast<const uint8_t*>(w), x, y, rows, cols, n_tokens);
-            } else {
-                matvec_q8_0_kernel<kTokens, 2><<<resident_grid(matvec_q8_0_kernel<kTokens, 2>, rows), kThreads, 0, stream>>>(
-                    static_cast<const uint8_t*>(w), x, y, rows, cols, n_tokens);
-            }
-            break;
-        }
+            if ((cols / 32 * 34) % 16 == 0)
+                return launch<matvec_q8_0_kernel<kTokens, 16>>(w_bytes, x, y, rows, cols, n_tokens, stream);
+            return launch<matvec_q8_0_kernel<kTokens, 2>>(w_bytes, x, y, rows, cols, n_tokens, stream);
         default: fail(std::string("matvec_cuda: unsupported weight type ") + ggml_type_name(w_type));
     }
 }
@@ -281,7 +281,8 @@ void matvec_cuda(GgmlType w_type, const void* w, const float* x, float* y, uint3
     if (rows == 0 || n_tokens == 0) return;
     if (n_tokens > kMatvecMaxTokens) fail("matvec_cuda: more than 8 tokens; use the prefill matmul");
     const uint32_t col_multiple = w_type == GgmlType::Q8_0 ? 32 : 8;
-    if (cols == 0 || cols % col_multiple != 0) fail("matvec_cuda: cols must be a positive multiple of " + std::to_string(col_multiple));
+    if (cols == 0 || cols % col_multiple != 0)
+        fail("matvec_cuda: cols must be a positive multiple of " + std::to_string(col_multiple));
     if (reinterpret_cast<uintptr_t>(w) % 16 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0)
         fail("matvec_cuda: w and x must be 16-byte aligned");
     if (n_tokens == 1) launch_for_tokens<1>(w_type, w, x, y, rows, cols, n_tokens, stream);

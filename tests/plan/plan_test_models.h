@@ -30,6 +30,7 @@ inline ModelSpec qwen14b_q8() {
                      f32_bytes(e + 2 * kv) /* q/k/v bias */ + f32_bytes(2 * e) /* norms */;
     for (uint32_t i = 0; i < m.n_layer; ++i) m.layers.push_back({40, 8, false, layer});
     m.weight_bytes_non_layer = 2 * q8_bytes(m.n_vocab * e) + f32_bytes(e);  // token_embd, output, output_norm
+    m.weight_bytes_token_embd = q8_bytes(m.n_vocab * e);
     m.weight_bytes_total = layer * m.n_layer + m.weight_bytes_non_layer;
     return m;
 }
@@ -46,6 +47,7 @@ inline ModelSpec swa_model() {
     m.swa_window = 1024;
     for (uint32_t i = 0; i < m.n_layer; ++i) m.layers.push_back({8, 2, i % 2 == 1, 1000000});
     m.weight_bytes_non_layer = 1000000;
+    m.weight_bytes_token_embd = 500000;
     m.weight_bytes_total = 5000000;
     return m;
 }

@@ -115,6 +115,17 @@ TEST(GateChecks, ModelThatCannotRetrieveMakesQualityCheckVacuous) {
     EXPECT_NE(checks[2].detail.find("cannot retrieve"), std::string::npos);
 }
 
+TEST(GateChecks, SpillDropDecidesNothingWhenF16Fits) {
+    AutoDecision fits{"f16/f16", "fits", false, "test"};
+    auto cells = spec_table();
+    cells[3].chosen_tier = "f16/f16";
+    cells[3].decode_tok_s = 50.0;
+    const auto checks = evaluate_gate_checks(cells, fits, {});
+    EXPECT_EQ(checks[1].status, CheckStatus::not_available);
+    EXPECT_NE(checks[1].detail.find("--vram-target"), std::string::npos);
+    EXPECT_EQ(checks[3].status, CheckStatus::pass) << checks[3].detail;  // auto ~ f16_resident
+}
+
 TEST(GateChecks, NoPlannerDecisionLeavesDecisionChecksOpen) {
     const auto checks = evaluate_gate_checks(spec_table(), std::nullopt, {});
     EXPECT_EQ(checks[0].status, CheckStatus::not_available);
