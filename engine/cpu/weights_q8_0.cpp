@@ -1,5 +1,9 @@
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "engine/cpu/weight_kernels.h"
 #include "gguf/quants.h"
 
@@ -24,6 +28,41 @@ float dot(const uint8_t* row, const float* x, size_t n) {
     }
     return sum;
 }
+#if defined(__x86_64__)
+// The scalar loop converts one int8 at a time and is compute-bound at ~0.5 GB/s; with
+// AVX2 eight int8 widen and multiply-add per instruction. Chosen at run time, so the
+// binary still runs on CPUs without AVX2 (no -march flags in the build).
+__attribute__((target("avx2,fma"))) float dot_avx2(const uint8_t* row, const float* x, size_t n) {
+    __m256 sum = _mm256_setzero_ps();
+    for (size_t b = 0; b < n / kQK8_0; ++b) {
+        const uint8_t* block = row + b * sizeof(BlockQ8_0);
+        uint16_t d;
+        std::memcpy(&d, block, 2);
+        const int8_t* qs = reinterpret_cast<const int8_t*>(block + 2);
+        const float* xb = x + b * kQK8_0;
+        __m256 acc = _mm256_setzero_ps();
+        for (int i = 0; i < kQK8_0; i += 8) {
+            __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + i));
+            __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
+            acc = _mm256_fmadd_ps(qf, _mm256_loadu_ps(xb + i), acc);
+        }
+        sum = _mm256_fmadd_ps(acc, _mm256_set1_ps(fp16_table_to_fp32(d)), sum);
+    }
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
+    return _mm_cvtss_f32(s4);
+}
+#endif
+
+using DotFn = float (*)(const uint8_t*, const float*, size_t);
+DotFn best_dot() {
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return dot_avx2;
+#endif
+    return dot;
+}
+
 void dequantize(const uint8_t* row, float* y, size_t n) {
     for (size_t b = 0; b < n / kQK8_0; ++b) {
         const uint8_t* block = row + b * sizeof(BlockQ8_0);
@@ -38,7 +77,7 @@ void dequantize(const uint8_t* row, float* y, size_t n) {
 }  // namespace
 
 const WeightKernels& weight_kernels_q8_0() {
-    static const WeightKernels k{GgmlType::Q8_0, dot, dequantize};
+    static const WeightKernels k{GgmlType::Q8_0, best_dot(), dequantize};
     return k;
 }
 
