@@ -3,11 +3,16 @@
 # CUDA comes from the toolkit at /usr/local/cuda when present (the CPU engine builds without it).
 set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev nlohmann-json3-dev
-          clang libclang-rt-dev python3 nodejs npm)
+          clang libclang-rt-dev python3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm (the tokenizer tests' independent reference) may come from another
+# Debian-format repository (e.g. nodesource ships npm inside its nodejs); only install
+# Debian's when the commands are absent, since Debian's npm conflicts with those builds.
+if ! command -v node >/dev/null; then missing+=(nodejs); fi
+if ! command -v npm >/dev/null; then missing+=(npm); fi
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
