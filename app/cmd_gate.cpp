@@ -30,6 +30,7 @@
 #include "quality/logits_backend.h"
 #include "quality/niah.h"
 #include "quality/niah_runner.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace spillway {
@@ -93,7 +94,7 @@ struct GateModel {
     TextCodec codec;
 };
 
-std::unique_ptr<GateModel> load_gate_model(const std::string& path) {
+std::unique_ptr<GateModel> load_gate_model(const std::string& path, bool chat) {
     auto m = std::make_unique<GateModel>();
     m->cpu = load_cpu_model_file(path);
     m->tokenizer = std::make_unique<Tokenizer>(m->cpu.file->header());
@@ -101,6 +102,13 @@ std::unique_ptr<GateModel> load_gate_model(const std::string& path) {
     m->codec.encode = [tok](const std::string& text) { return tok->encode(text); };
     m->codec.decode = [tok](const std::vector<int32_t>& ids) { return tok->decode(ids); };
     m->codec.is_end = [tok](int32_t id) { return tok->is_end_of_generation(id); };
+    if (chat) {
+        const ChatTemplate tmpl = chat_template_from_string(tok->vocab().chat_template);
+        m->codec.encode_prompt = [tok, tmpl](const std::string& prompt, const std::string& answer_prefix) {
+            const std::string text = format_chat(tmpl, {{"user", prompt}}) + answer_prefix;
+            return tok->encode(text, {.add_special = true, .parse_special = true});
+        };
+    }
     return m;
 }
 
@@ -140,16 +148,22 @@ NiahRunConfig niah_config_from(const ArgParser& args) {
     return c;
 }
 
-NiahReport run_niah_with_progress(LogitsBackend& backend, const GateModel& model, const NiahRunConfig& config,
-                                  const std::string& label, bool show_progress) {
-    const size_t total = config.tasks.size() * config.lengths.size() * config.n_depths * config.samples;
-    std::unique_ptr<ProgressBar> bar;
-    if (show_progress) bar = std::make_unique<ProgressBar>("niah " + label, total, "cases");
-    NiahReport r = run_niah(backend, model.codec, config, [&](size_t done, size_t) {
-        if (bar) bar->update(done);
-    });
-    if (bar) bar->finish();
+NiahReport run_niah_with_progress(LogitsBackend& backend, const GateModel& model, const std::vector<NiahPrompt>& prompts,
+                                  const NiahRunConfig& config, const std::string& label) {
+    ProgressBar bar("niah " + label, prompts.size(), "cases");
+    NiahReport r = run_niah_prompts(backend, model.codec, prompts, config.greedy,
+                                    [&](size_t done, size_t) { bar.update(done); });
+    bar.finish();
     return r;
+}
+
+std::vector<NiahPrompt> make_prompts_with_progress(const GateModel& model, const NiahRunConfig& config) {
+    // Building is tokenizer-bound (a bisection over the haystack per case).
+    const size_t total = config.tasks.size() * config.lengths.size() * config.n_depths * config.samples;
+    ProgressBar bar("niah prompts", total, "cases");
+    std::vector<NiahPrompt> prompts = make_niah_prompts(model.codec, config, [&](size_t done, size_t) { bar.update(done); });
+    bar.finish();
+    return prompts;
 }
 
 // The text the logit metrics run over, cut to n_tokens (0: all of a file).
@@ -184,7 +198,7 @@ nlohmann::json metrics_json(const LogitMetrics& m) {
 
 std::vector<LogitMetrics> run_kl(const Runtime& rt, const GateModel& model, GateKv reference,
                                  const std::vector<GateKv>& tiers, const std::vector<int32_t>& tokens,
-                                 bool show_progress) {
+                                 const char* label) {
     const uint32_t n = (uint32_t)tokens.size();
     auto ref = open_backend(rt, model, reference, n);
     std::vector<std::unique_ptr<LogitsBackend>> owned;
@@ -193,12 +207,9 @@ std::vector<LogitMetrics> run_kl(const Runtime& rt, const GateModel& model, Gate
         owned.push_back(open_backend(rt, model, t, n));
         candidates.push_back(owned.back().get());
     }
-    std::unique_ptr<ProgressBar> bar;
-    if (show_progress) bar = std::make_unique<ProgressBar>("kl", n, "tokens");
-    auto out = compare_logits(*ref, candidates, tokens, rt.chunk, [&](uint64_t done, uint64_t) {
-        if (bar) bar->update(done);
-    });
-    if (bar) bar->finish();
+    ProgressBar bar(label, n, "tokens");
+    auto out = compare_logits(*ref, candidates, tokens, rt.chunk, [&](uint64_t done, uint64_t) { bar.update(done); });
+    bar.finish();
     return out;
 }
 
@@ -206,13 +217,14 @@ int gate_niah(const ArgParser& args, const Runtime& rt, const GateModel& model, 
     const NiahRunConfig config = niah_config_from(args);
     const std::vector<GateKv> tiers = parse_tiers(args.get_or("--tiers", "f16/f16"));
     const uint32_t n_ctx = *std::max_element(config.lengths.begin(), config.lengths.end());
+    const std::vector<NiahPrompt> prompts = make_prompts_with_progress(model, config);
     nlohmann::json out = {{"mode", "niah"}, {"model", model_path}, {"device", rt.device}, {"seed", config.seed},
                           {"depths", niah_depths(config.n_depths)}, {"samples", config.samples},
                           {"lengths", config.lengths}, {"max_answer_tokens", config.greedy.max_tokens}};
     out["tiers"] = nlohmann::json::array();
     for (const GateKv& kv : tiers) {
         auto backend = open_backend(rt, model, kv, n_ctx);
-        const NiahReport r = run_niah_with_progress(*backend, model, config, gate_kv_name(kv), true);
+        const NiahReport r = run_niah_with_progress(*backend, model, prompts, config, gate_kv_name(kv));
         if (json) {
             out["tiers"].push_back({{"tier", gate_kv_name(kv)}, {"niah", niah_report_json(r, args.has("--cases"))}});
         } else {
@@ -235,7 +247,7 @@ int gate_kl(const ArgParser& args, const Runtime& rt, const GateModel& model, co
     std::string source;
     const uint64_t seed = (uint64_t)args.get_int("--seed", 0, INT64_MAX).value_or(42);
     const std::vector<int32_t> tokens = kl_tokens_from(args, model, seed, source);
-    const std::vector<LogitMetrics> metrics = run_kl(rt, model, *reference, tiers, tokens, true);
+    const std::vector<LogitMetrics> metrics = run_kl(rt, model, *reference, tiers, tokens, "kl");
     if (json) {
         nlohmann::json out = {{"mode", "kl"}, {"model", model_path}, {"device", rt.device},
                               {"reference", gate_kv_name(*reference)}, {"tokens", tokens.size()},
@@ -317,12 +329,13 @@ int gate_cells(const ArgParser& args, const Runtime& rt, const GateModel& model,
     const char* kNeedsSpill = "needs the spill engine (issue 6)";
 
     // Resident cells: niah (and decode tok/s from its answers) per tier, then KL of q8 vs f16.
+    const std::vector<NiahPrompt> prompts = make_prompts_with_progress(model, config);
     auto run_resident = [&](GateCell cell, GateKv kv) {
         CellResult r;
         r.cell = cell;
         r.kv_tier = gate_kv_name(kv);
         auto backend = open_backend(rt, model, kv, n_ctx);
-        const NiahReport report = run_niah_with_progress(*backend, model, config, gate_kv_name(kv), true);
+        const NiahReport report = run_niah_with_progress(*backend, model, prompts, config, gate_kv_name(kv));
         r.niah = report.score;
         if (report.decode_steps) r.decode_tok_s = report.decode_tok_s();
         r.spilled_mib = (double)backend->spilled_bytes() / (double)kMiB;
@@ -333,7 +346,7 @@ int gate_cells(const ArgParser& args, const Runtime& rt, const GateModel& model,
     auto [q8_cell, q8_report] = run_resident(GateCell::q8_resident, q8);
     std::string kl_source;
     const std::vector<int32_t> kl_tokens = kl_tokens_from(args, model, config.seed, kl_source);
-    const LogitMetrics q8_kl = run_kl(rt, model, f16, {q8}, kl_tokens, true)[0];
+    const LogitMetrics q8_kl = run_kl(rt, model, f16, {q8}, kl_tokens, "kl q8_0 vs f16")[0];
     q8_cell.kl_vs_f16 = q8_kl.mean_kl;
     q8_cell.top1_vs_f16 = q8_kl.top1_agreement;
 
@@ -400,6 +413,7 @@ int cmd_gate(int argc, char** argv) {
     args.option({"-s", "--seed"}, "S", "seed of the niah samples and the KL essay", "42");
     args.option({"--max-answer-tokens"}, "N", "greedy answer length limit (reserved in each prompt)", "64");
     args.flag({"--cases"}, "list every niah case with its answer");
+    args.flag({"--chat"}, "niah prompts in the model's chat template (user turn; the answer prefix opens the reply)");
     args.option({"--tiers"}, "LIST", "KV tiers K/V, comma-separated (f16, q8_0, q4_0; f32/f32 = exact CPU cache)",
                 "--niah: f16/f16; --kl: f32/f32,q8_0/q8_0,q8_0/q4_0,q4_0/q4_0");
     args.option({"--reference"}, "KV", "--kl reference tier", "f16/f16");
@@ -432,7 +446,7 @@ int cmd_gate(int argc, char** argv) {
     rt.threads = (unsigned)args.get_int("--threads", 1, 1024).value_or(std::max(1u, std::thread::hardware_concurrency()));
     const bool json = args.has("--json");
 
-    const std::unique_ptr<GateModel> model = load_gate_model(*model_path);
+    const std::unique_ptr<GateModel> model = load_gate_model(*model_path, args.has("--chat"));
     if (args.has("--niah")) return gate_niah(args, rt, *model, *model_path, json);
     if (args.has("--kl")) return gate_kl(args, rt, *model, *model_path, json);
     return gate_cells(args, rt, *model, *model_path, json);

@@ -102,50 +102,81 @@ NiahReport aggregate_niah(std::vector<NiahCase> cases) {
     return report;
 }
 
-NiahReport run_niah(LogitsBackend& backend, const TextCodec& codec, const NiahRunConfig& config,
-                    const NiahProgress& progress) {
+std::vector<NiahPrompt> make_niah_prompts(const TextCodec& codec, const NiahRunConfig& config,
+                                          const NiahProgress& progress) {
     if (config.tasks.empty() || config.lengths.empty() || config.n_depths == 0 || config.samples == 0)
         fail("niah: nothing to run (no tasks, lengths, depths or samples)");
-    for (uint32_t length : config.lengths) {
+    auto encode_prompt = [&](const std::string& prompt, const std::string& prefix) {
+        return codec.encode_prompt ? codec.encode_prompt(prompt, prefix) : codec.encode(prompt + prefix);
+    };
+    // A chat template adds a fixed number of tokens around the text; keep them out of the
+    // haystack's share so the whole prompt still fits.
+    const std::string probe = "Some text.";
+    const int64_t overhead = (int64_t)encode_prompt(probe, "").size() - (int64_t)codec.encode(probe).size();
+    const uint32_t reserve = config.greedy.max_tokens + (uint32_t)std::max<int64_t>(0, overhead);
+    for (uint32_t length : config.lengths)
+        if (length <= reserve)
+            fail("niah: length " + std::to_string(length) + " leaves no room for the prompt after " +
+                 std::to_string(reserve) + " reserved tokens (answer and chat template)");
+    const TokenCounter count = [&](const std::string& text) { return codec.encode(text).size(); };
+    const size_t total = config.tasks.size() * config.lengths.size() * config.n_depths * config.samples;
+    std::vector<NiahPrompt> prompts;
+    prompts.reserve(total);
+    for (NiahTask task : config.tasks)
+        for (uint32_t length : config.lengths)
+            for (double depth : niah_depths(config.n_depths))
+                for (uint32_t s = 0; s < config.samples; ++s) {
+                    // Samples differ by seed; make_niah_sample mixes task and length in too.
+                    const NiahSample sample = make_niah_sample({task, length - reserve, depth, config.seed + s}, count);
+                    NiahPrompt p;
+                    p.task = task;
+                    p.length = length;
+                    p.depth = depth;
+                    p.sample = s;
+                    p.tokens = encode_prompt(sample.prompt, sample.answer_prefix);
+                    p.expected = sample.expected;
+                    prompts.push_back(std::move(p));
+                    if (progress) progress(prompts.size(), total);
+                }
+    return prompts;
+}
+
+NiahReport run_niah_prompts(LogitsBackend& backend, const TextCodec& codec, const std::vector<NiahPrompt>& prompts,
+                            const GreedyOptions& greedy, const NiahProgress& progress) {
+    for (const NiahPrompt& p : prompts)
+        if (p.tokens.size() >= backend.n_ctx() || p.length > backend.n_ctx())
+            fail("niah: length " + std::to_string(p.length) + " exceeds the backend's context of " +
+                 std::to_string(backend.n_ctx()));
+    std::vector<NiahCase> cases;
+    cases.reserve(prompts.size());
+    for (const NiahPrompt& p : prompts) {
+        const GreedyAnswer answer = generate_greedy(backend, codec, p.tokens, greedy);
+        NiahCase c;
+        c.task = p.task;
+        c.length = p.length;
+        c.depth = p.depth;
+        c.sample = p.sample;
+        c.prompt_tokens = (uint32_t)p.tokens.size();
+        c.expected = p.expected;
+        c.answer = answer.text;
+        c.score = niah_score(answer.text, p.expected);
+        c.generated_tokens = (uint32_t)answer.tokens.size();
+        c.prefill_s = answer.prefill_s;
+        c.decode_s = answer.decode_s;
+        c.decode_steps = answer.decode_steps;
+        cases.push_back(std::move(c));
+        if (progress) progress(cases.size(), prompts.size());
+    }
+    return aggregate_niah(std::move(cases));
+}
+
+NiahReport run_niah(LogitsBackend& backend, const TextCodec& codec, const NiahRunConfig& config,
+                    const NiahProgress& progress) {
+    for (uint32_t length : config.lengths)
         if (length > backend.n_ctx())
             fail("niah: length " + std::to_string(length) + " exceeds the backend's context of " +
                  std::to_string(backend.n_ctx()));
-        if (length <= config.greedy.max_tokens)
-            fail("niah: length " + std::to_string(length) + " leaves no room for the prompt after " +
-                 std::to_string(config.greedy.max_tokens) + " answer tokens");
-    }
-    const TokenCounter count = [&](const std::string& text) { return codec.encode(text).size(); };
-    const std::vector<double> depths = niah_depths(config.n_depths);
-    const size_t total = config.tasks.size() * config.lengths.size() * depths.size() * config.samples;
-
-    std::vector<NiahCase> cases;
-    cases.reserve(total);
-    for (NiahTask task : config.tasks)
-        for (uint32_t length : config.lengths)
-            for (double depth : depths)
-                for (uint32_t s = 0; s < config.samples; ++s) {
-                    // Samples differ by seed; make_niah_sample mixes task and length in too.
-                    NiahRequest request{task, length - config.greedy.max_tokens, depth, config.seed + s};
-                    const NiahSample sample = make_niah_sample(request, count);
-                    const std::vector<int32_t> prompt = codec.encode(sample.prompt + sample.answer_prefix);
-                    const GreedyAnswer answer = generate_greedy(backend, codec, prompt, config.greedy);
-                    NiahCase c;
-                    c.task = task;
-                    c.length = length;
-                    c.depth = depth;
-                    c.sample = s;
-                    c.prompt_tokens = (uint32_t)prompt.size();
-                    c.expected = sample.expected;
-                    c.answer = answer.text;
-                    c.score = niah_score(answer.text, sample.expected);
-                    c.generated_tokens = (uint32_t)answer.tokens.size();
-                    c.prefill_s = answer.prefill_s;
-                    c.decode_s = answer.decode_s;
-                    c.decode_steps = answer.decode_steps;
-                    cases.push_back(std::move(c));
-                    if (progress) progress(cases.size(), total);
-                }
-    return aggregate_niah(std::move(cases));
+    return run_niah_prompts(backend, codec, make_niah_prompts(codec, config), config.greedy, progress);
 }
 
 std::string format_niah_table(const NiahReport& report) {

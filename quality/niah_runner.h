@@ -19,6 +19,10 @@ struct TextCodec {
     std::function<std::vector<int32_t>(const std::string&)> encode;  // a whole prompt (BOS as the vocab says)
     std::function<std::string(const std::vector<int32_t>&)> decode;  // generated ids -> text
     std::function<bool(int32_t)> is_end;                             // EOS / end of turn
+    // Optional: the ids of prompt + answer prefix for a chat model (the user turn holds the
+    // prompt, the assistant turn starts with the answer prefix, as RULER does for chat
+    // models). Unset: encode(prompt + answer_prefix), base-model style.
+    std::function<std::vector<int32_t>(const std::string& prompt, const std::string& answer_prefix)> encode_prompt;
 };
 
 struct GreedyOptions {
@@ -86,8 +90,27 @@ NiahReport aggregate_niah(std::vector<NiahCase> cases);
 // done/total after every case, for a progress bar.
 using NiahProgress = std::function<void(size_t done, size_t total)>;
 
-// Every length must fit the backend's context. The prompt of a cell of length L is at most
-// L - greedy.max_tokens tokens, so the answer always has room.
+// One case's prompt, ready to run: built once and shared by every tier that runs it
+// (building costs a dozen tokenizations of the whole prompt).
+struct NiahPrompt {
+    NiahTask task = NiahTask::single_1;
+    uint32_t length = 0;
+    double depth = 0;
+    uint32_t sample = 0;
+    std::vector<int32_t> tokens;  // prompt + answer prefix
+    std::vector<std::string> expected;
+};
+
+// Every (task, length, depth, sample) of the config, in that nesting order. The prompt of a
+// cell of length L is at most L - greedy.max_tokens tokens, so the answer always has room.
+std::vector<NiahPrompt> make_niah_prompts(const TextCodec& codec, const NiahRunConfig& config,
+                                          const NiahProgress& progress = {});
+
+// Every prompt must fit the backend's context.
+NiahReport run_niah_prompts(LogitsBackend& backend, const TextCodec& codec, const std::vector<NiahPrompt>& prompts,
+                            const GreedyOptions& greedy, const NiahProgress& progress = {});
+
+// make_niah_prompts then run_niah_prompts.
 NiahReport run_niah(LogitsBackend& backend, const TextCodec& codec, const NiahRunConfig& config,
                     const NiahProgress& progress = {});
 

@@ -10,3 +10,4 @@ bin=build/bin/spillway
 $bin make-model --preset tiny --wtype q8_0 --seed 1 -o out/tiny.gguf
 $bin info -m out/tiny.gguf -c 4096
 $bin plan -m out/tiny.gguf -c 4096 --profile profiles/h200.json
+$bin run -m out/tiny.gguf -p "The quick brown fox" -n 32 --temp 0
