@@ -86,6 +86,7 @@ NiahReport aggregate_niah(std::vector<NiahCase> cases) {
     double total = 0;
     for (const NiahCase& c : report.cases) {
         add(report.by_task, niah_task_name(c.task), c.score);
+        add(report.by_task_length, std::string(niah_task_name(c.task)) + "@" + std::to_string(c.length), c.score);
         add(report.by_length, std::to_string(c.length), c.score);
         add(report.by_depth, depth_name(c.depth), c.score);
         total += c.score;
@@ -94,7 +95,7 @@ NiahReport aggregate_niah(std::vector<NiahCase> cases) {
         report.decode_steps += c.decode_steps;
         report.decode_s += c.decode_s;
     }
-    for (auto* groups : {&report.by_task, &report.by_length, &report.by_depth})
+    for (auto* groups : {&report.by_task, &report.by_length, &report.by_depth, &report.by_task_length})
         for (NiahGroup& g : *groups) g.score /= (double)g.cases;
     std::sort(report.by_depth.begin(), report.by_depth.end(),
               [](const NiahGroup& a, const NiahGroup& b) { return std::stod(a.name) < std::stod(b.name); });
@@ -181,20 +182,40 @@ NiahReport run_niah(LogitsBackend& backend, const TextCodec& codec, const NiahRu
 
 std::string format_niah_table(const NiahReport& report) {
     std::string out;
-    char line[160];
-    auto section = [&](const char* title, const std::vector<NiahGroup>& groups) {
-        std::snprintf(line, sizeof line, "%-18s %7s %6s\n", title, "niah", "cases");
-        out += line;
-        for (const NiahGroup& g : groups) {
-            std::snprintf(line, sizeof line, "  %-16s %7.1f %6u\n", g.name.c_str(), g.score, g.cases);
-            out += line;
-        }
+    char cell[64];
+    auto score_of = [](const std::vector<NiahGroup>& groups, const std::string& name) -> std::string {
+        for (const NiahGroup& g : groups)
+            if (g.name == name) {
+                char buf[32];
+                std::snprintf(buf, sizeof buf, "%8.1f", g.score);
+                return buf;
+            }
+        return "       -";
     };
-    section("task", report.by_task);
-    section("context length", report.by_length);
-    section("depth", report.by_depth);
-    std::snprintf(line, sizeof line, "%-18s %7.1f %6zu\n", "overall", report.score, report.cases.size());
-    out += line;
+    // RULER's layout: a row per task, a column per context length, then the means.
+    out += "task              ";
+    for (const NiahGroup& l : report.by_length) {
+        std::snprintf(cell, sizeof cell, "%8s", l.name.c_str());
+        out += cell;
+    }
+    out += "     all  cases\n";
+    for (const NiahGroup& t : report.by_task) {
+        std::snprintf(cell, sizeof cell, "  %-16s", t.name.c_str());
+        out += cell;
+        for (const NiahGroup& l : report.by_length) out += score_of(report.by_task_length, t.name + "@" + l.name);
+        std::snprintf(cell, sizeof cell, "%8.1f %6u\n", t.score, t.cases);
+        out += cell;
+    }
+    out += "  all             ";
+    for (const NiahGroup& l : report.by_length) out += score_of(report.by_length, l.name);
+    std::snprintf(cell, sizeof cell, "%8.1f %6zu\n", report.score, report.cases.size());
+    out += cell;
+    out += "depth                 niah  cases\n";
+    for (const NiahGroup& g : report.by_depth) {
+        std::snprintf(cell, sizeof cell, "  %-16s %7.1f %6u\n", g.name.c_str(), g.score, g.cases);
+        out += cell;
+    }
+    char line[160];
     std::snprintf(line, sizeof line, "speed: prefill %.1f tok/s (%llu tokens), decode %.1f tok/s (%llu steps)\n",
                   report.prefill_tok_s(), (unsigned long long)report.prefill_tokens, report.decode_tok_s(),
                   (unsigned long long)report.decode_steps);
@@ -213,6 +234,7 @@ nlohmann::json niah_report_json(const NiahReport& report, bool with_cases) {
                         {"by_task", groups(report.by_task)},
                         {"by_length", groups(report.by_length)},
                         {"by_depth", groups(report.by_depth)},
+                        {"by_task_length", groups(report.by_task_length)},
                         {"prefill_tokens", report.prefill_tokens},
                         {"prefill_s", report.prefill_s},
                         {"prefill_tok_s", report.prefill_tok_s()},

@@ -76,6 +76,7 @@ struct NiahReport {
     std::vector<NiahCase> cases;
     double score = 0;            // mean over every case
     std::vector<NiahGroup> by_task, by_length, by_depth;  // in the config's order
+    std::vector<NiahGroup> by_task_length;                 // RULER's table: "niah_single_1@4096"
     uint64_t prefill_tokens = 0;
     double prefill_s = 0;
     uint64_t decode_steps = 0;

@@ -111,6 +111,17 @@ TEST_F(GateCommand, NiahRunsToCompletionOnOneTaskAndLength) {
     }
 }
 
+TEST_F(GateCommand, NiahInTheChatTemplateAndOnTwoTiers) {
+    const nlohmann::json j = run_json("gate -m " + model_ +
+                                      " --niah --chat --tiers f16/f16,q8_0/q4_0 --tasks multiquery --lengths 600 --depths 1"
+                                      " --max-answer-tokens 4 -b 128 -t 2 --json");
+    ASSERT_TRUE(j.is_object());
+    ASSERT_EQ(j["tiers"].size(), 2u);
+    EXPECT_EQ(j["tiers"][1]["tier"], "q8_0/q4_0");
+    EXPECT_EQ(j["tiers"][1]["niah"]["by_task"][0]["name"], "niah_multiquery");
+    EXPECT_LE(j["tiers"][0]["niah"]["prefill_tokens"].get<int>() + 4, 600);
+}
+
 TEST_F(GateCommand, CellsReportWhatRanAndWhatNeedsTheSpillEngine) {
     const std::string profile = std::string(SPILLWAY_SOURCE_DIR) + "/profiles/h200-sxm.json";
     const nlohmann::json j = run_json("gate -m " + model_ +

@@ -152,6 +152,28 @@ TEST(NiahRunner, OracleScoresHundredOnEveryTask) {
     EXPECT_GT(r.decode_steps, 0u);
 }
 
+TEST(NiahRunner, ChatWrappedPromptsKeepTheirBudget) {
+    TextCodec codec = byte_codec();
+    const std::string user = "<|user|>\n", assistant = "<|end|>\n<|assistant|>\n";
+    codec.encode_prompt = [codec, user, assistant](const std::string& prompt, const std::string& prefix) {
+        return codec.encode(user + prompt + assistant + prefix);
+    };
+    ScriptBackend backend(oracle());
+    NiahRunConfig config = small_config();
+    config.lengths = {1200};
+    config.n_depths = 2;
+    config.samples = 1;
+    const std::vector<NiahPrompt> prompts = make_niah_prompts(codec, config);
+    ASSERT_EQ(prompts.size(), 8u * 2);
+    for (const NiahPrompt& p : prompts) {
+        EXPECT_LE(p.tokens.size() + config.greedy.max_tokens, 1200u);
+        EXPECT_GE(p.tokens.size() + config.greedy.max_tokens + 150, 1200u);  // within a haystack unit (bytes here)
+        EXPECT_EQ(codec.decode(p.tokens).rfind(user, 0), 0u);
+    }
+    const NiahReport r = run_niah_prompts(backend, codec, prompts, config.greedy);
+    EXPECT_EQ(r.score, 100.0);
+}
+
 TEST(NiahRunner, MuteBackendScoresZero) {
     ScriptBackend backend([](const std::string&) { return kEos; });
     NiahRunConfig config = small_config();
@@ -225,9 +247,13 @@ TEST(NiahRunner, AggregationMeansByGroup) {
     EXPECT_EQ(r.decode_steps, 8u);
     EXPECT_DOUBLE_EQ(r.decode_tok_s(), 4.0);
     EXPECT_EQ(r.prefill_tokens, 40u);
+    ASSERT_EQ(r.by_task_length.size(), 4u);
+    EXPECT_EQ(r.by_task_length[1].name, "niah_single_1@8192");
+    EXPECT_DOUBLE_EQ(r.by_task_length[1].score, 50.0);
     const std::string table = format_niah_table(r);
-    EXPECT_NE(table.find("niah_multiquery"), std::string::npos);
-    EXPECT_NE(table.find("43.8"), std::string::npos);
+    // Row per task, column per length (4096, 8192), then the task's mean and case count.
+    EXPECT_NE(table.find("  niah_single_1      100.0    50.0    75.0      2\n"), std::string::npos) << table;
+    EXPECT_NE(table.find("  all                 62.5    25.0    43.8      4\n"), std::string::npos) << table;
 }
 
 TEST(GreedyGeneration, StopsAtEndTokenNewlineOrLimit) {
