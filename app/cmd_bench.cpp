@@ -65,6 +65,7 @@ int cmd_bench(int argc, char** argv) {
     args.option({"-ctk", "--cache-type-k"}, "LIST", "K cache types, comma separated", "f16");
     args.option({"-ctv", "--cache-type-v"}, "LIST", "V cache types, comma separated (paired with -ctk)", "same as -ctk");
     args.option({"-s", "--seed"}, "S", "seed of the synthetic weights and prompt", "1");
+    args.flag({"--no-graph"}, "decode with direct kernel launches instead of the per-step CUDA graph");
     args.flag({"--json"}, "print one JSON object instead of the table");
     args.epilog(
         "-ctk and -ctv lists pair up element by element (a single entry pairs with every entry of\n"
@@ -92,9 +93,10 @@ int cmd_bench(int argc, char** argv) {
     const uint32_t batch = (uint32_t)args.get_int("--batch-size", 1, 1 << 16).value_or(512);
     const uint64_t seed = (uint64_t)args.get_int("--seed", 0, INT64_MAX).value_or(1);
     const bool json = args.has("--json");
+    const bool no_graph = args.has("--no-graph");
 
 #ifndef SPILLWAY_HAVE_CUDA
-    (void)pairs, (void)wtype, (void)depths, (void)n_prompt, (void)n_gen, (void)batch, (void)seed, (void)json;
+    (void)pairs, (void)wtype, (void)depths, (void)n_prompt, (void)n_gen, (void)batch, (void)seed, (void)json, (void)no_graph;
     fail("bench measures the CUDA engine, and this build has none (configure with -DSPILLWAY_CUDA=ON on a machine with nvcc)");
 #else
     CudaBenchOptions o;
@@ -107,6 +109,7 @@ int cmd_bench(int argc, char** argv) {
     o.depths = depths;
     o.kv_types = pairs;
     o.seed = seed;
+    o.use_graph = !no_graph;
     o.show_progress = !json;
     const CudaBenchReport r = run_cuda_bench(o);
 
@@ -120,15 +123,15 @@ int cmd_bench(int argc, char** argv) {
                             {"bytes_per_token", row.bytes_per_token}, {"graph_capture_us", row.capture_us},
                             {"vram_kv_bytes", row.vram_kv}});
         nlohmann::json out = {{"device", r.device}, {"model", r.model}, {"hbm_read_gb_s", r.hbm_gb_s},
-                              {"kv_cells", r.kv_cells},
+                              {"kv_cells", r.kv_cells}, {"decode_graph", !no_graph},
                               {"vram_bytes", {{"weights", r.vram_weights}, {"scratch", r.vram_scratch},
                                               {"graphs", r.vram_graphs}}},
                               {"rows", rows}};
         std::printf("%s\n", out.dump(1).c_str());
         return 0;
     }
-    std::printf("device: %s, HBM read %.0f GB/s (measured now)\nmodel: %s\n", r.device.c_str(), r.hbm_gb_s,
-                r.model.c_str());
+    std::printf("device: %s, HBM read %.0f GB/s (measured now)\nmodel: %s; decode %s\n", r.device.c_str(),
+                r.hbm_gb_s, r.model.c_str(), no_graph ? "with direct launches" : "as one CUDA graph per step");
     std::printf("VRAM: weights %.0f MiB, scratch %.1f MiB, graphs %.1f MiB, KV per tier below (%llu cells)\n\n",
                 mib(r.vram_weights), mib(r.vram_scratch), mib(r.vram_graphs), (unsigned long long)r.kv_cells);
     std::printf("| ctk | ctv | test | depth | tok/s | ms/tok | GB/s | %% roofline | capture us | KV MiB |\n");

@@ -244,6 +244,9 @@ std::string essay_haystack(uint64_t seed, size_t min_chars) {
     return text;
 }
 
+std::vector<std::string> niah_key_adjectives() { return {kAdjectives.begin(), kAdjectives.end()}; }
+std::vector<std::string> niah_key_nouns() { return {kNouns.begin(), kNouns.end()}; }
+
 NiahSample make_niah_sample(const NiahRequest& request, const TokenCounter& count_tokens) {
     if (!(request.depth >= 0.0 && request.depth <= 1.0))
         fail("niah: depth " + std::to_string(request.depth) + " is outside [0, 1]");

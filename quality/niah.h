@@ -61,4 +61,9 @@ double niah_score(const std::string& answer, const std::vector<std::string>& exp
 // seed), so it can be shipped. Returns at least `min_chars` characters of whole sentences.
 std::string essay_haystack(uint64_t seed, size_t min_chars);
 
+// The words word keys ("adjective-noun") are drawn from, in list order. For tools that must
+// make every key word one token of a vocabulary (tools/niah-train-data).
+std::vector<std::string> niah_key_adjectives();
+std::vector<std::string> niah_key_nouns();
+
 }  // namespace spillway

@@ -155,15 +155,15 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
             SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(st.next_token.data(), &first, sizeof(first), cudaMemcpyHostToDevice,
                                                 st.stream));
             // Warm-up at this depth (cells depth, depth+1 are rewritten by the timed steps).
-            for (uint32_t i = 0; i < 2; ++i) decode_step_cuda(model, cache, st, depth + i, true, true);
+            for (uint32_t i = 0; i < 2; ++i) decode_step_cuda(model, cache, st, depth + i, true, o.use_graph);
             SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(st.stream));
             double capture_s = 0;
             uint32_t captures = 0;
-            prepare_decode_graph(model, cache, st, depth, true);
+            if (o.use_graph) prepare_decode_graph(model, cache, st, depth, true);
             timer.start(st.stream);
             for (uint32_t i = 0; i < o.n_gen; ++i) {
-                decode_step_cuda(model, cache, st, depth + i, true, true);
-                if (i + 1 < o.n_gen) {
+                decode_step_cuda(model, cache, st, depth + i, true, o.use_graph);
+                if (o.use_graph && i + 1 < o.n_gen) {
                     // Wait for the step that last used the next slot (i - 1) outside the timed
                     // part, so capture_us is host work only, not GPU time.
                     const int slot = (int)((depth + i + 1) & 1);

@@ -23,6 +23,7 @@ struct CudaBenchOptions {
     std::vector<uint32_t> depths = {0};
     std::vector<std::pair<KvType, KvType>> kv_types = {{KvType::f16, KvType::f16}};
     uint64_t seed = 1;
+    bool use_graph = true;            // false: direct launches per step (to measure what the graph saves)
     bool show_progress = true;
 };
 

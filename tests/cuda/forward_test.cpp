@@ -125,9 +125,16 @@ TEST(CudaForward, LogitsMatchCpuForEveryKvTier) {
         std::printf("[ tier %s/%s ] worst row rel. error: prefill %.2e, decode %.2e\n", kv_type_name(kt),
                     kv_type_name(vt), pre, dec);
         // Prefill rounds activations and weights to f16 for the tensor cores (2^-11 relative
-        // per operand); decode rounds Q and P to f16 inside attention. Quantized tiers add
-        // the rare quantization flip when the GPU's K/V differ from the CPU's in the last bit.
-        const double tol = kt == KvType::q4_0 || vt == KvType::q4_0 ? 3e-2 : 1e-2;
+        // per operand); decode rounds Q and P to f16 inside attention. With quantized KV the
+        // GPU's K/V (from an f16 GEMM, ~1e-3 off the CPU's f32) flip some roundings by a whole
+        // step, 1/8 of the block max for q4_0: token 0 attends only to its own V, so its
+        // logits show those flips undiluted (the worst prefill row is 0.066 with K f16 or
+        // q4_0 alike, as expected if it is token 0). Measured on the H200 (seed 238422344), worst row
+        // prefill / decode: f16 9.1e-4 / 7.3e-4, q8_0 6.6e-3 / 3.7e-3, q4_0 6.6e-2 / 2.9e-2;
+        // tolerances about 3x that.
+        const bool any_q4 = kt == KvType::q4_0 || vt == KvType::q4_0;
+        const bool any_q8 = kt == KvType::q8_0 || vt == KvType::q8_0;
+        const double tol = any_q4 ? 1.5e-1 : any_q8 ? 2e-2 : 5e-3;
         EXPECT_LE(pre, tol) << kv_type_name(kt) << "/" << kv_type_name(vt);
         EXPECT_LE(dec, tol) << kv_type_name(kt) << "/" << kv_type_name(vt);
     }

@@ -1,0 +1,143 @@
+// The engine's own prefill ops against CPU references, op by op: weight-tile dequantization
+// to f16, the cuBLAS matrix product with bounded weight tiles, and the causal attention of a
+// chunk over every KV tier. (The whole-model comparison is forward_test.cpp.)
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/fp16.h"
+#include "cuda_test_util.h"
+#include "engine/cpu/attention.h"
+#include "engine/cuda/cuda_prefill.cuh"
+#include "gguf/quants.h"
+#include "kv/kv_codec.h"
+
+namespace spillway {
+namespace {
+
+using cuda_test::rel_error;
+
+// n_out random rows of n_in values in `type`'s GGUF layout, and their exact f32 values.
+struct HostMatrix {
+    std::vector<uint8_t> bytes;
+    std::vector<float> values;  // dequantized: what the GPU must reproduce
+    uint64_t row_bytes = 0;
+};
+
+HostMatrix random_matrix(std::mt19937& rng, GgmlType type, uint32_t n_in, uint32_t n_out) {
+    HostMatrix m;
+    m.row_bytes = *ggml_row_bytes(type, n_in);
+    m.bytes.resize(m.row_bytes * n_out);
+    m.values.resize((size_t)n_in * n_out);
+    for (uint32_t r = 0; r < n_out; ++r) {
+        const auto x = cuda_test::random_floats(rng, n_in, 0.5f);
+        quantize_row(type, x.data(), m.bytes.data() + r * m.row_bytes, n_in);
+        dequantize_row(type, m.bytes.data() + r * m.row_bytes, m.values.data() + (size_t)r * n_in, n_in);
+    }
+    return m;
+}
+
+TEST(CudaPrefill, DequantizeRowsToF16MatchesCpu) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const uint32_t n_in = 256, n_out = 70, r0 = 5, n_rows = 60;
+    for (GgmlType type : {GgmlType::Q8_0, GgmlType::F16, GgmlType::BF16}) {
+        const HostMatrix h = random_matrix(rng, type, n_in, n_out);
+        const auto w_dev = cuda_test::to_device(h.bytes);
+        CudaMatrix w{type, w_dev.data(), n_in, n_out, h.row_bytes};
+        DeviceBuffer<__half> out((size_t)n_rows * n_in);
+        cuda_test::poison(out);
+        dequantize_rows_f16_cuda(w, r0, n_rows, out.data(), nullptr);
+        std::vector<uint16_t> got(out.size());
+        SPILLWAY_CUDA_CHECK(cudaMemcpy(got.data(), out.data(), out.bytes(), cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+            const float ref = h.values[(size_t)r0 * n_in + i];
+            // One rounding to f16 (round to nearest): within half an f16 ulp of the f32 value.
+            if (!(std::fabs(fp16_to_fp32(got[i]) - ref) <= std::fabs(ref) * 0x1p-11f + 1e-7f)) ++bad;
+        }
+        EXPECT_EQ(bad, 0u) << ggml_type_name(type);
+    }
+}
+
+TEST(CudaPrefill, MatmulWithWeightTilesMatchesCpu) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const uint32_t n_in = 512, n_out = 300, T = 17;
+    cublasHandle_t cublas = nullptr;
+    SPILLWAY_CUDA_CHECK(cublasCreate(&cublas));
+    for (GgmlType type : {GgmlType::Q8_0, GgmlType::F16, GgmlType::BF16}) {
+        const HostMatrix h = random_matrix(rng, type, n_in, n_out);
+        const auto x = cuda_test::random_floats(rng, (size_t)T * n_in);
+        std::vector<float> ref((size_t)T * n_out);
+        for (uint32_t t = 0; t < T; ++t)
+            for (uint32_t r = 0; r < n_out; ++r) {
+                double s = 0;
+                for (uint32_t i = 0; i < n_in; ++i) s += (double)h.values[(size_t)r * n_in + i] * x[(size_t)t * n_in + i];
+                ref[(size_t)t * n_out + r] = (float)s;
+            }
+        const auto w_dev = cuda_test::to_device(h.bytes);
+        const auto x_dev = cuda_test::to_device(x);
+        CudaMatrix w{type, w_dev.data(), n_in, n_out, h.row_bytes};
+        DeviceBuffer<float> y((size_t)T * n_out);
+        cuda_test::poison(y);
+        DeviceBuffer<__half> act((size_t)T * n_in);
+        DeviceBuffer<__half> tile(64 * n_in);  // 64-row tiles: 5 tiles, the last one partial
+        matmul_prefill_cuda(cublas, w, x_dev.data(), T, y.data(), act.data(), tile.data(), tile.size(), nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto got = cuda_test::to_host(y);
+        // f16 operands (x rounded to f16; weights exact or rounded once), f32 accumulation.
+        EXPECT_LE(rel_error(got, ref), 3e-3) << ggml_type_name(type);
+    }
+    cublasDestroy(cublas);
+}
+
+TEST(CudaPrefill, CausalAttentionMatchesCpuForEveryKvTier) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    for (uint32_t D : {64u, 128u}) {
+        const AttentionShape shape{8, 2, D, D, 1.0f / std::sqrt((float)D)};
+        const uint32_t pos0 = 40, T = 25, n_cells = pos0 + T;  // crosses 32-cell tiles mid-chunk
+        const uint32_t kv_values = shape.n_head_kv * D, q_values = shape.n_head * D;
+        for (KvType kt : {KvType::f16, KvType::q8_0, KvType::q4_0})
+            for (KvType vt : {KvType::f16, KvType::q8_0, KvType::q4_0}) {
+                const uint64_t k_row = kv_row_bytes(kt, kv_values), v_row = kv_row_bytes(vt, kv_values);
+                std::vector<uint8_t> k(k_row * n_cells), v(v_row * n_cells);
+                for (uint32_t c = 0; c < n_cells; ++c) {
+                    const auto kx = cuda_test::random_floats(rng, kv_values);
+                    const auto vx = cuda_test::random_floats(rng, kv_values);
+                    kv_store_row(kt, kx.data(), k.data() + c * k_row, kv_values);
+                    kv_store_row(vt, vx.data(), v.data() + c * v_row, kv_values);
+                }
+                const auto q = cuda_test::random_floats(rng, (size_t)T * q_values);
+                std::vector<float> ref((size_t)T * q_values), lse(shape.n_head);
+                for (uint32_t t = 0; t < T; ++t)
+                    attention_partial_cpu(shape, q.data() + (size_t)t * q_values, kt, k.data(), vt, v.data(),
+                                          pos0 + t + 1, ref.data() + (size_t)t * q_values, lse.data());
+                const auto k_dev = cuda_test::to_device(k);
+                const auto v_dev = cuda_test::to_device(v);
+                const auto q_dev = cuda_test::to_device(q);
+                DeviceBuffer<float> out((size_t)T * q_values);
+                cuda_test::poison(out);
+                prefill_attention_cuda(shape, q_dev.data(), kt, k_dev.data(), vt, v_dev.data(), pos0, T, out.data(),
+                                       nullptr);
+                SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+                const auto got = cuda_test::to_host(out);
+                // Same dequantized values, f32 arithmetic in another order, __expf: ~1e-6.
+                EXPECT_LE(rel_error(got, ref), 1e-4)
+                    << "D " << D << " " << kv_type_name(kt) << "/" << kv_type_name(vt);
+            }
+    }
+}
+
+}  // namespace
+}  // namespace spillway
