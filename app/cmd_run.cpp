@@ -15,6 +15,9 @@
 
 #include "app/args.h"
 #include "app/commands.h"
+#ifdef SPILLWAY_HAVE_CUDA
+#include "engine/cuda/cuda_generate.h"
+#endif
 #include "common/error.h"
 #include "engine/cpu/forward.h"
 #include "engine/cpu/sampler.h"
@@ -104,9 +107,7 @@ int cmd_run(int argc, char** argv) {
 
     const std::string device = args.get_or("--device", "cpu");
     if (device == "cuda") {
-#ifdef SPILLWAY_HAVE_CUDA
-        fail("--device cuda: the CUDA engine is not wired into run yet; use --device cpu");
-#else
+#ifndef SPILLWAY_HAVE_CUDA
         fail("--device cuda: this build has no CUDA engine (configure with -DSPILLWAY_CUDA=ON on a machine with nvcc)");
 #endif
     } else if (device != "cpu") {
@@ -160,69 +161,90 @@ int cmd_run(int argc, char** argv) {
     std::unique_ptr<LogitsWriter> logits_out;
     if (auto path = args.get("--logits-out")) logits_out = std::make_unique<LogitsWriter>(*path, *model_path, spec.n_vocab);
 
-    // Everything the loops touch is allocated here.
-    ThreadPool pool(threads);
-    KvCache cache = make_kv_cache(spec, n_ctx, k_type, v_type);
-    const uint32_t chunk = (uint32_t)std::min<int64_t>(batch, (int64_t)prompt.size());
-    CpuForwardState state = make_forward_state(model, chunk, logits_out != nullptr, threads);
-    Sampler sampler = make_sampler(sampling, spec.n_vocab);
-    std::vector<int32_t> history = prompt;
-    history.reserve(prompt.size() + n_generate + 1);
-    const uint32_t V = spec.n_vocab;
-
-    const auto t_prefill = Clock::now();
-    for (uint32_t pos = 0; pos < prompt.size(); pos += chunk) {
-        const uint32_t n = std::min<uint32_t>(chunk, (uint32_t)prompt.size() - pos);
-        forward_cpu(model, cache, state, pool, prompt.data() + pos, n, pos);
-        if (logits_out)
-            for (uint32_t i = 0; i < n; ++i) logits_out->write(prompt[pos + i], (int32_t)(pos + i), state.logits.data() + (size_t)i * V);
-    }
-    const double prefill_s = seconds_since(t_prefill);
-    // With all_logits the last token's row is the last of the last chunk.
-    auto last_logits = [&](uint32_t n_in_call) {
-        return state.logits.data() + (state.all_logits ? (size_t)(n_in_call - 1) * V : 0);
-    };
-    const uint32_t last_chunk = (uint32_t)(prompt.size() - (prompt.size() - 1) / chunk * chunk);
-
     StreamDecoder stream(tokenizer);
     std::string generated_text;
     std::vector<int32_t> generated;
     generated.reserve(n_generate);
-    uint64_t bytes_read = 0;
-    const auto t_decode = Clock::now();
-    const float* logits = last_logits(last_chunk);
-    uint32_t pos = (uint32_t)prompt.size();
-    for (uint32_t i = 0; i < n_generate; ++i) {
-        const int32_t token = sample_token(sampler, logits, history);
+    // Streams one sampled token's text; false once it ends the generation.
+    auto emit = [&](int32_t token) {
         generated.push_back(token);
-        history.push_back(token);
-        const bool stop = tokenizer.is_end_of_generation(token);
-        if (!stop) {
-            const std::string piece = stream.push(token);
-            generated_text += piece;
-            if (!json) {
-                std::fwrite(piece.data(), 1, piece.size(), stdout);
-                std::fflush(stdout);
-            }
+        if (tokenizer.is_end_of_generation(token)) return false;
+        const std::string piece = stream.push(token);
+        generated_text += piece;
+        if (!json) {
+            std::fwrite(piece.data(), 1, piece.size(), stdout);
+            std::fflush(stdout);
         }
-        if (stop || i + 1 == n_generate || pos >= n_ctx) break;
-        forward_cpu(model, cache, state, pool, &token, 1, pos);
-        bytes_read += decode_bytes_per_token(model, pos + 1, k_type, v_type);
-        if (logits_out) logits_out->write(token, (int32_t)pos, state.logits.data());
-        logits = last_logits(1);
-        ++pos;
+        return true;
+    };
+    double prefill_s = 0, decode_s = 0;
+    uint64_t bytes_read = 0;
+    uint32_t n_decoded = 0;  // forward passes of generated tokens
+#ifdef SPILLWAY_HAVE_CUDA
+    if (device == "cuda") {
+        LogitsSink on_logits;
+        if (logits_out)
+            on_logits = [&](int32_t token, int32_t position, const float* row) { logits_out->write(token, position, row); };
+        const uint32_t chunk = (uint32_t)std::min<int64_t>(batch, (int64_t)prompt.size());
+        CudaGenerateStats stats = generate_cuda(model, prompt, n_generate, sampling,
+                                                {n_ctx, chunk, k_type, v_type, !json}, emit, on_logits);
+        prefill_s = stats.prefill_s;
+        decode_s = stats.decode_s;
+        bytes_read = stats.bytes_read;
+        n_decoded = stats.n_decoded;
     }
-    const double decode_s = seconds_since(t_decode);
+#endif
+    if (device == "cpu") {
+        // Everything the loops touch is allocated here.
+        ThreadPool pool(threads);
+        KvCache cache = make_kv_cache(spec, n_ctx, k_type, v_type);
+        const uint32_t chunk = (uint32_t)std::min<int64_t>(batch, (int64_t)prompt.size());
+        CpuForwardState state = make_forward_state(model, chunk, logits_out != nullptr, threads);
+        Sampler sampler = make_sampler(sampling, spec.n_vocab);
+        std::vector<int32_t> history = prompt;
+        history.reserve(prompt.size() + n_generate + 1);
+        const uint32_t V = spec.n_vocab;
+
+        const auto t_prefill = Clock::now();
+        for (uint32_t pos = 0; pos < prompt.size(); pos += chunk) {
+            const uint32_t n = std::min<uint32_t>(chunk, (uint32_t)prompt.size() - pos);
+            forward_cpu(model, cache, state, pool, prompt.data() + pos, n, pos);
+            if (logits_out)
+                for (uint32_t i = 0; i < n; ++i) logits_out->write(prompt[pos + i], (int32_t)(pos + i), state.logits.data() + (size_t)i * V);
+        }
+        prefill_s = seconds_since(t_prefill);
+        // With all_logits the last token's row is the last of the last chunk.
+        auto last_logits = [&](uint32_t n_in_call) {
+            return state.logits.data() + (state.all_logits ? (size_t)(n_in_call - 1) * V : 0);
+        };
+        const uint32_t last_chunk = (uint32_t)(prompt.size() - (prompt.size() - 1) / chunk * chunk);
+
+        const auto t_decode = Clock::now();
+        const float* logits = last_logits(last_chunk);
+        uint32_t pos = (uint32_t)prompt.size();
+        for (uint32_t i = 0; i < n_generate; ++i) {
+            const int32_t token = sample_token(sampler, logits, history);
+            history.push_back(token);
+            const bool stop = !emit(token);
+            if (stop || i + 1 == n_generate || pos >= n_ctx) break;
+            forward_cpu(model, cache, state, pool, &token, 1, pos);
+            bytes_read += decode_bytes_per_token(model, pos + 1, k_type, v_type);
+            if (logits_out) logits_out->write(token, (int32_t)pos, state.logits.data());
+            logits = last_logits(1);
+            ++pos;
+        }
+        decode_s = seconds_since(t_decode);
+        n_decoded = pos - (uint32_t)prompt.size();
+    }
     const std::string tail = stream.finish();
     generated_text += tail;
-    const uint32_t n_decoded = pos - (uint32_t)prompt.size();  // forward passes of generated tokens
 
     const double prefill_tps = prefill_s > 0 ? prompt.size() / prefill_s : 0;
     const double decode_tps = decode_s > 0 && n_decoded ? n_decoded / decode_s : 0;
     const double decode_gbps = decode_s > 0 && n_decoded ? bytes_read / decode_s / 1e9 : 0;
     if (json) {
         nlohmann::json out = {
-            {"model", *model_path}, {"device", "cpu"}, {"threads", threads},
+            {"model", *model_path}, {"device", device}, {"threads", threads},
             {"ctk", kv_type_name(k_type)}, {"ctv", kv_type_name(v_type)}, {"n_ctx", n_ctx},
             {"seed", sampling.seed}, {"prompt_tokens", prompt}, {"generated_tokens", generated},
             {"text", generated_text},

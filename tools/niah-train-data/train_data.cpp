@@ -110,7 +110,7 @@ std::vector<Sample> generate_train(const Tokenizer& tok, const GenConfig& c) {
     parallel_for(c.n_batches, c.threads, [&](size_t b) {
         const uint64_t bseed = mix(c.seed * 0x100000001b3ull + b);
         const uint32_t target = c.min_len + (uint32_t)(unit(bseed) * (c.max_len - c.min_len + 1));
-        const uint32_t n = std::max(1u, c.tokens_per_batch / std::min(target, c.max_len));
+        const uint32_t n = std::max(1u, c.tokens_per_batch / target);
         for (uint32_t i = 0; i < n; ++i) {
             const uint64_t sseed = mix(bseed ^ mix(i + 1));
             double pick = unit(sseed ^ 0x7a5c) * total_w;
@@ -121,7 +121,7 @@ std::vector<Sample> generate_train(const Tokenizer& tok, const GenConfig& c) {
                     break;
                 }
             const double depth = unit(sseed ^ 0xde9);
-            const NiahSample ns = make_niah_sample({task, std::min(target, c.max_len), depth, sseed}, count);
+            const NiahSample ns = make_niah_sample({task, target, depth, sseed}, count);
             const std::string text = ns.prompt + ns.answer_prefix;
             Sample s = make_sample(tok, tok.encode(text), text, ns.expected, i == 0);
             s.batch = (uint32_t)b;

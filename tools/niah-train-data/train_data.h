@@ -17,8 +17,8 @@
 
 namespace spillway::niahtrain {
 
-// What the model is taught to write after RULER's answer prefix: " V1, V2 and V3." style
-// would make the scorer no happier, so values are joined by ", " and end with ".".
+// What the model is taught to write after RULER's answer prefix: " V1, V2." (the scorer only
+// looks for each value, so the plainest list will do), then EOS.
 std::string answer_text(const std::vector<std::string>& expected);
 
 struct TaskWeight {

@@ -94,7 +94,7 @@ VocabFile build_vocab(uint32_t corpus_samples) {
     };
     // Counting bytes/4 as tokens is enough to size the corpus prompts.
     const TokenCounter rough = [](const std::string& s) { return s.size() / 4; };
-    const uint32_t lengths[] = {160, 600, 2500};
+    const uint32_t lengths[] = {300, 800, 2500};
     for (NiahTask task : all_niah_tasks())
         for (uint32_t s = 0; s < corpus_samples; ++s) {
             NiahSample sample = make_niah_sample({task, lengths[s % 3], (s % 5) / 4.0, 1000 + s}, rough);
