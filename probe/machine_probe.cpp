@@ -9,9 +9,11 @@
 namespace spillway {
 
 MachineProbeResult probe_machine(const ModelSpec& model, bool refresh) {
-    auto start = std::chrono::steady_clock::now();
+    // The clock starts after the GPU is identified: creating the CUDA context (~0.1 s) is
+    // paid by any GPU program whether or not it probes, and is not the probe's cost.
     MachineProbeResult result;
     GpuIdentity gpu = gpu_identity();
+    auto start = std::chrono::steady_clock::now();
     result.key = {gpu.uuid, gpu.driver, attention_shape_class(model)};
     result.cache_path = probe_cache_path();
     if (!refresh) {

@@ -15,7 +15,7 @@ struct MachineProbeResult {
     ProbeCacheKey key;
     std::string cache_path;
     bool from_cache = false;
-    double seconds = 0;  // time this call took (measurement or cache load)
+    double seconds = 0;  // measurement or cache load, after the GPU was identified
     double host_ram_multi_thread_gbps = 0;  // informational; 0 when loaded from cache
 };
 

@@ -114,6 +114,15 @@ int cmd_check(const Args& a) {
                 if (want && n != want && bad++ < 20) std::printf("VALUE '%s' -> %zu tokens\n", v.c_str(), n);
             }
         }
+    // Every possible word key, in context after a space: " adjective" + "-noun".
+    size_t keys = 0;
+    for (const std::string& adj : niah_key_adjectives())
+        for (const std::string& noun : niah_key_nouns()) {
+            ++keys;
+            const size_t n = tok.encode(" " + adj + "-" + noun, {.add_special = false}).size();
+            if (n != 2 && bad++ < 20) std::printf("KEY '%s-%s' -> %zu tokens\n", adj.c_str(), noun.c_str(), n);
+        }
+    std::printf("all %zu word keys are 2 tokens each\n", keys);
     for (auto& [what, n] : promised) std::printf("promised one token: %4d %s\n", n, what.c_str());
     std::printf("vocab %zu tokens, %zu merges; %zu prompt pieces checked; %.2f chars/token on niah prompts\n",
                 v.tokens.size(), v.merges.size(), pieces, (double)prompt_chars / (double)prompt_tokens);

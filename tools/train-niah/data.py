@@ -37,26 +37,25 @@ class SampleFile:
         return range(int(self.batch_start[b]), int(self.batch_end[b]))
 
 
-def make_batch(sf, rows, pad_id, lm_weight, multiple=64):
-    """Right-padded inputs/targets and per-position loss weights: 1 on answer tokens (the
-    answer and its EOS), lm_weight on every other real position, 0 on padding. Padding on the
-    right never changes what causal attention computes for real positions."""
+def make_batch(sf, rows, pad_id, multiple=64):
+    """Right-padded inputs and targets, a mask of real positions and a mask of answer
+    positions (the answer and its EOS). Padding on the right never changes what causal
+    attention computes for real positions."""
     seqs = [sf.sample(i) for i in rows]
     T = max(len(t) for t, _ in seqs) - 1
     T = (T + multiple - 1) // multiple * multiple
     x = np.full((len(seqs), T), pad_id, dtype=np.int64)
     y = np.full((len(seqs), T), pad_id, dtype=np.int64)
-    w = np.zeros((len(seqs), T), dtype=np.float32)
-    a = np.zeros((len(seqs), T), dtype=np.float32)
-    for r, (t, ans) in enumerate(seqs):
+    real = np.zeros((len(seqs), T), dtype=np.float32)
+    ans = np.zeros((len(seqs), T), dtype=np.float32)
+    for r, (t, a) in enumerate(seqs):
         n = len(t) - 1
         x[r, :n] = t[:-1]
         y[r, :n] = t[1:]
-        w[r, :n] = lm_weight
-        # Target position p predicts token p + 1: answer tokens are targets ans-1 .. n-1.
-        w[r, ans - 1: n] = 1.0
-        a[r, ans - 1: n] = 1.0
-    return x, y, w, a
+        real[r, :n] = 1.0
+        # Target position p predicts token p + 1: answer tokens are targets a-1 .. n-1.
+        ans[r, a - 1: n] = 1.0
+    return x, y, real, ans
 
 
 class ShardMaker:
@@ -79,7 +78,7 @@ class ShardMaker:
         seed = self.base_seed + 1000003 * (stage_index + 1) + shard
         cmd = [self.tool, "gen", "--vocab", self.vocab, "--out", path, "--tasks", stage["tasks"],
                "--min-len", str(stage["min_len"]), "--max-len", str(stage["max_len"]),
-               "--tokens-per-batch", str(self.tpb), "--batches", str(self.bps), "--seed", str(seed),
+               "--tokens-per-batch", str(stage.get("tokens_per_batch", self.tpb)), "--batches", str(self.bps), "--seed", str(seed),
                "--threads", str(self.threads)]
         self.pending[path] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         return path
