@@ -9,5 +9,5 @@ mkdir -p out
 bin=build/bin/spillway
 $bin make-model --preset tiny --wtype q8_0 --seed 1 -o out/tiny.gguf
 $bin info -m out/tiny.gguf -c 4096
-$bin plan -m out/tiny.gguf -c 4096 --profile profiles/h200.json
+$bin plan -m out/tiny.gguf -c 4096 --profile profiles/h200-sxm.json
 $bin run -m out/tiny.gguf -p "The quick brown fox" -n 32 --temp 0
