@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -199,8 +200,12 @@ void bench_ceilings(Report& r, const Options& o) {
     std::printf("ceilings: device copy %.0f GB/s (read+write), HBM read %.0f GB/s\n", r.copy_gbps, r.read_gbps);
 }
 
-void bench_matvec(Report& r, const Options& o, GgmlType type, uint32_t rows, uint32_t cols, uint32_t n_tokens) {
-    const std::string name = std::string("matvec ") + ggml_type_name(type) + (n_tokens > 1 ? " x" + std::to_string(n_tokens) : "");
+// q8_kernel: force a Q8_0 variant (its name is appended); unset = what matvec_cuda picks.
+void bench_matvec(Report& r, const Options& o, GgmlType type, uint32_t rows, uint32_t cols, uint32_t n_tokens,
+                  std::optional<MatvecQ8Kernel> q8_kernel = std::nullopt) {
+    static const char* const kQ8Names[] = {"staged", "stream2", "stream3", "stream2_i8"};
+    const std::string name = std::string("matvec ") + ggml_type_name(type) + (n_tokens > 1 ? " x" + std::to_string(n_tokens) : "") +
+                             (q8_kernel ? std::string(" ") + kQ8Names[(int)*q8_kernel] : std::string());
     if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
     const size_t w_bytes = *ggml_row_bytes(type, cols) * rows;
     const size_t n_sets = rotation_count(w_bytes);
@@ -212,13 +217,17 @@ void bench_matvec(Report& r, const Options& o, GgmlType type, uint32_t rows, uin
     DeviceBuffer<float> x((size_t)n_tokens * cols), y((size_t)n_tokens * rows);
     fill_f32<<<256, 256>>>(x.data(), x.size(), 7);
     const double us = median_us([&](cudaStream_t st, int i) {
-        matvec_cuda(type, w[i % n_sets].data(), x.data(), y.data(), rows, cols, n_tokens, st);
+        if (q8_kernel) matvec_q8_0_cuda(*q8_kernel, w[i % n_sets].data(), x.data(), y.data(), rows, cols, n_tokens, st);
+        else matvec_cuda(type, w[i % n_sets].data(), x.data(), y.data(), rows, cols, n_tokens, st);
     }, o.iters);
     r.add(name, std::to_string(rows) + "x" + std::to_string(cols), (double)w_bytes, us);
 }
 
-void bench_attention(Report& r, const Options& o, KvType kt, KvType vt, uint32_t n_cells, int sms) {
-    const std::string name = std::string("attention ") + kv_type_name(kt) + "/" + kv_type_name(vt);
+// kernel == nullptr: attention_partial_cuda's default choice; otherwise that kernel, named.
+void bench_attention(Report& r, const Options& o, KvType kt, KvType vt, uint32_t n_cells, int sms,
+                     const AttentionKernel* kernel = nullptr) {
+    const std::string name = std::string("attention ") + kv_type_name(kt) + "/" + kv_type_name(vt) +
+                             (kernel ? (*kernel == AttentionKernel::int_dot ? " int_dot" : " tensor_core") : "");
     if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
     const AttentionShape s{40, 8, 128, 128, 1.0f / std::sqrt(128.0f)};
     const size_t k_bytes = kv_row_bytes(kt, 8 * 128) * n_cells, v_bytes = kv_row_bytes(vt, 8 * 128) * n_cells;
@@ -234,8 +243,12 @@ void bench_attention(Report& r, const Options& o, KvType kt, KvType vt, uint32_t
     fill_f32<<<64, 256>>>(q.data(), q.size(), 9);
     DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
     const double us = median_us([&](cudaStream_t st, int i) {
-        attention_partial_cuda(s, q.data(), kt, k[i % n_sets].data(), vt, v[i % n_sets].data(), n_cells, out.data(),
-                               lse.data(), ws.data(), ws.bytes(), sms, st);
+        if (kernel)
+            attention_partial_cuda_with(*kernel, s, q.data(), kt, k[i % n_sets].data(), vt, v[i % n_sets].data(),
+                                        n_cells, out.data(), lse.data(), ws.data(), ws.bytes(), sms, st);
+        else
+            attention_partial_cuda(s, q.data(), kt, k[i % n_sets].data(), vt, v[i % n_sets].data(), n_cells,
+                                   out.data(), lse.data(), ws.data(), ws.bytes(), sms, st);
     }, o.iters);
     r.add(name, "40/8x128, " + std::to_string(n_cells / 1024) + "k cells", (double)(k_bytes + v_bytes), us);
 }
@@ -296,6 +309,14 @@ int main(int argc, char** argv) {
             bench_matvec(r, o, t, 13824, 5120, 1);
             bench_matvec(r, o, t, 152064, 5120, 1);
         }
+        // Q8_0 variants side by side (the default row above is matvec_q8_0_kernel_for's pick).
+        for (MatvecQ8Kernel k : {MatvecQ8Kernel::staged, MatvecQ8Kernel::stream2, MatvecQ8Kernel::stream3,
+                                 MatvecQ8Kernel::stream2_i8}) {
+            bench_matvec(r, o, GgmlType::Q8_0, 5120, 13824, 1, k);
+            bench_matvec(r, o, GgmlType::Q8_0, 13824, 5120, 1, k);
+            bench_matvec(r, o, GgmlType::Q8_0, 152064, 5120, 1, k);
+            bench_matvec(r, o, GgmlType::Q8_0, 27648, 5120, 1, k);  // 14B gate|up as one launch
+        }
         bench_matvec(r, o, GgmlType::Q8_0, 5120, 5120, 1);
         bench_matvec(r, o, GgmlType::Q8_0, 896, 896, 1);  // 0.5B shape: unaligned rows, launch-bound
         for (uint32_t n : {2u, 4u, 8u}) bench_matvec(r, o, GgmlType::Q8_0, 13824, 5120, n);
@@ -306,6 +327,10 @@ int main(int argc, char** argv) {
             bench_attention(r, o, KvType::q4_0, KvType::q4_0, cells, prop.multiProcessorCount);
         }
         bench_attention(r, o, KvType::q8_0, KvType::q4_0, 65536, prop.multiProcessorCount);
+        // Quantized-K attention kernels side by side (the rows above use the default pick).
+        for (AttentionKernel k : {AttentionKernel::tensor_core, AttentionKernel::int_dot})
+            for (KvType t : {KvType::q8_0, KvType::q4_0})
+                for (uint32_t cells : {8192u, 65536u}) bench_attention(r, o, t, t, cells, prop.multiProcessorCount, &k);
         bench_small_ops(r, o);
 
         std::printf("\n| kernel | shape | MB moved | median us | GB/s | %% HBM read (%.0f) | %% copy (%.0f) |\n",

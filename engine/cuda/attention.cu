@@ -427,6 +427,389 @@ void dispatch_k(KvType k_type, KvType v_type, const SplitParams& p, uint32_t n_h
     }
 }
 
+
+// ---- int_dot kernel -------------------------------------------------------------------
+// Why: the tensor_core kernel spends most of a tile dequantizing K and V to f16 behind five
+// block barriers (Nsight: instruction-latency bound, DRAM 17-38% for q8_0/q4_0). Here
+//  - q is quantized once per block to int16 per 32-value block (error ~1.5e-5 relative, far
+//    inside the tests' tolerance; int8 would add ~0.4% per score), and QK is an integer dot
+//    product of the raw K bytes (dp2a: two 16x8-bit products per instruction), scaled once
+//    per block by d_k * d_q: no per-element conversion of K at all;
+//  - P V runs on CUDA cores: each lane owns 4 output dims for all query heads of the group,
+//    the V block scale is folded into the softmax weight (w = p * d_v, computed once per
+//    cell and block by the lane that owns the cell), so a V value costs one byte-permute and
+//    one add to become a float, then kG FMAs;
+//  - every warp streams its own chunks of 32 cells through a private cp.async ring, so the
+//    main loop has no block barrier (only __syncwarp), and the block's warps merge at the end.
+constexpr int kIdWarps = 4;
+constexpr int kIdThreads = kIdWarps * 32;
+constexpr int kIdChunk = 32;   // cells per warp step: one cell per lane in QK
+constexpr int kIdStages = 2;   // one chunk in flight while one is computed (8 warps/SM or more)
+constexpr int kIdD = 128;      // 32 lanes x 4 dims
+constexpr int kIdMaxG = 8;
+constexpr int kIdBlocks = kIdD / 32;
+
+__host__ __device__ constexpr size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+
+template <KvType KT, KvType VT>
+struct IdLayout {
+    static constexpr uint32_t kSliceK = slice_bytes(KT, kIdD);
+    static constexpr uint32_t kSliceV = slice_bytes(VT, kIdD);
+    static constexpr int kWRows = VT == KvType::f16 ? 1 : kIdBlocks;  // weight rows per cell
+    static constexpr size_t stage = align16((size_t)kIdChunk * (kSliceK + kSliceV));
+    static constexpr size_t wbuf = (size_t)kIdChunk * kWRows * kIdMaxG * 4;
+    static constexpr size_t warp_bytes = kIdStages * stage + wbuf;
+    static constexpr size_t qw = 0;                                     // int32 [8][64]: int16 pairs
+    static constexpr size_t qd = qw + kIdMaxG * (kIdD / 2) * 4;         // float [8][4]: d_q * scale_log2
+    static constexpr size_t qsum = qd + kIdMaxG * kIdBlocks * 4;        // int [8][4]: sum of q16 per block
+    static constexpr size_t warps = align128(qsum + kIdMaxG * kIdBlocks * 4);
+    static constexpr size_t total = warps + kIdWarps * warp_bytes;
+    // The end-of-split merge reuses the rings: per warp m[8], l[8], acc[8][128].
+    static_assert(kIdWarps * warp_bytes >= kIdWarps * (size_t)(2 * kIdMaxG + kIdMaxG * kIdD) * 4, "merge area");
+};
+
+// Blocks per SM the shared memory allows (228 KB per SM, 1 KB reserved per block), at most
+// 3 (the register cap of __launch_bounds__(kIdThreads, 3)).
+template <KvType KT, KvType VT>
+constexpr uint32_t id_blocks_per_sm() {
+    const size_t per_block = IdLayout<KT, VT>::total + 1024;
+    const size_t n = (size_t)228 * 1024 / per_block;
+    return (uint32_t)std::min<size_t>(3, std::max<size_t>(1, n));
+}
+
+// Four bytes of smem at an even offset as one word.
+__device__ __forceinline__ uint32_t lds_u32_at_u16(const uint8_t* p) {
+    const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
+    return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+}
+__device__ __forceinline__ float half_bits_to_float(uint32_t bits) {
+    return __half2float(__ushort_as_half((unsigned short)(bits & 0xffffu)));
+}
+// Byte j of u (0..255) as the float 2^23 + u: exact, two full-rate instructions with the
+// subtraction, where int-to-float conversion runs at a quarter rate.
+template <int J>
+__device__ __forceinline__ float byte_as_float_biased(uint32_t u) {
+    return __int_as_float((int)__byte_perm(u, 0x4B000000u, 0x7540 + J));
+}
+
+// Word at byte offset off (compile-time after unrolling) of registers w[] holding a slice.
+template <int N>
+__device__ __forceinline__ uint32_t word_at(const uint32_t (&w)[N], int off) {
+    return off % 4 == 0 ? w[off / 4] : __funnelshift_r(w[off / 4], w[off / 4 + 1], 8 * (off % 4));
+}
+
+template <KvType KT, KvType VT, int kG>
+__global__ void __launch_bounds__(kIdThreads, 3) attention_int_dot_kernel(SplitParams p) {
+    using L = IdLayout<KT, VT>;
+    extern __shared__ __align__(128) uint8_t smem[];
+    int* qw = reinterpret_cast<int*>(smem + L::qw);
+    float* qd = reinterpret_cast<float*>(smem + L::qd);
+    int* qsum = reinterpret_cast<int*>(smem + L::qsum);
+    const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    uint8_t* ring = smem + L::warps + warp * L::warp_bytes;
+    float* wbuf = reinterpret_cast<float*>(ring + kIdStages * L::stage);
+
+    const uint32_t kv_head = blockIdx.x, split = blockIdx.y;
+    const uint32_t cell_begin = split * p.cells_per_split;
+    const uint32_t cell_end = min(p.n_cells, cell_begin + p.cells_per_split);
+    const uint32_t n_chunks = (cell_end - cell_begin + kIdChunk - 1) / kIdChunk;
+    const uint32_t ng = p.n_group;
+
+    const uint8_t* k_src = p.k + (size_t)kv_head * L::kSliceK;
+    const uint8_t* v_src = p.v + (size_t)kv_head * L::kSliceV;
+    // Local step i of this warp is chunk warp + kIdWarps * i of the split.
+    auto issue = [&](uint32_t i) {
+        const uint32_t chunk = warp + kIdWarps * i;
+        if (chunk < n_chunks) {
+            uint8_t* sk = ring + (i % kIdStages) * L::stage;
+            uint8_t* sv = sk + kIdChunk * L::kSliceK;
+            const uint32_t first = cell_begin + chunk * kIdChunk;
+            const uint32_t count = min((uint32_t)kIdChunk, cell_end - first);
+            constexpr uint32_t ck = copy_chunk(L::kSliceK), cv = copy_chunk(L::kSliceV);
+            for (uint32_t j = lane; j < count * (L::kSliceK / ck); j += 32) {
+                const uint32_t c = j / (L::kSliceK / ck), o = j % (L::kSliceK / ck) * ck;
+                cp_async<ck>(sk + c * L::kSliceK + o, k_src + (size_t)(first + c) * p.k_row_bytes + o);
+            }
+            for (uint32_t j = lane; j < count * (L::kSliceV / cv); j += 32) {
+                const uint32_t c = j / (L::kSliceV / cv), o = j % (L::kSliceV / cv) * cv;
+                cp_async<cv>(sv + c * L::kSliceV + o, v_src + (size_t)(first + c) * p.v_row_bytes + o);
+            }
+        }
+        cp_async_commit();
+    };
+    issue(0);
+
+    // q of this group to int16 per 32-block: warp w quantizes heads w, w+4; lane = 4 dims.
+    for (uint32_t g = warp; g < kIdMaxG; g += kIdWarps) {
+        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (g < ng) {
+            const float* qg = p.q + (size_t)(kv_head * ng + g) * kIdD + 4 * lane;
+            x[0] = qg[0], x[1] = qg[1], x[2] = qg[2], x[3] = qg[3];
+        }
+        float amax = fmaxf(fmaxf(fabsf(x[0]), fabsf(x[1])), fmaxf(fabsf(x[2]), fabsf(x[3])));
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float d = amax / 32767.0f, inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        int qi[4], s = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            qi[j] = __float2int_rn(x[j] * inv);
+            s += qi[j];
+        }
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        qw[g * (kIdD / 2) + 2 * lane] = (int)((uint32_t)(qi[0] & 0xffff) | ((uint32_t)qi[1] << 16));
+        qw[g * (kIdD / 2) + 2 * lane + 1] = (int)((uint32_t)(qi[2] & 0xffff) | ((uint32_t)qi[3] << 16));
+        if (lane % 8 == 0) {
+            qd[g * kIdBlocks + lane / 8] = d * p.scale_log2;
+            qsum[g * kIdBlocks + lane / 8] = s;
+        }
+    }
+    __syncthreads();
+
+    float m_run[kG], l_run[kG], acc[kG][4];
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+        m_run[g] = -INFINITY;
+        l_run[g] = 0.0f;
+        acc[g][0] = acc[g][1] = acc[g][2] = acc[g][3] = 0.0f;
+    }
+    const uint32_t vb = lane / 8, vsub = lane % 8;  // P V: this lane's V block and 4-dim slot
+
+    for (uint32_t i = 0; warp + kIdWarps * i < n_chunks; ++i) {
+        issue(i + 1);
+        cp_async_wait<1>();
+        __syncwarp();
+        const uint8_t* sk = ring + (i % kIdStages) * L::stage;
+        const uint8_t* sv = sk + kIdChunk * L::kSliceK;
+        const uint32_t first = cell_begin + (warp + kIdWarps * i) * kIdChunk;
+        const uint32_t valid = min((uint32_t)kIdChunk, cell_end - first);
+
+        // QK: lane = cell. The K slice comes to registers with 8-byte loads (the slice
+        // stride is a multiple of 8; blocks start at 2-byte offsets, realigned by funnel shifts).
+        float sc[kG];
+#pragma unroll
+        for (int g = 0; g < kG; ++g) sc[g] = 0.0f;
+        if (lane < valid) {
+            uint32_t kwv[L::kSliceK / 4 + 1];
+#pragma unroll
+            for (int j = 0; j < (int)L::kSliceK / 8; ++j) {
+                const uint2 t = *reinterpret_cast<const uint2*>(sk + lane * L::kSliceK + 8 * j);
+                kwv[2 * j] = t.x;
+                kwv[2 * j + 1] = t.y;
+            }
+            kwv[L::kSliceK / 4] = 0;
+#pragma unroll
+            for (int b = 0; b < kIdBlocks; ++b) {
+                constexpr int bb = KT == KvType::q8_0 ? 34 : 18;
+                const float dk = half_bits_to_float(word_at(kwv, bb * b));
+                uint32_t kq[8];
+                if constexpr (KT == KvType::q8_0) {
+#pragma unroll
+                    for (int k = 0; k < 8; ++k) kq[k] = word_at(kwv, bb * b + 2 + 4 * k);
+                } else {
+                    // q4_0: values 0..15 are the low nibbles of qs[0..15], 16..31 the high
+                    // ones; kept unsigned (0..15), the -8 comes back through qsum below.
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        const uint32_t w = word_at(kwv, bb * b + 2 + 4 * k);
+                        kq[k] = w & 0x0F0F0F0Fu;
+                        kq[4 + k] = (w >> 4) & 0x0F0F0F0Fu;
+                    }
+                }
+#pragma unroll
+                for (int g = 0; g < kG; ++g) {
+                    const int4* qp = reinterpret_cast<const int4*>(qw + g * (kIdD / 2) + b * 16);
+                    int isum = 0;
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const int4 q4 = qp[j];
+                        isum = __dp2a_lo(q4.x, (int)kq[2 * j], isum);
+                        isum = __dp2a_hi(q4.y, (int)kq[2 * j], isum);
+                        isum = __dp2a_lo(q4.z, (int)kq[2 * j + 1], isum);
+                        isum = __dp2a_hi(q4.w, (int)kq[2 * j + 1], isum);
+                    }
+                    if constexpr (KT == KvType::q4_0) isum -= 8 * qsum[g * kIdBlocks + b];
+                    sc[g] = fmaf((float)isum, dk * qd[g * kIdBlocks + b], sc[g]);
+                }
+            }
+        }
+
+        // Online softmax over the chunk (base 2; the max is warp-uniform, sums stay per lane).
+        float pw[kIdMaxG];
+#pragma unroll
+        for (int g = 0; g < kIdMaxG; ++g) pw[g] = 0.0f;
+#pragma unroll
+        for (int g = 0; g < kG; ++g) {
+            const float s = lane < valid && (uint32_t)g < ng ? sc[g] : -INFINITY;
+            float m = s;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            if ((uint32_t)g < ng) {  // m is finite: the chunk has >= 1 valid cell
+                const float m_new = fmaxf(m_run[g], m);
+                const float alpha = exp2f(m_run[g] - m_new);  // 0 on the first chunk
+                const float e = exp2f(s - m_new);              // 0 for invalid cells
+                l_run[g] = l_run[g] * alpha + e;
+                m_run[g] = m_new;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[g][j] *= alpha;
+                pw[g] = e;
+            }
+        }
+        // Weights w[cell][block][head] = p * d_v (f16 V: p alone), written by the cell's lane.
+        if (lane < valid) {
+#pragma unroll
+            for (int r = 0; r < L::kWRows; ++r) {
+                float dv = 1.0f;
+                if constexpr (VT != KvType::f16) {
+                    constexpr int vbb = VT == KvType::q8_0 ? 34 : 18;
+                    dv = __half2float(*reinterpret_cast<const __half*>(sv + lane * L::kSliceV + vbb * r));
+                }
+                float4* dst = reinterpret_cast<float4*>(wbuf + (lane * L::kWRows + r) * kIdMaxG);
+                dst[0] = make_float4(pw[0] * dv, pw[1] * dv, pw[2] * dv, pw[3] * dv);
+                if (kG > 4) dst[1] = make_float4(pw[4] * dv, pw[5] * dv, pw[6] * dv, pw[7] * dv);
+            }
+        }
+        __syncwarp();
+
+        // P V: lane owns dims 4*lane..4*lane+3 of every head; cells past `valid` are skipped
+        // (their ring bytes are stale).
+        const int wrow = VT == KvType::f16 ? 0 : (int)vb;
+#pragma unroll 4
+        for (uint32_t c = 0; c < valid; ++c) {
+            const float* wp = wbuf + (c * L::kWRows + wrow) * kIdMaxG;
+            const float4 w0 = *reinterpret_cast<const float4*>(wp);
+            float4 w1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (kG > 4) w1 = *reinterpret_cast<const float4*>(wp + 4);
+            const float wg[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+            float v[4];
+            const uint8_t* row = sv + c * L::kSliceV;
+            if constexpr (VT == KvType::f16) {
+                const uint2 t = *reinterpret_cast<const uint2*>(row + 8 * lane);
+                const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&t.x));
+                const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&t.y));
+                v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+            } else if constexpr (VT == KvType::q8_0) {
+                const uint32_t u = lds_u32_at_u16(row + 34 * vb + 2 + 4 * vsub) ^ 0x80808080u;  // q + 128
+                v[0] = byte_as_float_biased<0>(u) - 8388736.0f;
+                v[1] = byte_as_float_biased<1>(u) - 8388736.0f;
+                v[2] = byte_as_float_biased<2>(u) - 8388736.0f;
+                v[3] = byte_as_float_biased<3>(u) - 8388736.0f;
+            } else {
+                const uint32_t w = lds_u32_at_u16(row + 18 * vb + 2 + 4 * (vsub % 4));
+                const uint32_t u = (vsub < 4 ? w : w >> 4) & 0x0F0F0F0Fu;  // q + 8
+                v[0] = byte_as_float_biased<0>(u) - 8388616.0f;
+                v[1] = byte_as_float_biased<1>(u) - 8388616.0f;
+                v[2] = byte_as_float_biased<2>(u) - 8388616.0f;
+                v[3] = byte_as_float_biased<3>(u) - 8388616.0f;
+            }
+#pragma unroll
+            for (int g = 0; g < kG; ++g)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[g][j] = fmaf(wg[g], v[j], acc[g][j]);
+        }
+        __syncwarp();  // the ring stage and wbuf are rewritten next step
+    }
+    cp_async_wait<0>();
+
+    // Merge the block's warps: per warp m[g], l[g] (lane sums reduced), acc[g][128].
+#pragma unroll
+    for (int g = 0; g < kG; ++g)
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) l_run[g] += __shfl_xor_sync(0xffffffffu, l_run[g], o);
+    __syncthreads();  // every warp is done with its ring
+    float* mw = reinterpret_cast<float*>(smem + L::warps);
+    float* lw = mw + kIdWarps * kIdMaxG;
+    float* aw = lw + kIdWarps * kIdMaxG;
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+        if (lane == 0) {
+            mw[warp * kIdMaxG + g] = m_run[g];
+            lw[warp * kIdMaxG + g] = l_run[g];
+        }
+        *reinterpret_cast<float4*>(aw + (warp * kIdMaxG + g) * kIdD + 4 * lane) =
+            make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+    }
+    __syncthreads();
+    for (uint32_t idx = tid; idx < ng * kIdD; idx += kIdThreads) {
+        const uint32_t g = idx / kIdD, d = idx % kIdD;
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kIdWarps; ++w) m = fmaxf(m, mw[w * kIdMaxG + g]);
+        float l = 0.0f, o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kIdWarps; ++w) {
+            const float mv = mw[w * kIdMaxG + g];
+            if (mv != -INFINITY) {  // a warp with no chunk contributes nothing
+                const float s = exp2f(mv - m);
+                l += lw[w * kIdMaxG + g] * s;
+                o += aw[(w * kIdMaxG + g) * kIdD + d] * s;
+            }
+        }
+        const uint32_t head = kv_head * ng + g;
+        p.part_out[((size_t)split * p.n_head + head) * kIdD + d] = o / l;
+        if (d == 0) p.part_lse[(size_t)split * p.n_head + head] = (m + log2f(l)) / kLog2e;
+    }
+}
+
+template <KvType KT, KvType VT>
+SplitPlan plan_int_dot(const AttentionShape& shape, uint32_t n_cells, uint32_t sm_count) {
+    if (n_cells == 0) return {0, 0};
+    // One wave of blocks, as many as fit per SM (rounded down: a few blocks of a second
+    // wave would double the time); at least a chunk per warp per split.
+    const uint32_t wanted = std::max(1u, id_blocks_per_sm<KT, VT>() * std::max(1u, sm_count) / shape.n_head_kv);
+    const uint32_t min_cells = kIdChunk * kIdWarps;
+    const uint32_t splits = std::min(wanted, (n_cells + min_cells - 1) / min_cells);
+    const uint32_t per = ((n_cells + splits - 1) / splits + kIdChunk - 1) / kIdChunk * kIdChunk;
+    return {(n_cells + per - 1) / per, per};
+}
+
+template <KvType KT>
+SplitPlan plan_int_dot_v(KvType v_type, const AttentionShape& shape, uint32_t n_cells, uint32_t sm_count) {
+    switch (v_type) {
+        case KvType::f16: return plan_int_dot<KT, KvType::f16>(shape, n_cells, sm_count);
+        case KvType::q8_0: return plan_int_dot<KT, KvType::q8_0>(shape, n_cells, sm_count);
+        case KvType::q4_0: return plan_int_dot<KT, KvType::q4_0>(shape, n_cells, sm_count);
+    }
+    return {0, 0};
+}
+
+SplitPlan plan_int_dot_any(KvType k_type, KvType v_type, const AttentionShape& shape, uint32_t n_cells,
+                           uint32_t sm_count) {
+    return k_type == KvType::q8_0 ? plan_int_dot_v<KvType::q8_0>(v_type, shape, n_cells, sm_count)
+                                  : plan_int_dot_v<KvType::q4_0>(v_type, shape, n_cells, sm_count);
+}
+
+template <KvType KT, KvType VT, int kG>
+void launch_int_dot_g(const SplitParams& p, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
+    constexpr size_t smem = IdLayout<KT, VT>::total;
+    static const bool configured = [] {
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_int_dot_kernel<KT, VT, kG>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        return true;
+    }();
+    (void)configured;
+    attention_int_dot_kernel<KT, VT, kG><<<dim3(n_head_kv, n_splits), kIdThreads, smem, stream>>>(p);
+}
+
+template <KvType KT, KvType VT>
+void launch_int_dot(const SplitParams& p, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
+    // Exact group sizes avoid wasted FMAs (5: Qwen2.5-14B, 4: Llama-style); others pad to 8.
+    if (p.n_group == 5) launch_int_dot_g<KT, VT, 5>(p, n_head_kv, n_splits, stream);
+    else if (p.n_group <= 4) launch_int_dot_g<KT, VT, 4>(p, n_head_kv, n_splits, stream);
+    else launch_int_dot_g<KT, VT, 8>(p, n_head_kv, n_splits, stream);
+}
+
+template <KvType KT>
+void dispatch_int_dot_v(KvType v_type, const SplitParams& p, uint32_t n_head_kv, uint32_t n_splits,
+                        cudaStream_t stream) {
+    switch (v_type) {
+        case KvType::f16: return launch_int_dot<KT, KvType::f16>(p, n_head_kv, n_splits, stream);
+        case KvType::q8_0: return launch_int_dot<KT, KvType::q8_0>(p, n_head_kv, n_splits, stream);
+        case KvType::q4_0: return launch_int_dot<KT, KvType::q4_0>(p, n_head_kv, n_splits, stream);
+    }
+}
+
 }  // namespace
 
 bool attention_supports(const AttentionShape& shape) {
@@ -439,8 +822,33 @@ uint32_t attention_split_count(const AttentionShape& shape, uint32_t n_cells, ui
     return plan_splits(shape, n_cells, sm_count).n_splits;
 }
 
+bool attention_kernel_supports(AttentionKernel kernel, const AttentionShape& shape, KvType k_type, KvType v_type) {
+    if (!attention_supports(shape)) return false;
+    if (kernel == AttentionKernel::tensor_core) return true;
+    (void)v_type;
+    return (k_type == KvType::q8_0 || k_type == KvType::q4_0) && shape.head_dim_k == (uint32_t)kIdD &&
+           shape.n_head / shape.n_head_kv <= (uint32_t)kIdMaxG;
+}
+
+AttentionKernel attention_default_kernel(const AttentionShape& shape, KvType k_type, KvType v_type) {
+    // int_dot wherever it applies (measured faster for quantized K: docs/perf-notes.md).
+    return attention_kernel_supports(AttentionKernel::int_dot, shape, k_type, v_type) ? AttentionKernel::int_dot
+                                                                                      : AttentionKernel::tensor_core;
+}
+
+uint32_t attention_split_count(AttentionKernel kernel, const AttentionShape& shape, KvType k_type, KvType v_type,
+                               uint32_t n_cells, uint32_t sm_count) {
+    if (kernel == AttentionKernel::int_dot) return plan_int_dot_any(k_type, v_type, shape, n_cells, sm_count).n_splits;
+    return plan_splits(shape, n_cells, sm_count).n_splits;
+}
+
 size_t attention_workspace_bytes(const AttentionShape& shape, uint32_t n_cells, uint32_t sm_count) {
-    const uint32_t splits = attention_split_count(shape, n_cells, sm_count);
+    // Enough for every kernel and KV type pair, so one workspace serves any choice.
+    uint32_t splits = attention_split_count(shape, n_cells, sm_count);
+    if (attention_supports(shape) && shape.head_dim_k == (uint32_t)kIdD)
+        for (KvType kt : {KvType::q8_0, KvType::q4_0})
+            for (KvType vt : {KvType::f16, KvType::q8_0, KvType::q4_0})
+                splits = std::max(splits, plan_int_dot_any(kt, vt, shape, n_cells, sm_count).n_splits);
     if (splits <= 1) return 0;
     return (size_t)splits * shape.n_head * (shape.head_dim_v + 1) * sizeof(float);
 }
@@ -449,6 +857,16 @@ void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType 
                             const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                             uint32_t n_cells, float* out, float* lse, void* workspace,
                             size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream) {
+    attention_partial_cuda_with(attention_default_kernel(shape, k_type, v_type), shape, q, k_type, k_cells, v_type,
+                                v_cells, n_cells, out, lse, workspace, workspace_bytes, sm_count, stream);
+}
+
+void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& shape, const float* q,
+                                 KvType k_type, const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
+                                 uint32_t n_cells, float* out, float* lse, void* workspace, size_t workspace_bytes,
+                                 uint32_t sm_count, cudaStream_t stream) {
+    if (!attention_kernel_supports(kernel, shape, k_type, v_type))
+        fail("attention_partial_cuda: kernel does not support this shape / KV types");
     if (!attention_supports(shape)) fail("attention_partial_cuda: unsupported shape (head dim 64/128, K and V dims equal, <= 16 query heads per KV head)");
     const uint32_t n_values = shape.n_head * shape.head_dim_v;
     if (n_cells == 0) {
@@ -458,7 +876,9 @@ void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType 
     }
     if (reinterpret_cast<uintptr_t>(k_cells) % 16 != 0 || reinterpret_cast<uintptr_t>(v_cells) % 16 != 0)
         fail("attention_partial_cuda: K and V cells must be 16-byte aligned");
-    const SplitPlan plan = plan_splits(shape, n_cells, sm_count);
+    const bool int_dot = kernel == AttentionKernel::int_dot;
+    const SplitPlan plan = int_dot ? plan_int_dot_any(k_type, v_type, shape, n_cells, sm_count)
+                                   : plan_splits(shape, n_cells, sm_count);
     const size_t needed = attention_workspace_bytes(shape, n_cells, sm_count);
     if (workspace_bytes < needed || (needed > 0 && workspace == nullptr))
         fail("attention_partial_cuda: workspace of " + std::to_string(workspace_bytes) + " bytes, need " + std::to_string(needed));
@@ -481,7 +901,10 @@ void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType 
         p.part_out = static_cast<float*>(workspace);
         p.part_lse = p.part_out + (size_t)plan.n_splits * n_values;
     }
-    if (shape.head_dim_k == 64) dispatch_k<64>(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream);
+    if (int_dot) {
+        if (k_type == KvType::q8_0) dispatch_int_dot_v<KvType::q8_0>(v_type, p, shape.n_head_kv, plan.n_splits, stream);
+        else dispatch_int_dot_v<KvType::q4_0>(v_type, p, shape.n_head_kv, plan.n_splits, stream);
+    } else if (shape.head_dim_k == 64) dispatch_k<64>(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream);
     else dispatch_k<128>(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
     if (plan.n_splits > 1) {

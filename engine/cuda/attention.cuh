@@ -36,6 +36,30 @@ void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType 
                             uint32_t n_cells, float* out, float* lse, void* workspace,
                             size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream);
 
+// Which split kernel attention_partial_cuda runs. tensor_core: the f16 wmma kernel that
+// dequantizes K/V to f16 tiles (every type pair, head dim 64/128, <= 16 query heads per KV
+// head). int_dot: quantized K only (q8_0/q4_0), head dim 128, <= 8 query heads per KV head;
+// QK as integer dot products of the raw K blocks with q quantized to int16 per 32-block
+// (dp2a), P V on CUDA cores with the V block scale folded into the softmax weight, each warp
+// streaming its own cells (docs/perf-notes.md, "Integer-dot decode attention").
+enum class AttentionKernel { tensor_core, int_dot };
+
+bool attention_kernel_supports(AttentionKernel kernel, const AttentionShape& shape, KvType k_type, KvType v_type);
+
+// The kernel attention_partial_cuda uses for this shape and KV types (a pure function).
+AttentionKernel attention_default_kernel(const AttentionShape& shape, KvType k_type, KvType v_type);
+
+// Splits for an explicit kernel (the one above without types is the tensor_core kernel's).
+uint32_t attention_split_count(AttentionKernel kernel, const AttentionShape& shape, KvType k_type, KvType v_type,
+                               uint32_t n_cells, uint32_t sm_count);
+
+// attention_partial_cuda with an explicit kernel (tests, benchmarks); the workspace from
+// attention_workspace_bytes covers every kernel.
+void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& shape, const float* q,
+                                 KvType k_type, const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
+                                 uint32_t n_cells, float* out, float* lse, void* workspace, size_t workspace_bytes,
+                                 uint32_t sm_count, cudaStream_t stream);
+
 // a := merge(a, b), in place, as attention_merge_cpu.
 void attention_merge_cuda(uint32_t n_head, uint32_t head_dim_v, float* out_a, float* lse_a,
                           const float* out_b, const float* lse_b, cudaStream_t stream);

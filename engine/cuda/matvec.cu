@@ -10,6 +10,9 @@
 // issued before the current one is decoded, so HBM traffic overlaps the arithmetic.
 // Bytes become floats by the 2^23 magic-number trick (integer op + FADD) because the
 // int-to-float converter runs at a quarter of the FMA rate and would be the bottleneck.
+//
+// Q8_0, one token, cols % 256 == 0: streaming kernels (stream2/stream3/stream2_i8, below);
+// which one runs is the pure function matvec_q8_0_kernel_for (measured in docs/perf-notes.md).
 #include "engine/cuda/matvec.cuh"
 
 #include <cuda_bf16.h>
@@ -226,6 +229,197 @@ __global__ void __launch_bounds__(kThreads) matvec_q8_0_kernel(const uint8_t* __
     }
 }
 
+// ---- Q8_0, one token: streaming kernel ----
+// Why: the staged kernel spends its time on 2-byte shared-memory loads and per-quarter-block
+// bookkeeping (Nsight: 60% of stalls on LDS, DRAM 38%). Here a block pair (68 bytes) is the
+// unit: with the row 4-byte aligned, block B's 32 quants are 8 aligned words and block A's are
+// 8 words realigned with one byte permute each, so every shared-memory load is a full 32-bit
+// word. Eight lanes share a pair (8 weights each); four pairs per warp step are 256
+// consecutive columns, so the x loads of a step are 1 KB contiguous (L1 hits after the first
+// row) and serve both rows of the warp. Raw bytes go HBM -> shared memory by cp.async (no
+// register staging), kStages - 1 chunks ahead. Each warp owns a contiguous range of row pairs,
+// sized so that the whole grid is resident at once with equal work per warp (no tail wave).
+constexpr int kStreamWarps = 4;
+constexpr int kStreamThreads = kStreamWarps * 32;
+constexpr int kChunkPairs = 32;                // block pairs per row per chunk
+constexpr int kChunkBytes = kChunkPairs * 68;  // 2176 = 136 x 16 bytes
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+template <int kStages, bool kInt8>
+__global__ void __launch_bounds__(kStreamThreads) matvec_q8_0_stream_kernel(const uint8_t* __restrict__ w,
+                                                                            const float* __restrict__ x,
+                                                                            float* __restrict__ y, uint32_t rows,
+                                                                            uint32_t cols, uint32_t pairs_per_warp) {
+    extern __shared__ uint4 stream_smem[];  // [warp][stage][2 rows][kChunkBytes]
+    const uint32_t lane = threadIdx.x % 32;
+    const uint32_t warp = threadIdx.x / 32;
+    uint8_t* ring = reinterpret_cast<uint8_t*>(stream_smem) + (size_t)warp * kStages * 2 * kChunkBytes;
+
+    const uint32_t ppr = cols / 64;                           // block pairs per row (multiple of 4)
+    const uint32_t cpr = (ppr + kChunkPairs - 1) / kChunkPairs;  // chunks per row
+    const size_t row_bytes = (size_t)ppr * 68;
+    const uint32_t n_row_pairs = (rows + 1) / 2;
+    const uint32_t rp0 = (blockIdx.x * kStreamWarps + warp) * pairs_per_warp;
+    // Warps past the last row pair get no chunks (no early return: the int8 variant has a
+    // block-wide barrier after quantizing x).
+    const uint32_t n_chunks = rp0 < n_row_pairs ? (min(rp0 + pairs_per_warp, n_row_pairs) - rp0) * cpr : 0;
+
+    auto issue = [&](uint32_t k) {
+        if (k < n_chunks) {
+            const uint32_t rp = rp0 + k / cpr, ci = k % cpr;
+            const uint32_t vecs = min(kChunkPairs, (int)(ppr - ci * kChunkPairs)) * 68 / 16;
+            uint8_t* dst = ring + (k % kStages) * 2 * kChunkBytes;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const uint8_t* src = w + (size_t)min(2 * rp + r, rows - 1) * row_bytes + (size_t)ci * kChunkBytes;
+                for (uint32_t i = lane; i < vecs; i += 32) cp_async16(dst + r * kChunkBytes + 16 * i, src + 16 * i);
+            }
+        }
+        cp_async_commit();  // empty groups keep the wait count uniform at the end
+    };
+
+    const uint32_t sub = lane / 8;   // which of the step's 4 pairs
+    const uint32_t t = lane % 8;     // lanes 0-3: block A of the pair, 4-7: block B
+    const bool in_a = t < 4;
+    const uint32_t col_in_pair = (in_a ? 0 : 32) + (t % 4) * 8;
+    // A lanes realign bytes 2..5 of (lo, hi); B lanes take hi as is (selector 0x7654).
+    const uint32_t realign = in_a ? 0x5432u : 0x7654u;
+    const uint32_t scale_shift = in_a ? 0 : 16;  // dA is the low half of word 0, dB the high half of word 8
+    float acc[2] = {0.0f, 0.0f};
+
+#pragma unroll
+    for (int k = 0; k < kStages - 1; ++k) issue(k);
+
+    // Int8 variant: x quantized per 32 values like a Q8_0 block (d = amax / 127, q = rint(x / d)),
+    // once per block into shared memory while the first chunks of W are in flight; then each
+    // 4 weights are one dp4a. Changes results by x's rounding (~4e-3 relative, see the test).
+    const int8_t* xq = nullptr;
+    const float* xd = nullptr;
+    if constexpr (kInt8) {
+        uint8_t* x_smem = reinterpret_cast<uint8_t*>(stream_smem) + (size_t)kStreamWarps * kStages * 2 * kChunkBytes;
+        int8_t* xq_w = reinterpret_cast<int8_t*>(x_smem);
+        float* xd_w = reinterpret_cast<float*>(x_smem + cols);
+        xq = xq_w;
+        xd = xd_w;
+        for (uint32_t b = threadIdx.x; b < cols / 32; b += kStreamThreads) {
+            float4 v[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = __ldg(reinterpret_cast<const float4*>(x + 32 * b) + i);
+            float amax = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
+            const float d = amax / 127.0f;
+            uint32_t packed[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int q0 = d > 0.0f ? __float2int_rn(v[i].x / d) : 0, q1 = d > 0.0f ? __float2int_rn(v[i].y / d) : 0;
+                const int q2 = d > 0.0f ? __float2int_rn(v[i].z / d) : 0, q3 = d > 0.0f ? __float2int_rn(v[i].w / d) : 0;
+                packed[i] = __byte_perm(__byte_perm(q0, q1, 0x0040), __byte_perm(q2, q3, 0x0040), 0x5410);
+            }
+            uint4* dst = reinterpret_cast<uint4*>(xq_w + 32 * b);
+            dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+            dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+            xd_w[b] = d;
+        }
+        __syncthreads();
+    }
+    for (uint32_t k = 0; k < n_chunks; ++k) {
+        issue(k + kStages - 1);
+        cp_async_wait<kStages - 1>();
+        __syncwarp();  // other lanes' copies of chunk k are visible after this
+        const uint32_t rp = rp0 + k / cpr, ci = k % cpr;
+        const uint32_t pairs = min(kChunkPairs, (int)(ppr - ci * kChunkPairs));
+        const uint32_t* buf = reinterpret_cast<const uint32_t*>(ring + (k % kStages) * 2 * kChunkBytes);
+#pragma unroll
+        for (uint32_t j = 0; j < kChunkPairs / 4; ++j) {  // unrolled: all x loads of the chunk issue early
+            const uint32_t p = 4 * j + sub;
+            if (4 * j >= pairs) break;  // pairs % 4 == 0: all lanes take the same trips
+            const uint32_t col = (ci * kChunkPairs + p) * 64 + col_in_pair;
+            float4 xa, xb;
+            uint2 xw;
+            float xs = 0.0f;
+            if constexpr (kInt8) {
+                xw = *reinterpret_cast<const uint2*>(xq + col);
+                xs = xd[col / 32];
+            } else {
+                xa = __ldg(reinterpret_cast<const float4*>(x + col));
+                xb = __ldg(reinterpret_cast<const float4*>(x + col + 4));
+            }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const uint32_t* pw = buf + r * (kChunkBytes / 4) + p * 17;
+                // Pair layout in words: w0 = dA | qA0 qA1, w1..w8 = qA.., w8 = qA30 qA31 | dB,
+                // w9..w16 = qB. Lane t reads words 2t..2t+2 (A) or 2t+1..2t+2 (B).
+                const uint32_t w0 = pw[2 * t], w1 = pw[2 * t + 1], w2 = pw[2 * t + 2];
+                const uint32_t dw = pw[in_a ? 0 : 8];
+                const uint32_t q0 = __byte_perm(w0, w1, realign);
+                const uint32_t q1 = __byte_perm(w1, w2, realign);
+                const float d = __half2float(__ushort_as_half((unsigned short)(dw >> scale_shift)));
+                if constexpr (kInt8) {
+                    const int isum = __dp4a((int)q1, (int)xw.y, __dp4a((int)q0, (int)xw.x, 0));
+                    acc[r] = fmaf(d * xs, (float)isum, acc[r]);
+                } else {
+                    const uint32_t b0 = q0 ^ 0x80808080u, b1 = q1 ^ 0x80808080u;
+                    float sum = biased_byte_to_float<0>(b0) * xa.x;
+                    sum = fmaf(biased_byte_to_float<1>(b0), xa.y, sum);
+                    sum = fmaf(biased_byte_to_float<2>(b0), xa.z, sum);
+                    sum = fmaf(biased_byte_to_float<3>(b0), xa.w, sum);
+                    sum = fmaf(biased_byte_to_float<0>(b1), xb.x, sum);
+                    sum = fmaf(biased_byte_to_float<1>(b1), xb.y, sum);
+                    sum = fmaf(biased_byte_to_float<2>(b1), xb.z, sum);
+                    sum = fmaf(biased_byte_to_float<3>(b1), xb.w, sum);
+                    acc[r] = fmaf(d, sum, acc[r]);
+                }
+            }
+        }
+        __syncwarp();  // chunk k's buffer is refilled by the next iteration's issue
+        if (ci == cpr - 1) {  // last chunk of this row pair: reduce and store
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const float total = warp_sum(acc[r]);
+                if (lane == 0 && 2 * rp + r < rows) y[2 * rp + r] = total;
+                acc[r] = 0.0f;
+            }
+        }
+    }
+    cp_async_wait<0>();  // leave no copy in flight into shared memory of an exiting warp
+}
+
+constexpr uint32_t kInt8MaxCols = 32768;  // x as int8 + scales in shared memory: <= 36 KB
+
+template <int kStages, bool kInt8>
+void launch_q8_0_stream(const uint8_t* w, const float* x, float* y, uint32_t rows, uint32_t cols,
+                        cudaStream_t stream) {
+    constexpr size_t kRingSmem = (size_t)kStreamWarps * kStages * 2 * kChunkBytes;
+    constexpr size_t kMaxSmem = kRingSmem + (kInt8 ? kInt8MaxCols + kInt8MaxCols / 32 * 4 : 0);
+    const size_t smem = kRingSmem + (kInt8 ? cols + cols / 32 * 4 : 0);
+    constexpr auto kKernel = matvec_q8_0_stream_kernel<kStages, kInt8>;
+    // Resident warps on the whole device, for the largest shared-memory size this instance uses.
+    static const uint32_t slot_warps = [] {
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kMaxSmem));
+        int device = 0, sms = 0, per_sm = 0;
+        SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
+        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        SPILLWAY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kStreamThreads, kMaxSmem));
+        return (uint32_t)std::max(1, sms * per_sm) * kStreamWarps;
+    }();
+    const uint32_t n_row_pairs = (rows + 1) / 2;
+    const uint32_t pairs_per_warp = (n_row_pairs + slot_warps - 1) / slot_warps;
+    const uint32_t warps = (n_row_pairs + pairs_per_warp - 1) / pairs_per_warp;
+    const uint32_t blocks = (warps + kStreamWarps - 1) / kStreamWarps;
+    kKernel<<<blocks, kStreamThreads, smem, stream>>>(w, x, y, rows, cols, pairs_per_warp);
+}
+
 // Grid for one token: as many blocks as fit at once (each loops over row pairs), or fewer
 // when the matrix is small. Measured (docs/perf-notes.md, runs 2-3): 13824-row matrices 5-7%
 // faster than one block per 8 rows, the 152064-row head 7% slower. Small batches were 14-28%
@@ -251,6 +445,39 @@ void launch(const W* w, const float* x, float* y, uint32_t rows, uint32_t cols, 
 }
 
 template <int kTokens>
+void launch_q8_0_staged(const uint8_t* w_bytes, const float* x, float* y, uint32_t rows, uint32_t cols,
+                        uint32_t n_tokens, cudaStream_t stream) {
+    // 16-byte loads need every row to start 16-byte aligned: cols % 256 == 0.
+    if ((cols / 32 * 34) % 16 == 0)
+        return launch<matvec_q8_0_kernel<kTokens, 16>>(w_bytes, x, y, rows, cols, n_tokens, stream);
+    return launch<matvec_q8_0_kernel<kTokens, 2>>(w_bytes, x, y, rows, cols, n_tokens, stream);
+}
+
+void check_args(GgmlType w_type, const void* w, const float* x, uint32_t cols, uint32_t n_tokens) {
+    if (n_tokens > kMatvecMaxTokens) fail("matvec_cuda: more than 8 tokens; use the prefill matmul");
+    const uint32_t col_multiple = w_type == GgmlType::Q8_0 ? 32 : 8;
+    if (cols == 0 || cols % col_multiple != 0)
+        fail("matvec_cuda: cols must be a positive multiple of " + std::to_string(col_multiple));
+    if (reinterpret_cast<uintptr_t>(w) % 16 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0)
+        fail("matvec_cuda: w and x must be 16-byte aligned");
+}
+
+void run_q8_0(MatvecQ8Kernel kernel, const void* w, const float* x, float* y, uint32_t rows, uint32_t cols,
+              uint32_t n_tokens, cudaStream_t stream) {
+    const auto* w_bytes = static_cast<const uint8_t*>(w);
+    switch (kernel) {
+        case MatvecQ8Kernel::stream2: return launch_q8_0_stream<2, false>(w_bytes, x, y, rows, cols, stream);
+        case MatvecQ8Kernel::stream3: return launch_q8_0_stream<3, false>(w_bytes, x, y, rows, cols, stream);
+        case MatvecQ8Kernel::stream2_i8: return launch_q8_0_stream<2, true>(w_bytes, x, y, rows, cols, stream);
+        case MatvecQ8Kernel::staged: break;
+    }
+    if (n_tokens == 1) launch_q8_0_staged<1>(w_bytes, x, y, rows, cols, n_tokens, stream);
+    else if (n_tokens == 2) launch_q8_0_staged<2>(w_bytes, x, y, rows, cols, n_tokens, stream);
+    else if (n_tokens <= 4) launch_q8_0_staged<4>(w_bytes, x, y, rows, cols, n_tokens, stream);
+    else launch_q8_0_staged<8>(w_bytes, x, y, rows, cols, n_tokens, stream);
+}
+
+template <int kTokens>
 void launch_for_tokens(GgmlType w_type, const void* w, const float* x, float* y, uint32_t rows,
                        uint32_t cols, uint32_t n_tokens, cudaStream_t stream) {
     const auto* w_vec = static_cast<const uint4*>(w);
@@ -261,10 +488,7 @@ void launch_for_tokens(GgmlType w_type, const void* w, const float* x, float* y,
         case GgmlType::BF16:
             return launch<matvec_half_kernel<HalfBF16, kTokens>>(w_vec, x, y, rows, cols, n_tokens, stream);
         case GgmlType::Q8_0:
-            // 16-byte loads need every row to start 16-byte aligned: cols % 256 == 0.
-            if ((cols / 32 * 34) % 16 == 0)
-                return launch<matvec_q8_0_kernel<kTokens, 16>>(w_bytes, x, y, rows, cols, n_tokens, stream);
-            return launch<matvec_q8_0_kernel<kTokens, 2>>(w_bytes, x, y, rows, cols, n_tokens, stream);
+            return launch_q8_0_staged<kTokens>(w_bytes, x, y, rows, cols, n_tokens, stream);
         default: fail(std::string("matvec_cuda: unsupported weight type ") + ggml_type_name(w_type));
     }
 }
@@ -279,16 +503,41 @@ void matvec_cuda(GgmlType w_type, const void* w, const float* x, float* y, uint3
                  uint32_t cols, uint32_t n_tokens, cudaStream_t stream) {
     if (!matvec_supports(w_type)) fail(std::string("matvec_cuda: unsupported weight type ") + ggml_type_name(w_type));
     if (rows == 0 || n_tokens == 0) return;
-    if (n_tokens > kMatvecMaxTokens) fail("matvec_cuda: more than 8 tokens; use the prefill matmul");
-    const uint32_t col_multiple = w_type == GgmlType::Q8_0 ? 32 : 8;
-    if (cols == 0 || cols % col_multiple != 0)
-        fail("matvec_cuda: cols must be a positive multiple of " + std::to_string(col_multiple));
-    if (reinterpret_cast<uintptr_t>(w) % 16 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0)
-        fail("matvec_cuda: w and x must be 16-byte aligned");
+    check_args(w_type, w, x, cols, n_tokens);
+    if (w_type == GgmlType::Q8_0) {
+        run_q8_0(matvec_q8_0_kernel_for(cols, n_tokens), w, x, y, rows, cols, n_tokens, stream);
+        SPILLWAY_CUDA_CHECK(cudaGetLastError());
+        return;
+    }
     if (n_tokens == 1) launch_for_tokens<1>(w_type, w, x, y, rows, cols, n_tokens, stream);
     else if (n_tokens == 2) launch_for_tokens<2>(w_type, w, x, y, rows, cols, n_tokens, stream);
     else if (n_tokens <= 4) launch_for_tokens<4>(w_type, w, x, y, rows, cols, n_tokens, stream);
     else launch_for_tokens<8>(w_type, w, x, y, rows, cols, n_tokens, stream);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+// Measured on the H200 (docs/perf-notes.md, "Q8_0 GEMV streaming kernel"): stream2 beats the
+// staged kernel on 5120-column matrices (13824x5120 37.5 -> 34.0 us, 27648x5120 65.6 -> 60.8,
+// 152064x5120 317.6 -> 295.9) but loses on 13824 columns (5120x13824 34.7 -> 40.4 us: x, 55 KB,
+// no longer stays in L1 next to the cp.async ring), so it is picked up to 8192 columns only.
+// stream2_i8 (fastest, 92% of HBM on the lm head) changes numerics and is never picked here.
+MatvecQ8Kernel matvec_q8_0_kernel_for(uint32_t cols, uint32_t n_tokens) {
+    return matvec_q8_0_kernel_fits(MatvecQ8Kernel::stream2, cols, n_tokens) && cols <= 8192 ? MatvecQ8Kernel::stream2
+                                                                                          : MatvecQ8Kernel::staged;
+}
+
+bool matvec_q8_0_kernel_fits(MatvecQ8Kernel kernel, uint32_t cols, uint32_t n_tokens) {
+    if (kernel == MatvecQ8Kernel::staged) return true;
+    if (kernel == MatvecQ8Kernel::stream2_i8 && cols > kInt8MaxCols) return false;
+    return n_tokens == 1 && cols > 0 && cols % 256 == 0;
+}
+
+void matvec_q8_0_cuda(MatvecQ8Kernel kernel, const void* w, const float* x, float* y, uint32_t rows,
+                      uint32_t cols, uint32_t n_tokens, cudaStream_t stream) {
+    if (rows == 0 || n_tokens == 0) return;
+    check_args(GgmlType::Q8_0, w, x, cols, n_tokens);
+    if (!matvec_q8_0_kernel_fits(kernel, cols, n_tokens)) fail("matvec_q8_0_cuda: kernel does not fit this shape");
+    run_q8_0(kernel, w, x, y, rows, cols, n_tokens, stream);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 

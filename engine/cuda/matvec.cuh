@@ -19,4 +19,20 @@ bool matvec_supports(GgmlType w_type);
 void matvec_cuda(GgmlType w_type, const void* w, const float* x, float* y, uint32_t rows,
                  uint32_t cols, uint32_t n_tokens, cudaStream_t stream);
 
+// Q8_0 kernel variants (docs/perf-notes.md, "Q8_0 GEMV streaming kernel").
+//   staged: the first kernel (shared-memory slabs decoded in quarter blocks; any batch, any cols).
+//   stream2 / stream3: one token, cols % 256 == 0 (rows start 16-byte aligned and hold a
+//   multiple of 4 block pairs); each warp streams two rows through a 2- or 3-stage cp.async
+//   ring and decodes 8 weights per lane from 4-byte-aligned words of each 68-byte block pair.
+//   stream2_i8: stream2 with x quantized per 32 values to int8 (dp4a); NOT exact in x: results
+//   differ from the f32-x product by x's rounding (~4e-3 relative); never picked by default.
+enum class MatvecQ8Kernel : uint8_t { staged, stream2, stream3, stream2_i8 };
+// Pure: the Q8_0 kernel matvec_cuda uses for this shape.
+MatvecQ8Kernel matvec_q8_0_kernel_for(uint32_t cols, uint32_t n_tokens);
+// Whether `kernel` can take this shape.
+bool matvec_q8_0_kernel_fits(MatvecQ8Kernel kernel, uint32_t cols, uint32_t n_tokens);
+// matvec_cuda for Q8_0 with the kernel forced (tests and benchmarks); fails if it does not fit.
+void matvec_q8_0_cuda(MatvecQ8Kernel kernel, const void* w, const float* x, float* y, uint32_t rows,
+                      uint32_t cols, uint32_t n_tokens, cudaStream_t stream);
+
 }  // namespace spillway

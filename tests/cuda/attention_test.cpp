@@ -47,8 +47,10 @@ struct GpuPartial {
     std::vector<float> out, lse;
 };
 
+// kernel == nullptr: attention_partial_cuda's own choice (attention_default_kernel).
 GpuPartial run_gpu(const AttentionShape& s, const std::vector<float>& q, KvType kt, const uint8_t* k,
-                   KvType vt, const uint8_t* v, uint32_t n_cells, uint32_t n_k_bytes, uint32_t n_v_bytes) {
+                   KvType vt, const uint8_t* v, uint32_t n_cells, uint32_t n_k_bytes, uint32_t n_v_bytes,
+                   const AttentionKernel* kernel = nullptr) {
     auto d_q = to_device(q);
     DeviceBuffer<uint8_t> d_k(std::max(1u, n_k_bytes)), d_v(std::max(1u, n_v_bytes));
     if (n_k_bytes) SPILLWAY_CUDA_CHECK(cudaMemcpy(d_k.data(), k, n_k_bytes, cudaMemcpyHostToDevice));
@@ -58,8 +60,12 @@ GpuPartial run_gpu(const AttentionShape& s, const std::vector<float>& q, KvType 
     poison(d_lse);
     const uint32_t sms = sm_count();
     DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
-    attention_partial_cuda(s, d_q.data(), kt, d_k.data(), vt, d_v.data(), n_cells, d_out.data(), d_lse.data(),
-                           ws.data(), ws.bytes(), sms, nullptr);
+    if (kernel)
+        attention_partial_cuda_with(*kernel, s, d_q.data(), kt, d_k.data(), vt, d_v.data(), n_cells, d_out.data(),
+                                    d_lse.data(), ws.data(), ws.bytes(), sms, nullptr);
+    else
+        attention_partial_cuda(s, d_q.data(), kt, d_k.data(), vt, d_v.data(), n_cells, d_out.data(), d_lse.data(),
+                               ws.data(), ws.bytes(), sms, nullptr);
     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
     return {to_host(d_out), to_host(d_lse)};
 }
@@ -73,9 +79,11 @@ void expect_close(const GpuPartial& gpu, const std::vector<float>& out, const st
     EXPECT_LT(worst, kLseTolerance) << "worst lse error " << worst;
 }
 
-void check_attention(const AttentionShape& s, KvType kt, KvType vt, uint32_t n_cells) {
+void check_attention(const AttentionShape& s, KvType kt, KvType vt, uint32_t n_cells,
+                     const AttentionKernel* kernel = nullptr) {
     const uint32_t seed = fresh_seed();
-    SCOPED_TRACE(std::string("K ") + kv_type_name(kt) + " V " + kv_type_name(vt) + " heads " +
+    SCOPED_TRACE(std::string(kernel ? (*kernel == AttentionKernel::int_dot ? "int_dot " : "tensor_core ") : "") +
+                 "K " + kv_type_name(kt) + " V " + kv_type_name(vt) + " heads " +
                  std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) + " dim " + std::to_string(s.head_dim_k) +
                  " cells " + std::to_string(n_cells) + " seed " + std::to_string(seed));
     std::mt19937 rng(seed);
@@ -86,7 +94,7 @@ void check_attention(const AttentionShape& s, KvType kt, KvType vt, uint32_t n_c
     attention_partial_cpu(s, q.data(), kt, cells.k.data(), vt, cells.v.data(), n_cells, out.data(), lse.data());
     const uint32_t k_bytes = kv_row_bytes(kt, s.n_head_kv * s.head_dim_k) * n_cells;
     const uint32_t v_bytes = kv_row_bytes(vt, s.n_head_kv * s.head_dim_v) * n_cells;
-    expect_close(run_gpu(s, q, kt, cells.k.data(), vt, cells.v.data(), n_cells, k_bytes, v_bytes), out, lse);
+    expect_close(run_gpu(s, q, kt, cells.k.data(), vt, cells.v.data(), n_cells, k_bytes, v_bytes, kernel), out, lse);
 }
 
 AttentionShape make_shape(uint32_t n_head, uint32_t n_head_kv, uint32_t dim) {
@@ -113,6 +121,41 @@ TEST(CudaAttention, MatchesCpuForOtherGqaShapes) {
             check_attention(s, KvType::q8_0, KvType::q4_0, n_cells);
         }
     }
+}
+
+// Both kernels explicitly for quantized K (the default row above covers only the chosen one),
+// across group sizes (5 exact, 4 and 1 padded to 4, 7 padded to 8) and chunk boundaries.
+TEST(CudaAttention, IntDotAndTensorCoreKernelsMatchCpu) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    for (AttentionKernel kernel : {AttentionKernel::int_dot, AttentionKernel::tensor_core}) {
+        for (KvType kt : {KvType::q8_0, KvType::q4_0})
+            for (KvType vt : kTypes)
+                for (uint32_t n_cells : {1u, 31u, 33u, 129u, 4099u, 20000u})
+                    check_attention(make_shape(40, 8, 128), kt, vt, n_cells, &kernel);
+        for (const AttentionShape& s : {make_shape(32, 8, 128), make_shape(28, 4, 128), make_shape(8, 8, 128)})
+            for (uint32_t n_cells : {7u, 700u, 3000u}) {
+                check_attention(s, KvType::q8_0, KvType::q8_0, n_cells, &kernel);
+                check_attention(s, KvType::q4_0, KvType::f16, n_cells, &kernel);
+            }
+    }
+}
+
+TEST(CudaAttention, DefaultKernelChoice) {
+    const AttentionShape s = make_shape(40, 8, 128);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::q8_0), AttentionKernel::int_dot);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::f16), AttentionKernel::int_dot);
+    EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::q8_0), AttentionKernel::tensor_core);
+    EXPECT_EQ(attention_default_kernel(make_shape(14, 2, 64), KvType::q8_0, KvType::q8_0), AttentionKernel::tensor_core);
+    EXPECT_EQ(attention_default_kernel(make_shape(16, 1, 128), KvType::q8_0, KvType::q8_0), AttentionKernel::tensor_core);
+    for (KvType kt : {KvType::q8_0, KvType::q4_0})
+        for (KvType vt : kTypes) {
+            EXPECT_EQ(attention_split_count(AttentionKernel::int_dot, s, kt, vt, 1, 132), 1u);
+            EXPECT_LE(attention_split_count(AttentionKernel::int_dot, s, kt, vt, 65536, 132) * s.n_head_kv,
+                      3u * 132 + s.n_head_kv);
+            // The shared workspace covers this kernel's splits.
+            const uint32_t n = attention_split_count(AttentionKernel::int_dot, s, kt, vt, 65536, 132);
+            EXPECT_GE(attention_workspace_bytes(s, 65536, 132), (size_t)n * s.n_head * (s.head_dim_v + 1) * 4);
+        }
 }
 
 TEST(CudaAttention, EmptyRangeIsTheMergeIdentity) {
