@@ -22,7 +22,7 @@ const Command kCommands[] = {
     {"make-model", spillway::cmd_make_model, "write a synthetic GGUF model of a preset shape"},
     {"probe", spillway::cmd_probe, "measure (or load cached) GPU and host bandwidths and costs"},
     {"plan", spillway::cmd_plan, "decide the KV tier and spill for a model, context and GPU"},
-    {"run", spillway::cmd_run, "generate text with a GGUF model (CPU engine)"},
+    {"run", spillway::cmd_run, "generate text with a GGUF model (CPU or CUDA engine)"},
 };
 
 void print_usage(FILE* out) {
