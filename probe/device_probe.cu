@@ -140,6 +140,12 @@ GpuIdentity gpu_identity() {
     return id;
 }
 
+double measure_vram_read_gbps() {
+    GpuIdentity gpu = gpu_identity();
+    Stream stream;
+    return measure_vram_read_gbps(stream, gpu);
+}
+
 ProbeValues measure_device_probe(const DeviceProbeShape& shape) {
     GpuIdentity gpu = gpu_identity();
     ProbeValues values;

@@ -32,6 +32,10 @@ struct DeviceProbeShape {
 };
 DeviceProbeShape device_probe_shape(const ModelSpec& model);
 
+// HBM read bandwidth on a streaming-read kernel over a buffer far larger than L2 (median of
+// repeats). Also the denominator of `spillway bench`'s % of roofline.
+double measure_vram_read_gbps();
+
 // Measures everything (target: under 2 s on a modern GPU). host_ram_gbps is filled by the
 // host probe, not here.
 ProbeValues measure_device_probe(const DeviceProbeShape& shape);

@@ -18,6 +18,7 @@ DeviceProbeShape device_probe_shape(const ModelSpec& model) {
 #ifndef SPILLWAY_HAVE_CUDA
 bool cuda_device_available() { return false; }
 GpuIdentity gpu_identity() { fail("this spillway was built without CUDA: no GPU to identify"); }
+double measure_vram_read_gbps() { fail("this spillway was built without CUDA: no GPU to measure"); }
 ProbeValues measure_device_probe(const DeviceProbeShape&) {
     fail("this spillway was built without CUDA: device probes need a CUDA build and a GPU "
          "(use --profile FILE or the --vram-bw-gbps/--pcie-gbps/--c-engage-ms overrides instead)");

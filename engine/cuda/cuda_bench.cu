@@ -1,7 +1,7 @@
 // spillway bench on the GPU. Per KV tier: one cache of max(depth) + n_gen + 1 cells filled
 // with random valid cells (speed depends on shapes, not values), a prefill test from cell 0,
 // then at each depth n_gen greedy decode steps through the graph path, timed with events.
-// The roofline is measured in the same run: a streaming-read kernel over 4 GiB.
+// The roofline is measured in the same run with the probe's HBM read kernel.
 #include "engine/cuda/cuda_bench.h"
 
 #include <algorithm>
@@ -15,22 +15,12 @@
 #include "engine/cpu/cpu_model.h"
 #include "engine/cuda/cuda_forward.h"
 #include "engine/cuda/cuda_model.h"
+#include "probe/device_probe.h"
 
 namespace spillway {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Reads n 16-byte words; the xor result is written only if impossible, so nothing is
-// optimised away and almost nothing is written.
-__global__ void stream_read_kernel(const uint4* p, size_t n, uint32_t* sink) {
-    uint32_t acc = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const uint4 v = __ldcs(p + i);
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (acc == 0x9E3779B9u && sink) *sink = acc;
-}
 
 class EventTimer {
 public:
@@ -55,25 +45,6 @@ private:
     cudaEvent_t a_ = nullptr, b_ = nullptr;
 };
 
-// Median GB/s of 9 streaming reads of 4 GiB (far beyond the 50 MB L2).
-double measure_hbm_read(cudaStream_t stream, uint32_t sm_count) {
-    const size_t bytes = 4ull << 30;
-    DeviceBuffer<uint8_t> buf(bytes);
-    SPILLWAY_CUDA_CHECK(cudaMemsetAsync(buf.data(), 0x5A, bytes, stream));
-    DeviceBuffer<uint32_t> sink(1);
-    EventTimer timer;
-    std::vector<double> gbs;
-    for (int i = 0; i < 10; ++i) {
-        timer.start(stream);
-        stream_read_kernel<<<sm_count * 8, 512, 0, stream>>>(reinterpret_cast<const uint4*>(buf.data()), bytes / 16,
-                                                            sink.data());
-        SPILLWAY_CUDA_CHECK(cudaGetLastError());
-        const double ms = timer.stop_ms(stream);
-        if (i > 0) gbs.push_back(bytes / (ms * 1e-3) / 1e9);  // the first is a warm-up
-    }
-    std::sort(gbs.begin(), gbs.end());
-    return gbs[gbs.size() / 2];
-}
 
 std::string device_name() {
     int dev = 0;
@@ -114,7 +85,7 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
     CudaForwardState st;
     init_cuda_forward_state(st, model, chunk, false, n_ctx);
     report.vram_scratch = cuda_forward_scratch_bytes(st);
-    report.hbm_gb_s = measure_hbm_read(st.stream, st.sm_count);
+    report.hbm_gb_s = measure_vram_read_gbps();
 
     std::mt19937_64 rng(o.seed);
     std::vector<int32_t> prompt(o.n_prompt);
