@@ -9,6 +9,7 @@
 #include "app/args.h"
 #include "app/commands.h"
 #include "app/model_arg.h"
+#include "app/plan_args.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/parse.h"
@@ -46,39 +47,14 @@ profile's vram_free_mib, else its vram_total_mib, else --vram-target alone.
 
 Environment (flags win; the spec's OPENCOTI_ names are accepted as aliases):
   SPILLWAY_KV_AUTO_TIER, SPILLWAY_KV_TSTAR_DROP, SPILLWAY_KV_TSTAR_MAX_SPILL_MIB,
-  SPILLWAY_KV_HOST_RAM_GBPS, SPILLWAY_VRAM_TARGET_MIB, SPILLWAY_CACHE_TYPE_K/_V
+  SPILLWAY_KV_HOST_RAM_GBPS, SPILLWAY_VRAM_TARGET_MIB, SPILLWAY_CACHE_TYPE_K/_V,
+  SPILLWAY_KV_DROP_MODEL
 
 Example (the spec's T5 configuration):
   spillway plan --preset qwen2.5-14b -c 65536 --vram-target 27000 \
       --profile profiles/rtx6000ada-pcie5-ddr5.json --kv-auto-tier)";
 
 long long mib(uint64_t bytes) { return std::llround((double)bytes / (double)kMiB); }
-
-std::optional<double> positive_option(const ArgParser& args, const std::string& name, bool zero_allowed = false) {
-    auto text = args.get(name);
-    if (!text) return std::nullopt;
-    double x = parse_double(*text, name);
-    if (x < 0 || (x == 0 && !zero_allowed))
-        fail(name + ": " + *text + (zero_allowed ? " must be >= 0" : " must be > 0"));
-    return x;
-}
-
-// Measurements of this machine (cached or measured on first need), with the override
-// flags applied on top, as the planner's lazy probe source.
-class OverriddenMachineProbe : public ProbeSource {
-public:
-    OverriddenMachineProbe(const ModelSpec& model, ProbeOverrides overrides)
-        : machine_(model), overrides_(overrides) {}
-    ProbeValues measure() override {
-        ProbeValues v = machine_.measure();
-        apply_probe_overrides(v, overrides_);
-        return v;
-    }
-
-private:
-    MachineProbeSource machine_;
-    ProbeOverrides overrides_;
-};
 
 // Rows to display: the planner's when it measured, else recomputed with the profile's
 // terms (reading a profile is not a measurement), else bytes only.
@@ -87,7 +63,7 @@ std::vector<LadderRow> display_rows(const ModelSpec& model, const KvPlan& plan, 
     if (plan.terms || !terms) return plan.ladder;
     std::vector<LadderRow> rows;
     for (const LadderRow& r : plan.ladder)
-        rows.push_back(make_ladder_row(model, plan.n_ctx, plan.budget.bytes, r.tier, terms, knobs, DropModel::serial));
+        rows.push_back(make_ladder_row(model, plan.n_ctx, plan.budget.bytes, r.tier, terms, knobs));
     return rows;
 }
 
@@ -127,19 +103,9 @@ int cmd_plan(int argc, char** argv) {
     ArgParser args("plan", "Decide the KV cache tier and host spill for a model, context size and GPU/host.");
     add_model_options(args);
     args.option({"-c", "--ctx-size"}, "N", "context size in cells (tokens)");
-    args.option({"--vram-target"}, "MiB", "cap on the process's VRAM (env SPILLWAY_VRAM_TARGET_MIB)");
     args.option({"-ctk", "--cache-type-k"}, "T", "explicit K type (f16, q8_0, q4_0): pins K, V is walked");
     args.option({"-ctv", "--cache-type-v"}, "T", "explicit V type: disables the auto-tier walk");
-    args.option({"--profile"}, "FILE", "GPU/host profile JSON (see profiles/)");
-    args.flag({"--kv-auto-tier"}, "turn the T*-aware auto-tier on (env SPILLWAY_KV_AUTO_TIER=1)");
-    args.option({"--tstar-drop"}, "X", "tolerable per-token slowdown, in (0, 1]", "0.20");
-    args.option({"--max-spill-mib"}, "M", "ceiling on T* (DCA pre-cliff band), >= 0", "800");
-    args.option({"--host-ram-gbps"}, "G", "host RAM bandwidth override (env SPILLWAY_KV_HOST_RAM_GBPS)");
-    args.option({"--pcie-gbps"}, "G", "pinned host->device bandwidth override");
-    args.option({"--vram-bw-gbps"}, "G", "VRAM bandwidth override");
-    args.option({"--c-engage-ms"}, "MS", "streaming engagement cost override");
-    args.option({"--vram-free-mib"}, "MiB", "free VRAM override");
-    args.option({"--compute-reserve-mib"}, "MiB", "compute reserve (default: estimated from the model)");
+    add_plan_options(args, true);
     args.flag({"--json"}, "print the plan as JSON on stdout");
     args.epilog(kEpilog);
     args.parse(argc, argv);
@@ -148,15 +114,7 @@ int cmd_plan(int argc, char** argv) {
         return 0;
     }
 
-    KnobFlags flags;
-    if (args.has("--kv-auto-tier")) flags.kv_auto_tier = "1";
-    flags.tstar_drop = args.get("--tstar-drop");
-    flags.max_spill_mib = args.get("--max-spill-mib");
-    flags.host_ram_gbps = args.get("--host-ram-gbps");
-    flags.vram_target_mib = args.get("--vram-target");
-    flags.type_k = args.get("-ctk");
-    flags.type_v = args.get("-ctv");
-    PlanKnobs knobs = resolve_plan_knobs(flags, process_env());
+    PlanKnobs knobs = resolve_plan_knobs(knob_flags_from(args), process_env());
 
     auto ctx_text = args.get("-c");
     if (!ctx_text) fail("-c N (the context size) is required");
@@ -166,41 +124,10 @@ int cmd_plan(int argc, char** argv) {
 
     // Probe values: a profile if given; else this machine's GPU (identity now, bandwidths
     // measured or loaded from the cache only if the walk needs them); else flags alone.
-    ProbeValues values;
-    bool use_machine = false;
-    if (auto profile = args.get("--profile")) {
-        values = load_probe_profile(*profile);
-    } else if (cuda_device_available()) {
-        GpuIdentity gpu = gpu_identity();
-        values.gpu_name = gpu.name;
-        values.vram_total_mib = gpu.vram_total_mib;
-        values.vram_free_mib = gpu.vram_free_mib;
-        values.origin = "this GPU (" + gpu.name + ")";
-        use_machine = true;
-    } else {
-        values.origin = "flags";
-    }
-    ProbeOverrides overrides;
-    overrides.vram_free_mib = positive_option(args, "--vram-free-mib");
-    overrides.vram_bw_gbps = positive_option(args, "--vram-bw-gbps");
-    overrides.pcie_h2d_gbps = positive_option(args, "--pcie-gbps");
-    overrides.c_engage_ms = positive_option(args, "--c-engage-ms", true);
-    apply_probe_overrides(values, overrides);
-
-    BudgetInputs budget;
-    std::optional<double> free_mib = values.vram_free_mib ? values.vram_free_mib : values.vram_total_mib;
-    if (free_mib) budget.vram_free_bytes = (uint64_t)(*free_mib * (double)kMiB);
-    else if (knobs.vram_target_mib) budget.vram_free_bytes = *knobs.vram_target_mib * kMiB;
-    else fail("no VRAM size: pass --profile FILE, --vram-free-mib MiB or --vram-target MiB");
-    if (knobs.vram_target_mib) budget.vram_target_bytes = *knobs.vram_target_mib * kMiB;
-    budget.weight_bytes = model.spec.weight_bytes_total;
-    auto reserve = positive_option(args, "--compute-reserve-mib", true);
-    budget.compute_reserve_bytes = reserve ? (uint64_t)(*reserve * (double)kMiB) : default_compute_reserve_bytes(model.spec);
-
-    FixedProbeSource fixed_probe(values);
-    OverriddenMachineProbe machine_probe(model.spec, overrides);
-    ProbeSource& probe = use_machine ? static_cast<ProbeSource&>(machine_probe) : fixed_probe;
-    KvPlan plan = plan_kv(model.spec, n_ctx, budget, knobs, probe);
+    const PlanSource source = plan_source_from(args);
+    const ProbeValues& values = source.values;
+    const BudgetInputs budget = budget_inputs_from(args, model.spec, values, knobs);
+    KvPlan plan = plan_from_source(model.spec, n_ctx, budget, knobs, source);
 
     std::optional<HostTerms> terms = plan.terms;
     if (!terms) {
@@ -267,7 +194,7 @@ int cmd_plan(int argc, char** argv) {
                             {"bw_eff_gbps", terms->bw.gbps},
                             {"binding", terms->bw.binding},
                             {"c_engage_ms", terms->c_engage_ms},
-                            {"drop_model", drop_model_name(DropModel::serial)},
+                            {"drop_model", drop_model_name(knobs.drop_model)},
                             {"origin", terms->origin}};
         else
             out["terms"] = nullptr;
@@ -305,7 +232,7 @@ int cmd_plan(int argc, char** argv) {
         std::printf("terms   vram_bw %.0f GB/s; bw_eff %.1f GB/s %s (pcie %.1f, host_ram %.1f); c_engage %.2f ms; "
                     "target_drop %.2f; max spill %.0f MiB; drop model %s\n",
                     terms->vram_bw_gbps, terms->bw.gbps, terms->bw.binding, terms->bw.pcie_gbps, terms->bw.host_ram_gbps,
-                    terms->c_engage_ms, knobs.tstar_drop, knobs.max_spill_mib, drop_model_name(DropModel::serial));
+                    terms->c_engage_ms, knobs.tstar_drop, knobs.max_spill_mib, drop_model_name(knobs.drop_model));
     else
         std::printf("terms   incomplete: no drop/tok/s predictions (pass --profile FILE or the override flags)\n");
     std::printf("\n%-10s %8s %12s %9s %9s %7s %7s %7s  %s\n", "tier", "KV MiB", "resident MiB", "spill MiB",

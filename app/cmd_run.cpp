@@ -15,6 +15,7 @@
 
 #include "app/args.h"
 #include "app/commands.h"
+#include "app/plan_args.h"
 #ifdef SPILLWAY_HAVE_CUDA
 #include "engine/cuda/cuda_generate.h"
 #endif
@@ -94,11 +95,20 @@ int cmd_run(int argc, char** argv) {
     args.option({"--repeat-last-n"}, "N", "tokens the repetition penalty looks back over", "64");
     args.option({"-t", "--threads"}, "N", "CPU threads", "all cores");
     args.option({"--device"}, "DEV", "cpu or cuda", "cpu");
+    args.option({"--resident-cells"}, "N", "cuda: KV cells kept in VRAM, the rest streamed from pinned host RAM", "all");
     args.flag({"--chat"}, "format the prompt with the model's chat template");
     args.option({"-sys", "--system-prompt"}, "TEXT", "system prompt for --chat");
     args.flag({"--json"}, "print one JSON object (token ids, text, timings) instead of streaming");
     args.option({"--logits-out"}, "FILE", "write every evaluated position's logits (docs/logits-format.md)");
-    args.epilog("example: spillway run -m tiny.gguf -p \"Once upon a time\" -n 64 --temp 0");
+    add_plan_options(args, false);
+    args.epilog(R"(--device cuda plans the KV cache for this GPU: the budget is free VRAM (capped by
+--vram-target) minus the weights and a compute reserve. A cache larger than the budget keeps
+its oldest cells in VRAM and streams the rest (the tail) from pinned host RAM every step.
+With --kv-auto-tier (or SPILLWAY_KV_AUTO_TIER=1) the T*-aware walk picks the KV types from
+this machine's measured bandwidths (spillway probe) and logs its reasoning at WARN; without
+it nothing is measured and nothing extra is printed. The planner knobs apply to --device cuda.
+
+example: spillway run -m tiny.gguf -p "Once upon a time" -n 64 --temp 0)");
     args.parse(argc, argv);
     if (args.help_requested()) {
         std::printf("%s", args.help().c_str());
@@ -119,8 +129,14 @@ int cmd_run(int argc, char** argv) {
     const std::string text = args.has("--prompt") ? *args.get("--prompt") : read_text_file(*args.get("--file"));
     if (text.empty()) fail("the prompt is empty");
     if (args.has("--system-prompt") && !args.has("--chat")) fail("-sys needs --chat");
-    const KvType k_type = parse_kv_type(args.get_or("--cache-type-k", "f16"), "-ctk");
-    const KvType v_type = parse_kv_type(args.get_or("--cache-type-v", "f16"), "-ctv");
+    KvType k_type = parse_kv_type(args.get_or("--cache-type-k", "f16"), "-ctk");
+    KvType v_type = parse_kv_type(args.get_or("--cache-type-v", "f16"), "-ctv");
+    const PlanKnobs knobs = resolve_plan_knobs(knob_flags_from(args), process_env());
+    if (device == "cpu")
+        for (const char* gpu_only : {"--kv-auto-tier", "--vram-target", "--tstar-drop", "--max-spill-mib", "--drop-model",
+                                     "--host-ram-gbps", "--pcie-gbps", "--vram-bw-gbps", "--c-engage-ms", "--vram-free-mib",
+                                     "--compute-reserve-mib"})
+            if (args.has(gpu_only)) fail(std::string(gpu_only) + " plans the GPU's KV cache: it needs --device cuda");
     const int64_t n_predict = args.get_int("--n-predict", 0, 1 << 24).value_or(128);
     const int64_t batch = args.get_int("--batch-size", 1, 1 << 16).value_or(512);
     const unsigned threads =
@@ -158,6 +174,30 @@ int cmd_run(int argc, char** argv) {
              std::to_string(n_ctx) + " (raise -c, or shorten the prompt)");
     const uint32_t n_generate = (uint32_t)std::min<int64_t>(n_predict, n_ctx - (int64_t)prompt.size());
 
+#ifdef SPILLWAY_HAVE_CUDA
+    // The GPU's KV cache: the requested types (switch off) or the auto-tier's choice, and
+    // the window of cells that stay in VRAM. With the switch off nothing is measured and
+    // nothing is printed unless the cache has to spill.
+    uint64_t resident_cells = n_ctx;
+    std::optional<KvPlan> kv_plan;
+    if (device == "cuda") {
+        const PlanSource source = plan_source_from(args);
+        const BudgetInputs budget = budget_inputs_from(args, spec, source.values, knobs);
+        kv_plan = plan_from_source(spec, n_ctx, budget, knobs, source);
+        k_type = kv_plan->tier.k;
+        v_type = kv_plan->tier.v;
+        resident_cells = kv_plan->window.resident_cells;
+        if (resident_cells == 0)
+            fail("the KV budget holds no cell of the cache (" + describe_budget(kv_plan->budget) +
+                 "): raise --vram-target or lower -c");
+        if (kv_plan->window.spilled_cells > 0 && !json)
+            std::fprintf(stderr, "kv cache: %s, %llu of %u cells in VRAM, %llu cells (%.0f MiB) streamed from pinned host RAM\n",
+                         kv_tier_name(kv_plan->tier).c_str(), (unsigned long long)resident_cells, n_ctx,
+                         (unsigned long long)kv_plan->window.spilled_cells,
+                         (double)kv_plan->window.spilled_bytes / (double)kMiB);
+    }
+#endif
+
     std::unique_ptr<LogitsWriter> logits_out;
     if (auto path = args.get("--logits-out")) logits_out = std::make_unique<LogitsWriter>(*path, *model_path, spec.n_vocab);
 
@@ -186,8 +226,11 @@ int cmd_run(int argc, char** argv) {
         if (logits_out)
             on_logits = [&](int32_t token, int32_t position, const float* row) { logits_out->write(token, position, row); };
         const uint32_t chunk = (uint32_t)std::min<int64_t>(batch, (int64_t)prompt.size());
-        CudaGenerateStats stats = generate_cuda(model, prompt, n_generate, sampling,
-                                                {n_ctx, chunk, k_type, v_type, !json}, emit, on_logits);
+        CudaGenerateOptions copt{n_ctx, chunk, k_type, v_type, !json};
+        // --resident-cells (tests, experiments) wins over the plan's window.
+        copt.resident_cells = (uint32_t)args.get_int("--resident-cells", 1, UINT32_MAX)
+                                  .value_or(std::min<uint64_t>(resident_cells, n_ctx));
+        CudaGenerateStats stats = generate_cuda(model, prompt, n_generate, sampling, copt, emit, on_logits);
         prefill_s = stats.prefill_s;
         decode_s = stats.decode_s;
         bytes_read = stats.bytes_read;
@@ -251,6 +294,21 @@ int cmd_run(int argc, char** argv) {
             {"timings", {{"prefill_s", prefill_s}, {"prefill_tokens", prompt.size()}, {"prefill_tok_s", prefill_tps},
                          {"decode_s", decode_s}, {"decode_tokens", n_decoded}, {"decode_tok_s", decode_tps},
                          {"decode_gb_s", decode_gbps}}}};
+#ifdef SPILLWAY_HAVE_CUDA
+        // Only when the plan did something beyond the requested types: the switch-off,
+        // fits-in-VRAM output stays what it always was.
+        if (kv_plan && (knobs.auto_tier || kv_plan->window.spilled_cells > 0))
+            out["kv_plan"] = {{"auto_tier", knobs.auto_tier},
+                              {"tier", kv_tier_name(kv_plan->tier)},
+                              {"reason", kv_plan->reason},
+                              {"resident_cells", kv_plan->window.resident_cells},
+                              {"spilled_cells", kv_plan->window.spilled_cells},
+                              {"spilled_bytes", kv_plan->window.spilled_bytes},
+                              {"probed", kv_plan->probed},
+                              {"predicted_tok_s", kv_plan->predicted_tok_s ? nlohmann::json(*kv_plan->predicted_tok_s)
+                                                                           : nlohmann::json(nullptr)},
+                              {"diagnostics", kv_plan->diagnostics}};
+#endif
         std::printf("%s\n", out.dump(1).c_str());
     } else {
         std::printf("%s\n", tail.c_str());

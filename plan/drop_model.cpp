@@ -15,8 +15,15 @@ constexpr double kBytesPerMsPerGbps = 1e6;
 const char* drop_model_name(DropModel model) {
     switch (model) {
         case DropModel::serial: return "serial";
+        case DropModel::overlap: return "overlap";
     }
     return "?";
+}
+
+std::optional<DropModel> drop_model_from_name(const std::string& name) {
+    if (name == "serial") return DropModel::serial;
+    if (name == "overlap") return DropModel::overlap;
+    return std::nullopt;
 }
 
 EffectiveBandwidth effective_bandwidth(double pcie_gbps, double host_ram_gbps) {
@@ -48,6 +55,12 @@ double predicted_token_ms(DropModel model, const DropTerms& t, uint64_t tail_byt
         case DropModel::serial:
             if (tail_bytes == 0) return t.t_resident_ms;
             return t.t_resident_ms + t.c_engage_ms + (double)tail_bytes / (t.bw_eff_gbps * kBytesPerMsPerGbps);
+        case DropModel::overlap: {
+            if (tail_bytes == 0) return t.t_resident_ms;
+            if (!(t.h2d_gbps > 0)) fail("overlap drop model needs the pinned host->GPU bandwidth (> 0 GB/s)");
+            double copy_ms = (double)tail_bytes / (t.h2d_gbps * kBytesPerMsPerGbps);
+            return std::max(t.t_resident_ms, copy_ms) + t.c_engage_ms;
+        }
     }
     fail("unknown drop model");
 }
@@ -64,6 +77,14 @@ uint64_t tolerable_spill_bytes(DropModel model, const DropTerms& t, double targe
             if (!(ms_left > 0)) return 0;
             double bytes = ms_left * t.bw_eff_gbps * kBytesPerMsPerGbps;
             return (uint64_t)std::floor(bytes);
+        }
+        case DropModel::overlap: {
+            // The copy hides under the resident read up to t_resident; past it the copy is
+            // the token time: max(t_res, tail/h2d) + c <= (1 + target) t_res.
+            if (!(t.h2d_gbps > 0)) fail("overlap drop model needs the pinned host->GPU bandwidth (> 0 GB/s)");
+            if (!(target_drop * t.t_resident_ms - t.c_engage_ms > 0)) return 0;
+            double ms_left = (1.0 + target_drop) * t.t_resident_ms - t.c_engage_ms;
+            return (uint64_t)std::floor(ms_left * t.h2d_gbps * kBytesPerMsPerGbps);
         }
     }
     fail("unknown drop model");

@@ -17,14 +17,21 @@ enum class DropModel {
     // Spec: drop(tail) = (c_engage + tail/bw_eff) / t_resident; the tail transfer and the
     // engagement step add to the resident per-token time.
     serial,
+    // Ours: the copy engine streams each layer's tail from pinned memory while the GPU reads
+    // the resident part (DESIGN.md's roofline max()), so
+    // token(tail) = max(t_resident, tail/h2d) + c_engage, with h2d the measured pinned
+    // host->GPU copy bandwidth (no host-side memcpy: the tail already lives in pinned RAM).
+    overlap,
 };
-const char* drop_model_name(DropModel model);
+const char* drop_model_name(DropModel model);  // "serial", "overlap"
+std::optional<DropModel> drop_model_from_name(const std::string& name);
 
 // The measured terms of the drop model for one host, GPU and tier.
 struct DropTerms {
     double t_resident_ms = 0;  // per-token time with the tier fully resident
     double c_engage_ms = 0;    // fixed cost of turning the streaming path on
-    double bw_eff_gbps = 0;    // min(pcie, host_ram): bytes per ns the tail arrives at
+    double bw_eff_gbps = 0;    // serial: min(pcie, host_ram), the rate the tail arrives at
+    double h2d_gbps = 0;       // overlap: pinned host->GPU copy bandwidth (the copy engine's)
 };
 
 // Which link binds bw_eff, for the diagnostics ("PCIe-bound" / "host-RAM-bound").

@@ -68,6 +68,11 @@ PlanKnobs resolve_plan_knobs(const KnobFlags& flags, const EnvLookup& env) {
         k.vram_target_mib = (uint64_t)parse_int_in(s->text, s->what + " (MiB)", 1, int64_t(1) << 30);
     if (auto s = lookup(flags.type_k, "-ctk", {"SPILLWAY_CACHE_TYPE_K"}, env)) k.type_k = parse_kv_type(*s);
     if (auto s = lookup(flags.type_v, "-ctv", {"SPILLWAY_CACHE_TYPE_V"}, env)) k.type_v = parse_kv_type(*s);
+    if (auto s = lookup(flags.drop_model, "--drop-model", {"SPILLWAY_KV_DROP_MODEL"}, env)) {
+        auto m = drop_model_from_name(s->text);
+        if (!m) fail(s->what + ": '" + s->text + "' is not a drop model (serial, overlap)");
+        k.drop_model = *m;
+    }
     return k;
 }
 

@@ -10,16 +10,22 @@
 //   host RAM GB/s     --host-ram-gbps G  SPILLWAY_KV_HOST_RAM_GBPS, OPENCOTI_...           measured
 //   VRAM cap          --vram-target MiB  SPILLWAY_VRAM_TARGET_MIB                         none
 //   K / V type        -ctk T / -ctv T    SPILLWAY_CACHE_TYPE_K / SPILLWAY_CACHE_TYPE_V    f16
+//   drop model        --drop-model M     SPILLWAY_KV_DROP_MODEL       serial | overlap   (kDefaultDropModel)
 #include <functional>
 #include <optional>
 #include <string>
 
 #include "model/model_spec.h"
+#include "plan/drop_model.h"
 
 namespace spillway {
 
 using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
 EnvLookup process_env();  // std::getenv
+
+// The drop model the planner uses unless told otherwise: the one whose predictions matched
+// the measured spill sweep best (README, "Drop model sweep").
+inline constexpr DropModel kDefaultDropModel = DropModel::serial;
 
 struct PlanKnobs {
     bool auto_tier = false;
@@ -28,6 +34,7 @@ struct PlanKnobs {
     std::optional<double> host_ram_gbps;      // overrides the measured host RAM bandwidth
     std::optional<uint64_t> vram_target_mib;
     std::optional<KvType> type_k, type_v;     // set only when the user chose them
+    DropModel drop_model = kDefaultDropModel;
 };
 
 // Raw text of each knob as given on the command line (nullopt: not given).
@@ -39,6 +46,7 @@ struct KnobFlags {
     std::optional<std::string> vram_target_mib;
     std::optional<std::string> type_k;
     std::optional<std::string> type_v;
+    std::optional<std::string> drop_model;
 };
 
 // Throws spillway::Error naming the flag or variable on any invalid value.

@@ -72,7 +72,7 @@ const char* plan_mode_name(PlanMode mode) {
 }
 
 LadderRow make_ladder_row(const ModelSpec& model, uint64_t n_ctx, uint64_t budget_bytes, KvTier tier,
-                          const HostTerms* terms, const PlanKnobs& knobs, DropModel drop_model) {
+                          const HostTerms* terms, const PlanKnobs& knobs) {
     LadderRow row;
     row.tier = tier;
     KvFootprint fp = kv_footprint(model, n_ctx, tier);
@@ -86,6 +86,8 @@ LadderRow make_ladder_row(const ModelSpec& model, uint64_t n_ctx, uint64_t budge
     dt.t_resident_ms = t_resident_ms(model, n_ctx, tier, terms->vram_bw_gbps);
     dt.c_engage_ms = terms->c_engage_ms;
     dt.bw_eff_gbps = terms->bw.gbps;
+    dt.h2d_gbps = terms->bw.pcie_gbps;
+    const DropModel drop_model = knobs.drop_model;
     row.t_resident_ms = dt.t_resident_ms;
     row.tstar_unclamped_bytes = tolerable_spill_bytes(drop_model, dt, knobs.tstar_drop);
     // DCA ceiling: past ~800 MiB the DCA-on streaming path falls off a cliff the drop model
@@ -118,13 +120,14 @@ std::vector<KvTier> ladder_for(const ModelSpec& model, const PlanKnobs& knobs) {
 }
 
 KvPlan plan_kv(const ModelSpec& model, uint64_t n_ctx, const BudgetInputs& budget_inputs, const PlanKnobs& knobs,
-               ProbeSource& probe, DropModel drop_model) {
+               ProbeSource& probe) {
+    const DropModel drop_model = knobs.drop_model;
     if (n_ctx == 0) fail("context size must be at least 1 cell");
     KvPlan plan;
     plan.n_ctx = n_ctx;
     plan.budget = compute_budget(budget_inputs);
     std::vector<KvTier> tiers = ladder_for(model, knobs);
-    for (KvTier t : tiers) plan.ladder.push_back(make_ladder_row(model, n_ctx, plan.budget.bytes, t, nullptr, knobs, drop_model));
+    for (KvTier t : tiers) plan.ladder.push_back(make_ladder_row(model, n_ctx, plan.budget.bytes, t, nullptr, knobs));
 
     auto choose = [&](size_t i, std::string reason) {
         plan.chosen = i;
@@ -186,8 +189,15 @@ KvPlan plan_kv(const ModelSpec& model, uint64_t n_ctx, const BudgetInputs& budge
                      terms.origin.c_str(), terms.vram_bw_gbps, terms.bw.pcie_gbps, terms.bw.host_ram_gbps, terms.bw.gbps,
                      terms.bw.binding, terms.c_engage_ms));
     for (LadderRow& row : plan.ladder)
-        row = make_ladder_row(model, n_ctx, plan.budget.bytes, row.tier, &terms, knobs, drop_model);
+        row = make_ladder_row(model, n_ctx, plan.budget.bytes, row.tier, &terms, knobs);
 
+    // The link each model charges the tail to: the serial model the slower of PCIe and the
+    // host's single-thread copy (the spec's proxy), the overlap model the measured pinned
+    // copy engine, which reads the pinned tail directly.
+    const bool overlapped = drop_model == DropModel::overlap;
+    const char* link_name = overlapped ? "h2d" : "bw_eff";
+    const double link_gbps = overlapped ? terms.bw.pcie_gbps : terms.bw.gbps;
+    const char* link_binding = overlapped ? "copy overlapped with compute" : terms.bw.binding;
     std::optional<size_t> pick;
     for (size_t i = 0; i < plan.ladder.size() && !pick; ++i) {
         const LadderRow& row = plan.ladder[i];
@@ -199,10 +209,10 @@ KvPlan plan_kv(const ModelSpec& model, uint64_t n_ctx, const BudgetInputs& budge
                                 ? format(" (clamped from %lld MiB by max-spill %.0f MiB)", mib(*row.tstar_unclamped_bytes),
                                          knobs.max_spill_mib)
                                 : std::string();
-        diag.warn(format("T* drop-model (%s) — %s: t_resident %.2f ms, c_engage %.2f ms, target_drop=%.2f, bw_eff=%.1f "
+        diag.warn(format("T* drop-model (%s) — %s: t_resident %.2f ms, c_engage %.2f ms, target_drop=%.2f, %s=%.1f "
                          "→ tolerable spill %lld MiB%s; spill %lld MiB, predicted drop %.1f%% → %s",
                          drop_model_name(drop_model), kv_tier_name(row.tier).c_str(), *row.t_resident_ms,
-                         terms.c_engage_ms, knobs.tstar_drop, terms.bw.gbps, mib(*row.tstar_bytes), clamp.c_str(),
+                         terms.c_engage_ms, knobs.tstar_drop, link_name, link_gbps, mib(*row.tstar_bytes), clamp.c_str(),
                          mib(row.window.spilled_bytes), 100.0 * *row.predicted_drop,
                          row.verdict == RowVerdict::spill_within_tstar ? "accept" : "reject"));
         if (row.verdict == RowVerdict::spill_within_tstar) pick = i;
@@ -222,10 +232,10 @@ KvPlan plan_kv(const ModelSpec& model, uint64_t n_ctx, const BudgetInputs& budge
                              mib(row.window.spilled_bytes), mib(*row.tstar_bytes),
                              (unsigned long long)row.window.spilled_cells, (unsigned long long)n_ctx));
     }
-    diag.warn(format("top tier %s SPILLS by %lld MiB … T* tolerable spill %lld MiB (bw_eff=%.1f %s, target_drop=%.2f) → "
+    diag.warn(format("top tier %s SPILLS by %lld MiB … T* tolerable spill %lld MiB (%s=%.1f %s, target_drop=%.2f) → "
                      "auto KV tier = %s (%s)",
                      kv_tier_name(top.tier).c_str(), mib(plan.ladder[0].window.spilled_bytes),
-                     mib(*plan.ladder[0].tstar_bytes), terms.bw.gbps, terms.bw.binding, knobs.tstar_drop,
+                     mib(*plan.ladder[0].tstar_bytes), link_name, link_gbps, link_binding, knobs.tstar_drop,
                      kv_tier_name(plan.tier).c_str(), plan.reason.c_str()));
     return plan;
 }

@@ -50,7 +50,7 @@ struct LadderRow {
 };
 
 LadderRow make_ladder_row(const ModelSpec& model, uint64_t n_ctx, uint64_t budget_bytes, KvTier tier,
-                          const HostTerms* terms, const PlanKnobs& knobs, DropModel drop_model);
+                          const HostTerms* terms, const PlanKnobs& knobs);
 
 enum class PlanMode {
     auto_off,        // switch off: requested (or default) types, spill window only
@@ -85,6 +85,6 @@ std::vector<KvTier> ladder_for(const ModelSpec& model, const PlanKnobs& knobs);
 // Decides the KV tier and spill window. Logs the diagnostics at WARN only when the switch
 // is on; with it off nothing is probed and nothing is logged.
 KvPlan plan_kv(const ModelSpec& model, uint64_t n_ctx, const BudgetInputs& budget_inputs,
-               const PlanKnobs& knobs, ProbeSource& probe, DropModel drop_model = DropModel::serial);
+               const PlanKnobs& knobs, ProbeSource& probe);
 
 }  // namespace spillway

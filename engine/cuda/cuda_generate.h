@@ -20,6 +20,9 @@ struct CudaGenerateOptions {
     KvType k_type = KvType::f16;
     KvType v_type = KvType::f16;
     bool show_progress = true;     // upload progress bar (on a terminal)
+    // KV cells kept in VRAM; the rest of n_ctx lives in pinned host memory and is streamed
+    // each step (engine/cuda/kv_spill.h). UINT32_MAX (or >= n_ctx): no spill.
+    uint32_t resident_cells = UINT32_MAX;
 };
 
 struct CudaGenerateStats {
@@ -28,6 +31,8 @@ struct CudaGenerateStats {
     uint32_t n_decoded = 0;        // forward passes of generated tokens
     uint64_t bytes_read = 0;       // weights + KV read by those passes
     uint64_t vram_weights = 0, vram_kv = 0, vram_scratch = 0, vram_graphs = 0;
+    uint64_t spilled_bytes = 0;    // KV bytes in the pinned host tail (all layers, K + V)
+    uint64_t staging_bytes = 0;    // VRAM of the spill's staging buffers (counts against the budget)
 };
 
 // Called with each sampled token; return false to stop (end of generation).

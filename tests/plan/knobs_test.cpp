@@ -134,3 +134,19 @@ INSTANTIATE_TEST_SUITE_P(
         BadKnob{"ctk_unknown", ctk("q5_0"), {}, "-ctk: 'q5_0' is not a KV cache type"},
         BadKnob{"ctv_unknown", ctv("f32"), {}, "-ctv: 'f32' is not a KV cache type"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Knobs, DropModelFromFlagOrEnvAndRejectsUnknownNames) {
+    EXPECT_EQ(resolve_plan_knobs({}, env_of({})).drop_model, kDefaultDropModel);
+    EXPECT_EQ(resolve_plan_knobs({}, env_of({{"SPILLWAY_KV_DROP_MODEL", "overlap"}})).drop_model, DropModel::overlap);
+    KnobFlags flags;
+    flags.drop_model = "serial";
+    EXPECT_EQ(resolve_plan_knobs(flags, env_of({{"SPILLWAY_KV_DROP_MODEL", "overlap"}})).drop_model, DropModel::serial);
+    flags.drop_model = "Overlap";  // names are exact, as the other enum knobs
+    try {
+        resolve_plan_knobs(flags, env_of({}));
+        FAIL() << "expected an error";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("--drop-model"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("serial, overlap"), std::string::npos) << e.what();
+    }
+}

@@ -83,6 +83,60 @@ TEST(DropModel, SerialModelMatchesTheSpecFormula) {
     EXPECT_STREQ(effective_bandwidth(6.7, 11.5).binding, "PCIe-bound");
 }
 
+TEST(DropModel, OverlapModelHidesTheCopyUnderTheResidentRead) {
+    DropTerms t;
+    t.t_resident_ms = 6.0;
+    t.c_engage_ms = 0.1;
+    t.bw_eff_gbps = 9.6;  // the serial model's link; the overlap model must not use it
+    t.h2d_gbps = 50.0;
+    EXPECT_EQ(predicted_token_ms(DropModel::overlap, t, 0), 6.0);
+    // 100 MB at 50 GB/s = 2 ms < 6 ms: hidden, only the engagement step remains.
+    EXPECT_NEAR(predicted_token_ms(DropModel::overlap, t, 100'000'000), 6.1, 1e-9);
+    // 500 MB = 10 ms of copy: the copy is the token time.
+    EXPECT_NEAR(predicted_token_ms(DropModel::overlap, t, 500'000'000), 10.1, 1e-9);
+    EXPECT_NEAR(predicted_drop(DropModel::overlap, t, 500'000'000), 10.1 / 6.0 - 1.0, 1e-9);
+    // T*: max(t, tail/h2d) + c = 1.2 t  =>  tail = (1.2 * 6 - 0.1) * 50e6 bytes.
+    uint64_t tstar = tolerable_spill_bytes(DropModel::overlap, t, 0.2);
+    EXPECT_NEAR((double)tstar, (1.2 * 6.0 - 0.1) * 50e6, 1.0);
+    EXPECT_NEAR(predicted_drop(DropModel::overlap, t, tstar), 0.2, 1e-6);
+    // Far above the serial model's T* on the same terms: the copy no longer adds.
+    EXPECT_GT(tstar, 10 * tolerable_spill_bytes(DropModel::serial, t, 0.2));
+    // c_engage alone over the target: never spill, as in the serial model.
+    t.c_engage_ms = 2.0;
+    EXPECT_EQ(tolerable_spill_bytes(DropModel::overlap, t, 0.2), 0u);
+    // Without the copy bandwidth the model cannot predict: an error, not a guess.
+    t.h2d_gbps = 0;
+    EXPECT_THROW(predicted_token_ms(DropModel::overlap, t, 1), Error);
+    EXPECT_STREQ(drop_model_name(DropModel::overlap), "overlap");
+    EXPECT_EQ(drop_model_from_name("serial"), DropModel::serial);
+    EXPECT_FALSE(drop_model_from_name("fast"));
+}
+
+// The knob reaches the walk: on the T5 terms the overlap model's T* (PCIe-class copy engine)
+// is larger than the serial model's (host-RAM-bound), and the diagnostics name the model.
+TEST(Planner, DropModelKnobChangesTStarAndIsNamedInTheDiagnostics) {
+    ModelSpec m = qwen14b_q8();
+    PlanKnobs serial = auto_on();
+    serial.drop_model = DropModel::serial;
+    PlanKnobs overlap = auto_on();
+    overlap.drop_model = DropModel::overlap;
+    FixedProbeSource p1(rtx6000_bs2()), p2(rtx6000_bs2());
+    ScopedLogCapture log;
+    KvPlan a = plan_kv(m, 65536, budget_for(m, rtx6000_bs2(), 27000), serial, p1);
+    KvPlan b = plan_kv(m, 65536, budget_for(m, rtx6000_bs2(), 27000), overlap, p2);
+    ASSERT_TRUE(a.ladder[0].tstar_unclamped_bytes && b.ladder[0].tstar_unclamped_bytes);
+    EXPECT_GT(*b.ladder[0].tstar_unclamped_bytes, 5 * *a.ladder[0].tstar_unclamped_bytes);
+    auto mentions = [](const KvPlan& p, const std::string& what) {
+        for (const std::string& d : p.diagnostics)
+            if (d.find(what) != std::string::npos) return true;
+        return false;
+    };
+    EXPECT_TRUE(mentions(a, "drop-model (serial)"));
+    EXPECT_TRUE(mentions(b, "drop-model (overlap)"));
+    EXPECT_TRUE(mentions(b, "h2d="));
+    EXPECT_FALSE(mentions(a, "h2d="));
+}
+
 // --- the spec's T5 configuration ------------------------------------------------------
 
 // Qwen2.5-14B-1M, Q8_0 weights, ctx 65536, --vram-target 27000, RTX 6000 (bs2): f16 spills
