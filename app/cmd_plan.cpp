@@ -81,6 +81,7 @@ nlohmann::json row_json(const LadderRow& r, bool chosen) {
             {"spill_bytes", r.window.spilled_bytes},
             {"resident_cells", r.window.resident_cells},
             {"spilled_cells", r.window.spilled_cells},
+            {"staging_bytes", r.staging_bytes},
             {"t_resident_ms", opt(r.t_resident_ms)},
             {"tstar_bytes", opt(r.tstar_bytes)},
             {"tstar_unclamped_bytes", opt(r.tstar_unclamped_bytes)},
@@ -210,6 +211,7 @@ int cmd_plan(int argc, char** argv) {
                            {"spilled_cells", plan.window.spilled_cells},
                            {"resident_bytes", plan.window.resident_bytes},
                            {"spill_bytes", plan.window.spilled_bytes},
+                           {"staging_bytes", plan.staging_bytes},
                            {"tstar_bytes", opt(chosen_row.tstar_bytes)},
                            {"predicted_drop", opt(chosen_row.predicted_drop)},
                            {"predicted_tok_s", opt(chosen_row.predicted_tok_s)},
@@ -247,9 +249,10 @@ int cmd_plan(int argc, char** argv) {
                     i == plan.chosen ? "  <- chosen" : "");
     }
     std::printf("\ndecision %s: %s — %s\n", plan_mode_name(plan.mode), kv_tier_name(plan.tier).c_str(), plan.reason.c_str());
-    std::printf("window   %llu resident cells, %llu spilled cells (%lld MiB to pinned host RAM)\n",
+    std::printf("window   %llu resident cells, %llu spilled cells (%lld MiB to pinned host RAM%s)\n",
                 (unsigned long long)plan.window.resident_cells, (unsigned long long)plan.window.spilled_cells,
-                mib(plan.window.spilled_bytes));
+                mib(plan.window.spilled_bytes),
+                plan.staging_bytes ? (", staging ring " + std::to_string(mib(plan.staging_bytes)) + " MiB in VRAM").c_str() : "");
     if (chosen_row.predicted_tok_s)
         std::printf("predict  drop %.1f%%, decode %.1f tok/s (roofline: weights + resident KV over VRAM bandwidth)\n",
                     100.0 * *chosen_row.predicted_drop, *chosen_row.predicted_tok_s);

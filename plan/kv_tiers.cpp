@@ -52,4 +52,25 @@ SpillWindow spill_window(const KvFootprint& f, uint64_t budget_bytes) {
     return w;
 }
 
+uint64_t spill_staging_bytes(uint64_t spilled_bytes) {
+    if (spilled_bytes == 0) return 0;
+    return std::min<uint64_t>(kSpillChunkBytes, spilled_bytes) * kSpillStagingBuffers;
+}
+
+StagedSpillWindow spill_window_with_staging(const KvFootprint& f, uint64_t budget_bytes) {
+    StagedSpillWindow s;
+    s.window = spill_window(f, budget_bytes);
+    if (s.window.spilled_cells == 0) return s;
+    // Paying for staging spills more, which can need more staging, up to its cap: iterate
+    // until the staging the window needs is the staging it was computed with (the tail at
+    // least doubles per round below the cap, so this ends within a few dozen rounds).
+    for (int round = 0; round < 64; ++round) {
+        uint64_t need = spill_staging_bytes(s.window.spilled_bytes);
+        if (need <= s.staging_bytes) break;
+        s.staging_bytes = need;
+        s.window = spill_window(f, budget_bytes > s.staging_bytes ? budget_bytes - s.staging_bytes : 0);
+    }
+    return s;
+}
+
 }  // namespace spillway

@@ -61,4 +61,20 @@ struct SpillWindow {
 };
 SpillWindow spill_window(const KvFootprint& footprint, uint64_t budget_bytes);
 
+// The spill engine streams each layer's tail through a ring of VRAM staging buffers
+// (engine/cuda/kv_spill.h), and they take their VRAM from the same budget.
+inline constexpr uint32_t kSpillStagingBuffers = 2;
+inline constexpr uint64_t kSpillChunkBytes = 32ull << 20;  // one buffer: one layer's tail chunk, K + V
+// VRAM the staging ring needs for a tail of spilled_bytes (all layers): a chunk never holds
+// more than one layer's tail, so the tail itself bounds it. 0 when nothing spills.
+uint64_t spill_staging_bytes(uint64_t spilled_bytes);
+
+// The window once the staging ring is paid from the budget: resident cells shrink until
+// resident bytes + staging fit. Equal to spill_window when the cache fits.
+struct StagedSpillWindow {
+    SpillWindow window;
+    uint64_t staging_bytes = 0;
+};
+StagedSpillWindow spill_window_with_staging(const KvFootprint& footprint, uint64_t budget_bytes);
+
 }  // namespace spillway

@@ -77,7 +77,9 @@ LadderRow make_ladder_row(const ModelSpec& model, uint64_t n_ctx, uint64_t budge
     row.tier = tier;
     KvFootprint fp = kv_footprint(model, n_ctx, tier);
     row.kv_bytes = fp.total_bytes();
-    row.window = spill_window(fp, budget_bytes);
+    StagedSpillWindow staged = spill_window_with_staging(fp, budget_bytes);
+    row.window = staged.window;
+    row.staging_bytes = staged.staging_bytes;
     bool spills = row.window.spilled_bytes > 0;
     row.verdict = spills ? RowVerdict::spills : RowVerdict::fits;
     if (!terms) return row;
@@ -135,6 +137,7 @@ KvPlan plan_kv(const ModelSpec& model, uint64_t n_ctx, const BudgetInputs& budge
         plan.tier = row.tier;
         plan.kv_bytes = row.kv_bytes;
         plan.window = row.window;
+        plan.staging_bytes = row.staging_bytes;
         plan.tstar_bytes = row.tstar_bytes;
         plan.predicted_drop = row.predicted_drop;
         plan.predicted_tok_s = row.predicted_tok_s;

@@ -40,6 +40,7 @@ struct LadderRow {
     KvTier tier;
     uint64_t kv_bytes = 0;
     SpillWindow window;
+    uint64_t staging_bytes = 0;  // VRAM of the spill's staging ring, paid from the budget
     // Present when host terms are known:
     std::optional<double> t_resident_ms;
     std::optional<uint64_t> tstar_unclamped_bytes;
@@ -67,6 +68,7 @@ struct KvPlan {
     size_t chosen = 0;                    // index into ladder
     uint64_t kv_bytes = 0;
     SpillWindow window;                   // resident/spilled cells and bytes of the chosen tier
+    uint64_t staging_bytes = 0;           // the spill's staging ring (0 when nothing spills)
     Budget budget;
     std::optional<HostTerms> terms;       // present only when the probe was called
     std::optional<uint64_t> tstar_bytes;  // the chosen tier's T*, when computed

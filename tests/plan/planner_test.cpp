@@ -67,6 +67,32 @@ TEST(KvTiers, FootprintMatchesTheModelsRealPerLayerStructure) {
     EXPECT_EQ(w.resident_bytes + w.spilled_bytes, f.total_bytes());
 }
 
+// The spill's staging ring is paid from the same budget: resident bytes + staging never
+// exceed it, a cache that fits pays nothing, and a one-cell spill stages only that cell.
+TEST(KvTiers, StagingRingIsPaidFromTheBudget) {
+    ModelSpec m = qwen14b_q8();
+    const KvTier f16{KvType::f16, KvType::f16};
+    KvFootprint f = kv_footprint(m, 65536, f16);
+    StagedSpillWindow fits = spill_window_with_staging(f, f.total_bytes());
+    EXPECT_EQ(fits.window.spilled_cells, 0u);
+    EXPECT_EQ(fits.staging_bytes, 0u);
+    for (uint64_t budget : {f.total_bytes() - 1, f.total_bytes() - 100 * kMiB, f.total_bytes() / 2, 70 * kMiB,
+                            (uint64_t)1}) {
+        StagedSpillWindow s = spill_window_with_staging(f, budget);
+        EXPECT_GT(s.window.spilled_cells, 0u) << budget;
+        EXPECT_EQ(s.staging_bytes, spill_staging_bytes(s.window.spilled_bytes)) << budget;
+        EXPECT_LE(s.window.resident_bytes + s.staging_bytes, std::max<uint64_t>(budget, s.staging_bytes)) << budget;
+        EXPECT_LE(s.staging_bytes, kSpillStagingBuffers * kSpillChunkBytes);
+        // Not more conservative than needed: one more resident cell would not fit.
+        if (s.window.resident_cells + 1 < f.n_ctx && budget > s.staging_bytes)
+            EXPECT_GT(s.window.resident_bytes + f.global_bytes_per_cell + s.staging_bytes, budget) << budget;
+    }
+    // A big spill pays the full ring: 2 x 32 MiB.
+    EXPECT_EQ(spill_window_with_staging(f, f.total_bytes() / 2).staging_bytes, 64 * kMiB);
+    EXPECT_EQ(spill_staging_bytes(0), 0u);
+    EXPECT_EQ(spill_staging_bytes(1000), 2000u);
+}
+
 TEST(DropModel, SerialModelMatchesTheSpecFormula) {
     DropTerms t{30.0, 0.8, 6.7};
     // drop(tail) = (c_engage + tail/bw_eff) / t_resident

@@ -44,7 +44,10 @@ TEST(PresetPlan, SpecT5ThroughThePreset) {
     KvPlan plan = plan_kv(m, 65536, b, k, probe);
     EXPECT_EQ(kv_tier_name(plan.tier), "q8_0/q8_0");
     EXPECT_EQ(plan.reason, "fits");
-    EXPECT_NEAR(plan.ladder[0].window.spilled_bytes / (double)kMiB, 1672, 8);
+    // 1672 MiB past the budget (the spec measured 1630 on its engine) plus the 64 MiB of
+    // staging ring our spill engine takes from the same budget.
+    EXPECT_NEAR(plan.ladder[0].window.spilled_bytes / (double)kMiB, 1672 + 64, 8);
+    EXPECT_EQ(plan.ladder[0].staging_bytes, 64 * kMiB);
     EXPECT_NEAR(*plan.ladder[0].tstar_bytes / (double)kMiB, 44, 2);
 }
 
