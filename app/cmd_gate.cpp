@@ -17,6 +17,7 @@
 
 #include "app/args.h"
 #include "app/commands.h"
+#include "app/plan_args.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/parse.h"
@@ -24,10 +25,14 @@
 #include "engine/cpu/cpu_model.h"
 #include "gguf/gguf.h"
 #include "plan/planner.h"
+#include "probe/device_probe.h"
 #include "probe/profile.h"
 #include "quality/gate_cells.h"
 #include "quality/logit_compare.h"
 #include "quality/logits_backend.h"
+#ifdef SPILLWAY_HAVE_CUDA
+#include "quality/cuda_logits_backend.h"
+#endif
 #include "quality/niah.h"
 #include "quality/niah_runner.h"
 #include "tokenizer/chat_template.h"
@@ -46,16 +51,18 @@ const char* kEpilog = R"(Modes (give one):
            agreement, max and mean |dlogit|, perplexity of the text. Text: -f FILE, or the
            essay haystack of quality/niah.cpp (our own grammar), --kl-tokens tokens of it.
   --cells  The spec's T5 table: f16_resident, f16_spill, q8_resident, auto, with niah, KL vs
-           f16_resident, decode tok/s and the four checks. f16_spill and auto need the spill
-           engine (issue 6) and are reported as not available; --profile FILE lets the
-           planner say which tier auto would choose at -c N.
+           f16_resident, decode tok/s and the four checks. The planner sizes the cells for
+           -c N (default: the longest niah length) on this GPU (--device cuda) or on
+           --profile FILE: f16_spill runs f16/f16 with the window the budget leaves (force a
+           spill with --vram-target MiB), auto runs what the T*-aware walk chooses (this
+           GPU's probe, or the profile's terms). Spilled cells need --device cuda.
 
 Decode tok/s is measured over the greedy answer steps of the niah run (one token per step).
 
 examples:
   spillway gate -m tiny.gguf --niah --tasks single_1,multikey_1 --lengths 1024 --depths 3
   spillway gate -m tiny.gguf --kl --tiers f32/f32,q8_0/q8_0,q4_0/q4_0 --kl-tokens 1024 --json
-  spillway gate -m model.gguf --cells --lengths 4096 --profile profiles/h200-sxm.json -c 65536)";
+  spillway gate -m model.gguf --cells --device cuda --lengths 8192 --vram-target 400 --compute-reserve-mib 0)";
 
 std::string read_text_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -118,10 +125,22 @@ struct Runtime {
     unsigned threads = 0;
 };
 
-// The one place a device is chosen: the CUDA engine plugs in here as another LogitsBackend.
-std::unique_ptr<LogitsBackend> open_backend(const Runtime& rt, const GateModel& model, GateKv kv, uint32_t n_ctx) {
-    if (rt.device == "cpu") return make_cpu_logits_backend(model.cpu, kv, n_ctx, rt.chunk, rt.threads);
-    if (rt.device == "cuda") fail("--device cuda: the CUDA engine is not wired into gate yet; use --device cpu");
+// The one place a device is chosen. resident_cells < n_ctx keeps only that window in VRAM
+// and streams the rest from pinned host RAM (the CUDA engine's spill).
+std::unique_ptr<LogitsBackend> open_backend(const Runtime& rt, const GateModel& model, GateKv kv, uint32_t n_ctx,
+                                            uint32_t resident_cells = UINT32_MAX) {
+    if (rt.device == "cpu") {
+        if (resident_cells < n_ctx) fail("a spilled KV cache needs the CUDA engine (--device cuda)");
+        return make_cpu_logits_backend(model.cpu, kv, n_ctx, rt.chunk, rt.threads);
+    }
+    if (rt.device == "cuda") {
+#ifdef SPILLWAY_HAVE_CUDA
+        if (!cuda_device_available()) fail("--device cuda: no usable CUDA GPU on this machine");
+        return make_cuda_logits_backend(model.cpu, kv, n_ctx, resident_cells, rt.chunk);
+#else
+        fail("--device cuda: this build has no CUDA engine (configure with -DSPILLWAY_CUDA=ON on a machine with nvcc)");
+#endif
+    }
     fail("--device: unknown device '" + rt.device + "' (expected cpu or cuda)");
 }
 
@@ -167,8 +186,10 @@ std::vector<NiahPrompt> make_prompts_with_progress(const GateModel& model, const
 }
 
 // The text the logit metrics run over, cut to n_tokens (0: all of a file).
-std::vector<int32_t> kl_tokens_from(const ArgParser& args, const GateModel& model, uint64_t seed, std::string& source) {
-    const uint32_t n_tokens = (uint32_t)args.get_int("--kl-tokens", 2, 1 << 24).value_or(args.has("--file") ? 0 : 2048);
+std::vector<int32_t> kl_tokens_from(const ArgParser& args, const GateModel& model, uint64_t seed, std::string& source,
+                                    uint32_t default_tokens = 2048) {
+    const uint32_t n_tokens =
+        (uint32_t)args.get_int("--kl-tokens", 2, 1 << 24).value_or(args.has("--file") ? 0 : default_tokens);
     std::vector<int32_t> tokens;
     if (auto path = args.get("--file")) {
         tokens = model.codec.encode(read_text_file(*path));
@@ -196,21 +217,35 @@ nlohmann::json metrics_json(const LogitMetrics& m) {
             {"ppl_candidate", m.ppl_candidate}};
 }
 
+// A cache the gate runs: a tier and the cells of it kept in VRAM (UINT32_MAX: all).
+struct CellCache {
+    GateKv kv;
+    uint32_t resident_cells = UINT32_MAX;
+};
+
 std::vector<LogitMetrics> run_kl(const Runtime& rt, const GateModel& model, GateKv reference,
-                                 const std::vector<GateKv>& tiers, const std::vector<int32_t>& tokens,
+                                 const std::vector<CellCache>& caches, const std::vector<int32_t>& tokens,
                                  const char* label) {
     const uint32_t n = (uint32_t)tokens.size();
     auto ref = open_backend(rt, model, reference, n);
     std::vector<std::unique_ptr<LogitsBackend>> owned;
     std::vector<LogitsBackend*> candidates;
-    for (const GateKv& t : tiers) {
-        owned.push_back(open_backend(rt, model, t, n));
+    for (const CellCache& c : caches) {
+        owned.push_back(open_backend(rt, model, c.kv, n, c.resident_cells));
         candidates.push_back(owned.back().get());
     }
     ProgressBar bar(label, n, "tokens");
     auto out = compare_logits(*ref, candidates, tokens, rt.chunk, [&](uint64_t done, uint64_t) { bar.update(done); });
     bar.finish();
     return out;
+}
+
+std::vector<LogitMetrics> run_kl(const Runtime& rt, const GateModel& model, GateKv reference,
+                                 const std::vector<GateKv>& tiers, const std::vector<int32_t>& tokens,
+                                 const char* label) {
+    std::vector<CellCache> caches;
+    for (const GateKv& t : tiers) caches.push_back({t});
+    return run_kl(rt, model, reference, caches, tokens, label);
 }
 
 int gate_niah(const ArgParser& args, const Runtime& rt, const GateModel& model, const std::string& model_path, bool json) {
@@ -275,40 +310,46 @@ int gate_kl(const ArgParser& args, const Runtime& rt, const GateModel& model, co
     return 0;
 }
 
-// What auto would choose: the planner with the profile's terms, the switch on.
-std::optional<AutoDecision> plan_auto_decision(const ArgParser& args, const GateModel& model, uint64_t n_ctx,
-                                               std::vector<std::string>& diagnostics) {
-    auto profile = args.get("--profile");
-    if (!profile) return std::nullopt;
-    KnobFlags flags;
-    flags.kv_auto_tier = "1";
-    flags.tstar_drop = args.get("--tstar-drop");
-    flags.max_spill_mib = args.get("--max-spill-mib");
-    flags.vram_target_mib = args.get("--vram-target");
-    PlanKnobs knobs = resolve_plan_knobs(flags, process_env());
-    ProbeValues values = load_probe_profile(*profile);
-    BudgetInputs budget;
-    std::optional<double> free_mib = values.vram_free_mib ? values.vram_free_mib : values.vram_total_mib;
-    if (free_mib) budget.vram_free_bytes = (uint64_t)(*free_mib * (double)kMiB);
-    else if (knobs.vram_target_mib) budget.vram_free_bytes = *knobs.vram_target_mib * kMiB;
-    else fail("--profile " + *profile + " has no VRAM size; add --vram-target MiB");
-    if (knobs.vram_target_mib) budget.vram_target_bytes = *knobs.vram_target_mib * kMiB;
-    budget.weight_bytes = model.cpu.spec.weight_bytes_total;
-    budget.compute_reserve_bytes = default_compute_reserve_bytes(model.cpu.spec);
-    FixedProbeSource probe(values);
-    KvPlan plan;
-    {
-        ScopedLogCapture quiet;  // the WARN lines are kept in plan.diagnostics and shown below
-        plan = plan_kv(model.cpu.spec, n_ctx, budget, knobs, probe);
-    }
-    diagnostics = plan.diagnostics;
+// The planner's two views of the gate's configuration: the f16 window with the switch off
+// (what f16_spill runs) and the auto-tier walk (what auto runs), from --profile FILE or
+// this machine's GPU, the budget capped by --vram-target.
+struct GatePlans {
+    KvPlan f16;       // switch off, f16/f16: its spill window
+    KvPlan automatic; // switch on
+    std::string source;
+};
+
+std::optional<GatePlans> plan_gate_cells(const ArgParser& args, const Runtime& rt, const ModelSpec& spec, uint64_t n_ctx) {
+    // On the CPU engine without a profile there is no GPU to plan for.
+    if (rt.device == "cpu" && !args.has("--profile")) return std::nullopt;
+    const PlanKnobs knobs = resolve_plan_knobs(knob_flags_from(args), process_env());
+    const PlanSource source = plan_source_from(args);
+    const BudgetInputs budget = budget_inputs_from(args, spec, source.values, knobs);
+    GatePlans plans;
+    plans.source = source.values.origin + ", ctx " + std::to_string(n_ctx);
+    PlanKnobs off = knobs;
+    off.auto_tier = false;
+    off.type_k = off.type_v = KvType::f16;
+    PlanKnobs on = knobs;
+    on.auto_tier = true;
+    on.type_k = on.type_v = std::nullopt;
+    ScopedLogCapture quiet;  // the WARN lines are kept in the plan's diagnostics and shown below
+    plans.f16 = plan_from_source(spec, n_ctx, budget, off, source);
+    plans.automatic = plan_from_source(spec, n_ctx, budget, on, source);
+    return plans;
+}
+
+AutoDecision auto_decision_from(const GatePlans& plans) {
     AutoDecision d;
-    d.tier = kv_tier_name(plan.tier);
-    d.reason = plan.reason;
-    d.source = "profile " + *profile + ", ctx " + std::to_string(n_ctx);
-    for (const LadderRow& row : plan.ladder)
-        if (row.tier == KvTier{KvType::f16, KvType::f16}) d.f16_spills = row.window.spilled_bytes > 0;
+    d.tier = kv_tier_name(plans.automatic.tier);
+    d.reason = plans.automatic.reason;
+    d.source = plans.source;
+    d.f16_spills = plans.f16.window.spilled_cells > 0;
     return d;
+}
+
+uint32_t resident_cells_of(const KvPlan& plan) {
+    return plan.window.spilled_cells == 0 ? UINT32_MAX : (uint32_t)plan.window.resident_cells;
 }
 
 int gate_cells(const ArgParser& args, const Runtime& rt, const GateModel& model, const std::string& model_path, bool json) {
@@ -318,46 +359,96 @@ int gate_cells(const ArgParser& args, const Runtime& rt, const GateModel& model,
     const uint64_t plan_ctx = (uint64_t)args.get_int("--ctx-size", 1, int64_t(1) << 31).value_or(n_ctx);
     GateThresholds thresholds;
     thresholds.niah_tolerance = args.get_double("--niah-tolerance").value_or(0.0);
-    std::vector<std::string> diagnostics;
-    const std::optional<AutoDecision> decision = plan_auto_decision(args, model, plan_ctx, diagnostics);
-    KnobFlags drop_flag;
-    drop_flag.tstar_drop = args.get("--tstar-drop");
-    thresholds.tstar_drop = resolve_plan_knobs(drop_flag, process_env()).tstar_drop;
+    thresholds.tstar_drop = resolve_plan_knobs(knob_flags_from(args), process_env()).tstar_drop;
+    const std::optional<GatePlans> plans = plan_gate_cells(args, rt, model.cpu.spec, plan_ctx);
+    std::optional<AutoDecision> decision;
+    if (plans) decision = auto_decision_from(*plans);
+    const std::vector<std::string> diagnostics = plans ? plans->automatic.diagnostics : std::vector<std::string>{};
 
     const GateKv f16{{KvType::f16, KvType::f16}, false};
     const GateKv q8{{KvType::q8_0, KvType::q8_0}, false};
-    const char* kNeedsSpill = "needs the spill engine (issue 6)";
+    // The cells run on caches of plan_ctx cells, so the planner's window is the window run.
+    const uint32_t cache_ctx = (uint32_t)std::max<uint64_t>(plan_ctx, n_ctx);
 
-    // Resident cells: niah (and decode tok/s from its answers) per tier, then KL of q8 vs f16.
+    // niah (and decode tok/s from its answer steps) of one cache.
     const std::vector<NiahPrompt> prompts = make_prompts_with_progress(model, config);
-    auto run_resident = [&](GateCell cell, GateKv kv) {
+    auto run_cell = [&](GateCell cell, CellCache cache, const std::string& label) {
         CellResult r;
         r.cell = cell;
-        r.kv_tier = gate_kv_name(kv);
-        auto backend = open_backend(rt, model, kv, n_ctx);
-        const NiahReport report = run_niah_with_progress(*backend, model, prompts, config, gate_kv_name(kv));
+        r.kv_tier = gate_kv_name(cache.kv);
+        auto backend = open_backend(rt, model, cache.kv, cache_ctx, cache.resident_cells);
+        const NiahReport report = run_niah_with_progress(*backend, model, prompts, config, label);
         r.niah = report.score;
         if (report.decode_steps) r.decode_tok_s = report.decode_tok_s();
         r.spilled_mib = (double)backend->spilled_bytes() / (double)kMiB;
         return std::pair{r, report};
     };
-    auto [f16_cell, f16_report] = run_resident(GateCell::f16_resident, f16);
+    auto [f16_cell, f16_report] = run_cell(GateCell::f16_resident, {f16}, "f16/f16");
     f16_cell.kl_reference = true;
-    auto [q8_cell, q8_report] = run_resident(GateCell::q8_resident, q8);
-    std::string kl_source;
-    const std::vector<int32_t> kl_tokens = kl_tokens_from(args, model, config.seed, kl_source);
-    const LogitMetrics q8_kl = run_kl(rt, model, f16, {q8}, kl_tokens, "kl q8_0 vs f16")[0];
-    q8_cell.kl_vs_f16 = q8_kl.mean_kl;
-    q8_cell.top1_vs_f16 = q8_kl.top1_agreement;
+    auto [q8_cell, q8_report] = run_cell(GateCell::q8_resident, {q8}, "q8_0/q8_0");
 
+    // A spilled cell is only meaningful when the prompts reach past the resident window.
+    auto why_not_spilled = [&](const KvPlan& plan) -> std::optional<std::string> {
+        if (rt.device != "cuda") return std::string("needs --device cuda (the spill is the CUDA engine's)");
+        if (plan.window.spilled_cells == 0)
+            return "f16/f16 fits the budget at ctx " + std::to_string(plan_ctx) + ": nothing spills (lower --vram-target)";
+        if (plan.window.resident_cells >= n_ctx)
+            return "the window keeps " + std::to_string(plan.window.resident_cells) + " cells in VRAM and the prompts reach " +
+                   std::to_string(n_ctx) + ": the tail is never read (lower --vram-target or raise --lengths)";
+        return std::nullopt;
+    };
     CellResult spill_cell, auto_cell;
     spill_cell.cell = GateCell::f16_spill;
-    spill_cell.unavailable = kNeedsSpill;
+    spill_cell.kv_tier = "f16/f16";
     auto_cell.cell = GateCell::auto_tier;
-    auto_cell.unavailable = kNeedsSpill;
-    if (decision) {
+    std::optional<NiahReport> spill_report, auto_report;
+    std::vector<CellCache> kl_caches = {{q8}};
+    int spill_kl = -1, auto_kl = -1;
+    if (!plans) {
+        spill_cell.unavailable = "no plan: give --profile FILE, or run on --device cuda";
+        auto_cell.unavailable = spill_cell.unavailable;
+    } else {
+        if (auto why = why_not_spilled(plans->f16)) {
+            spill_cell.unavailable = *why;
+        } else {
+            auto [c, r] = run_cell(GateCell::f16_spill, {f16, resident_cells_of(plans->f16)}, "f16/f16 spilled");
+            spill_cell = c;
+            spill_report = r;
+            spill_kl = (int)kl_caches.size();
+            kl_caches.push_back({f16, resident_cells_of(plans->f16)});
+        }
         auto_cell.chosen_tier = decision->tier;
-        auto_cell.chosen_note = "planned, not run";
+        const KvPlan& ap = plans->automatic;
+        const GateKv auto_kv{ap.tier, false};
+        if (rt.device != "cuda" && ap.window.spilled_cells > 0) {
+            auto_cell.unavailable = "its tier spills: needs --device cuda";
+            auto_cell.chosen_note = "planned, not run";
+        } else {
+            auto [c, r] = run_cell(GateCell::auto_tier, {auto_kv, resident_cells_of(ap)}, "auto " + kv_tier_name(ap.tier));
+            c.chosen_tier = decision->tier;
+            c.chosen_note = ap.probed ? "planned with this machine's measurements" : "planned";
+            auto_cell = c;
+            auto_report = r;
+            auto_kl = (int)kl_caches.size();
+            kl_caches.push_back({auto_kv, resident_cells_of(ap)});
+        }
+    }
+
+    // KL vs f16_resident over a text at least as long as the prompts, so spilled cells are
+    // compared where their tail is read.
+    std::string kl_source;
+    const std::vector<int32_t> kl_tokens = kl_tokens_from(args, model, config.seed, kl_source,
+                                                          std::max<uint32_t>(2048, std::min<uint32_t>(n_ctx, cache_ctx)));
+    const std::vector<LogitMetrics> kl = run_kl(rt, model, f16, kl_caches, kl_tokens, "kl vs f16/f16");
+    q8_cell.kl_vs_f16 = kl[0].mean_kl;
+    q8_cell.top1_vs_f16 = kl[0].top1_agreement;
+    if (spill_kl >= 0) {
+        spill_cell.kl_vs_f16 = kl[spill_kl].mean_kl;
+        spill_cell.top1_vs_f16 = kl[spill_kl].top1_agreement;
+    }
+    if (auto_kl >= 0) {
+        auto_cell.kl_vs_f16 = kl[auto_kl].mean_kl;
+        auto_cell.top1_vs_f16 = kl[auto_kl].top1_agreement;
     }
     const std::vector<CellResult> cells = {f16_cell, spill_cell, q8_cell, auto_cell};
     const std::vector<GateCheck> checks = evaluate_gate_checks(cells, decision, thresholds);
@@ -371,9 +462,21 @@ int gate_cells(const ArgParser& args, const Runtime& rt, const GateModel& model,
         out["planner_ctx"] = plan_ctx;
         out["kl_tokens"] = kl_tokens.size();
         out["kl_text"] = kl_source;
-        out["q8_kl"] = metrics_json(q8_kl);
+        out["kl"] = nlohmann::json::object();
+        out["kl"]["q8_resident"] = metrics_json(kl[0]);
+        if (spill_kl >= 0) out["kl"]["f16_spill"] = metrics_json(kl[spill_kl]);
+        if (auto_kl >= 0) out["kl"]["auto"] = metrics_json(kl[auto_kl]);
         out["niah"] = {{"f16_resident", niah_report_json(f16_report, false)},
                        {"q8_resident", niah_report_json(q8_report, false)}};
+        if (spill_report) out["niah"]["f16_spill"] = niah_report_json(*spill_report, false);
+        if (auto_report) out["niah"]["auto"] = niah_report_json(*auto_report, false);
+        if (plans) {
+            out["f16_window"] = {{"resident_cells", plans->f16.window.resident_cells},
+                                 {"spilled_cells", plans->f16.window.spilled_cells},
+                                 {"spilled_bytes", plans->f16.window.spilled_bytes},
+                                 {"staging_bytes", plans->f16.staging_bytes},
+                                 {"budget", describe_budget(plans->f16.budget)}};
+        }
         out["planner_diagnostics"] = diagnostics;
         std::printf("%s\n", dump_json(out).c_str());
         return 0;
@@ -383,15 +486,19 @@ int gate_cells(const ArgParser& args, const Runtime& rt, const GateModel& model,
     for (uint32_t l : config.lengths) std::printf(" %u", l);
     std::printf(" x %u depths x %u samples; KL over %zu tokens of %s\n", config.n_depths, config.samples,
                 kl_tokens.size(), kl_source.c_str());
-    std::printf("decode tok/s: greedy answer steps of the niah run (%llu steps f16, %llu steps q8)\n\n",
-                (unsigned long long)f16_report.decode_steps, (unsigned long long)q8_report.decode_steps);
-    std::printf("%s\n", format_gate_table(cells).c_str());
+    std::printf("decode tok/s: greedy answer steps of the niah run\n");
+    if (plans)
+        std::printf("f16 window at ctx %llu: %s; %llu cells resident, %llu spilled (%.1f MiB)\n",
+                    (unsigned long long)plan_ctx, describe_budget(plans->f16.budget).c_str(),
+                    (unsigned long long)plans->f16.window.resident_cells, (unsigned long long)plans->f16.window.spilled_cells,
+                    (double)plans->f16.window.spilled_bytes / (double)kMiB);
+    std::printf("\n%s\n", format_gate_table(cells).c_str());
     if (decision) {
-        std::printf("auto (planned): %s — %s [%s]\n", decision->tier.c_str(), decision->reason.c_str(), decision->source.c_str());
+        std::printf("auto: %s — %s [%s]\n", decision->tier.c_str(), decision->reason.c_str(), decision->source.c_str());
         for (const std::string& line : diagnostics) std::printf("  %s\n", line.c_str());
         std::printf("\n");
     } else {
-        std::printf("auto: no planner decision (give --profile FILE and -c N)\n\n");
+        std::printf("auto: no planner decision (give --profile FILE, or run on --device cuda)\n\n");
     }
     std::printf("%s", format_gate_checks(checks).c_str());
     return 0;
@@ -419,11 +526,8 @@ int cmd_gate(int argc, char** argv) {
     args.option({"--reference"}, "KV", "--kl reference tier", "f16/f16");
     args.option({"-f", "--file"}, "FILE", "--kl text file (instead of the generated essay)");
     args.option({"--kl-tokens"}, "N", "tokens of the KL text", "2048 (all of -f FILE)");
-    args.option({"--profile"}, "FILE", "--cells: GPU/host profile for the planner's auto decision");
     args.option({"-c", "--ctx-size"}, "N", "--cells: context the planner decides for", "the longest niah length");
-    args.option({"--vram-target"}, "MiB", "--cells: VRAM cap for the planner");
-    args.option({"--tstar-drop"}, "X", "--cells: target per-token drop", "0.20");
-    args.option({"--max-spill-mib"}, "M", "--cells: ceiling on T*", "800");
+    add_plan_options(args, true);
     args.option({"--niah-tolerance"}, "P", "--cells: q8 niah may be P points below f16", "0");
     args.option({"-b", "--batch-size"}, "N", "prefill chunk size", "512");
     args.option({"-t", "--threads"}, "N", "CPU threads", "all cores");
@@ -441,7 +545,6 @@ int cmd_gate(int argc, char** argv) {
     Runtime rt;
     rt.device = args.get_or("--device", "cpu");
     if (rt.device != "cpu" && rt.device != "cuda") fail("--device: unknown device '" + rt.device + "' (expected cpu or cuda)");
-    if (rt.device == "cuda") fail("--device cuda: the CUDA engine is not wired into gate yet; use --device cpu");
     rt.chunk = (uint32_t)args.get_int("--batch-size", 1, 1 << 16).value_or(512);
     rt.threads = (unsigned)args.get_int("--threads", 1, 1024).value_or(std::max(1u, std::thread::hardware_concurrency()));
     const bool json = args.has("--json");

@@ -122,11 +122,12 @@ TEST_F(GateCommand, NiahInTheChatTemplateAndOnTwoTiers) {
     EXPECT_LE(j["tiers"][0]["niah"]["prefill_tokens"].get<int>() + 4, 600);
 }
 
-TEST_F(GateCommand, CellsReportWhatRanAndWhatNeedsTheSpillEngine) {
+TEST_F(GateCommand, CellsOnTheCpuRunWhatFitsAndSayWhySpilledCellsDoNot) {
     const std::string profile = std::string(SPILLWAY_SOURCE_DIR) + "/profiles/h200-sxm.json";
+    // On the H200 profile the tiny model's f16 cache fits: nothing spills, auto keeps f16.
     const nlohmann::json j = run_json("gate -m " + model_ +
                                       " --cells --tasks single_2 --lengths 320 --depths 1 --max-answer-tokens 4"
-                                      " --kl-tokens 128 -b 128 -t 2 --profile " + profile + " -c 65536 --json");
+                                      " --kl-tokens 128 -b 128 -t 2 --profile " + profile + " --json");
     ASSERT_TRUE(j.is_object());
     ASSERT_EQ(j["cells"].size(), 4u);
     EXPECT_EQ(j["cells"][0]["cell"], "f16_resident");
@@ -135,16 +136,30 @@ TEST_F(GateCommand, CellsReportWhatRanAndWhatNeedsTheSpillEngine) {
     EXPECT_FALSE(j["cells"][0]["niah"].is_null());
     EXPECT_EQ(j["cells"][1]["cell"], "f16_spill");
     EXPECT_EQ(j["cells"][1]["available"], false);
+    EXPECT_NE(j["cells"][1]["unavailable_reason"].get<std::string>().find("--device cuda"), std::string::npos) << j["cells"][1];
     EXPECT_TRUE(j["cells"][1]["decode_tok_s"].is_null());
     EXPECT_EQ(j["cells"][2]["cell"], "q8_resident");
     EXPECT_GE(j["cells"][2]["kl_vs_f16_resident"].get<double>(), 0.0);
     EXPECT_EQ(j["cells"][3]["cell"], "auto");
-    EXPECT_EQ(j["cells"][3]["available"], false);
-    EXPECT_FALSE(j["cells"][3]["chosen_tier"].is_null());  // the planner's choice, labelled as planned
-    EXPECT_EQ(j["cells"][3]["chosen_note"], "planned, not run");
+    EXPECT_EQ(j["cells"][3]["available"], true);  // f16/f16 fits: auto runs it on the CPU
+    EXPECT_EQ(j["cells"][3]["chosen_tier"], "f16/f16");
+    EXPECT_FALSE(j["cells"][3]["niah"].is_null());
+    // Auto runs the same cache as f16_resident: its logits are the reference's.
+    EXPECT_EQ(j["cells"][3]["kl_vs_f16_resident"].get<double>(), 0.0);
     ASSERT_EQ(j["checks"].size(), 4u);
     EXPECT_EQ(j["checks"][1]["status"], "NOT AVAILABLE");
-    EXPECT_EQ(j["checks"][3]["status"], "NOT AVAILABLE");
+
+    // A budget that spills f16 (the tiny model's weights + 1 MiB): auto quantizes or spills,
+    // and whatever spills is reported as needing the CUDA engine, never silently run resident.
+    const nlohmann::json k = run_json("gate -m " + model_ +
+                                      " --cells --tasks single_2 --lengths 320 --depths 1 --max-answer-tokens 4"
+                                      " --kl-tokens 128 -b 128 -t 2 --profile " + profile +
+                                      " -c 65536 --vram-target 1 --compute-reserve-mib 0 --vram-free-mib 100000 --json");
+    ASSERT_TRUE(k.is_object());
+    EXPECT_EQ(k["cells"][1]["available"], false);
+    EXPECT_GT(k["f16_window"]["spilled_cells"].get<uint64_t>(), 0u);
+    if (k["cells"][3]["available"] == false)
+        EXPECT_NE(k["cells"][3]["unavailable_reason"].get<std::string>().find("--device cuda"), std::string::npos);
 }
 
 TEST_F(GateCommand, ClearErrors) {
