@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/prefill_attention_mma.cuh"
 
 namespace spillway {
 namespace {
@@ -15,29 +16,53 @@ __global__ void f32_to_f16_kernel(const float* in, __half* out, size_t n) {
         out[i] = __float2half_rn(in[i]);
 }
 
-// One thread per 32 values (a Q8_0 block, or 32 f16/bf16 values) of the tile.
+// One thread per 8 consecutive values of the tile, written as one 16-byte store, so a warp
+// writes 512 contiguous bytes (the first version wrote 32 two-byte values per thread with a
+// 64-byte stride across the warp). Q8_0: the quants become halves by the 0x64 byte trick
+// and one half2 multiply by d (d * q rounded once to f16, as from f32: the product is exact
+// in f32). BF16: converted through f32; F16: copied.
+__device__ __forceinline__ uint32_t u16_pair(const uint8_t* p) {
+    const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
+    return __byte_perm(h[0], h[1], 0x5410);
+}
+__device__ __forceinline__ uint32_t q8_pair_to_half2(uint32_t biased, int sel, __half2 d) {
+    const __half2 bias = __float2half2_rn(1024.0f + 128.0f);
+    const uint32_t a = __byte_perm(biased, 0x64646464u, sel);  // halves 1024 + (q + 128), exact
+    const __half2 h = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&a), bias), d);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
 __global__ void dequantize_rows_kernel(int type, const uint8_t* src, uint64_t row_bytes, uint32_t n_in,
                                        uint32_t n_rows, __half* out) {
-    const uint32_t blocks_per_row = n_in / 32;
-    const uint64_t n_blocks = (uint64_t)n_rows * blocks_per_row;
-    for (uint64_t b = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; b < n_blocks; b += (uint64_t)gridDim.x * blockDim.x) {
-        const uint64_t r = b / blocks_per_row, j = b % blocks_per_row;
+    const uint32_t units_per_row = n_in / 8;
+    const uint64_t n_units = (uint64_t)n_rows * units_per_row;
+    for (uint64_t u = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; u < n_units; u += (uint64_t)gridDim.x * blockDim.x) {
+        const uint64_t r = u / units_per_row, j = u % units_per_row;  // values 8j .. 8j+7 of row r
         const uint8_t* row = src + r * row_bytes;
-        __half* dst = out + r * n_in + j * 32;
+        uint4 v;
         if (type == (int)GgmlType::Q8_0) {
-            const uint8_t* blk = row + j * 34;
-            const float d = __half2float(*reinterpret_cast<const __half*>(blk));
-#pragma unroll
-            for (int i = 0; i < 32; ++i) dst[i] = __float2half_rn(d * (float)(int8_t)blk[2 + i]);
-        } else if (type == (int)GgmlType::BF16) {
-            const uint16_t* v = reinterpret_cast<const uint16_t*>(row) + j * 32;
-#pragma unroll
-            for (int i = 0; i < 32; ++i) dst[i] = __float2half_rn(__uint_as_float((uint32_t)v[i] << 16));
+            const uint8_t* blk = row + (j / 4) * 34;
+            const __half2 d = __half2half2(*reinterpret_cast<const __half*>(blk));
+            const uint32_t lo = u16_pair(blk + 2 + 8 * (j % 4)) ^ 0x80808080u;
+            const uint32_t hi = u16_pair(blk + 6 + 8 * (j % 4)) ^ 0x80808080u;
+            v = make_uint4(q8_pair_to_half2(lo, 0x4140, d), q8_pair_to_half2(lo, 0x4342, d),
+                           q8_pair_to_half2(hi, 0x4140, d), q8_pair_to_half2(hi, 0x4342, d));
         } else {
-            const __half* v = reinterpret_cast<const __half*>(row) + j * 32;
+            const unsigned short* x = reinterpret_cast<const unsigned short*>(row) + j * 8;
+            uint32_t w[4];
 #pragma unroll
-            for (int i = 0; i < 32; ++i) dst[i] = v[i];
+            for (int i = 0; i < 4; ++i) {
+                if (type == (int)GgmlType::BF16) {
+                    const __half2 h = __floats2half2_rn(__uint_as_float((uint32_t)x[2 * i] << 16),
+                                                        __uint_as_float((uint32_t)x[2 * i + 1] << 16));
+                    w[i] = *reinterpret_cast<const uint32_t*>(&h);
+                } else {
+                    w[i] = (uint32_t)x[2 * i] | ((uint32_t)x[2 * i + 1] << 16);
+                }
+            }
+            v = make_uint4(w[0], w[1], w[2], w[3]);
         }
+        *reinterpret_cast<uint4*>(out + r * n_in + j * 8) = v;
     }
 }
 
@@ -68,14 +93,17 @@ struct PrefillParams {
     const uint8_t* v;
     uint64_t k_row, v_row, k_slice, v_slice;
     int k_type, v_type;
-    uint32_t n_head, n_group, pos0;
+    uint32_t n_head, n_group, pos0, cell_begin, cell_end;  // cells [cell_begin, cell_end) of the layer
     float scale;
     float* out;
+    float* lse;  // may be null
 };
 
 // Block = (KV head, query token): the KV head's cells are read once for its G query heads.
 // Per tile of 32 cells: K and V dequantized to f32 in shared memory, scores G x 32, online
 // softmax (one warp per query head, one lane per cell), then acc = acc*alpha + P V.
+// The token sees cells [cell_begin, min(cell_end, pos0 + t + 1)); p.k / p.v point at
+// cell_begin. No visible cell: out = 0, lse = -inf (the merge identity).
 template <int D>
 __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillParams p) {
     __shared__ float qs[kMaxGroup][D];
@@ -84,7 +112,9 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillPara
     __shared__ float ps[kMaxGroup][kCells];
     __shared__ float run_max[kMaxGroup], run_sum[kMaxGroup], alpha[kMaxGroup];
     const uint32_t kv_head = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const uint32_t G = p.n_group, n_cells = p.pos0 + t + 1;
+    const uint32_t G = p.n_group;
+    const uint32_t visible_end = min(p.cell_end, p.pos0 + t + 1);
+    const uint32_t n_cells = visible_end > p.cell_begin ? visible_end - p.cell_begin : 0;
     for (uint32_t i = tid; i < G * D; i += kThreads) {
         const uint32_t g = i / D, d = i % D;
         qs[g][d] = p.q[((size_t)t * p.n_head + kv_head * G + g) * D + d] * p.scale;
@@ -152,7 +182,12 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillPara
 #pragma unroll
     for (int j = 0; j < kAcc; ++j) {
         const uint32_t idx = tid + kThreads * j, g = idx / D, d = idx % D;
-        if (g < G) p.out[((size_t)t * p.n_head + kv_head * G + g) * D + d] = acc[j] / run_sum[g];
+        if (g < G) {
+            const size_t head = (size_t)t * p.n_head + kv_head * G + g;
+            const bool seen = n_cells > 0;
+            p.out[head * D + d] = seen ? acc[j] / run_sum[g] : 0.0f;
+            if (p.lse && d == 0) p.lse[head] = seen ? run_max[g] + logf(run_sum[g]) : -INFINITY;
+        }
     }
 }
 
@@ -160,8 +195,8 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillPara
 
 void dequantize_rows_f16_cuda(const CudaMatrix& w, uint32_t r0, uint32_t n_rows, __half* out, cudaStream_t stream) {
     if (w.n_in % 32 != 0) fail("dequantize_rows_f16_cuda: n_in must be a multiple of 32");
-    const uint64_t n_blocks = (uint64_t)n_rows * (w.n_in / 32);
-    dequantize_rows_kernel<<<grid_for(n_blocks, 256), 256, 0, stream>>>((int)w.type, w.data + (uint64_t)r0 * w.row_bytes,
+    const uint64_t n_units = (uint64_t)n_rows * (w.n_in / 8);
+    dequantize_rows_kernel<<<grid_for(n_units, 256), 256, 0, stream>>>((int)w.type, w.data + (uint64_t)r0 * w.row_bytes,
                                                                        w.row_bytes, w.n_in, n_rows, out);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
@@ -194,14 +229,39 @@ void matmul_prefill_cuda(cublasHandle_t cublas, const CudaMatrix& w, const float
     }
 }
 
-void prefill_attention_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
-                            KvType v_type, const uint8_t* v_cells, uint32_t pos0, uint32_t n_tokens, float* out,
-                            cudaStream_t stream) {
+const char* prefill_attention_kernel_name(PrefillAttentionKernel kernel) {
+    switch (kernel) {
+        case PrefillAttentionKernel::simt: return "simt";
+        case PrefillAttentionKernel::tensor_core: return "tensor_core";
+        case PrefillAttentionKernel::tensor_core_wide: return "tensor_core_wide";
+    }
+    return "?";
+}
+
+PrefillAttentionKernel prefill_attention_kernel_for(const AttentionShape& shape, KvType k_type, KvType v_type,
+                                                    uint32_t n_tokens) {
+    const uint64_t rows_per_kv_head = (uint64_t)n_tokens * (shape.n_head / std::max(1u, shape.n_head_kv));
+    if (k_type == KvType::f16 && v_type == KvType::f16 && rows_per_kv_head <= 2560)
+        return PrefillAttentionKernel::tensor_core;
+    return PrefillAttentionKernel::tensor_core_wide;
+}
+
+void prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const AttentionShape& shape, const float* q,
+                                         KvType k_type, const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
+                                         uint32_t cell_begin, uint32_t n_cells, uint32_t pos0, uint32_t n_tokens,
+                                         float* out, float* lse, cudaStream_t stream) {
     if (n_tokens == 0) return;
     const uint32_t D = shape.head_dim_k;
     if (shape.head_dim_k != shape.head_dim_v || (D != 64 && D != 128) || shape.n_head_kv == 0 ||
         shape.n_head % shape.n_head_kv != 0 || shape.n_head / shape.n_head_kv > (uint32_t)kMaxGroup)
         fail("prefill_attention_cuda: unsupported shape");
+    if ((uint64_t)cell_begin + n_cells > UINT32_MAX || (uint64_t)pos0 + n_tokens > UINT32_MAX)
+        fail("prefill_attention_cuda: cell range overflows");
+    if (kernel != PrefillAttentionKernel::simt) {
+        prefill_attention_mma_cuda(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens, out,
+                                   lse, kernel == PrefillAttentionKernel::tensor_core_wide, stream);
+        return;
+    }
     PrefillParams p{};
     p.q = q;
     p.k = k_cells;
@@ -215,12 +275,30 @@ void prefill_attention_cuda(const AttentionShape& shape, const float* q, KvType 
     p.n_head = shape.n_head;
     p.n_group = shape.n_head / shape.n_head_kv;
     p.pos0 = pos0;
+    p.cell_begin = cell_begin;
+    p.cell_end = cell_begin + n_cells;
     p.scale = shape.scale;
     p.out = out;
+    p.lse = lse;
     const dim3 grid(shape.n_head_kv, n_tokens);
     if (D == 64) prefill_attention_kernel<64><<<grid, kThreads, 0, stream>>>(p);
     else prefill_attention_kernel<128><<<grid, kThreads, 0, stream>>>(p);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+void prefill_attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
+                                    KvType v_type, const uint8_t* v_cells, uint32_t cell_begin, uint32_t n_cells,
+                                    uint32_t pos0, uint32_t n_tokens, float* out, float* lse, cudaStream_t stream) {
+    const PrefillAttentionKernel kernel = prefill_attention_kernel_for(shape, k_type, v_type, n_tokens);
+    prefill_attention_partial_cuda_with(kernel, shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0,
+                                        n_tokens, out, lse, stream);
+}
+
+void prefill_attention_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
+                            KvType v_type, const uint8_t* v_cells, uint32_t pos0, uint32_t n_tokens, float* out,
+                            cudaStream_t stream) {
+    prefill_attention_partial_cuda(shape, q, k_type, k_cells, v_type, v_cells, 0, pos0 + n_tokens, pos0, n_tokens,
+                                   out, nullptr, stream);
 }
 
 }  // namespace spillway

@@ -1,7 +1,7 @@
 #pragma once
 // Prefill building blocks: weight matrix products for a chunk of tokens on tensor cores
 // (cuBLAS, f16 operands, f32 accumulation and output), and causal attention of a chunk of
-// query tokens over the KV cache (any tier; CUDA cores in this first version).
+// query tokens over the KV cache or a range of it (any tier pair; tensor cores by default).
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -24,10 +24,42 @@ void matmul_prefill_cuda(cublasHandle_t cublas, const CudaMatrix& w, const float
 // Rows [r0, r0 + n_rows) of w as f16, row-major [n_rows][w.n_in].
 void dequantize_rows_f16_cuda(const CudaMatrix& w, uint32_t r0, uint32_t n_rows, __half* out, cudaStream_t stream);
 
+// Causal attention of a chunk over one range of cells, as a partial (engine/cpu/attention.h's
+// contract): query token t (position pos0 + t) attends cells [cell_begin, cell_begin + n_cells)
+// whose index is <= pos0 + t. k_cells / v_cells point at cell cell_begin (rows in the layer's
+// layout). q: [n_tokens][n_head][dk] f32; out: [n_tokens][n_head][dv] f32, normalised within
+// the range; lse: [n_tokens][n_head], natural-log log-sum-exp of the scaled scores, or nullptr.
+// A token that sees no cell of the range gets out = 0 and lse = -inf (the merge identity).
+// Two ranges merged with attention_merge give the attention over their union. k_cells /
+// v_cells must be 16-byte aligned for f16 (cp.async of 16 bytes), 8 for q8_0/q4_0 at head
+// dim 128 and 4 at 64 (cudaMalloc'd layers and rows of whole cells always are).
+void prefill_attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
+                                    KvType v_type, const uint8_t* v_cells, uint32_t cell_begin, uint32_t n_cells,
+                                    uint32_t pos0, uint32_t n_tokens, float* out, float* lse, cudaStream_t stream);
+
+// The kernels behind prefill_attention_partial_cuda: `simt` (CUDA cores, one block per KV
+// head and token; the first version, kept as a second implementation), `tensor_core`
+// (flash-attention style on mma.sync, 64 query rows per block, 3 blocks per SM) and
+// `tensor_core_wide` (128 rows per block: half the K/V reads and tile dequantizations per
+// row; the default). All take every K/V tier pair; results differ by f16 rounding only.
+enum class PrefillAttentionKernel { simt, tensor_core, tensor_core_wide };
+const char* prefill_attention_kernel_name(PrefillAttentionKernel kernel);
+// The default choice, a pure function of the shape and tiers: the 4-warp kernel for f16/f16
+// chunks of at most 2560 query rows per KV head (T * G; 512 tokens of the 14B shape), whose
+// 128-row blocks would fill under ~1.3 waves of the SMs (8k prompt in 512-token chunks:
+// 204 vs 155 TFLOP/s, run P2-2); the wide kernel otherwise (ahead from 2048-token chunks on,
+// and by 30-40% on quantized KV).
+PrefillAttentionKernel prefill_attention_kernel_for(const AttentionShape& shape, KvType k_type, KvType v_type,
+                                                    uint32_t n_tokens);
+void prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const AttentionShape& shape, const float* q,
+                                         KvType k_type, const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
+                                         uint32_t cell_begin, uint32_t n_cells, uint32_t pos0, uint32_t n_tokens,
+                                         float* out, float* lse, cudaStream_t stream);
+
 // Causal attention for query tokens at positions pos0 .. pos0 + n_tokens - 1, whose K/V
 // are already in the cache: token t attends to cells [0, pos0 + t]. q: [n_tokens][n_head][dk]
 // f32; out: [n_tokens][n_head][dv] f32; k_cells / v_cells: the layer's cells from cell 0.
-// Head dims 64 or 128, dk == dv, n_head / n_head_kv <= 16.
+// Head dims 64 or 128, dk == dv, n_head / n_head_kv <= 16. = the partial over [0, pos0 + T).
 void prefill_attention_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
                             KvType v_type, const uint8_t* v_cells, uint32_t pos0, uint32_t n_tokens, float* out,
                             cudaStream_t stream);

@@ -1,0 +1,195 @@
+// Prefill micro-benchmarks on the Qwen2.5-14B shape (40 query heads, 8 KV heads, dim 128;
+// 5120 / 13824 hidden): achieved TFLOP/s against the dense f16 tensor rate.
+//  - attention: one layer's causal prefill attention over a whole prompt (8k or 64k tokens)
+//    run chunk by chunk as the engine does, per kernel and K/V tier; flops = 4 * D * (cells
+//    each query token sees) per query head.
+//  - GEMM: matmul_prefill_cuda on Q8_0 weights (tile dequantization to f16 + cuBLAS) for
+//    chunks of 512..4096 tokens, next to the dequantization alone and cuBLAS alone (f16
+//    weights in place), to see what the dequantization costs.
+// Median of a few event-timed repetitions (each is milliseconds long, so event overhead is
+// negligible).
+//
+// Usage: bench_prefill [--only SUBSTRING] [--reps N]
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/cuda/cuda_check.h"
+#include "engine/cuda/cuda_prefill.cuh"
+#include "gguf/ggml_types.h"
+
+using namespace spillway;
+
+namespace {
+
+__device__ uint32_t mix32(uint64_t i, uint32_t salt) {
+    uint32_t x = (uint32_t)(i ^ (i >> 32)) * 0x9E3779B1u ^ salt;
+    x ^= x >> 16;
+    x *= 0x85EBCA6Bu;
+    x ^= x >> 13;
+    x *= 0xC2B2AE35u;
+    return x ^ (x >> 16);
+}
+__device__ float unit(uint64_t i, uint32_t salt) { return (mix32(i, salt) >> 8) * (2.0f / 16777216.0f) - 1.0f; }
+
+// Random valid data of a GGUF block type: f16 values in [-1, 1), or random quants with a
+// small positive f16 scale at the start of each block (one thread per block or value).
+__global__ void fill_kernel(uint8_t* p, uint64_t bytes, int type, uint32_t salt) {
+    const uint32_t block = type == (int)GgmlType::Q8_0 ? 34 : type == (int)GgmlType::Q4_0 ? 18 : 2;
+    const uint64_t n = bytes / block;
+    for (uint64_t b = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; b < n; b += (uint64_t)gridDim.x * blockDim.x) {
+        uint8_t* dst = p + b * block;
+        if (block == 2) {
+            *reinterpret_cast<__half*>(dst) = __float2half(unit(b, salt));
+            continue;
+        }
+        *reinterpret_cast<__half*>(dst) = __float2half(0.01f * (1.5f + unit(b, salt)));
+        for (uint32_t i = 2; i < block; ++i) dst[i] = (uint8_t)mix32(b * 64 + i, salt + 7);
+    }
+}
+__global__ void fill_f32_kernel(float* p, size_t n, uint32_t salt) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = unit(i, salt);
+}
+
+void fill(GgmlType type, uint8_t* p, uint64_t bytes, uint32_t salt) {
+    fill_kernel<<<4096, 256>>>(p, bytes, (int)type, salt);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+GgmlType ggml_of(KvType t) { return t == KvType::f16 ? GgmlType::F16 : t == KvType::q8_0 ? GgmlType::Q8_0 : GgmlType::Q4_0; }
+
+struct Options {
+    std::string only;
+    int reps = 3;
+};
+
+double median_ms(const std::function<void()>& run, int reps) {
+    run();  // warm-up: module load, shared-memory attributes, cuBLAS heuristics
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    cudaEvent_t a, b;
+    SPILLWAY_CUDA_CHECK(cudaEventCreate(&a));
+    SPILLWAY_CUDA_CHECK(cudaEventCreate(&b));
+    std::vector<float> ms(reps);
+    for (int r = 0; r < reps; ++r) {
+        SPILLWAY_CUDA_CHECK(cudaEventRecord(a));
+        run();
+        SPILLWAY_CUDA_CHECK(cudaEventRecord(b));
+        SPILLWAY_CUDA_CHECK(cudaEventSynchronize(b));
+        SPILLWAY_CUDA_CHECK(cudaEventElapsedTime(&ms[r], a, b));
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
+    return ms[reps / 2];
+}
+
+void row(const std::string& what, const std::string& shape, double flops, double ms) {
+    std::printf("| %s | %s | %.3f | %.1f |\n", what.c_str(), shape.c_str(), ms, flops / (ms * 1e9));
+    std::fflush(stdout);
+}
+
+// One layer's attention over a whole prompt of n_prompt tokens in chunks of `chunk`.
+void bench_attention(const Options& o, PrefillAttentionKernel kernel, KvType kt, KvType vt, uint32_t n_prompt,
+                     uint32_t chunk) {
+    const std::string name = std::string("prefill attention ") + prefill_attention_kernel_name(kernel) + " " +
+                             kv_type_name(kt) + "/" + kv_type_name(vt);
+    if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
+    const AttentionShape s{40, 8, 128, 128, 1.0f / std::sqrt(128.0f)};
+    const uint64_t k_row = kv_row_bytes(kt, 8 * 128), v_row = kv_row_bytes(vt, 8 * 128);
+    DeviceBuffer<uint8_t> k(k_row * n_prompt), v(v_row * n_prompt);
+    fill(ggml_of(kt), k.data(), k.bytes(), 11);
+    fill(ggml_of(vt), v.data(), v.bytes(), 12);
+    DeviceBuffer<float> q((size_t)chunk * 40 * 128), out((size_t)chunk * 40 * 128);
+    fill_f32_kernel<<<1024, 256>>>(q.data(), q.size(), 13);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    const double ms = median_ms([&] {
+        for (uint32_t pos0 = 0; pos0 < n_prompt; pos0 += chunk)
+            prefill_attention_partial_cuda_with(kernel, s, q.data(), kt, k.data(), vt, v.data(), 0, pos0 + chunk, pos0,
+                                                std::min(chunk, n_prompt - pos0), out.data(), nullptr, nullptr);
+    }, o.reps);
+    // Query token p sees p + 1 cells: sum = n (n + 1) / 2 per query head.
+    const double flops = 4.0 * 128 * 40 * ((double)n_prompt * (n_prompt + 1) / 2);
+    row(name, std::to_string(n_prompt / 1024) + "k prompt, chunk " + std::to_string(chunk), flops, ms);
+}
+
+void bench_gemm(const Options& o, cublasHandle_t cublas, uint32_t n_in, uint32_t n_out, uint32_t T) {
+    const std::string shape = std::to_string(n_out) + "x" + std::to_string(n_in) + ", T " + std::to_string(T);
+    if (!o.only.empty() && std::string("gemm").find(o.only) == std::string::npos) return;
+    const uint64_t q8_row = *ggml_row_bytes(GgmlType::Q8_0, n_in), f16_row = 2ull * n_in;
+    DeviceBuffer<uint8_t> wq(q8_row * n_out), wh(f16_row * n_out);
+    fill(GgmlType::Q8_0, wq.data(), wq.bytes(), 21);
+    fill(GgmlType::F16, wh.data(), wh.bytes(), 22);
+    DeviceBuffer<float> x((size_t)T * n_in), y((size_t)T * n_out);
+    fill_f32_kernel<<<1024, 256>>>(x.data(), x.size(), 23);
+    DeviceBuffer<__half> act((size_t)T * n_in), tile(32ull << 20);  // the engine's 64 MiB tile
+    const CudaMatrix q8{GgmlType::Q8_0, wq.data(), n_in, n_out, q8_row};
+    const CudaMatrix f16{GgmlType::F16, wh.data(), n_in, n_out, f16_row};
+    const double flops = 2.0 * T * n_in * n_out;
+    row("gemm q8_0 (dequant tiles + cuBLAS)", shape, flops, median_ms([&] {
+        matmul_prefill_cuda(cublas, q8, x.data(), T, y.data(), act.data(), tile.data(), tile.size(), nullptr);
+    }, o.reps));
+    row("gemm f16 (cuBLAS, weights in place)", shape, flops, median_ms([&] {
+        matmul_prefill_cuda(cublas, f16, x.data(), T, y.data(), act.data(), tile.data(), tile.size(), nullptr);
+    }, o.reps));
+    const uint32_t rows = (uint32_t)std::min<uint64_t>(n_out, tile.size() / n_in);
+    const double dq_ms = median_ms([&] {
+        for (uint32_t r0 = 0; r0 < n_out; r0 += rows)
+            dequantize_rows_f16_cuda(q8, r0, std::min(rows, n_out - r0), tile.data(), nullptr);
+    }, o.reps);
+    std::printf("| dequant q8_0 -> f16 alone | %ux%u | %.3f | (%.0f GB/s read+write) |\n", n_out, n_in, dq_ms,
+                (double)(q8_row + f16_row) * n_out / (dq_ms * 1e6));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--only") && i + 1 < argc) o.only = argv[++i];
+        else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) o.reps = std::max(1, std::atoi(argv[++i]));
+        else {
+            std::fprintf(stderr, "usage: bench_prefill [--only SUBSTRING] [--reps N]\n");
+            return 2;
+        }
+    }
+    try {
+        int count = 0;
+        if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+            std::printf("bench_prefill: no CUDA device\n");
+            return 0;
+        }
+        cudaDeviceProp prop{};
+        SPILLWAY_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+        std::printf("device: %s, %d SMs\n\n| what | shape | ms | TFLOP/s |\n|---|---|---:|---:|\n", prop.name,
+                    prop.multiProcessorCount);
+        using K = PrefillAttentionKernel;
+        bench_attention(o, K::simt, KvType::f16, KvType::f16, 8192, 512);
+        for (K k : {K::tensor_core, K::tensor_core_wide}) {
+            bench_attention(o, k, KvType::f16, KvType::f16, 8192, 512);
+            bench_attention(o, k, KvType::f16, KvType::f16, 8192, 2048);
+            bench_attention(o, k, KvType::f16, KvType::f16, 65536, 4096);
+            for (KvType t : {KvType::f16, KvType::q8_0, KvType::q4_0}) bench_attention(o, k, t, t, 65536, 2048);
+        }
+        bench_attention(o, K::tensor_core_wide, KvType::q8_0, KvType::q4_0, 65536, 2048);
+        cublasHandle_t cublas = nullptr;
+        SPILLWAY_CUDA_CHECK(cublasCreate(&cublas));
+        for (uint32_t T : {512u, 1024u, 2048u, 4096u}) {
+            bench_gemm(o, cublas, 5120, 13824, T);  // gate / up
+            bench_gemm(o, cublas, 13824, 5120, T);  // down
+            bench_gemm(o, cublas, 5120, 5120, T);   // q / o
+            bench_gemm(o, cublas, 5120, 1024, T);   // k / v
+        }
+        cublasDestroy(cublas);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench_prefill: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}

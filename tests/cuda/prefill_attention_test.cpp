@@ -1,0 +1,184 @@
+// Prefill attention over a range of cells (the partial + LSE contract of engine/cpu/attention.h)
+// for both kernels, every K/V tier pair and head dims 64 / 128, against the CPU reference;
+// and two ranges merged on the GPU == one pass over their union (what the KV spill does).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "engine/cpu/attention.h"
+#include "engine/cuda/attention.cuh"
+#include "engine/cuda/cuda_prefill.cuh"
+#include "kv/kv_codec.h"
+
+namespace spillway {
+namespace {
+
+using cuda_test::rel_error;
+
+constexpr PrefillAttentionKernel kKernels[] = {PrefillAttentionKernel::simt, PrefillAttentionKernel::tensor_core,
+                                               PrefillAttentionKernel::tensor_core_wide};
+
+// simt: f32 throughout (~1e-6). tensor_core: q and p rounded to f16 (2^-11 relative each),
+// quantized K/V dequantized to f16 (one more rounding): ~1e-3 relative, ~1e-3 absolute in lse.
+double out_tolerance(PrefillAttentionKernel k) { return k == PrefillAttentionKernel::simt ? 1e-4 : 4e-3; }
+double lse_tolerance(PrefillAttentionKernel k) { return k == PrefillAttentionKernel::simt ? 1e-4 : 1e-2; }
+
+struct Layer {
+    std::vector<uint8_t> k, v;
+    uint64_t k_row = 0, v_row = 0;
+};
+
+Layer random_layer(std::mt19937& rng, const AttentionShape& s, KvType kt, KvType vt, uint32_t n_cells) {
+    Layer L;
+    const uint32_t kv_values = s.n_head_kv * s.head_dim_k;
+    L.k_row = kv_row_bytes(kt, kv_values);
+    L.v_row = kv_row_bytes(vt, kv_values);
+    L.k.resize(L.k_row * n_cells);
+    L.v.resize(L.v_row * n_cells);
+    for (uint32_t c = 0; c < n_cells; ++c) {
+        const auto kx = cuda_test::random_floats(rng, kv_values);
+        const auto vx = cuda_test::random_floats(rng, kv_values);
+        kv_store_row(kt, kx.data(), L.k.data() + c * L.k_row, kv_values);
+        kv_store_row(vt, vx.data(), L.v.data() + c * L.v_row, kv_values);
+    }
+    return L;
+}
+
+// CPU partial of each token over cells [begin, min(end, pos0 + t + 1)).
+void reference_partial(const AttentionShape& s, const std::vector<float>& q, KvType kt, KvType vt, const Layer& L,
+                       uint32_t begin, uint32_t end, uint32_t pos0, uint32_t T, std::vector<float>& out,
+                       std::vector<float>& lse) {
+    const uint32_t qv = s.n_head * s.head_dim_k;
+    out.assign((size_t)T * qv, 0.0f);
+    lse.assign((size_t)T * s.n_head, 0.0f);
+    for (uint32_t t = 0; t < T; ++t) {
+        const uint32_t stop = std::min(end, pos0 + t + 1);
+        const uint32_t n = stop > begin ? stop - begin : 0;
+        attention_partial_cpu(s, q.data() + (size_t)t * qv, kt, L.k.data() + begin * L.k_row, vt,
+                              L.v.data() + begin * L.v_row, n, out.data() + (size_t)t * qv,
+                              lse.data() + (size_t)t * s.n_head);
+    }
+}
+
+// Largest |got - ref| over finite ref values; a ref of -inf must be matched exactly.
+double lse_error(const std::vector<float>& got, const std::vector<float>& ref) {
+    double worst = 0.0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        if (std::isinf(ref[i])) {
+            if (!(std::isinf(got[i]) && got[i] < 0)) return INFINITY;
+        } else {
+            const double d = std::fabs((double)got[i] - ref[i]);
+            if (!(d <= worst)) worst = d;  // NaN propagates as a failure
+        }
+    }
+    return worst;
+}
+
+struct Case {
+    uint32_t n_head, n_head_kv, D;
+    uint32_t pos0, T, begin, end;  // the range [begin, end) of cells
+};
+
+TEST(CudaPrefillAttention, RangePartialMatchesCpuForEveryTierAndKernel) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    // G = 4 and 5 (rows of one block span several tokens, blocks cross token boundaries);
+    // ranges that start inside the chunk (early tokens see nothing), end inside it (late
+    // tokens are cut by the range, not by causality), and cross 64-cell tiles.
+    const Case cases[] = {
+        {8, 2, 64, 40, 25, 0, 65},      // the whole prefix
+        {10, 2, 128, 70, 37, 50, 90},   // starts before the chunk, ends inside it
+        {10, 2, 64, 16, 60, 30, 200},   // starts inside the chunk: tokens 0..13 see no cell
+        {4, 4, 128, 130, 20, 3, 140},   // G = 1, starts mid-tile
+    };
+    for (const Case& c : cases) {
+        const AttentionShape shape{c.n_head, c.n_head_kv, c.D, c.D, 1.0f / std::sqrt((float)c.D)};
+        const uint32_t n_total = std::max(c.end, c.pos0 + c.T);
+        for (KvType kt : {KvType::f16, KvType::q8_0, KvType::q4_0})
+            for (KvType vt : {KvType::f16, KvType::q8_0, KvType::q4_0}) {
+                const Layer L = random_layer(rng, shape, kt, vt, n_total);
+                const auto q = cuda_test::random_floats(rng, (size_t)c.T * c.n_head * c.D);
+                std::vector<float> ref, ref_lse;
+                reference_partial(shape, q, kt, vt, L, c.begin, c.end, c.pos0, c.T, ref, ref_lse);
+                const auto k_dev = cuda_test::to_device(L.k);
+                const auto v_dev = cuda_test::to_device(L.v);
+                const auto q_dev = cuda_test::to_device(q);
+                DeviceBuffer<float> out(ref.size()), lse(ref_lse.size());
+                for (PrefillAttentionKernel kernel : kKernels) {
+                    cuda_test::poison(out);
+                    cuda_test::poison(lse);
+                    prefill_attention_partial_cuda_with(kernel, shape, q_dev.data(), kt, k_dev.data() + c.begin * L.k_row,
+                                                        vt, v_dev.data() + c.begin * L.v_row, c.begin, c.end - c.begin,
+                                                        c.pos0, c.T, out.data(), lse.data(), nullptr);
+                    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+                    const std::string what = std::string(prefill_attention_kernel_name(kernel)) + " D " +
+                                             std::to_string(c.D) + " G " + std::to_string(c.n_head / c.n_head_kv) +
+                                             " cells [" + std::to_string(c.begin) + ", " + std::to_string(c.end) +
+                                             ") " + kv_type_name(kt) + "/" + kv_type_name(vt);
+                    EXPECT_LE(rel_error(cuda_test::to_host(out), ref), out_tolerance(kernel)) << what;
+                    EXPECT_LE(lse_error(cuda_test::to_host(lse), ref_lse), lse_tolerance(kernel)) << what;
+                }
+            }
+    }
+}
+
+TEST(CudaPrefillAttention, TwoMergedRangesEqualOnePass) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    // Qwen2.5-14B's head layout scaled down: G = 5, D = 128; a 300-token chunk after 200 cells,
+    // split at cell 333 (inside the chunk: its first 134 tokens see nothing of the second range).
+    const AttentionShape shape{10, 2, 128, 128, 1.0f / std::sqrt(128.0f)};
+    const uint32_t pos0 = 200, T = 300, split = 333, n_cells = pos0 + T;
+    for (const auto& [kt, vt] : {std::pair{KvType::f16, KvType::f16}, std::pair{KvType::q8_0, KvType::q4_0},
+                                 std::pair{KvType::q4_0, KvType::q8_0}}) {
+        const Layer L = random_layer(rng, shape, kt, vt, n_cells);
+        const auto q = cuda_test::random_floats(rng, (size_t)T * shape.n_head * 128, 2.0f);  // peaked softmax
+        std::vector<float> ref, ref_lse;
+        reference_partial(shape, q, kt, vt, L, 0, n_cells, pos0, T, ref, ref_lse);
+        const auto k_dev = cuda_test::to_device(L.k);
+        const auto v_dev = cuda_test::to_device(L.v);
+        const auto q_dev = cuda_test::to_device(q);
+        DeviceBuffer<float> out_a(ref.size()), lse_a(ref_lse.size()), out_b(ref.size()), lse_b(ref_lse.size());
+        for (PrefillAttentionKernel kernel : kKernels) {
+            for (auto* b : {&out_a, &lse_a, &out_b, &lse_b}) cuda_test::poison(*b);
+            prefill_attention_partial_cuda_with(kernel, shape, q_dev.data(), kt, k_dev.data(), vt, v_dev.data(), 0, split,
+                                                pos0, T, out_a.data(), lse_a.data(), nullptr);
+            prefill_attention_partial_cuda_with(kernel, shape, q_dev.data(), kt, k_dev.data() + split * L.k_row, vt,
+                                                v_dev.data() + split * L.v_row, split, n_cells - split, pos0, T,
+                                                out_b.data(), lse_b.data(), nullptr);
+            attention_merge_cuda(T * shape.n_head, 128, out_a.data(), lse_a.data(), out_b.data(), lse_b.data(), nullptr);
+            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+            const std::string what = std::string(prefill_attention_kernel_name(kernel)) + " " + kv_type_name(kt) + "/" +
+                                     kv_type_name(vt);
+            EXPECT_LE(rel_error(cuda_test::to_host(out_a), ref), out_tolerance(kernel)) << what;
+            EXPECT_LE(lse_error(cuda_test::to_host(lse_a), ref_lse), lse_tolerance(kernel)) << what;
+        }
+    }
+}
+
+// A pure function: no GPU needed.
+TEST(CudaPrefillAttention, KernelChoiceFollowsChunkRowsAndTiers) {
+    const AttentionShape qwen14b{40, 8, 128, 128, 1.0f / std::sqrt(128.0f)};  // G = 5
+    using K = PrefillAttentionKernel;
+    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::f16, KvType::f16, 1), K::tensor_core);
+    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::f16, KvType::f16, 512), K::tensor_core);
+    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::f16, KvType::f16, 513), K::tensor_core_wide);
+    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::f16, KvType::f16, 2048), K::tensor_core_wide);
+    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::q8_0, KvType::q8_0, 64), K::tensor_core_wide);
+    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::f16, KvType::q4_0, 64), K::tensor_core_wide);
+    const AttentionShape g8{64, 8, 128, 128, 0.1f};  // G = 8: 320 tokens = 2560 rows
+    EXPECT_EQ(prefill_attention_kernel_for(g8, KvType::f16, KvType::f16, 320), K::tensor_core);
+    EXPECT_EQ(prefill_attention_kernel_for(g8, KvType::f16, KvType::f16, 321), K::tensor_core_wide);
+}
+
+}  // namespace
+}  // namespace spillway
