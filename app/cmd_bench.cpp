@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "gguf/ggml_types.h"
 #include "model/model_spec.h"
+#include "plan/drop_model.h"
 #ifdef SPILLWAY_HAVE_CUDA
 #include "engine/cuda/cuda_bench.h"
 #endif
@@ -40,6 +41,19 @@ std::vector<uint32_t> parse_uint_list(const std::string& text, const char* flag)
     return out;
 }
 
+std::vector<uint64_t> parse_mib_list(const std::string& text, const char* flag) {
+    std::vector<uint64_t> out;
+    for (const std::string& s : split_commas(text)) {
+        char* end = nullptr;
+        const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+        if (end == s.c_str() || *end != '\0' || s[0] == '-' || v > (1ull << 24))
+            fail(std::string(flag) + ": bad MiB value '" + s + "'");
+        out.push_back(v);
+    }
+    if (out.empty()) fail(std::string(flag) + ": empty list");
+    return out;
+}
+
 std::vector<KvType> parse_kv_list(const std::string& text, const char* flag) {
     std::vector<KvType> out;
     for (const std::string& s : split_commas(text)) {
@@ -50,6 +64,49 @@ std::vector<KvType> parse_kv_list(const std::string& text, const char* flag) {
     if (out.empty()) fail(std::string(flag) + ": empty list");
     return out;
 }
+
+#ifdef SPILLWAY_HAVE_CUDA
+// The drop models' predictions for one spilled decode row, from terms measured in the same
+// run: t_resident = the resident row of that depth and tier, c_engage = the one-cell spill
+// row minus it, and the measured pinned H2D bandwidth for both models' link (the tail lives
+// in pinned memory, so no host memcpy stands in its way).
+struct SpillPrediction {
+    size_t row = 0;                 // index into the report's rows
+    DropTerms terms;
+    double serial_ms = 0, overlap_ms = 0;
+    double serial_err_pct = 0, overlap_err_pct = 0;  // (measured - predicted) / predicted
+};
+
+std::vector<SpillPrediction> spill_predictions(const CudaBenchReport& r) {
+    std::vector<SpillPrediction> out;
+    auto find = [&](const CudaBenchRow& like, bool engage) -> const CudaBenchRow* {
+        for (const CudaBenchRow& x : r.rows)
+            if (x.test == like.test && x.k_type == like.k_type && x.v_type == like.v_type && x.depth == like.depth &&
+                (engage ? x.engage : x.spill_cells == 0))
+                return &x;
+        return nullptr;
+    };
+    for (size_t i = 0; i < r.rows.size(); ++i) {
+        const CudaBenchRow& row = r.rows[i];
+        if (row.spill_cells == 0) continue;
+        const CudaBenchRow* resident = find(row, false);
+        const CudaBenchRow* engage = find(row, true);
+        if (!resident || !engage) continue;
+        SpillPrediction p;
+        p.row = i;
+        p.terms.t_resident_ms = resident->ms_per_token;
+        p.terms.c_engage_ms = std::max(0.0, engage->ms_per_token - resident->ms_per_token);
+        p.terms.bw_eff_gbps = r.h2d_gb_s;
+        p.terms.h2d_gbps = r.h2d_gb_s;
+        p.serial_ms = predicted_token_ms(DropModel::serial, p.terms, row.tail_bytes_per_token);
+        p.overlap_ms = predicted_token_ms(DropModel::overlap, p.terms, row.tail_bytes_per_token);
+        p.serial_err_pct = 100.0 * (row.ms_per_token / p.serial_ms - 1.0);
+        p.overlap_err_pct = 100.0 * (row.ms_per_token / p.overlap_ms - 1.0);
+        out.push_back(p);
+    }
+    return out;
+}
+#endif
 
 }  // namespace
 
@@ -65,6 +122,10 @@ int cmd_bench(int argc, char** argv) {
     args.option({"-ctk", "--cache-type-k"}, "LIST", "K cache types, comma separated", "f16");
     args.option({"-ctv", "--cache-type-v"}, "LIST", "V cache types, comma separated (paired with -ctk)", "same as -ctk");
     args.option({"-s", "--seed"}, "S", "seed of the synthetic weights and prompt", "1");
+    args.option({"--spill"}, "LIST",
+                "MiB of the KV cache at each depth streamed from pinned host RAM, comma separated; each "
+                "spilled row is printed with the serial and overlap drop models' predictions",
+                "0");
     args.flag({"--no-graph"}, "decode with direct kernel launches instead of the per-step CUDA graph");
     args.flag({"--json"}, "print one JSON object instead of the table");
     args.epilog(
@@ -94,9 +155,11 @@ int cmd_bench(int argc, char** argv) {
     const uint64_t seed = (uint64_t)args.get_int("--seed", 0, INT64_MAX).value_or(1);
     const bool json = args.has("--json");
     const bool no_graph = args.has("--no-graph");
+    const std::vector<uint64_t> spill_mib = parse_mib_list(args.get_or("--spill", "0"), "--spill");
 
 #ifndef SPILLWAY_HAVE_CUDA
-    (void)pairs, (void)wtype, (void)depths, (void)n_prompt, (void)n_gen, (void)batch, (void)seed, (void)json, (void)no_graph;
+    (void)pairs, (void)wtype, (void)depths, (void)n_prompt, (void)n_gen, (void)batch, (void)seed, (void)json, (void)no_graph,
+        (void)spill_mib;
     fail("bench measures the CUDA engine, and this build has none (configure with -DSPILLWAY_CUDA=ON on a machine with nvcc)");
 #else
     CudaBenchOptions o;
@@ -111,19 +174,39 @@ int cmd_bench(int argc, char** argv) {
     o.seed = seed;
     o.use_graph = !no_graph;
     o.show_progress = !json;
+    o.spill_mib = spill_mib;
     const CudaBenchReport r = run_cuda_bench(o);
+    const std::vector<SpillPrediction> predictions = spill_predictions(r);
 
     auto mib = [](uint64_t b) { return (double)b / (1 << 20); };
     if (json) {
         nlohmann::json rows = nlohmann::json::array();
-        for (const CudaBenchRow& row : r.rows)
-            rows.push_back({{"ctk", kv_type_name(row.k_type)}, {"ctv", kv_type_name(row.v_type)}, {"test", row.test},
-                            {"depth", row.depth}, {"tok_s", row.tok_s}, {"ms_per_token", row.ms_per_token},
-                            {"gb_s", row.gb_s}, {"roofline_pct", row.roofline_pct},
-                            {"bytes_per_token", row.bytes_per_token}, {"graph_capture_us", row.capture_us},
-                            {"vram_kv_bytes", row.vram_kv}});
+        for (size_t i = 0; i < r.rows.size(); ++i) {
+            const CudaBenchRow& row = r.rows[i];
+            nlohmann::json j = {{"ctk", kv_type_name(row.k_type)}, {"ctv", kv_type_name(row.v_type)},
+                                {"test", row.test}, {"depth", row.depth}, {"tok_s", row.tok_s},
+                                {"ms_per_token", row.ms_per_token}, {"gb_s", row.gb_s},
+                                {"roofline_pct", row.roofline_pct}, {"bytes_per_token", row.bytes_per_token},
+                                {"graph_capture_us", row.capture_us}, {"vram_kv_bytes", row.vram_kv},
+                                {"spill_mib", row.spill_mib}};
+            if (row.spill_cells > 0) {
+                j["spill"] = {{"engage_row", row.engage}, {"cells", row.spill_cells},
+                              {"tail_bytes_per_token", row.tail_bytes_per_token},
+                              {"staging_bytes", row.staging_bytes}, {"spilled_bytes", row.spilled_bytes}};
+                for (const SpillPrediction& p : predictions)
+                    if (p.row == i)
+                        j["spill"]["predicted"] = {{"t_resident_ms", p.terms.t_resident_ms},
+                                                   {"c_engage_ms", p.terms.c_engage_ms},
+                                                   {"h2d_gb_s", p.terms.h2d_gbps},
+                                                   {"serial_ms", p.serial_ms}, {"serial_err_pct", p.serial_err_pct},
+                                                   {"overlap_ms", p.overlap_ms},
+                                                   {"overlap_err_pct", p.overlap_err_pct}};
+            }
+            rows.push_back(j);
+        }
         nlohmann::json out = {{"device", r.device}, {"model", r.model}, {"hbm_read_gb_s", r.hbm_gb_s},
                               {"kv_cells", r.kv_cells}, {"decode_graph", !no_graph},
+                              {"pinned_h2d_gb_s", r.h2d_gb_s},
                               {"vram_bytes", {{"weights", r.vram_weights}, {"scratch", r.vram_scratch},
                                               {"graphs", r.vram_graphs}}},
                               {"rows", rows}};
@@ -137,6 +220,7 @@ int cmd_bench(int argc, char** argv) {
     std::printf("| ctk | ctv | test | depth | tok/s | ms/tok | GB/s | %% roofline | capture us | KV MiB |\n");
     std::printf("|-----|-----|------|------:|------:|-------:|-----:|-----------:|-----------:|-------:|\n");
     for (const CudaBenchRow& row : r.rows) {
+        if (row.spill_cells > 0) continue;  // in the spill table below
         const bool decode = row.test.rfind("tg", 0) == 0;
         std::printf("| %s | %s | %s | %u | %.1f | %.3f | %s | %s | %s | %.0f |\n", kv_type_name(row.k_type),
                     kv_type_name(row.v_type), row.test.c_str(), row.depth, row.tok_s, row.ms_per_token,
@@ -146,6 +230,33 @@ int cmd_bench(int argc, char** argv) {
                                  .c_str()
                            : "-",
                     decode ? std::to_string((int)(row.capture_us + 0.5)).c_str() : "-", mib(row.vram_kv));
+    }
+    if (!predictions.empty()) {
+        std::printf("\nSpilled decode (tail streamed from pinned host RAM; pinned H2D %.1f GB/s measured now).\n"
+                    "serial: t_resident + c_engage + tail/bw; overlap: max(t_resident, tail/bw) + c_engage;\n"
+                    "t_resident = the resident row above, c_engage = the 1-cell row minus it; err = measured vs "
+                    "predicted.\n\n",
+                    r.h2d_gb_s);
+        std::printf("| ctk | ctv | depth | spill MiB | tail MiB/tok | staging MiB | ms/tok | serial ms | err %% | "
+                    "overlap ms | err %% |\n");
+        std::printf("|-----|-----|------:|----------:|-------------:|------------:|-------:|----------:|------:|"
+                    "-----------:|------:|\n");
+        for (const SpillPrediction& p : predictions) {
+            const CudaBenchRow& row = r.rows[p.row];
+            const std::string spill = row.engage ? "1 cell" : std::to_string(row.spill_mib);
+            std::printf("| %s | %s | %u | %s | %.1f | %.1f | %.3f | %.3f | %+.1f | %.3f | %+.1f |\n",
+                        kv_type_name(row.k_type), kv_type_name(row.v_type), row.depth, spill.c_str(),
+                        mib(row.tail_bytes_per_token), mib(row.staging_bytes), row.ms_per_token, p.serial_ms,
+                        p.serial_err_pct, p.overlap_ms, p.overlap_err_pct);
+        }
+        std::printf("\n");
+        for (const SpillPrediction& p : predictions) {
+            const CudaBenchRow& row = r.rows[p.row];
+            if (row.engage)
+                std::printf("c_engage %s/%s depth %u: %.3f ms = %.1f%% of t_resident %.3f ms\n",
+                            kv_type_name(row.k_type), kv_type_name(row.v_type), row.depth, p.terms.c_engage_ms,
+                            100.0 * p.terms.c_engage_ms / p.terms.t_resident_ms, p.terms.t_resident_ms);
+        }
     }
     return 0;
 #endif

@@ -9,6 +9,8 @@
 #          --ncu "KERNEL_REGEX@BENCH_FILTER,..." (profile one launch of each kernel within the
 #          benchmarks selected by the filter, with Nsight Compute, clocks left alone: ncu.log),
 #          --filter GTEST_GLOB (run only these GPU tests, e.g. 'CudaMatvec.*:CudaAttention.*'),
+#          --hf (also the prefill block at the end: bench_prefill, then spillway vs HF
+#          transformers prefill at 8k and 64k tokens, tools/hf-prefill-bench.py; ~2 minutes),
 #          --prebuilt DIR (skip the build; run DIR/test_cuda and DIR/bench_kernels, built
 #          elsewhere for sm_90). If the build fails and .dev/prebuilt exists, it is used.
 # Logs land in $OUT (or ./out) as build.log, ctest.log, bench.log.
@@ -21,6 +23,7 @@ sanitize=0
 prebuilt=""
 ncu_regex=""
 test_filter=""
+hf=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench-only) bench_only="$2"; shift 2 ;;
@@ -28,6 +31,7 @@ while [ $# -gt 0 ]; do
     --prebuilt) prebuilt="$2"; shift 2 ;;
     --ncu) ncu_regex="$2"; shift 2 ;;
     --filter) test_filter="$2"; shift 2 ;;
+    --hf) hf=1; shift ;;
     *) echo "usage: tools/device-check.sh [--bench-only SUBSTRING] [--sanitize]"; exit 2 ;;
   esac
 done
@@ -109,6 +113,16 @@ if [ -z "$bench_only" ]; then
       >"$out/engine-bench-nograph.log" 2>&1
     echo "engine bench --no-graph rc=$?"
     grep -E "^\| f16" "$out/engine-bench-nograph.log"
+    # The streamed KV spill (issue 6), short sweep: spilled decode at 8k and 64k against the
+    # serial and overlap drop models' predictions (terms measured in the same run). Spills
+    # must fit the cache at the depth (q8_0 at 8k holds 816 MiB), hence one run per depth.
+    for spill_run in "8192 0,64,512" "65536 0,64,1024"; do
+      set -- $spill_run
+      "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 16 -d "$1" -ctk f16,q8_0 \
+        --spill "$2" >"$out/engine-bench-spill-$1.log" 2>&1
+      echo "engine bench -d $1 --spill $2 rc=$?"
+      sed -n '/^| ctk | ctv | depth | spill/,$p' "$out/engine-bench-spill-$1.log"
+    done
   else
     echo "engine: no spillway binary in $bin"
   fi
@@ -143,4 +157,23 @@ same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len
 print(f"greedy tokens: cpu {len(a)}, cuda {len(b)}, identical for the first {same}")
 PY
   rm -f "$tiny"
+fi
+
+# ---- prefill block (P2; only with --hf): prefill kernels in TFLOP/s (bench_prefill), then
+# spillway's prefill against HF transformers' bf16 SDPA prefill on the Qwen2.5-14B shape, 8k and
+# 64k tokens, in this same run (tools/hf-prefill-bench.py prints the ratio). Logs in $out.
+if [ "$hf" = 1 ]; then
+  if [ "$bin" = "$build/bin" ]; then
+    cmake --build "$build" -j16 --target bench_prefill spillway >>"$out/build.log" 2>&1 || echo "prefill: build failed"
+  fi
+  echo
+  echo "== prefill kernels (bench_prefill)"
+  "$bin/bench_prefill" >"$out/bench-prefill.log" 2>&1
+  echo "bench_prefill rc=$?"
+  cat "$out/bench-prefill.log"
+  echo
+  echo "== prefill vs HF transformers (tools/hf-prefill-bench.py)"
+  PYTHONUNBUFFERED=1 python3 tools/hf-prefill-bench.py --spillway "$bin/spillway" >"$out/hf-prefill.log" 2>&1
+  echo "hf-prefill-bench rc=$?"
+  cat "$out/hf-prefill.log"
 fi

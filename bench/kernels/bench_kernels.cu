@@ -20,7 +20,9 @@
 #include "engine/cuda/attention.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/kv_write.cuh"
+#include "engine/cuda/act_quant.cuh"
 #include "engine/cuda/matvec.cuh"
+#include "engine/cuda/qkv_post.cuh"
 #include "engine/cuda/rmsnorm.cuh"
 #include "engine/cuda/rope.cuh"
 #include "engine/cuda/swiglu.cuh"
@@ -223,6 +225,32 @@ void bench_matvec(Report& r, const Options& o, GgmlType type, uint32_t rows, uin
     r.add(name, std::to_string(rows) + "x" + std::to_string(cols), (double)w_bytes, us);
 }
 
+// Q8_0 times x pre-quantized to int16 blocks (the engine's decode path); x quantized once
+// outside the timed graph, as its producer (rmsnorm / swiglu) does in the engine.
+void bench_matvec_q16x(Report& r, const Options& o, uint32_t rows, uint32_t cols,
+                       std::optional<MatvecQ16xKernel> kernel = std::nullopt) {
+    static const char* const kNames[] = {"smem4", "smem8", "global4", "smem4_r1", "smem8_r1"};
+    const std::string name = std::string("matvec q8_0 q16x") + (kernel ? std::string(" ") + kNames[(int)*kernel] : "");
+    if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
+    const size_t w_bytes = *ggml_row_bytes(GgmlType::Q8_0, cols) * rows;
+    const size_t n_sets = rotation_count(w_bytes);
+    std::vector<DeviceBuffer<uint8_t>> w;
+    for (size_t i = 0; i < n_sets; ++i) {
+        w.emplace_back(w_bytes);
+        fill_type(GgmlType::Q8_0, w.back().data(), w_bytes, 100 + i);
+    }
+    DeviceBuffer<float> x(cols), y(rows);
+    DeviceBuffer<int16_t> xq(cols);
+    DeviceBuffer<float> xd(cols / 32);
+    fill_f32<<<256, 256>>>(x.data(), x.size(), 7);
+    quantize_act_q16_cuda(x.data(), cols, 1, ActQ16{xq.data(), xd.data()}, nullptr);
+    const double us = median_us([&](cudaStream_t st, int i) {
+        if (kernel) matvec_q8_0_q16x_cuda_with(*kernel, w[i % n_sets].data(), ActQ16{xq.data(), xd.data()}, y.data(), rows, cols, st);
+        else matvec_q8_0_q16x_cuda(w[i % n_sets].data(), ActQ16{xq.data(), xd.data()}, y.data(), rows, cols, st);
+    }, o.iters);
+    r.add(name, std::to_string(rows) + "x" + std::to_string(cols), (double)w_bytes, us);
+}
+
 // kernel == nullptr: attention_partial_cuda's default choice; otherwise that kernel, named.
 void bench_attention(Report& r, const Options& o, KvType kt, KvType vt, uint32_t n_cells, int sms,
                      const AttentionKernel* kernel = nullptr) {
@@ -271,14 +299,30 @@ void bench_small_ops(Report& r, const Options& o) {
     rt.n_dims = 128;
     rt.inv_freq = d_inv.data();
     DeviceBuffer<uint8_t> cache(kv_row_bytes(KvType::q8_0, 1024) * 16);
+    DeviceBuffer<int16_t> xq(ffn);
+    DeviceBuffer<float> xd(ffn / 32);
+    const ActQ16 aq{xq.data(), xd.data()};
     r.add("rmsnorm+add", "1x5120", 4.0 * dim * 5, median_us([&](cudaStream_t st, int) {
         rmsnorm_cuda(x.data(), add.data(), w.data(), out.data(), 1, dim, 1e-6f, st); }, o.iters));
+    r.add("rmsnorm+add+q16", "1x5120", 4.0 * dim * 5 + 2.125 * dim, median_us([&](cudaStream_t st, int) {
+        rmsnorm_cuda(x.data(), add.data(), w.data(), out.data(), 1, dim, 1e-6f, st, aq); }, o.iters));
+    r.add("quantize q16", "5120", 6.125 * dim, median_us([&](cudaStream_t st, int) {
+        quantize_act_q16_cuda(out.data(), dim, 1, aq, st); }, o.iters));
+    r.add("swiglu q16", "13824", 10.125 * ffn, median_us([&](cudaStream_t st, int) {
+        swiglu_q16_cuda(gate.data(), up.data(), ffn, aq, st); }, o.iters));
     r.add("rope neox", "48 heads x128", 2.0 * 4 * qk.size(), median_us([&](cudaStream_t st, int) {
         rope_cuda(rt, qk.data(), 1, 48, 128, pos.data(), st); }, o.iters));
     r.add("swiglu", "13824", 3.0 * 4 * ffn, median_us([&](cudaStream_t st, int) {
         swiglu_cuda(gate.data(), up.data(), h.data(), ffn, st); }, o.iters));
     r.add("kv_write q8_0", "1x1024", 4.0 * 1024 + 34 * 32, median_us([&](cudaStream_t st, int i) {
         kv_write_cuda(KvType::q8_0, qk.data(), cache.data(), i % 16, 1, 1024, st); }, o.iters));
+    // The fused decode step after the QKV matvec (bias + RoPE + K/V write), 14B shape.
+    DeviceBuffer<float> qkv(40 * 128 + 2 * 1024), bias(40 * 128 + 2 * 1024);
+    for (auto* b : {&qkv, &bias}) fill_f32<<<16, 256>>>(b->data(), b->size(), 5);
+    DeviceBuffer<uint8_t> v_cache(kv_row_bytes(KvType::q8_0, 1024) * 16);
+    r.add("qkv_post q8_0/q8_0", "40/8x128", 4.0 * 2 * qkv.size() + 2 * 34 * 32, median_us([&](cudaStream_t st, int i) {
+        qkv_post_cuda(QkvPostShape{40, 8, 128}, rt, qkv.data(), qkv.data() + 40 * 128, qkv.data() + 40 * 128 + 1024,
+                      bias.data(), 1, pos.data(), KvType::q8_0, cache.data(), KvType::q8_0, v_cache.data(), i % 16, st); }, o.iters));
 }
 
 }  // namespace
@@ -318,6 +362,14 @@ int main(int argc, char** argv) {
             bench_matvec(r, o, GgmlType::Q8_0, 27648, 5120, 1, k);  // 14B gate|up as one launch
         }
         bench_matvec(r, o, GgmlType::Q8_0, 5120, 5120, 1);
+        // Pre-quantized x (the decode path): the 14B shapes, default pick then every variant.
+        for (std::optional<MatvecQ16xKernel> k : {std::optional<MatvecQ16xKernel>{}, std::optional{MatvecQ16xKernel::smem4},
+                                                  std::optional{MatvecQ16xKernel::smem8}, std::optional{MatvecQ16xKernel::smem4_r1},
+                                                  std::optional{MatvecQ16xKernel::smem8_r1}}) {
+            for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
+                     {5120, 13824}, {13824, 5120}, {152064, 5120}, {27648, 5120}, {7168, 5120}, {5120, 5120}})
+                bench_matvec_q16x(r, o, rows, cols, k);
+        }
         bench_matvec(r, o, GgmlType::Q8_0, 896, 896, 1);  // 0.5B shape: unaligned rows, launch-bound
         for (uint32_t n : {2u, 4u, 8u}) bench_matvec(r, o, GgmlType::Q8_0, 13824, 5120, n);
         for (uint32_t n : {4u, 8u}) bench_matvec(r, o, GgmlType::F16, 13824, 5120, n);

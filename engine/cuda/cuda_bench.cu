@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -54,7 +55,33 @@ std::string device_name() {
     return prop.name;
 }
 
+// Pinned host -> device copy bandwidth as the spill sees it: 256 MiB copies, median of 5.
+double measure_pinned_h2d_gbps() {
+    const size_t bytes = size_t(256) << 20;
+    PinnedBuffer host(bytes);
+    DeviceBuffer<uint8_t> device(bytes);
+    std::memset(host.data(), 1, bytes);
+    cudaStream_t stream = nullptr;
+    SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    EventTimer timer;
+    std::vector<double> ms;
+    for (int r = 0; r < 6; ++r) {
+        timer.start(stream);
+        SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(device.data(), host.data(), bytes, cudaMemcpyHostToDevice, stream));
+        const double t = timer.stop_ms(stream);
+        if (r > 0) ms.push_back(t);  // the first is a warm-up
+    }
+    SPILLWAY_CUDA_CHECK(cudaStreamDestroy(stream));
+    std::sort(ms.begin(), ms.end());
+    return (double)bytes / (ms[ms.size() / 2] * 1e-3) / 1e9;
+}
+
 }  // namespace
+
+uint64_t spill_cells_for_mib(uint64_t mib, uint64_t cell_bytes) {
+    if (cell_bytes == 0) fail("spill_cells_for_mib: zero cell size");
+    return ((mib << 20) + cell_bytes - 1) / cell_bytes;
+}
 
 CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
     int count = 0;
@@ -84,14 +111,68 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
     const uint32_t chunk = std::max(1u, std::min(o.batch, std::max(1u, o.n_prompt)));
     CudaForwardState st;
     init_cuda_forward_state(st, model, chunk, false, n_ctx);
-    report.vram_scratch = cuda_forward_scratch_bytes(st);
     report.hbm_gb_s = measure_vram_read_gbps();
+    const bool spilling = std::any_of(o.spill_mib.begin(), o.spill_mib.end(), [](uint64_t m) { return m > 0; });
+    if (spilling) {
+        if (o.n_gen == 0) fail("bench: --spill measures decode; -n must be > 0");
+        // Every spilled row must leave at least one resident cell at its depth: check all
+        // before measuring anything.
+        for (const auto& [kt, vt] : o.kv_types) {
+            const uint64_t cell = (kv_row_bytes(kt, (uint64_t)model.n_head_kv * s.head_dim_k) +
+                                   kv_row_bytes(vt, (uint64_t)model.n_head_kv * s.head_dim_v)) * s.n_layer;
+            for (uint32_t depth : o.depths)
+                for (uint64_t mib : o.spill_mib) {
+                    const uint64_t cells = mib ? spill_cells_for_mib(mib, cell) : 1;
+                    if (cells >= depth)
+                        fail("bench: a spill of " + std::to_string(mib) + " MiB (" + std::to_string(cells) +
+                             " cells) does not fit the " + kv_type_name(kt) + "/" + kv_type_name(vt) +
+                             " KV cache at depth " + std::to_string(depth) + " (" +
+                             std::to_string(cell * depth >> 20) + " MiB; at least one cell stays in VRAM)");
+                }
+        }
+        report.h2d_gb_s = measure_pinned_h2d_gbps();
+    }
 
     std::mt19937_64 rng(o.seed);
     std::vector<int32_t> prompt(o.n_prompt);
     for (auto& t : prompt) t = (int32_t)(rng() % s.n_vocab);
     const uint64_t weight_bytes = cuda_decode_weight_bytes(model);
     EventTimer timer;
+
+    // n_gen greedy decode steps at positions depth.. through the graph path, event-timed.
+    struct DecodeTiming {
+        double ms_per_token = 0, capture_us = 0;
+    };
+    auto time_decode = [&](CudaKvCache& cache, uint32_t depth) {
+        // The first token's id: any valid one; then each step feeds its argmax to the next.
+        const int32_t first = 1;
+        SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(st.next_token.data(), &first, sizeof(first), cudaMemcpyHostToDevice,
+                                            st.stream));
+        // Warm-up at this depth (cells depth, depth+1 are rewritten by the timed steps).
+        for (uint32_t i = 0; i < 2; ++i) decode_step_cuda(model, cache, st, depth + i, true, o.use_graph);
+        SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(st.stream));
+        double capture_s = 0;
+        uint32_t captures = 0;
+        if (o.use_graph) prepare_decode_graph(model, cache, st, depth, true);
+        timer.start(st.stream);
+        for (uint32_t i = 0; i < o.n_gen; ++i) {
+            decode_step_cuda(model, cache, st, depth + i, true, o.use_graph);
+            if (o.use_graph && i + 1 < o.n_gen) {
+                // Wait for the step that last used the next slot (i - 1) outside the timed
+                // part, so capture_us is host work only, not GPU time.
+                const int slot = (int)((depth + i + 1) & 1);
+                if (st.graph_launched[slot]) SPILLWAY_CUDA_CHECK(cudaEventSynchronize(st.graph_done[slot]));
+                const auto t0 = Clock::now();
+                prepare_decode_graph(model, cache, st, depth + i + 1, true);  // overlaps step i
+                capture_s += std::chrono::duration<double>(Clock::now() - t0).count();
+                ++captures;
+            }
+        }
+        DecodeTiming t;
+        t.ms_per_token = timer.stop_ms(st.stream) / o.n_gen;
+        t.capture_us = captures ? capture_s / captures * 1e6 : 0;
+        return t;
+    };
 
     for (const auto& [kt, vt] : o.kv_types) {
         CudaKvCache cache = make_cuda_kv_cache(model, n_ctx, kt, vt);
@@ -121,48 +202,55 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
         }
         if (o.n_gen == 0) continue;
         for (uint32_t depth : o.depths) {
-            // The first token's id: any valid one; then each step feeds its argmax to the next.
-            const int32_t first = 1;
-            SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(st.next_token.data(), &first, sizeof(first), cudaMemcpyHostToDevice,
-                                                st.stream));
-            // Warm-up at this depth (cells depth, depth+1 are rewritten by the timed steps).
-            for (uint32_t i = 0; i < 2; ++i) decode_step_cuda(model, cache, st, depth + i, true, o.use_graph);
-            SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(st.stream));
-            double capture_s = 0;
-            uint32_t captures = 0;
-            if (o.use_graph) prepare_decode_graph(model, cache, st, depth, true);
-            timer.start(st.stream);
-            for (uint32_t i = 0; i < o.n_gen; ++i) {
-                decode_step_cuda(model, cache, st, depth + i, true, o.use_graph);
-                if (o.use_graph && i + 1 < o.n_gen) {
-                    // Wait for the step that last used the next slot (i - 1) outside the timed
-                    // part, so capture_us is host work only, not GPU time.
-                    const int slot = (int)((depth + i + 1) & 1);
-                    if (st.graph_launched[slot]) SPILLWAY_CUDA_CHECK(cudaEventSynchronize(st.graph_done[slot]));
-                    const auto t0 = Clock::now();
-                    prepare_decode_graph(model, cache, st, depth + i + 1, true);  // overlaps step i
-                    capture_s += std::chrono::duration<double>(Clock::now() - t0).count();
-                    ++captures;
-                }
-            }
-            const double ms = timer.stop_ms(st.stream);
+            const DecodeTiming t = time_decode(cache, depth);
             CudaBenchRow row;
             row.k_type = kt;
             row.v_type = vt;
             row.test = "tg" + std::to_string(o.n_gen);
             row.depth = depth;
-            row.ms_per_token = ms / o.n_gen;
+            row.ms_per_token = t.ms_per_token;
             row.tok_s = 1e3 / row.ms_per_token;
             // Step i reads depth + i + 1 cells; the mean over the run.
             row.bytes_per_token = weight_bytes + cell_bytes * (depth + (o.n_gen + 1) / 2);
             row.gb_s = row.bytes_per_token / (row.ms_per_token * 1e-3) / 1e9;
             row.roofline_pct = 100.0 * (row.bytes_per_token / (report.hbm_gb_s * 1e9)) / (row.ms_per_token * 1e-3);
-            row.capture_us = captures ? capture_s / captures * 1e6 : 0;
+            row.capture_us = t.capture_us;
             row.vram_kv = cache.arena.bytes();
             report.rows.push_back(row);
+            if (!spilling) continue;
+            // Spilled rows: a cache of this depth whose last spill_cells filled cells live in
+            // the pinned tail; the engage row spills one cell (c_engage = it - the row above).
+            std::vector<std::pair<uint64_t, bool>> spills = {{0, true}};
+            for (uint64_t mib : o.spill_mib)
+                if (mib > 0) spills.push_back({mib, false});
+            for (const auto& [mib, engage] : spills) {
+                const uint64_t cells = engage ? 1 : spill_cells_for_mib(mib, cell_bytes);
+                const uint32_t row_ctx = depth + o.n_gen + 2;
+                CudaKvCache spilled = make_cuda_kv_cache(model, row_ctx, kt, vt, (uint32_t)(depth - cells));
+                fill_cuda_kv_cache_random(spilled, o.seed * 7919 + depth + cells, st.stream);
+                const DecodeTiming ts = time_decode(spilled, depth);
+                CudaBenchRow r = row;
+                r.spill_mib = mib;
+                r.engage = engage;
+                r.spill_cells = (uint32_t)cells;
+                r.ms_per_token = ts.ms_per_token;
+                r.tok_s = 1e3 / r.ms_per_token;
+                // The resident part is read from VRAM, the tail streamed: report the same
+                // bytes per token as the resident row, and the streamed share on its own.
+                r.gb_s = r.bytes_per_token / (r.ms_per_token * 1e-3) / 1e9;
+                r.roofline_pct = 100.0 * (r.bytes_per_token / (report.hbm_gb_s * 1e9)) / (r.ms_per_token * 1e-3);
+                // Step i copies spill_cells + i old cells (its own cell is written, not copied).
+                r.tail_bytes_per_token = (uint64_t)((double)cell_bytes * ((double)cells + (o.n_gen - 1) / 2.0));
+                r.capture_us = ts.capture_us;
+                r.vram_kv = spilled.arena.bytes();
+                r.staging_bytes = cuda_kv_staging_bytes(spilled);
+                r.spilled_bytes = cuda_kv_spilled_bytes(spilled);
+                report.rows.push_back(r);
+            }
         }
     }
     report.vram_graphs = st.graph_bytes;
+    report.vram_scratch = cuda_forward_scratch_bytes(st);  // after the runs: includes the spill scratch
     return report;
 }
 

@@ -25,6 +25,11 @@ struct CudaBenchOptions {
     uint64_t seed = 1;
     bool use_graph = true;            // false: direct launches per step (to measure what the graph saves)
     bool show_progress = true;
+    // Spilled decode: for each depth, MiB of the filled cache moved to the pinned host tail
+    // (the last cells before the depth; the tail grows by the decoded cells). 0 = resident.
+    // With any nonzero spill the bench also measures spill 0 and an "engage" row (a spill
+    // of one cell) at each depth: t_resident and c_engage of the drop models.
+    std::vector<uint64_t> spill_mib = {0};
 };
 
 struct CudaBenchRow {
@@ -38,6 +43,14 @@ struct CudaBenchRow {
     uint64_t bytes_per_token = 0;
     double capture_us = 0;            // decode: host time to capture + update one step's graph
     uint64_t vram_kv = 0;
+    // Spilled decode rows (decode rows with spill_cells > 0; spill_mib 0 and engage false
+    // for the resident rows).
+    uint64_t spill_mib = 0;           // requested
+    bool engage = false;              // the one-cell row that measures c_engage
+    uint32_t spill_cells = 0;         // tail cells at the first step
+    uint64_t tail_bytes_per_token = 0;  // mean bytes streamed H2D per step (all layers, K + V)
+    uint64_t staging_bytes = 0;       // VRAM of the staging buffers
+    uint64_t spilled_bytes = 0;       // pinned host tail
 };
 
 struct CudaBenchReport {
@@ -46,8 +59,13 @@ struct CudaBenchReport {
     double hbm_gb_s = 0;              // measured streaming read
     uint64_t vram_weights = 0, vram_scratch = 0, vram_graphs = 0;
     uint64_t kv_cells = 0;            // cache size in cells (max depth + n_gen + 1)
+    double h2d_gb_s = 0;              // pinned host->device copy bandwidth, measured when spilling
     std::vector<CudaBenchRow> rows;
 };
+
+// Cells a spill of `mib` MiB takes (rounded up) for a cache whose cell is `cell_bytes` over
+// all layers, K + V.
+uint64_t spill_cells_for_mib(uint64_t mib, uint64_t cell_bytes);
 
 // Throws spillway::Error without a usable GPU, with a message that says so.
 CudaBenchReport run_cuda_bench(const CudaBenchOptions& options);

@@ -9,10 +9,12 @@
 #include <string>
 
 #include "common/error.h"
+#include "engine/cuda/act_quant.cuh"
 #include "engine/cuda/attention.cuh"
 #include "engine/cuda/cuda_prefill.cuh"
 #include "engine/cuda/kv_write.cuh"
 #include "engine/cuda/matvec.cuh"
+#include "engine/cuda/qkv_post.cuh"
 #include "engine/cuda/rmsnorm.cuh"
 #include "engine/cuda/rope.cuh"
 #include "engine/cuda/swiglu.cuh"
@@ -147,6 +149,26 @@ void matmul(CudaForwardState& st, const CudaMatrix& w, const float* x, uint32_t 
     else matmul_prefill_cuda(st.cublas, w, x, n_tokens, y, st.act_f16.data(), st.w_f16.data(), st.w_f16.size(), st.stream);
 }
 
+// Decode with Q8_0 weights: the matvec reads its x as int16 blocks (act_quant.cuh) written by
+// x's producer (rmsnorm, swiglu) or by quantize_act_q16_cuda; other weights read f32 x.
+bool takes_q16(const CudaMatrix& w, uint32_t n_tokens) {
+    return n_tokens == 1 && w.type == GgmlType::Q8_0 && matvec_q8_0_q16x_fits(w.n_in);
+}
+ActQ16 act_q16(CudaForwardState& st) { return ActQ16{st.act_q16.data(), st.act_q16_scale.data()}; }
+// The fused post-QKV kernel's limits (qkv_post.cuh).
+bool qkv_post_fits(const CudaModel& m) {
+    const ModelSpec& s = m.spec;
+    return s.head_dim_k == s.head_dim_v && s.head_dim_k % 32 == 0 && s.head_dim_k <= 256 && m.rope_dev.n_dims > 0 &&
+           m.rope_dev.inv_freq != nullptr;
+}
+
+// One token: rows of w (maybe several matrices stored back to back) times x, from the
+// quantized x when takes_q16 (then x_q16 must hold x), else from x.
+void matvec_decode(CudaForwardState& st, const CudaMatrix& w, uint32_t rows, const float* x, float* y) {
+    if (takes_q16(w, 1)) matvec_q8_0_q16x_cuda(w.data, act_q16(st), y, rows, w.n_in, st.stream);
+    else matvec_cuda(w.type, w.data, x, y, rows, w.n_in, 1, st.stream);
+}
+
 // The whole forward of n tokens at pos0..; token ids from token_src (device) when given,
 // else already in st.tokens.
 void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, uint32_t T, uint32_t pos0,
@@ -172,18 +194,35 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     float* v = k + (size_t)T * kd;
     float* gate = st.gate_up.data();
     float* up = gate + (size_t)T * F;
+    // A forward whose cells stay inside the resident window runs exactly the unspilled path.
+    const bool spilled = spill_engaged(cache.spill.get(), pos0, T);
+    SpillCursor spill_cursor;
+    if (spilled) spill_forward_begin(*cache.spill, spill_cursor, s.n_layer, pos0, T, stream);
     for (uint32_t il = 0; il < s.n_layer; ++il) {
         const CudaLayerWeights& L = m.layers[il];
         // The previous layer's FFN output joins the residual stream inside the norm.
-        rmsnorm_cuda(x, il == 0 ? nullptr : proj, L.attn_norm, xn, T, E, s.norm_eps, stream);
+        rmsnorm_cuda(x, il == 0 ? nullptr : proj, L.attn_norm, xn, T, E, s.norm_eps, stream,
+                     takes_q16(L.wq, T) || takes_q16(L.wk, T) || takes_q16(L.wv, T) ? act_q16(st) : ActQ16{});
         if (T == 1 && L.fused_qkv) {
-            matvec_cuda(L.wq.type, L.wq.data, xn, q, qd + kd + vd, E, 1, stream);  // q|k|v contiguous
+            matvec_decode(st, L.wq, qd + kd + vd, xn, q);  // q|k|v contiguous
+        } else if (T == 1) {
+            matvec_decode(st, L.wq, qd, xn, q);
+            matvec_decode(st, L.wk, kd, xn, k);
+            matvec_decode(st, L.wv, vd, xn, v);
         } else {
             matmul(st, L.wq, xn, T, q);
             matmul(st, L.wk, xn, T, k);
             matmul(st, L.wv, xn, T, v);
         }
-        if (L.bqkv) {
+        // Decode: bias, RoPE and the K/V write in one launch (qkv_post.cuh); the spilled path
+        // writes K/V itself, so it gets only bias and RoPE.
+        const bool post_fused = T == 1 && qkv_post_fits(m);
+        if (post_fused) {
+            const bool write_kv = !spilled;
+            qkv_post_cuda(QkvPostShape{s.n_head, nkv, s.head_dim_k}, m.rope_dev, q, k, v, L.bqkv, 1,
+                          st.positions.data(), cache.k_type, write_kv ? cache.k[il] : nullptr, cache.v_type,
+                          write_kv ? cache.v[il] : nullptr, pos0, stream);
+        } else if (L.bqkv) {
             if (T == 1) {
                 add_bias(q, L.bqkv, qd + kd + vd, 1, stream);
             } else {
@@ -192,41 +231,70 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                 add_bias(v, L.bqkv + qd + kd, vd, T, stream);
             }
         }
-        if (T == 1) {
+        if (T == 1 && !post_fused) {
             rope_cuda(m.rope_dev, q, 1, s.n_head + nkv, s.head_dim_k, st.positions.data(), stream);  // q and k heads
-        } else {
+        } else if (T > 1) {
             rope_cuda(m.rope_dev, q, T, s.n_head, s.head_dim_k, st.positions.data(), stream);
             rope_cuda(m.rope_dev, k, T, nkv, s.head_dim_k, st.positions.data(), stream);
         }
         // K/V into the cache first: attention reads them back through the tier's quantization,
         // as the CPU engine does.
-        kv_write_cuda(cache.k_type, k, cache.k[il], pos0, T, kd, stream);
-        kv_write_cuda(cache.v_type, v, cache.v[il], pos0, T, vd, stream);
-        if (T == 1) {
+        if (spilled) {
+            // Cells past the resident window: streamed tail, merged partials (kv_spill.h).
+            const SpillLayerArgs args{shape, cache.k_type, cache.v_type, il, cache.k[il], cache.v[il], q, k, v,
+                                      st.attn.data(), st.spill_lse.data(), st.spill_tail_out.data(),
+                                      st.spill_tail_lse.data(), st.spill_chunk_out.data(), st.spill_chunk_lse.data(),
+                                      st.attn_workspace.data(), st.attn_workspace.size(), st.spill_workspace.data(),
+                                      st.spill_workspace.size(), st.sm_count};
+            spill_layer_attention(*cache.spill, spill_cursor, args, stream);
+        } else if (T == 1) {
+            if (!post_fused) {
+                kv_write_cuda(cache.k_type, k, cache.k[il], pos0, T, kd, stream);
+                kv_write_cuda(cache.v_type, v, cache.v[il], pos0, T, vd, stream);
+            }
             attention_partial_cuda(shape, q, cache.k_type, cache.k[il], cache.v_type, cache.v[il], pos0 + 1,
                                    st.attn.data(), st.attn_lse.data(), st.attn_workspace.data(),
                                    st.attn_workspace.size(), st.sm_count, stream);
         } else {
+            kv_write_cuda(cache.k_type, k, cache.k[il], pos0, T, kd, stream);
+            kv_write_cuda(cache.v_type, v, cache.v[il], pos0, T, vd, stream);
             prefill_attention_cuda(shape, q, cache.k_type, cache.k[il], cache.v_type, cache.v[il], pos0, T,
                                    st.attn.data(), stream);
         }
-        matmul(st, L.wo, st.attn.data(), T, proj);
-        rmsnorm_cuda(x, proj, L.ffn_norm, xn, T, E, s.norm_eps, stream);
+        if (takes_q16(L.wo, T)) {
+            quantize_act_q16_cuda(st.attn.data(), L.wo.n_in, 1, act_q16(st), stream);
+            matvec_decode(st, L.wo, L.wo.n_out, st.attn.data(), proj);
+        } else {
+            matmul(st, L.wo, st.attn.data(), T, proj);
+        }
+        rmsnorm_cuda(x, proj, L.ffn_norm, xn, T, E, s.norm_eps, stream,
+                     takes_q16(L.ffn_gate, T) || takes_q16(L.ffn_up, T) ? act_q16(st) : ActQ16{});
         if (T == 1 && L.fused_gate_up) {
-            matvec_cuda(L.ffn_gate.type, L.ffn_gate.data, xn, gate, 2 * F, E, 1, stream);  // gate|up contiguous
+            matvec_decode(st, L.ffn_gate, 2 * F, xn, gate);  // gate|up contiguous
+        } else if (T == 1) {
+            matvec_decode(st, L.ffn_gate, F, xn, gate);
+            matvec_decode(st, L.ffn_up, F, xn, up);
         } else {
             matmul(st, L.ffn_gate, xn, T, gate);
             matmul(st, L.ffn_up, xn, T, up);
         }
-        swiglu_cuda(gate, up, gate, (size_t)T * F, stream);
-        matmul(st, L.ffn_down, gate, T, proj);
+        if (takes_q16(L.ffn_down, T)) {
+            swiglu_q16_cuda(gate, up, F, act_q16(st), stream);  // the f32 product is never needed
+            matvec_decode(st, L.ffn_down, L.ffn_down.n_out, gate, proj);
+        } else {
+            swiglu_cuda(gate, up, gate, (size_t)T * F, stream);
+            matmul(st, L.ffn_down, gate, T, proj);
+        }
     }
+    if (spilled) spill_forward_end(*cache.spill, spill_cursor, stream);
     // Head: the last FFN output joins the stream in the final norm; only the rows whose
     // logits are wanted are normed (the stream is dead after this).
     const uint32_t first = st.all_logits ? 0 : T - 1;
     const uint32_t n_out = T - first;
-    rmsnorm_cuda(x + (size_t)first * E, proj + (size_t)first * E, m.output_norm, xn, n_out, E, s.norm_eps, stream);
-    matmul(st, m.output, xn, n_out, st.logits.data());
+    rmsnorm_cuda(x + (size_t)first * E, proj + (size_t)first * E, m.output_norm, xn, n_out, E, s.norm_eps, stream,
+                 takes_q16(m.output, T) ? act_q16(st) : ActQ16{});
+    if (takes_q16(m.output, T)) matvec_decode(st, m.output, m.output.n_out, xn, st.logits.data());
+    else matmul(st, m.output, xn, n_out, st.logits.data());
 }
 
 void enqueue_argmax(CudaForwardState& st, uint32_t n_vocab, uint32_t row) {
@@ -246,20 +314,24 @@ void enqueue_decode(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st
 
 }  // namespace
 
-CudaKvCache make_cuda_kv_cache(const CudaModel& m, uint32_t n_ctx, KvType k_type, KvType v_type) {
+CudaKvCache make_cuda_kv_cache(const CudaModel& m, uint32_t n_ctx, KvType k_type, KvType v_type,
+                               uint32_t resident_cells, uint32_t spill_chunk_cells) {
     const ModelSpec& s = m.spec;
     for (KvType t : {k_type, v_type})
         if (t != KvType::f16 && !kv_type_fits(s, t))
             fail(std::string("KV type ") + kv_type_name(t) + " needs head dims that are multiples of 32");
     CudaKvCache c;
     c.n_ctx = n_ctx;
+    c.n_resident = std::min(resident_cells, n_ctx);
     c.k_type = k_type;
     c.v_type = v_type;
     c.k_row_bytes = kv_row_bytes(k_type, (uint64_t)m.n_head_kv * s.head_dim_k);
     c.v_row_bytes = kv_row_bytes(v_type, (uint64_t)m.n_head_kv * s.head_dim_v);
+    if (c.n_resident < n_ctx)
+        c.spill = make_cuda_kv_spill(s.n_layer, n_ctx, c.n_resident, c.k_row_bytes, c.v_row_bytes, spill_chunk_cells);
     // Each layer's K and V start 256-byte aligned (the attention kernel needs 16).
     auto aligned = [](uint64_t n) { return (n + 255) / 256 * 256; };
-    const uint64_t k_bytes = aligned(c.k_row_bytes * n_ctx), v_bytes = aligned(c.v_row_bytes * n_ctx);
+    const uint64_t k_bytes = aligned(c.k_row_bytes * c.n_resident), v_bytes = aligned(c.v_row_bytes * c.n_resident);
     c.arena = DeviceBuffer<uint8_t>((k_bytes + v_bytes) * s.n_layer);
     for (uint32_t i = 0; i < s.n_layer; ++i) {
         c.k.push_back(c.arena.data() + (k_bytes + v_bytes) * i);
@@ -268,17 +340,39 @@ CudaKvCache make_cuda_kv_cache(const CudaModel& m, uint32_t n_ctx, KvType k_type
     return c;
 }
 
+uint64_t cuda_kv_staging_bytes(const CudaKvCache& c) { return c.spill ? cuda_kv_spill_staging_bytes(*c.spill) : 0; }
+uint64_t cuda_kv_spilled_bytes(const CudaKvCache& c) { return c.spill ? cuda_kv_spill_host_bytes(*c.spill) : 0; }
+
 void fill_cuda_kv_cache_random(CudaKvCache& c, uint64_t seed, cudaStream_t stream) {
-    auto units = [&](KvType t, uint64_t row_bytes) {
-        return t == KvType::f16 ? row_bytes / 2 * c.n_ctx : row_bytes / (t == KvType::q8_0 ? 34 : 18) * c.n_ctx;
+    auto units = [&](KvType t, uint64_t row_bytes, uint64_t cells) {
+        return t == KvType::f16 ? row_bytes / 2 * cells : row_bytes / (t == KvType::q8_0 ? 34 : 18) * cells;
     };
-    const uint64_t nk = units(c.k_type, c.k_row_bytes), nv = units(c.v_type, c.v_row_bytes);
+    auto fill = [&](uint8_t* dst, KvType t, uint64_t row_bytes, uint64_t cells, uint64_t s) {
+        const uint64_t n = units(t, row_bytes, cells);
+        fill_kv_random_kernel<<<grid_for(n, 256), 256, 0, stream>>>(dst, n, (int)t, s);
+        SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    };
     for (size_t i = 0; i < c.k.size(); ++i) {
-        fill_kv_random_kernel<<<grid_for(nk, 256), 256, 0, stream>>>(c.k[i], nk, (int)c.k_type, seed + 2 * i);
-        SPILLWAY_CUDA_CHECK(cudaGetLastError());
-        fill_kv_random_kernel<<<grid_for(nv, 256), 256, 0, stream>>>(c.v[i], nv, (int)c.v_type, seed + 2 * i + 1);
-        SPILLWAY_CUDA_CHECK(cudaGetLastError());
+        fill(c.k[i], c.k_type, c.k_row_bytes, c.n_resident, seed + 2 * i);
+        fill(c.v[i], c.v_type, c.v_row_bytes, c.n_resident, seed + 2 * i + 1);
     }
+    if (!c.spill) return;
+    // The host tail: chunk by chunk through the first staging buffer (stream-ordered, so
+    // the buffer is free again once the D2H has run).
+    CudaKvSpill& sp = *c.spill;
+    for (size_t i = 0; i < sp.host_k.size(); ++i) {
+        for (uint32_t first = 0, part = 0; first < sp.n_tail; first += sp.chunk_cells, ++part) {
+            const uint32_t n = std::min(sp.chunk_cells, sp.n_tail - first);
+            const uint64_t s = seed ^ (0x5111ull << 40) ^ ((uint64_t)i << 20) ^ ((uint64_t)part << 1);
+            fill(sp.stage_k[0], c.k_type, c.k_row_bytes, n, s);
+            fill(sp.stage_v[0], c.v_type, c.v_row_bytes, n, s + 1);
+            SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(sp.host_k[i] + (uint64_t)first * c.k_row_bytes, sp.stage_k[0],
+                                                (uint64_t)n * c.k_row_bytes, cudaMemcpyDeviceToHost, stream));
+            SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(sp.host_v[i] + (uint64_t)first * c.v_row_bytes, sp.stage_v[0],
+                                                (uint64_t)n * c.v_row_bytes, cudaMemcpyDeviceToHost, stream));
+        }
+    }
+    SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 CudaForwardState::~CudaForwardState() {
@@ -318,7 +412,12 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     st.attn_lse = DeviceBuffer<float>(s.n_head);
     st.gate_up = DeviceBuffer<float>(2 * T * s.n_ff);
     st.logits = DeviceBuffer<float>((all_logits ? T : 1) * (size_t)s.n_vocab);
-    st.attn_workspace = DeviceBuffer<uint8_t>(std::max<size_t>(256, attention_workspace_bytes(shape, n_ctx, st.sm_count)));
+    // Split counts are not monotonic in the cell count (the int_dot plan rounds cells per
+    // split to its chunk): a range shorter than n_ctx (a spilled cache's window or chunk) can
+    // take more splits. Size for the most any range can take, reached at a huge count.
+    const size_t ws = std::max(attention_workspace_bytes(shape, n_ctx, st.sm_count),
+                               attention_workspace_bytes(shape, 1u << 30, st.sm_count));
+    st.attn_workspace = DeviceBuffer<uint8_t>(std::max<size_t>(256, ws));
     if (max_tokens > 1) {
         st.act_f16 = DeviceBuffer<__half>(T * std::max({(size_t)s.n_embd, (size_t)s.n_ff, ad}));
         size_t widest = (size_t)s.n_vocab * s.n_embd;  // the head
@@ -328,6 +427,11 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     st.tokens = DeviceBuffer<int32_t>(T);
     st.positions = DeviceBuffer<int32_t>(T);
     st.next_token = DeviceBuffer<int32_t>(1);
+    {
+        const size_t widest_in = std::max({(size_t)s.n_embd, (size_t)s.n_ff, ad});
+        st.act_q16 = DeviceBuffer<int16_t>(widest_in);
+        st.act_q16_scale = DeviceBuffer<float>(std::max<size_t>(4, widest_in / 32));
+    }
     st.host_token = PinnedBuffer(sizeof(int32_t));
     for (auto& e : st.graph_done) SPILLWAY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
@@ -335,11 +439,28 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
 uint64_t cuda_forward_scratch_bytes(const CudaForwardState& st) {
     return st.x.bytes() + st.xn.bytes() + st.proj.bytes() + st.qkv.bytes() + st.attn.bytes() + st.attn_lse.bytes() +
            st.gate_up.bytes() + st.logits.bytes() + st.attn_workspace.bytes() + st.act_f16.bytes() + st.w_f16.bytes() +
-           st.tokens.bytes() + st.positions.bytes() + st.next_token.bytes();
+           st.tokens.bytes() + st.positions.bytes() + st.next_token.bytes() + st.act_q16.bytes() +
+           st.act_q16_scale.bytes() + st.spill_lse.bytes() + st.spill_tail_out.bytes() + st.spill_tail_lse.bytes() +
+           st.spill_chunk_out.bytes() + st.spill_chunk_lse.bytes() + st.spill_workspace.bytes();
+}
+
+// Spill scratch is allocated on the first forward over a spilled cache: an unspilled engine
+// holds none, and allocations are not allowed under graph capture.
+static void reserve_spill_scratch(const CudaModel& m, const CudaKvCache& cache, CudaForwardState& st) {
+    if (!cache.spill || st.spill_lse.size() > 0) return;
+    const ModelSpec& s = m.spec;
+    st.spill_lse = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head);
+    st.spill_tail_out = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head * s.head_dim_v);
+    st.spill_tail_lse = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head);
+    st.spill_chunk_out = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head * s.head_dim_v);
+    st.spill_chunk_lse = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head);
+    // A chunk never has more cells than the context the state was made for.
+    st.spill_workspace = DeviceBuffer<uint8_t>(st.attn_workspace.size());
 }
 
 void forward_cuda(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, uint32_t n_tokens, uint32_t pos0) {
     if (n_tokens == 0) return;
+    reserve_spill_scratch(m, cache, st);
     if (n_tokens > st.max_tokens) fail("forward_cuda: chunk larger than the state was made for");
     if ((uint64_t)pos0 + n_tokens > cache.n_ctx)
         fail("forward_cuda: positions up to " + std::to_string(pos0 + n_tokens) + " exceed the context of " +
@@ -363,6 +484,7 @@ void argmax_logits_cuda(CudaForwardState& st, uint32_t n_vocab, uint32_t row) { 
 
 void prepare_decode_graph(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, uint32_t pos, bool greedy) {
     const int slot = (int)(pos & 1);
+    reserve_spill_scratch(m, cache, st);
     // Launchers configure their kernels on first use (shared-memory limits, occupancy
     // queries); do that outside capture with one direct forward. It writes the same K/V
     // cell the captured step will write again with the same input, so it is harmless.
@@ -410,6 +532,7 @@ void prepare_decode_graph(const CudaModel& m, CudaKvCache& cache, CudaForwardSta
 
 void decode_step_cuda(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, uint32_t pos, bool greedy,
                       bool use_graph) {
+    reserve_spill_scratch(m, cache, st);
     if (!use_graph) {
         enqueue_decode(m, cache, st, pos, greedy);
         return;

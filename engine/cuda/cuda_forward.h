@@ -21,29 +21,42 @@
 #include <cublas_v2.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cuda_model.h"
+#include "engine/cuda/kv_spill.h"
 #include "model/model_spec.h"
 
 namespace spillway {
 
 // The GPU KV cache: per layer K and V cell-major in kv/kv_layout.h's format, one arena.
+// Cells [0, n_resident) live in VRAM; when n_resident < n_ctx, cells [n_resident, n_ctx) live
+// in the spill's pinned host tail and are streamed each forward (engine/cuda/kv_spill.h).
 struct CudaKvCache {
     uint32_t n_ctx = 0;
+    uint32_t n_resident = 0;   // == n_ctx: no spill (no staging, no copy stream, no extra launch)
     KvType k_type = KvType::f16;
     KvType v_type = KvType::f16;
     uint64_t k_row_bytes = 0;  // one cell of one layer
     uint64_t v_row_bytes = 0;
-    std::vector<uint8_t*> k;   // per layer: n_ctx * k_row_bytes
+    std::vector<uint8_t*> k;   // per layer: n_resident * k_row_bytes
     std::vector<uint8_t*> v;
     DeviceBuffer<uint8_t> arena;
+    std::unique_ptr<CudaKvSpill> spill;  // null when nothing spills
 };
 
-CudaKvCache make_cuda_kv_cache(const CudaModel& model, uint32_t n_ctx, KvType k_type, KvType v_type);
-// Random valid cells (finite f16 values, sane block scales) in every layer, for benchmarks
-// that need a cache filled to some depth without running the prefill.
+// resident_cells >= n_ctx keeps the whole cache in VRAM; fewer spills the rest to pinned
+// host memory (at least 1 cell stays resident). spill_chunk_cells: cells per staging buffer
+// (0: from kSpillChunkBytes).
+CudaKvCache make_cuda_kv_cache(const CudaModel& model, uint32_t n_ctx, KvType k_type, KvType v_type,
+                               uint32_t resident_cells = UINT32_MAX, uint32_t spill_chunk_cells = 0);
+// VRAM bytes of the staging buffers (0 without a spill) and pinned host bytes of the tail.
+uint64_t cuda_kv_staging_bytes(const CudaKvCache& cache);
+uint64_t cuda_kv_spilled_bytes(const CudaKvCache& cache);
+// Random valid cells (finite f16 values, sane block scales) in every layer, the host tail
+// too, for benchmarks that need a cache filled to some depth without running the prefill.
 void fill_cuda_kv_cache_random(CudaKvCache& cache, uint64_t seed, cudaStream_t stream);
 
 struct CudaForwardState {
@@ -62,6 +75,15 @@ struct CudaForwardState {
     DeviceBuffer<__half> w_f16;             // prefill: one dequantized weight tile
     DeviceBuffer<int32_t> tokens, positions;  // [max_tokens]
     DeviceBuffer<int32_t> next_token;       // greedy argmax output (input of the next step)
+    // Decode: the input of a Q8_0 matvec quantized to int16 blocks by its producer (act_quant.cuh):
+    // [widest matvec input] values and one scale per 32.
+    DeviceBuffer<int16_t> act_q16;
+    DeviceBuffer<float> act_q16_scale;
+    // Spill scratch, allocated on the first forward over a spilled cache: the accumulated lse
+    // [T][n_head], the tail's accumulated partial and one later chunk's partial
+    // ([T][n_head*dv] + lse [T][n_head] each).
+    DeviceBuffer<float> spill_lse, spill_tail_out, spill_tail_lse, spill_chunk_out, spill_chunk_lse;
+    DeviceBuffer<uint8_t> spill_workspace;  // the tail branch's attention split workspace
     PinnedBuffer host_token;                // int32: the sampled token, read by the host
     // Decode graphs: two executables alternate (see the header comment).
     cudaGraphExec_t graph_exec[2] = {nullptr, nullptr};

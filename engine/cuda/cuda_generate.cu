@@ -37,7 +37,7 @@ CudaGenerateStats generate_cuda(const CpuModel& cpu_model, std::span<const int32
     stats.upload_s = seconds_since(t_upload);
     const uint32_t V = model.spec.n_vocab;
 
-    CudaKvCache cache = make_cuda_kv_cache(model, opt.n_ctx, opt.k_type, opt.v_type);
+    CudaKvCache cache = make_cuda_kv_cache(model, opt.n_ctx, opt.k_type, opt.v_type, opt.resident_cells);
     const uint32_t chunk = std::max<uint32_t>(1, std::min<uint32_t>(opt.batch, (uint32_t)prompt.size()));
     CudaForwardState st;
     init_cuda_forward_state(st, model, chunk, on_logits != nullptr, opt.n_ctx);
@@ -113,6 +113,8 @@ CudaGenerateStats generate_cuda(const CpuModel& cpu_model, std::span<const int32
     stats.vram_kv = cache.arena.bytes();
     stats.vram_scratch = cuda_forward_scratch_bytes(st);
     stats.vram_graphs = st.graph_bytes;
+    stats.spilled_bytes = cuda_kv_spilled_bytes(cache);
+    stats.staging_bytes = cuda_kv_staging_bytes(cache);
     return stats;
 }
 

@@ -395,6 +395,185 @@ __global__ void __launch_bounds__(kStreamThreads) matvec_q8_0_stream_kernel(cons
     cp_async_wait<0>();  // leave no copy in flight into shared memory of an exiting warp
 }
 
+// ---- Q8_0, one token, x pre-quantized to int16 blocks (act_quant.cuh): stream_q16x ----
+// Why: stream2_i8 reached 92% of HBM on the lm head but only 52-63% on the 75 MB matrices,
+// where every block quantizing all of x itself (55 KB of f32 from L2 per block, then a
+// barrier) is not amortized. Here the producer of x wrote it once as int16 + scales, so a
+// block only copies 2.1 bytes per column (cp.async, in flight together with its first W
+// chunk), and each 4 weights are two __dp2a (16x8-bit) products: exact in W, x rounded to
+// 16 bits (~2e-5 relative, act_quant.cuh). Same W streaming as stream2: 68-byte block pairs,
+// 8 lanes per pair, a 2-stage cp.async ring per warp, contiguous row-pair ranges per warp.
+// kXInSmem = false reads x through L1 (__ldg) instead of copying it (no prologue, no barrier).
+// kRows rows per warp (1 or 2): two share each x load; one halves the unit of work, so that
+// matrices with few rows per warp (5120 rows over ~2000 resident warps) end less unevenly
+// (a warp streams at a rate set by its ring depth, so a warp with 2 units where others have
+// 1 doubles the kernel's tail). One row gets a 3-stage ring: the same bytes in flight per
+// warp as two rows with 2 stages, in less shared memory.
+template <int kWarpsPB, bool kXInSmem, int kRows>
+__global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const uint8_t* __restrict__ w,
+                                                                         const int16_t* __restrict__ xq,
+                                                                         const float* __restrict__ xd,
+                                                                         float* __restrict__ y, uint32_t rows,
+                                                                         uint32_t cols, uint32_t n_warps) {
+    constexpr int kStages = kRows == 1 ? 3 : 2;
+    extern __shared__ uint4 q16x_smem[];  // [warp][stage][kRows][kChunkBytes], then x (q, d)
+    const uint32_t lane = threadIdx.x % 32;
+    const uint32_t warp = threadIdx.x / 32;
+    uint8_t* ring = reinterpret_cast<uint8_t*>(q16x_smem) + (size_t)warp * kStages * kRows * kChunkBytes;
+    const uint32_t ppr = cols / 64;
+    const uint32_t cpr = (ppr + kChunkPairs - 1) / kChunkPairs;
+    const size_t row_bytes = (size_t)ppr * 68;
+    const uint32_t n_row_pairs = (rows + kRows - 1) / kRows;  // row groups of kRows
+    // Warp w owns row groups [w * P / W, (w + 1) * P / W): every warp of the (fully resident)
+    // grid gets floor or ceil of the average, so no SM holds more than its share.
+    const uint32_t gw = blockIdx.x * kWarpsPB + warp;
+    const uint32_t rp0 = (uint32_t)((uint64_t)gw * n_row_pairs / n_warps);
+    const uint32_t rp1 = gw < n_warps ? (uint32_t)((uint64_t)(gw + 1) * n_row_pairs / n_warps) : rp0;
+    // No early return for warps without rows: the shared-x variant has a block barrier.
+    const uint32_t n_chunks = (rp1 - rp0) * cpr;
+
+    auto issue = [&](uint32_t k) {
+        if (k < n_chunks) {
+            const uint32_t rp = rp0 + k / cpr, ci = k % cpr;
+            const uint32_t vecs = min(kChunkPairs, (int)(ppr - ci * kChunkPairs)) * 68 / 16;
+            uint8_t* dst = ring + (k % kStages) * kRows * kChunkBytes;
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+                const uint8_t* src = w + (size_t)min(kRows * rp + r, rows - 1) * row_bytes + (size_t)ci * kChunkBytes;
+                for (uint32_t i = lane; i < vecs; i += 32) cp_async16(dst + r * kChunkBytes + 16 * i, src + 16 * i);
+            }
+        }
+        cp_async_commit();  // empty groups keep the wait count uniform
+    };
+
+    const uint32_t sub = lane / 8;
+    const uint32_t t = lane % 8;
+    const bool in_a = t < 4;
+    const uint32_t col_in_pair = (in_a ? 0 : 32) + (t % 4) * 8;
+    const uint32_t realign = in_a ? 0x5432u : 0x7654u;
+    const uint32_t scale_shift = in_a ? 0 : 16;
+    float acc[kRows] = {};
+
+    // W does not depend on the kernel before us (the producer of x): with programmatic
+    // dependent launch this block may start while that kernel still runs, so the first W
+    // chunk is requested before waiting for it (hides the launch gap and the first DRAM trip).
+#pragma unroll
+    for (int k = 0; k < kStages - 1; ++k) issue(k);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cudaGridDependencySynchronize();  // x's producer has completed and its writes are visible
+#endif
+    const int16_t* x_q = xq;
+    const float* x_d = xd;
+    if constexpr (kXInSmem) {
+        uint8_t* x_smem = reinterpret_cast<uint8_t*>(q16x_smem) + (size_t)kWarpsPB * kStages * kRows * kChunkBytes;
+        const uint32_t q_vecs = cols * 2 / 16, d_vecs = cols / 8 / 16;  // cols % 256 == 0: whole vectors
+        for (uint32_t i = threadIdx.x; i < q_vecs; i += kWarpsPB * 32)
+            cp_async16(x_smem + 16 * i, reinterpret_cast<const uint8_t*>(xq) + 16 * i);
+        for (uint32_t i = threadIdx.x; i < d_vecs; i += kWarpsPB * 32)
+            cp_async16(x_smem + cols * 2 + 16 * i, reinterpret_cast<const uint8_t*>(xd) + 16 * i);
+        cp_async_commit();
+        cp_async_wait<0>();  // this thread's x copies (and chunk 0) have landed
+        __syncthreads();     // ... and everyone else's
+        x_q = reinterpret_cast<const int16_t*>(x_smem);
+        x_d = reinterpret_cast<const float*>(x_smem + cols * 2);
+    }
+
+
+    for (uint32_t k = 0; k < n_chunks; ++k) {
+        issue(k + kStages - 1);
+        cp_async_wait<kStages - 1>();
+        __syncwarp();
+        const uint32_t ci = k % cpr;
+        const uint32_t pairs = min(kChunkPairs, (int)(ppr - ci * kChunkPairs));
+        const uint32_t* buf = reinterpret_cast<const uint32_t*>(ring + (k % kStages) * kRows * kChunkBytes);
+#pragma unroll
+        for (uint32_t j = 0; j < kChunkPairs / 4; ++j) {
+            const uint32_t p = 4 * j + sub;
+            if (4 * j >= pairs) break;
+            const uint32_t col = (ci * kChunkPairs + p) * 64 + col_in_pair;
+            uint4 xv;
+            float xs;
+            if constexpr (kXInSmem) {
+                xv = *reinterpret_cast<const uint4*>(x_q + col);
+                xs = x_d[col / 32];
+            } else {
+                xv = __ldg(reinterpret_cast<const uint4*>(x_q + col));
+                xs = __ldg(x_d + col / 32);
+            }
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+                const uint32_t* pw = buf + r * (kChunkBytes / 4) + p * 17;
+                const uint32_t w0 = pw[2 * t], w1 = pw[2 * t + 1], w2 = pw[2 * t + 2];
+                const uint32_t dw = pw[in_a ? 0 : 8];
+                const int q0 = (int)__byte_perm(w0, w1, realign);
+                const int q1 = (int)__byte_perm(w1, w2, realign);
+                const float d = __half2float(__ushort_as_half((unsigned short)(dw >> scale_shift)));
+                // x values 0,1 | 2,3 | 4,5 | 6,7 are the int16 pairs xv.x .. xv.w; weights 0-3 are
+                // the bytes of q0, 4-7 of q1 (dp2a lo: bytes 0-1, hi: bytes 2-3).
+                int isum = __dp2a_lo((int)xv.x, q0, 0);
+                isum = __dp2a_hi((int)xv.y, q0, isum);
+                isum = __dp2a_lo((int)xv.z, q1, isum);
+                isum = __dp2a_hi((int)xv.w, q1, isum);
+                acc[r] = fmaf(d * xs, (float)isum, acc[r]);
+            }
+        }
+        __syncwarp();
+        if (ci == cpr - 1) {
+            const uint32_t rp = rp0 + k / cpr;
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+                const float total = warp_sum(acc[r]);
+                if (lane == 0 && kRows * rp + r < rows) y[kRows * rp + r] = total;
+                acc[r] = 0.0f;
+            }
+        }
+    }
+    cp_async_wait<0>();
+}
+
+constexpr uint32_t kQ16MaxCols = 32768;  // x in shared memory: 2.125 B per column, <= 68 KB
+
+template <int kWarpsPB, bool kXInSmem, int kRows>
+void launch_q8_0_q16x(const uint8_t* w, const int16_t* xq, const float* xd, float* y, uint32_t rows, uint32_t cols,
+                      cudaStream_t stream) {
+    constexpr size_t kRingSmem = (size_t)kWarpsPB * (kRows == 1 ? 3 : 2) * kRows * kChunkBytes;
+    constexpr size_t kMaxSmem = kRingSmem + (kXInSmem ? kQ16MaxCols * 2 + kQ16MaxCols / 8 : 0);
+    const size_t smem = kRingSmem + (kXInSmem ? cols * 2 + cols / 8 : 0);
+    constexpr auto kKernel = matvec_q8_0_q16x_kernel<kWarpsPB, kXInSmem, kRows>;
+    static const int sms = [] {
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kMaxSmem));
+        int device = 0, n = 0;
+        SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
+        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+        return n;
+    }();
+    // Resident blocks for this x size (a host query, no stream work: fine inside graph capture).
+    int per_sm = 0;
+    SPILLWAY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kWarpsPB * 32, smem));
+    const uint32_t slot_warps = (uint32_t)std::max(1, sms * per_sm) * kWarpsPB;
+    const uint32_t n_row_pairs = (rows + kRows - 1) / kRows;
+    const uint32_t warps = std::min(slot_warps, n_row_pairs);
+    const uint32_t blocks = (warps + kWarpsPB - 1) / kWarpsPB;
+    // Programmatic dependent launch (sm_90+): see the kernel's prologue.
+    static const bool pdl = [] {
+        int device = 0, major = 0;
+        SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
+        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        return major >= 9;
+    }();
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(blocks);
+    config.blockDim = dim3(kWarpsPB * 32);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attr;
+    config.numAttrs = pdl ? 1 : 0;
+    SPILLWAY_CUDA_CHECK(cudaLaunchKernelEx(&config, kKernel, w, xq, xd, y, rows, cols, warps));
+}
+
 constexpr uint32_t kInt8MaxCols = 32768;  // x as int8 + scales in shared memory: <= 36 KB
 
 template <int kStages, bool kInt8>
@@ -539,6 +718,40 @@ void matvec_q8_0_cuda(MatvecQ8Kernel kernel, const void* w, const float* x, floa
     if (!matvec_q8_0_kernel_fits(kernel, cols, n_tokens)) fail("matvec_q8_0_cuda: kernel does not fit this shape");
     run_q8_0(kernel, w, x, y, rows, cols, n_tokens, stream);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+bool matvec_q8_0_q16x_fits(uint32_t cols) { return cols > 0 && cols % 256 == 0 && cols <= kQ16MaxCols; }
+
+// Measured on the H200 (docs/perf-notes.md, "Q8_0 GEMV on pre-quantized x"): smem4 is the
+// fastest or within 2% of it on every 14B shape; global4 (x through L1) is 5-80% slower, the
+// one-row variants 2-25% slower (finer work split, but twice the x loads and chunk overhead).
+MatvecQ16xKernel matvec_q8_0_q16x_kernel_for(uint32_t rows, uint32_t cols) {
+    (void)rows;
+    (void)cols;
+    return MatvecQ16xKernel::smem4;
+}
+
+void matvec_q8_0_q16x_cuda_with(MatvecQ16xKernel kernel, const void* w, ActQ16 x, float* y, uint32_t rows,
+                                uint32_t cols, cudaStream_t stream) {
+    if (rows == 0) return;
+    if (!matvec_q8_0_q16x_fits(cols)) fail("matvec_q8_0_q16x_cuda: cols must be a multiple of 256, at most 32768");
+    if (!x.q || !x.d) fail("matvec_q8_0_q16x_cuda: no quantized x");
+    if (reinterpret_cast<uintptr_t>(w) % 16 != 0 || reinterpret_cast<uintptr_t>(x.q) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(x.d) % 16 != 0)
+        fail("matvec_q8_0_q16x_cuda: w, x.q and x.d must be 16-byte aligned");
+    const auto* w_bytes = static_cast<const uint8_t*>(w);
+    switch (kernel) {
+        case MatvecQ16xKernel::smem4: launch_q8_0_q16x<4, true, 2>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
+        case MatvecQ16xKernel::smem8: launch_q8_0_q16x<8, true, 2>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
+        case MatvecQ16xKernel::global4: launch_q8_0_q16x<4, false, 2>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
+        case MatvecQ16xKernel::smem4_r1: launch_q8_0_q16x<4, true, 1>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
+        case MatvecQ16xKernel::smem8_r1: launch_q8_0_q16x<8, true, 1>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
+    }
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+void matvec_q8_0_q16x_cuda(const void* w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream) {
+    matvec_q8_0_q16x_cuda_with(matvec_q8_0_q16x_kernel_for(rows, cols), w, x, y, rows, cols, stream);
 }
 
 }  // namespace spillway

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "engine/cuda/act_quant.cuh"
 #include "gguf/ggml_types.h"
 
 namespace spillway {
@@ -34,5 +35,19 @@ bool matvec_q8_0_kernel_fits(MatvecQ8Kernel kernel, uint32_t cols, uint32_t n_to
 // matvec_cuda for Q8_0 with the kernel forced (tests and benchmarks); fails if it does not fit.
 void matvec_q8_0_cuda(MatvecQ8Kernel kernel, const void* w, const float* x, float* y, uint32_t rows,
                       uint32_t cols, uint32_t n_tokens, cudaStream_t stream);
+
+// Q8_0, one token, x already quantized to int16 blocks by its producer (act_quant.cuh): the
+// decode path of the engine (docs/perf-notes.md, "Q8_0 GEMV on pre-quantized x"). Results
+// differ from the f32-x product only by x's 16-bit rounding (~2e-5 relative).
+// Variants: x copied to shared memory per block (4 or 8 warps per block), or read via L1;
+// two rows per warp, or one (_r1: finer work split for matrices with few rows per warp).
+enum class MatvecQ16xKernel : uint8_t { smem4, smem8, global4, smem4_r1, smem8_r1 };
+// cols % 256 == 0 and cols <= 32768 (x in shared memory).
+bool matvec_q8_0_q16x_fits(uint32_t cols);
+// Pure: the variant matvec_q8_0_q16x_cuda uses for this shape.
+MatvecQ16xKernel matvec_q8_0_q16x_kernel_for(uint32_t rows, uint32_t cols);
+void matvec_q8_0_q16x_cuda(const void* w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream);
+void matvec_q8_0_q16x_cuda_with(MatvecQ16xKernel kernel, const void* w, ActQ16 x, float* y, uint32_t rows,
+                                uint32_t cols, cudaStream_t stream);
 
 }  // namespace spillway

@@ -1,15 +1,34 @@
 #include "engine/cuda/swiglu.cuh"
 
+#include "common/error.h"
+#include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/cuda_check.h"
 
 namespace spillway {
 namespace {
 
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 __global__ void swiglu_kernel(const float* gate, const float* up, float* out, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = silu_times(gate[i], up[i]);
+}
+
+constexpr int kQ16Threads = 256;
+
+__global__ void __launch_bounds__(kQ16Threads) swiglu_q16_kernel(const float4* __restrict__ gate,
+                                                                 const float4* __restrict__ up, uint32_t n4,
+                                                                 int16_t* __restrict__ q, float* __restrict__ d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // The Q8_0 matvec that reads this output may be launched now (programmatic dependent
+    // launch): it prefetches weights and waits for this grid's completion before reading x.
+    cudaTriggerProgrammaticLaunchCompletion();
+#endif
+    const uint32_t i = blockIdx.x * kQ16Threads + threadIdx.x;
+    if (i >= n4) return;  // n4 % 8 == 0: whole 8-lane groups leave together
+    const float4 g = gate[i], u = up[i];
+    const float4 h = make_float4(silu_times(g.x, u.x), silu_times(g.y, u.y), silu_times(g.z, u.z), silu_times(g.w, u.w));
+    quantize_act_q16_group(h, threadIdx.x % 32, q + 4 * (size_t)i, d + i / 8);
 }
 
 }  // namespace
@@ -18,6 +37,18 @@ void swiglu_cuda(const float* gate, const float* up, float* out, size_t n, cudaS
     if (n == 0) return;
     const size_t blocks = (n + 255) / 256;
     swiglu_kernel<<<(unsigned)(blocks < 65535 ? blocks : 65535), 256, 0, stream>>>(gate, up, out, n);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+void swiglu_q16_cuda(const float* gate, const float* up, uint32_t n, ActQ16 out, cudaStream_t stream) {
+    if (n == 0) return;
+    if (n % kActBlock != 0 || !out.q || !out.d) fail("swiglu_q16_cuda: n must be a multiple of 32, with outputs");
+    if (reinterpret_cast<uintptr_t>(gate) % 16 != 0 || reinterpret_cast<uintptr_t>(up) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(out.q) % 16 != 0)
+        fail("swiglu_q16_cuda: gate, up and q must be 16-byte aligned");
+    const uint32_t n4 = n / 4;
+    swiglu_q16_kernel<<<(n4 + kQ16Threads - 1) / kQ16Threads, kQ16Threads, 0, stream>>>(
+        reinterpret_cast<const float4*>(gate), reinterpret_cast<const float4*>(up), n4, out.q, out.d);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 

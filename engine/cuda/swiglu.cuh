@@ -3,10 +3,17 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
+
+#include "engine/cuda/act_quant.cuh"
 
 namespace spillway {
 
 // n values; device pointers; out may alias gate or up.
 void swiglu_cuda(const float* gate, const float* up, float* out, size_t n, cudaStream_t stream);
+
+// The same values written only quantized for the Q8_0 decode matvec of the down projection
+// (act_quant.cuh): the f32 result never goes to memory. n % 32 == 0; gate and up 16-byte aligned.
+void swiglu_q16_cuda(const float* gate, const float* up, uint32_t n, ActQ16 out, cudaStream_t stream);
 
 }  // namespace spillway

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "act_q16_ref.h"
 #include "cuda_test_util.h"
 #include "gguf/quants.h"
 
@@ -129,6 +130,73 @@ TEST(CudaMatvec, Q8KernelVariantsMatchCpu) {
     EXPECT_FALSE(matvec_q8_0_kernel_fits(MatvecQ8Kernel::stream2, 896, 1));
 }
 
+// The decode path: Q8_0 weights times x already quantized to int16 blocks. The reference uses
+// the very x values the kernel sees (dequantized on the host), so GPU vs reference is f32
+// summation error (1e-5, as above). Against the exact-x product the error is x's rounding:
+// per value uniform in +-d/2 with d = amax/32767, RMS amax/113500; amax of 32 normal values
+// is ~2.0-2.5 sigma, so ~2e-5 relative; bounded at 2e-4 over >= 7 rows (one row's ratio of
+// two random sums has a heavy tail).
+void check_matvec_q16x(MatvecQ16xKernel kernel, uint32_t rows, uint32_t cols) {
+    const uint32_t seed = fresh_seed();
+    SCOPED_TRACE("q16x kernel=" + std::to_string((int)kernel) + " rows=" + std::to_string(rows) + " cols=" +
+                 std::to_string(cols) + " seed=" + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const std::vector<float> w = random_floats(rng, (size_t)rows * cols, 0.05f);
+    const std::vector<float> x = random_floats(rng, cols);
+    const HostActQ16 xq = quantize_act_q16_host(x);
+    const std::vector<float> x_seen = dequantize_act_q16_host(xq);
+    const uint64_t row_bytes = *ggml_row_bytes(GgmlType::Q8_0, cols);
+    std::vector<uint8_t> w_q(row_bytes * rows);
+    std::vector<float> w_deq((size_t)rows * cols);
+    for (uint32_t r = 0; r < rows; ++r) {
+        quantize_row(GgmlType::Q8_0, w.data() + (size_t)r * cols, w_q.data() + r * row_bytes, cols);
+        dequantize_row(GgmlType::Q8_0, w_q.data() + r * row_bytes, w_deq.data() + (size_t)r * cols, cols);
+    }
+    std::vector<float> ref(rows), ref_exact(rows);
+    for (uint32_t r = 0; r < rows; ++r) {
+        double sum = 0.0, sum_exact = 0.0;
+        for (uint32_t k = 0; k < cols; ++k) {
+            sum += (double)w_deq[(size_t)r * cols + k] * x_seen[k];
+            sum_exact += (double)w_deq[(size_t)r * cols + k] * x[k];
+        }
+        ref[r] = (float)sum;
+        ref_exact[r] = (float)sum_exact;
+    }
+    auto d_w = to_device(w_q);
+    auto d_q = to_device(xq.q);
+    auto d_d = to_device(xq.d);
+    DeviceBuffer<float> d_y(rows);
+    poison(d_y);
+    matvec_q8_0_q16x_cuda_with(kernel, d_w.data(), ActQ16{d_q.data(), d_d.data()}, d_y.data(), rows, cols, nullptr);
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> y = to_host(d_y);
+    EXPECT_EQ(count_nan(y), 0u);
+    const double err = rel_error(y, ref);
+    EXPECT_LT(err, 1e-5) << "relative error " << err;
+    const double err_x = rel_error(y, ref_exact);
+    if (rows >= 7) EXPECT_LT(err_x, 2e-4) << "vs exact-x product";
+    std::printf("  q16x kernel %d rows=%u cols=%u: rel. error %.2e, vs exact-x product %.2e\n", (int)kernel, rows, cols,
+                err, err_x);
+}
+
+TEST(CudaMatvec, Q16xKernelsMatchCpu) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    for (MatvecQ16xKernel k : {MatvecQ16xKernel::smem4, MatvecQ16xKernel::smem8, MatvecQ16xKernel::global4,
+                               MatvecQ16xKernel::smem4_r1, MatvecQ16xKernel::smem8_r1}) {
+        // Partial last chunks (5120, 13824), one 4-pair chunk (256), a half row pair (odd rows),
+        // several row pairs per warp (20001 rows), more warps than rows (1, 7).
+        for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
+                 {257, 5120}, {33, 13824}, {1, 256}, {7, 256}, {20001, 512}, {130, 2304}, {3000, 27648}}) {
+            check_matvec_q16x(k, rows, cols);
+        }
+    }
+    EXPECT_EQ(matvec_q8_0_q16x_kernel_for(13824, 5120), MatvecQ16xKernel::smem4);
+    EXPECT_EQ(matvec_q8_0_q16x_kernel_for(5120, 13824), MatvecQ16xKernel::smem4);
+    EXPECT_TRUE(matvec_q8_0_q16x_fits(5120));
+    EXPECT_FALSE(matvec_q8_0_q16x_fits(896));
+    EXPECT_FALSE(matvec_q8_0_q16x_fits(65536));
+}
+
 TEST(CudaMatvec, RejectsUnsupportedInputs) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     DeviceBuffer<uint8_t> w(1 << 16);
@@ -138,6 +206,10 @@ TEST(CudaMatvec, RejectsUnsupportedInputs) {
     EXPECT_THROW(matvec_cuda(GgmlType::F16, w.data(), x.data(), y.data(), 4, 256, 9, nullptr), Error);
     EXPECT_THROW(matvec_q8_0_cuda(MatvecQ8Kernel::stream3, w.data(), x.data(), y.data(), 4, 96, 1, nullptr), Error);
     EXPECT_THROW(matvec_q8_0_cuda(MatvecQ8Kernel::stream2, w.data(), x.data(), y.data(), 4, 256, 2, nullptr), Error);
+    DeviceBuffer<int16_t> xq(1024);
+    DeviceBuffer<float> xd(32);
+    EXPECT_THROW(matvec_q8_0_q16x_cuda(w.data(), ActQ16{xq.data(), xd.data()}, y.data(), 4, 96, nullptr), Error);
+    EXPECT_THROW(matvec_q8_0_q16x_cuda(w.data(), ActQ16{}, y.data(), 4, 256, nullptr), Error);
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 // write vs the CPU engine's functions. Tolerances: 1e-5 relative for the f32 ops (only
 // summation order and expf/sincos ulps differ); the KV write must produce the very bytes the
 // CPU codec writes (same IEEE operations in the same order).
+#include "act_q16_ref.h"
 #include "cuda_test_util.h"
+#include "engine/cuda/act_quant.cuh"
 #include "engine/cpu/rmsnorm.h"
 #include "engine/cpu/rope.h"
 #include "engine/cpu/swiglu.h"
@@ -44,6 +46,72 @@ TEST(CudaSmallOps, RmsNormWithAndWithoutResidualAdd) {
         EXPECT_LT(rel_error(out, ref), 1e-5);
         EXPECT_LT(rel_error(to_host(d_x), x), 1e-7) << "residual stream not updated";
     }
+}
+
+// The vector kernel with its quantized output (bytes equal to quantizing the GPU's own f32
+// output on the host: same IEEE operations), and the scalar kernel for dims not a multiple of 4.
+TEST(CudaSmallOps, RmsNormQuantizedOutputAndOddDims) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    for (uint32_t dim : {5120u, 13824u, 999u, 256u}) {
+        const uint32_t seed = fresh_seed();
+        SCOPED_TRACE("dim " + std::to_string(dim) + " seed " + std::to_string(seed));
+        std::mt19937 rng(seed);
+        const uint32_t rows = 2;
+        const float eps = 1e-6f;
+        auto x = random_floats(rng, (size_t)rows * dim, 3.0f);
+        const auto add = random_floats(rng, (size_t)rows * dim);
+        const auto weight = random_floats(rng, dim);
+        auto d_x = to_device(x);
+        auto d_add = to_device(add);
+        auto d_w = to_device(weight);
+        DeviceBuffer<float> d_out(x.size());
+        DeviceBuffer<int16_t> d_q(x.size());
+        DeviceBuffer<float> d_d(std::max<size_t>(1, x.size() / 32));
+        poison(d_out);
+        poison(d_q);
+        poison(d_d);
+        const bool quantized = dim % 32 == 0;
+        rmsnorm_cuda(d_x.data(), d_add.data(), d_w.data(), d_out.data(), rows, dim, eps, nullptr,
+                     quantized ? ActQ16{d_q.data(), d_d.data()} : ActQ16{});
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        for (size_t i = 0; i < x.size(); ++i) x[i] += add[i];
+        std::vector<float> ref(x.size());
+        for (uint32_t r = 0; r < rows; ++r) rmsnorm_cpu(x.data() + r * dim, weight.data(), ref.data() + r * dim, dim, eps);
+        const auto out = to_host(d_out);
+        EXPECT_EQ(count_nan(out), 0u);
+        EXPECT_LT(rel_error(out, ref), 1e-5);
+        EXPECT_LT(rel_error(to_host(d_x), x), 1e-7) << "residual stream not updated";
+        if (quantized) {
+            const HostActQ16 want = quantize_act_q16_host(out);
+            EXPECT_EQ(to_host(d_q), want.q);
+            EXPECT_EQ(to_host(d_d), want.d);
+        }
+    }
+}
+
+// The stand-alone quantizer: bytes equal to the host twin, an all-zero block gives d = 0.
+TEST(CudaSmallOps, QuantizeActQ16EqualsHostBytes) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const uint32_t seed = fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const uint32_t n = 5120, tokens = 3;
+    auto x = random_floats(rng, (size_t)n * tokens, 2.0f);
+    for (int i = 64; i < 96; ++i) x[i] = 0.0f;
+    x[200] = 1e-30f;  // a tiny block value next to normal ones
+    auto d_x = to_device(x);
+    DeviceBuffer<int16_t> d_q(x.size());
+    DeviceBuffer<float> d_d(x.size() / 32);
+    poison(d_q);
+    poison(d_d);
+    quantize_act_q16_cuda(d_x.data(), n, tokens, ActQ16{d_q.data(), d_d.data()}, nullptr);
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    const HostActQ16 want = quantize_act_q16_host(x);
+    EXPECT_EQ(to_host(d_q), want.q);
+    EXPECT_EQ(to_host(d_d), want.d);
+    EXPECT_EQ(want.d[2], 0.0f);
+    // Dequantized, it is x to ~2e-5 relative (rounding to 16 bits per block).
+    EXPECT_LT(rel_error(dequantize_act_q16_host(want), x), 1e-4);
 }
 
 TEST(CudaSmallOps, RopeNormalNeoxAndYarn) {
@@ -103,6 +171,30 @@ TEST(CudaSmallOps, SwiGlu) {
     std::vector<float> ref(n);
     swiglu_cpu(gate.data(), up.data(), ref.data(), n);
     EXPECT_LT(rel_error(to_host(d_out), ref), 1e-6);
+}
+
+// SwiGLU written only quantized (the down projection's input): dequantized it is the CPU's
+// swiglu to x's 16-bit rounding (~2e-5 relative) plus expf ulps; bound 1e-4.
+TEST(CudaSmallOps, SwiGluQuantized) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const uint32_t seed = fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const uint32_t n = 13824;
+    const auto gate = random_floats(rng, n, 4.0f), up = random_floats(rng, n);
+    auto d_gate = to_device(gate), d_up = to_device(up);
+    DeviceBuffer<int16_t> d_q(n);
+    DeviceBuffer<float> d_d(n / 32);
+    poison(d_q);
+    poison(d_d);
+    swiglu_q16_cuda(d_gate.data(), d_up.data(), n, ActQ16{d_q.data(), d_d.data()}, nullptr);
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> ref(n);
+    swiglu_cpu(gate.data(), up.data(), ref.data(), n);
+    const HostActQ16 got{to_host(d_q), to_host(d_d)};
+    EXPECT_EQ(count_nan(got.d), 0u);
+    EXPECT_LT(rel_error(dequantize_act_q16_host(got), ref), 1e-4);
+    EXPECT_THROW(swiglu_q16_cuda(d_gate.data(), d_up.data(), 100, ActQ16{d_q.data(), d_d.data()}, nullptr), Error);
 }
 
 TEST(CudaSmallOps, KvWriteEqualsTheCpuCodecBytes) {

@@ -1,0 +1,32 @@
+#pragma once
+// Device side of act_quant.cuh: quantizing one 32-value block held by 8 consecutive lanes
+// (4 values each, in order), so any kernel that produces an activation as float4 per thread
+// can write it quantized without another pass over memory.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "engine/cuda/act_quant.cuh"
+
+namespace spillway {
+
+// Lanes 8k..8k+7 of the warp call this together (all 8 or none: the shuffle mask names
+// exactly that group) with values 4*(lane%8) .. +3 of one block. q4 points at those 4 int16
+// slots, d at the block's scale. Rounding as the CPU reference in the tests: d = amax / 32767
+// (IEEE division), q = round-half-even(x / d), 0 for an all-zero block.
+__device__ __forceinline__ void quantize_act_q16_group(float4 v, uint32_t lane, int16_t* q4, float* d) {
+    const unsigned mask = 0xffu << (lane & 24u);
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    amax = fmaxf(amax, __shfl_xor_sync(mask, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(mask, amax, 2));
+    amax = fmaxf(amax, __shfl_xor_sync(mask, amax, 4));
+    const float scale = amax / kActQ16Max;
+    auto q = [scale](float x) -> uint32_t {
+        if (!(scale > 0.0f)) return 0u;
+        return (uint32_t)min(32767, max(-32767, __float2int_rn(__fdiv_rn(x, scale)))) & 0xffffu;
+    };
+    *reinterpret_cast<uint2*>(q4) = make_uint2(q(v.x) | (q(v.y) << 16), q(v.z) | (q(v.w) << 16));
+    if ((lane & 7u) == 0) *d = scale;
+}
+
+}  // namespace spillway

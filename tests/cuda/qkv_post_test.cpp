@@ -1,0 +1,131 @@
+// The fused post-QKV kernel (bias + RoPE + K/V write) vs the CPU: q, k, v after bias and
+// RoPE within 1e-5 relative (rope_cpu's float math; only sincos ulps differ), and the cache
+// bytes equal the CPU codec's bytes of the GPU's own K/V rows (same IEEE rounding as
+// kv_write_cuda). Cells outside the written ones stay untouched.
+#include "cuda_test_util.h"
+#include "engine/cpu/rope.h"
+#include "engine/cuda/qkv_post.cuh"
+#include "kv/kv_codec.h"
+
+namespace spillway {
+namespace {
+
+using namespace cuda_test;
+
+struct PostCase {
+    uint32_t n_head, n_head_kv, head_dim, n_tokens;
+    RopeSpec rope;
+    bool bias;
+    KvType k_type, v_type;
+    bool write_cache;
+};
+
+void check_post(PostCase c) {
+    const uint32_t seed = fresh_seed();
+    SCOPED_TRACE("heads " + std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + " dim " +
+                 std::to_string(c.head_dim) + " tokens " + std::to_string(c.n_tokens) + " K " + kv_type_name(c.k_type) +
+                 " V " + kv_type_name(c.v_type) + " seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    if (c.rope.n_dims == 0) c.rope.n_dims = c.head_dim;
+    const RopeTables tables = make_rope_tables(c.rope, c.head_dim);
+    const uint32_t qd = c.n_head * c.head_dim, kd = c.n_head_kv * c.head_dim, T = c.n_tokens;
+    auto q = random_floats(rng, (size_t)T * qd), k = random_floats(rng, (size_t)T * kd), v = random_floats(rng, (size_t)T * kd);
+    const auto bias = random_floats(rng, qd + 2 * kd, 0.5f);
+    std::vector<int32_t> positions(T);
+    for (uint32_t t = 0; t < T; ++t) positions[t] = (int32_t)(rng() % 140000);
+    const uint32_t first = 2, n_cells = first + T + 2;
+    const uint64_t k_row = kv_row_bytes(c.k_type, kd), v_row = kv_row_bytes(c.v_type, kd);
+
+    auto d_q = to_device(q), d_k = to_device(k), d_v = to_device(v), d_bias = to_device(bias);
+    auto d_pos = to_device(positions);
+    auto d_inv = to_device(tables.inv_freq);
+    auto d_mix = to_device(tables.ramp_mix);
+    DeviceBuffer<uint8_t> d_kc(k_row * n_cells), d_vc(v_row * n_cells);
+    poison(d_kc);
+    poison(d_vc);
+    RopeDeviceTables dt;
+    dt.neox = tables.type == RopeType::neox;
+    dt.n_dims = tables.n_dims;
+    dt.inv_freq = d_inv.data();
+    dt.ramp_mix = d_mix.data();
+    dt.freq_scale = tables.freq_scale;
+    dt.mscale = tables.mscale;
+    qkv_post_cuda(QkvPostShape{c.n_head, c.n_head_kv, c.head_dim}, dt, d_q.data(), d_k.data(), d_v.data(),
+                  c.bias ? d_bias.data() : nullptr, T, d_pos.data(), c.k_type, c.write_cache ? d_kc.data() : nullptr,
+                  c.v_type, c.write_cache ? d_vc.data() : nullptr, first, nullptr);
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+
+    for (uint32_t t = 0; t < T; ++t) {
+        float* qt = q.data() + (size_t)t * qd;
+        float* kt = k.data() + (size_t)t * kd;
+        float* vt = v.data() + (size_t)t * kd;
+        if (c.bias) {
+            for (uint32_t i = 0; i < qd; ++i) qt[i] += bias[i];
+            for (uint32_t i = 0; i < kd; ++i) kt[i] += bias[qd + i];
+            for (uint32_t i = 0; i < kd; ++i) vt[i] += bias[qd + kd + i];
+        }
+        rope_cpu(tables, qt, c.n_head, c.head_dim, (uint32_t)positions[t]);
+        rope_cpu(tables, kt, c.n_head_kv, c.head_dim, (uint32_t)positions[t]);
+    }
+    const auto got_q = to_host(d_q), got_k = to_host(d_k), got_v = to_host(d_v);
+    EXPECT_LT(rel_error(got_q, q), 1e-5);
+    EXPECT_LT(rel_error(got_k, k), 1e-5);
+    EXPECT_LT(rel_error(got_v, v), 1e-6);
+    const auto kc = to_host(d_kc), vc = to_host(d_vc);
+    if (!c.write_cache) {
+        for (uint8_t b : kc) ASSERT_EQ(b, 0xFF);
+        for (uint8_t b : vc) ASSERT_EQ(b, 0xFF);
+        return;
+    }
+    std::vector<uint8_t> ref_k(k_row), ref_v(v_row);
+    size_t mismatches = 0;
+    for (uint32_t t = 0; t < T; ++t) {
+        kv_store_row(c.k_type, got_k.data() + (size_t)t * kd, ref_k.data(), kd);
+        kv_store_row(c.v_type, got_v.data() + (size_t)t * kd, ref_v.data(), kd);
+        for (uint64_t i = 0; i < k_row; ++i) mismatches += kc[(first + t) * k_row + i] != ref_k[i];
+        for (uint64_t i = 0; i < v_row; ++i) mismatches += vc[(first + t) * v_row + i] != ref_v[i];
+    }
+    EXPECT_EQ(mismatches, 0u);
+    for (uint64_t i = 0; i < first * k_row; ++i) ASSERT_EQ(kc[i], 0xFF);
+    for (uint64_t i = (first + T) * k_row; i < n_cells * k_row; ++i) ASSERT_EQ(kc[i], 0xFF);
+    for (uint64_t i = 0; i < first * v_row; ++i) ASSERT_EQ(vc[i], 0xFF);
+}
+
+TEST(CudaQkvPost, MatchesBiasRopeAndKvWriteOnTheCpu) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    RopeSpec neox;
+    neox.type = RopeType::neox;
+    neox.freq_base = 1000000.0f;
+    RopeSpec yarn = neox;
+    yarn.scaling = RopeScaling::yarn;
+    yarn.scaling_factor = 4.0f;
+    yarn.original_context = 32768;
+    RopeSpec normal;
+    normal.freq_base = 500000.0f;
+    RopeSpec partial = neox;
+    partial.n_dims = 32;
+    for (KvType kt : {KvType::f16, KvType::q8_0, KvType::q4_0})
+        for (KvType vt : {KvType::f16, KvType::q8_0, KvType::q4_0})
+            check_post({40, 8, 128, 1, neox, true, kt, vt, true});  // the Qwen2.5-14B decode step
+    check_post({4, 2, 64, 3, yarn, true, KvType::q8_0, KvType::q4_0, true});
+    check_post({6, 3, 64, 2, normal, false, KvType::f16, KvType::q8_0, true});
+    check_post({4, 4, 64, 1, partial, true, KvType::q4_0, KvType::f16, true});
+    check_post({40, 8, 128, 1, neox, true, KvType::q8_0, KvType::q8_0, false});  // bias + RoPE only
+}
+
+TEST(CudaQkvPost, RejectsBadShapes) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    DeviceBuffer<float> buf(4096);
+    DeviceBuffer<double> inv(64);
+    DeviceBuffer<int32_t> pos(1);
+    RopeDeviceTables dt;
+    dt.n_dims = 128;
+    dt.inv_freq = inv.data();
+    EXPECT_THROW(qkv_post_cuda(QkvPostShape{4, 2, 100}, dt, buf.data(), buf.data(), buf.data(), nullptr, 1, pos.data(),
+                               KvType::f16, nullptr, KvType::f16, nullptr, 0, nullptr), Error);
+    EXPECT_THROW(qkv_post_cuda(QkvPostShape{4, 2, 64}, dt, buf.data(), buf.data(), buf.data(), nullptr, 1, pos.data(),
+                               KvType::f16, nullptr, KvType::f16, nullptr, 0, nullptr), Error);  // n_dims > head_dim
+}
+
+}  // namespace
+}  // namespace spillway
