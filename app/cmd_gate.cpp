@@ -392,6 +392,9 @@ int gate_cells(const ArgParser& args, const Runtime& rt, const GateModel& model,
         if (rt.device != "cuda") return std::string("needs --device cuda (the spill is the CUDA engine's)");
         if (plan.window.spilled_cells == 0)
             return "f16/f16 fits the budget at ctx " + std::to_string(plan_ctx) + ": nothing spills (lower --vram-target)";
+        if (plan.window.resident_cells == 0)
+            return "the budget holds no f16 cell beside the staging ring (" + describe_budget(plan.budget) +
+                   "): raise --vram-target";
         if (plan.window.resident_cells >= n_ctx)
             return "the window keeps " + std::to_string(plan.window.resident_cells) + " cells in VRAM and the prompts reach " +
                    std::to_string(n_ctx) + ": the tail is never read (lower --vram-target or raise --lengths)";
@@ -422,6 +425,9 @@ int gate_cells(const ArgParser& args, const Runtime& rt, const GateModel& model,
         const GateKv auto_kv{ap.tier, false};
         if (rt.device != "cuda" && ap.window.spilled_cells > 0) {
             auto_cell.unavailable = "its tier spills: needs --device cuda";
+            auto_cell.chosen_note = "planned, not run";
+        } else if (ap.window.spilled_cells > 0 && ap.window.resident_cells == 0) {
+            auto_cell.unavailable = "the budget holds no cell of its tier (" + describe_budget(ap.budget) + ")";
             auto_cell.chosen_note = "planned, not run";
         } else {
             auto [c, r] = run_cell(GateCell::auto_tier, {auto_kv, resident_cells_of(ap)}, "auto " + kv_tier_name(ap.tier));

@@ -30,6 +30,7 @@ KvFootprint kv_footprint(const ModelSpec& model, uint64_t n_ctx, KvTier tier) {
             any_local = true;
         } else {
             f.global_bytes_per_cell += per_cell;
+            ++f.global_layers;
         }
     }
     f.local_cells = any_local ? std::min<uint64_t>(n_ctx, model.swa_window) : 0;
@@ -52,9 +53,11 @@ SpillWindow spill_window(const KvFootprint& f, uint64_t budget_bytes) {
     return w;
 }
 
-uint64_t spill_staging_bytes(uint64_t spilled_bytes) {
+uint64_t spill_staging_bytes(uint64_t spilled_bytes, uint32_t global_layers) {
     if (spilled_bytes == 0) return 0;
-    return std::min<uint64_t>(kSpillChunkBytes, spilled_bytes) * kSpillStagingBuffers;
+    const uint64_t layers = std::max<uint32_t>(1, global_layers);
+    const uint64_t per_layer_tail = (spilled_bytes + layers - 1) / layers;
+    return std::min<uint64_t>(kSpillChunkBytes, per_layer_tail) * kSpillStagingBuffers;
 }
 
 StagedSpillWindow spill_window_with_staging(const KvFootprint& f, uint64_t budget_bytes) {
@@ -65,7 +68,7 @@ StagedSpillWindow spill_window_with_staging(const KvFootprint& f, uint64_t budge
     // until the staging the window needs is the staging it was computed with (the tail at
     // least doubles per round below the cap, so this ends within a few dozen rounds).
     for (int round = 0; round < 64; ++round) {
-        uint64_t need = spill_staging_bytes(s.window.spilled_bytes);
+        uint64_t need = spill_staging_bytes(s.window.spilled_bytes, f.global_layers);
         if (need <= s.staging_bytes) break;
         s.staging_bytes = need;
         s.window = spill_window(f, budget_bytes > s.staging_bytes ? budget_bytes - s.staging_bytes : 0);

@@ -46,6 +46,7 @@ struct KvFootprint {
     uint64_t global_bytes_per_cell = 0;  // summed over global layers
     uint64_t local_bytes_per_cell = 0;   // summed over local layers
     uint64_t local_cells = 0;            // min(n_ctx, swa_window) when there are local layers
+    uint32_t global_layers = 0;          // layers whose cells can spill
     uint64_t local_bytes() const { return local_bytes_per_cell * local_cells; }
     uint64_t total_bytes() const { return global_bytes_per_cell * n_ctx + local_bytes(); }
 };
@@ -65,9 +66,10 @@ SpillWindow spill_window(const KvFootprint& footprint, uint64_t budget_bytes);
 // (engine/cuda/kv_spill.h), and they take their VRAM from the same budget.
 inline constexpr uint32_t kSpillStagingBuffers = 2;
 inline constexpr uint64_t kSpillChunkBytes = 32ull << 20;  // one buffer: one layer's tail chunk, K + V
-// VRAM the staging ring needs for a tail of spilled_bytes (all layers): a chunk never holds
-// more than one layer's tail, so the tail itself bounds it. 0 when nothing spills.
-uint64_t spill_staging_bytes(uint64_t spilled_bytes);
+// VRAM the staging ring needs for a tail of spilled_bytes (summed over global_layers layers):
+// a buffer holds one chunk of one layer's tail, so one layer's tail bounds it below the cap.
+// 0 when nothing spills.
+uint64_t spill_staging_bytes(uint64_t spilled_bytes, uint32_t global_layers);
 
 // The window once the staging ring is paid from the budget: resident cells shrink until
 // resident bytes + staging fit. Equal to spill_window when the cache fits.

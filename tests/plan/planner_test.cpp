@@ -80,7 +80,7 @@ TEST(KvTiers, StagingRingIsPaidFromTheBudget) {
                             (uint64_t)1}) {
         StagedSpillWindow s = spill_window_with_staging(f, budget);
         EXPECT_GT(s.window.spilled_cells, 0u) << budget;
-        EXPECT_EQ(s.staging_bytes, spill_staging_bytes(s.window.spilled_bytes)) << budget;
+        EXPECT_EQ(s.staging_bytes, spill_staging_bytes(s.window.spilled_bytes, f.global_layers)) << budget;
         EXPECT_LE(s.window.resident_bytes + s.staging_bytes, std::max<uint64_t>(budget, s.staging_bytes)) << budget;
         EXPECT_LE(s.staging_bytes, kSpillStagingBuffers * kSpillChunkBytes);
         // Not more conservative than needed: one more resident cell would not fit.
@@ -89,8 +89,11 @@ TEST(KvTiers, StagingRingIsPaidFromTheBudget) {
     }
     // A big spill pays the full ring: 2 x 32 MiB.
     EXPECT_EQ(spill_window_with_staging(f, f.total_bytes() / 2).staging_bytes, 64 * kMiB);
-    EXPECT_EQ(spill_staging_bytes(0), 0u);
-    EXPECT_EQ(spill_staging_bytes(1000), 2000u);
+    EXPECT_EQ(f.global_layers, 48u);
+    EXPECT_EQ(spill_staging_bytes(0, 48), 0u);
+    // A small tail: two buffers of one layer's share of it (rounded up).
+    EXPECT_EQ(spill_staging_bytes(4800, 48), 200u);
+    EXPECT_EQ(spill_staging_bytes(4801, 48), 202u);
 }
 
 TEST(DropModel, SerialModelMatchesTheSpecFormula) {
