@@ -25,7 +25,7 @@ EnvLookup process_env();  // std::getenv
 
 // The drop model the planner uses unless told otherwise: the one whose predictions matched
 // the measured spill sweep best (README, "Drop model sweep").
-inline constexpr DropModel kDefaultDropModel = DropModel::serial;
+inline constexpr DropModel kDefaultDropModel = DropModel::overlap;
 
 struct PlanKnobs {
     bool auto_tier = false;

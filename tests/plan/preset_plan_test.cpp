@@ -39,6 +39,7 @@ TEST(PresetPlan, SpecT5ThroughThePreset) {
     b.compute_reserve_bytes = default_compute_reserve_bytes(m);
     PlanKnobs k;
     k.auto_tier = true;
+    k.drop_model = DropModel::serial;  // the spec's T* comes from its serial model
     FixedProbeSource probe(rtx6000_bs2());
     ScopedLogCapture quiet;
     KvPlan plan = plan_kv(m, 65536, b, k, probe);
