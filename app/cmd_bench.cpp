@@ -1,7 +1,9 @@
 // spillway bench: llama-bench-like speed test of the CUDA engine. Prefill tok/s, decode
 // tok/s at each KV depth, achieved GB/s and % of the roofline (weights + KV bytes read per
 // token over the HBM bandwidth measured in the same run), as a markdown table or --json.
+#include <cmath>
 #include <cstdio>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -9,9 +11,13 @@
 
 #include "app/args.h"
 #include "app/commands.h"
+#include "app/plan_args.h"
 #include "common/error.h"
+#include "common/parse.h"
 #include "gguf/ggml_types.h"
 #include "model/model_spec.h"
+#include "model/presets.h"
+#include "gguf/gguf.h"
 #include "plan/drop_model.h"
 #ifdef SPILLWAY_HAVE_CUDA
 #include "engine/cuda/cuda_bench.h"
@@ -127,6 +133,10 @@ int cmd_bench(int argc, char** argv) {
                 "spilled row is printed with the serial and overlap drop models' predictions",
                 "0");
     args.flag({"--no-graph"}, "decode with direct kernel launches instead of the per-step CUDA graph");
+    args.option({"-c", "--ctx-size"}, "N",
+                "with --kv-auto-tier: plan the KV cache for N cells on this GPU and bench what the plan chose "
+                "(its tier, and its spill at depth N - n_gen - 1)");
+    add_plan_options(args, false);
     args.flag({"--json"}, "print one JSON object instead of the table");
     args.epilog(
         "-ctk and -ctv lists pair up element by element (a single entry pairs with every entry of\n"
@@ -157,8 +167,42 @@ int cmd_bench(int argc, char** argv) {
     const bool no_graph = args.has("--no-graph");
     const std::vector<uint64_t> spill_mib = parse_mib_list(args.get_or("--spill", "0"), "--spill");
 
+    // --kv-auto-tier: the planner decides (from this GPU's measurements) instead of -ctk/-ctv,
+    // -d and --spill, and the bench measures its choice. Without the switch none of this runs.
+    const PlanKnobs knobs = resolve_plan_knobs(knob_flags_from(args), process_env());
+    std::optional<KvPlan> plan;
+    std::vector<uint32_t> bench_depths = depths;
+    std::vector<uint64_t> bench_spill = spill_mib;
+    if (knobs.auto_tier) {
+        auto ctx_text = args.get("-c");
+        if (!ctx_text) fail("--kv-auto-tier: give -c N, the context to plan for");
+        if (args.has("--depth") || args.has("--spill"))
+            fail("--kv-auto-tier: -d and --spill follow from the plan (depth N - n_gen - 1); leave them out");
+        const uint64_t n_ctx = (uint64_t)parse_int_in(*ctx_text, "-c", 2, int64_t(1) << 31);
+        if (n_gen == 0 || n_gen + 1 >= n_ctx) fail("--kv-auto-tier: -n must be at least 1 and below -c - 1");
+        const ModelSpec spec = args.has("--model") ? model_spec_from_gguf(GgufFile::open(*args.get("--model"))->header())
+                                                   : model_spec_from_gguf(preset_header(*args.get("--synthetic"), *wtype));
+        const PlanSource source = plan_source_from(args);
+        const BudgetInputs budget = budget_inputs_from(args, spec, source.values, knobs);
+        plan = plan_from_source(spec, n_ctx, budget, knobs, source);
+        pairs = {{plan->tier.k, plan->tier.v}};
+        const uint32_t depth = (uint32_t)(n_ctx - n_gen - 1);
+        bench_depths = {depth};
+        // The bench spills MiB of the filled cache: the cells of the depth past the window.
+        const uint64_t tail_cells = depth > plan->window.resident_cells ? depth - plan->window.resident_cells : 0;
+        const uint64_t cell_bytes = kv_footprint(spec, 1, plan->tier).global_bytes_per_cell;
+        bench_spill = {plan->window.spilled_cells ? (tail_cells * cell_bytes + kMiB - 1) / kMiB : 0};
+        if (!json)
+            std::printf("plan: %s for %llu cells — %s; %llu cells resident, %llu spilled; predicted %s tok/s\n",
+                        kv_tier_name(plan->tier).c_str(), (unsigned long long)n_ctx, plan->reason.c_str(),
+                        (unsigned long long)plan->window.resident_cells, (unsigned long long)plan->window.spilled_cells,
+                        plan->predicted_tok_s ? std::to_string((int)std::lround(*plan->predicted_tok_s)).c_str() : "-");
+    } else if (args.has("-c")) {
+        fail("-c plans the cache and needs --kv-auto-tier");
+    }
+
 #ifndef SPILLWAY_HAVE_CUDA
-    (void)pairs, (void)wtype, (void)depths, (void)n_prompt, (void)n_gen, (void)batch, (void)seed, (void)json, (void)no_graph,
+    (void)bench_depths, (void)bench_spill, (void)pairs, (void)wtype, (void)depths, (void)n_prompt, (void)n_gen, (void)batch, (void)seed, (void)json, (void)no_graph,
         (void)spill_mib;
     fail("bench measures the CUDA engine, and this build has none (configure with -DSPILLWAY_CUDA=ON on a machine with nvcc)");
 #else
@@ -169,16 +213,23 @@ int cmd_bench(int argc, char** argv) {
     o.n_prompt = n_prompt;
     o.n_gen = n_gen;
     o.batch = batch;
-    o.depths = depths;
+    o.depths = bench_depths;
     o.kv_types = pairs;
     o.seed = seed;
     o.use_graph = !no_graph;
     o.show_progress = !json;
-    o.spill_mib = spill_mib;
+    o.spill_mib = bench_spill;
     const CudaBenchReport r = run_cuda_bench(o);
     const std::vector<SpillPrediction> predictions = spill_predictions(r);
 
     auto mib = [](uint64_t b) { return (double)b / (1 << 20); };
+    // The decode row that measured what the plan chose (its tier, spilled or not).
+    const CudaBenchRow* planned_row = nullptr;
+    if (plan)
+        for (const CudaBenchRow& row : r.rows)
+            if (row.test.rfind("tg", 0) == 0 && !row.engage &&
+                (bench_spill[0] ? row.spill_cells > 0 && row.spill_mib == bench_spill[0] : row.spill_cells == 0))
+                planned_row = &row;
     if (json) {
         nlohmann::json rows = nlohmann::json::array();
         for (size_t i = 0; i < r.rows.size(); ++i) {
@@ -210,6 +261,17 @@ int cmd_bench(int argc, char** argv) {
                               {"vram_bytes", {{"weights", r.vram_weights}, {"scratch", r.vram_scratch},
                                               {"graphs", r.vram_graphs}}},
                               {"rows", rows}};
+        if (plan)
+            out["plan"] = {{"tier", kv_tier_name(plan->tier)},
+                           {"reason", plan->reason},
+                           {"resident_cells", plan->window.resident_cells},
+                           {"spilled_cells", plan->window.spilled_cells},
+                           {"staging_bytes", plan->staging_bytes},
+                           {"drop_model", drop_model_name(knobs.drop_model)},
+                           {"predicted_tok_s", plan->predicted_tok_s ? nlohmann::json(*plan->predicted_tok_s)
+                                                                     : nlohmann::json(nullptr)},
+                           {"measured_tok_s", planned_row ? nlohmann::json(planned_row->tok_s) : nlohmann::json(nullptr)},
+                           {"diagnostics", plan->diagnostics}};
         std::printf("%s\n", out.dump(1).c_str());
         return 0;
     }
@@ -258,6 +320,11 @@ int cmd_bench(int argc, char** argv) {
                             100.0 * p.terms.c_engage_ms / p.terms.t_resident_ms, p.terms.t_resident_ms);
         }
     }
+    if (plan && planned_row)
+        std::printf("\nplan check: %s predicted %s tok/s (%s drop model), measured %.1f tok/s\n",
+                    kv_tier_name(plan->tier).c_str(),
+                    plan->predicted_tok_s ? std::to_string((int)std::lround(*plan->predicted_tok_s)).c_str() : "-",
+                    drop_model_name(knobs.drop_model), planned_row->tok_s);
     return 0;
 #endif
 }
