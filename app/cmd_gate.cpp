@@ -17,6 +17,8 @@
 
 #include "app/args.h"
 #include "app/commands.h"
+#include "app/gate_plans.h"
+#include "app/gate_synthetic.h"
 #include "app/plan_args.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -62,7 +64,9 @@ Decode tok/s is measured over the greedy answer steps of the niah run (one token
 examples:
   spillway gate -m tiny.gguf --niah --tasks single_1,multikey_1 --lengths 1024 --depths 3
   spillway gate -m tiny.gguf --kl --tiers f32/f32,q8_0/q8_0,q4_0/q4_0 --kl-tokens 1024 --json
-  spillway gate -m model.gguf --cells --device cuda --lengths 8192 --vram-target 400 --compute-reserve-mib 0)";
+  spillway gate -m tests/data/trained/niah-llama.gguf --cells --device cuda --lengths 8192 \
+      --vram-target 20 --compute-reserve-mib 0
+  spillway gate --synthetic qwen2.5-14b --wtype q8_0 --cells --device cuda -c 65536 --vram-target 27000)";
 
 std::string read_text_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -310,44 +314,6 @@ int gate_kl(const ArgParser& args, const Runtime& rt, const GateModel& model, co
     return 0;
 }
 
-// The planner's two views of the gate's configuration: the f16 window with the switch off
-// (what f16_spill runs) and the auto-tier walk (what auto runs), from --profile FILE or
-// this machine's GPU, the budget capped by --vram-target.
-struct GatePlans {
-    KvPlan f16;       // switch off, f16/f16: its spill window
-    KvPlan automatic; // switch on
-    std::string source;
-};
-
-std::optional<GatePlans> plan_gate_cells(const ArgParser& args, const Runtime& rt, const ModelSpec& spec, uint64_t n_ctx) {
-    // On the CPU engine without a profile there is no GPU to plan for.
-    if (rt.device == "cpu" && !args.has("--profile")) return std::nullopt;
-    const PlanKnobs knobs = resolve_plan_knobs(knob_flags_from(args), process_env());
-    const PlanSource source = plan_source_from(args);
-    const BudgetInputs budget = budget_inputs_from(args, spec, source.values, knobs);
-    GatePlans plans;
-    plans.source = source.values.origin + ", ctx " + std::to_string(n_ctx);
-    PlanKnobs off = knobs;
-    off.auto_tier = false;
-    off.type_k = off.type_v = KvType::f16;
-    PlanKnobs on = knobs;
-    on.auto_tier = true;
-    on.type_k = on.type_v = std::nullopt;
-    ScopedLogCapture quiet;  // the WARN lines are kept in the plan's diagnostics and shown below
-    plans.f16 = plan_from_source(spec, n_ctx, budget, off, source);
-    plans.automatic = plan_from_source(spec, n_ctx, budget, on, source);
-    return plans;
-}
-
-AutoDecision auto_decision_from(const GatePlans& plans) {
-    AutoDecision d;
-    d.tier = kv_tier_name(plans.automatic.tier);
-    d.reason = plans.automatic.reason;
-    d.source = plans.source;
-    d.f16_spills = plans.f16.window.spilled_cells > 0;
-    return d;
-}
-
 uint32_t resident_cells_of(const KvPlan& plan) {
     return plan.window.spilled_cells == 0 ? UINT32_MAX : (uint32_t)plan.window.resident_cells;
 }
@@ -360,7 +326,7 @@ int gate_cells(const ArgParser& args, const Runtime& rt, const GateModel& model,
     GateThresholds thresholds;
     thresholds.niah_tolerance = args.get_double("--niah-tolerance").value_or(0.0);
     thresholds.tstar_drop = resolve_plan_knobs(knob_flags_from(args), process_env()).tstar_drop;
-    const std::optional<GatePlans> plans = plan_gate_cells(args, rt, model.cpu.spec, plan_ctx);
+    const std::optional<GatePlans> plans = plan_gate_cells(args, rt.device == "cpu", model.cpu.spec, plan_ctx);
     std::optional<AutoDecision> decision;
     if (plans) decision = auto_decision_from(*plans);
     const std::vector<std::string> diagnostics = plans ? plans->automatic.diagnostics : std::vector<std::string>{};
@@ -515,6 +481,9 @@ int gate_cells(const ArgParser& args, const Runtime& rt, const GateModel& model,
 int cmd_gate(int argc, char** argv) {
     ArgParser args("gate", "Quality gate: RULER niah, logit metrics of KV tiers, and the spec's four-cell table.");
     args.option({"-m", "--model"}, "FILE", "GGUF model file");
+    args.option({"--synthetic"}, "PRESET", "--cells on random weights built on the GPU (speed columns only; needs -c N)");
+    args.option({"--wtype"}, "T", "--synthetic: weight type (f16, bf16, q8_0)", "q8_0");
+    args.option({"--decode-steps"}, "N", "--synthetic: decode steps per cell, from depth ctx - N - 1", "32");
     args.option({"--device"}, "DEV", "cpu or cuda", "cpu");
     args.flag({"--niah"}, "run RULER-style niah");
     args.flag({"--kl"}, "compare KV tiers' logits with the reference on one text");
@@ -546,6 +515,11 @@ int cmd_gate(int argc, char** argv) {
     }
     const int modes = (int)args.has("--niah") + (int)args.has("--kl") + (int)args.has("--cells");
     if (modes != 1) fail("give exactly one of --niah, --kl or --cells");
+    const bool json = args.has("--json");
+    if (args.has("--synthetic")) {
+        if (args.has("--model")) fail("give either -m FILE or --synthetic PRESET, not both");
+        return gate_cells_synthetic(args, json);
+    }
     const auto model_path = args.get("--model");
     if (!model_path) fail("-m FILE is required");
     Runtime rt;
@@ -553,7 +527,6 @@ int cmd_gate(int argc, char** argv) {
     if (rt.device != "cpu" && rt.device != "cuda") fail("--device: unknown device '" + rt.device + "' (expected cpu or cuda)");
     rt.chunk = (uint32_t)args.get_int("--batch-size", 1, 1 << 16).value_or(512);
     rt.threads = (unsigned)args.get_int("--threads", 1, 1024).value_or(std::max(1u, std::thread::hardware_concurrency()));
-    const bool json = args.has("--json");
 
     const std::unique_ptr<GateModel> model = load_gate_model(*model_path, args.has("--chat"));
     if (args.has("--niah")) return gate_niah(args, rt, *model, *model_path, json);
