@@ -157,6 +157,21 @@ same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len
 print(f"greedy tokens: cpu {len(a)}, cuda {len(b)}, identical for the first {same}")
 PY
   rm -f "$tiny"
+  # The spec's four-cell gate: on the trained test model (niah, KL, tok/s; the f16 spill
+  # forced by --vram-target) and on the 14B shape with random weights (speed columns).
+  echo
+  echo "== gate --cells, trained test model, ctx 8192, f16 spill forced (--vram-target 20)"
+  "$bin/spillway" gate -m tests/data/trained/niah-llama.gguf --cells --device cuda \
+    --tasks single_1,single_2,single_3,multikey_1 --lengths 8192 --depths 3 --vram-target 20 \
+    --compute-reserve-mib 0 >"$out/gate-cells.txt" 2>"$out/gate-cells.err"
+  echo "gate cells rc=$?"
+  sed -n '/^cell /,$p' "$out/gate-cells.txt"
+  echo
+  echo "== gate --cells --synthetic qwen2.5-14b, ctx 65536, --vram-target 27000"
+  "$bin/spillway" gate --synthetic qwen2.5-14b --wtype q8_0 --cells --device cuda -c 65536 \
+    --vram-target 27000 >"$out/gate-14b.txt" 2>"$out/gate-14b.err"
+  echo "gate 14b rc=$?"
+  sed -n '/^cell /,$p' "$out/gate-14b.txt"
 fi
 
 # ---- prefill block (P2; only with --hf): prefill kernels in TFLOP/s (bench_prefill), then
