@@ -58,6 +58,29 @@ def make_batch(sf, rows, pad_id, multiple=64):
     return x, y, real, ans
 
 
+def make_copy_batch(step, seed, n_text_tokens, bos, min_len, max_len, tokens_per_batch, multiple=64):
+    """A warm-up batch that only copying can solve: BOS, L random tokens, the same L tokens
+    again; the loss mask covers the repeat. It grows the induction heads (attend to the token
+    after the earlier copy of the current token) that niah answers need, without the needle's
+    1-in-T dilution of the attention signal. A pure function of (seed, step), so resuming a
+    checkpoint replays the same batches; returns make_batch's four arrays."""
+    rng = np.random.default_rng([seed, step])
+    L = int(rng.integers(min_len, max_len + 1))
+    B = max(1, tokens_per_batch // (2 * L + 1))
+    T = (2 * L + multiple - 1) // multiple * multiple
+    body = rng.integers(0, n_text_tokens, size=(B, L))
+    seq = np.concatenate([np.full((B, 1), bos), body, body], axis=1)  # 2L + 1 tokens
+    x = np.full((B, T), bos, dtype=np.int64)
+    y = np.full((B, T), bos, dtype=np.int64)
+    x[:, : 2 * L] = seq[:, :-1]
+    y[:, : 2 * L] = seq[:, 1:]
+    real = np.zeros((B, T), dtype=np.float32)
+    real[:, : 2 * L] = 1.0
+    ans = np.zeros((B, T), dtype=np.float32)
+    ans[:, L + 1: 2 * L] = 1.0  # targets after the first repeated token (that one is a guess)
+    return x, y, real, ans
+
+
 class ShardMaker:
     """Runs `niah-train-data gen` for shard files in the background, one at a time."""
 
