@@ -16,6 +16,7 @@
 #include "app/args.h"
 #include "app/commands.h"
 #include "app/plan_args.h"
+#include "probe/device_probe.h"
 #ifdef SPILLWAY_HAVE_CUDA
 #include "engine/cuda/cuda_generate.h"
 #endif
@@ -181,6 +182,7 @@ example: spillway run -m tiny.gguf -p "Once upon a time" -n 64 --temp 0)");
     uint64_t resident_cells = n_ctx;
     std::optional<KvPlan> kv_plan;
     if (device == "cuda") {
+        if (!cuda_device_available()) fail("--device cuda: no usable CUDA GPU on this machine");
         const PlanSource source = plan_source_from(args);
         const BudgetInputs budget = budget_inputs_from(args, spec, source.values, knobs);
         kv_plan = plan_from_source(spec, n_ctx, budget, knobs, source);
