@@ -13,6 +13,7 @@
 #include "app/commands.h"
 #include "app/plan_args.h"
 #include "common/error.h"
+#include "probe/device_probe.h"
 #include "common/parse.h"
 #include "gguf/ggml_types.h"
 #include "model/model_spec.h"
@@ -182,6 +183,7 @@ int cmd_bench(int argc, char** argv) {
         if (n_gen == 0 || n_gen + 1 >= n_ctx) fail("--kv-auto-tier: -n must be at least 1 and below -c - 1");
         const ModelSpec spec = args.has("--model") ? model_spec_from_gguf(GgufFile::open(*args.get("--model"))->header())
                                                    : model_spec_from_gguf(preset_header(*args.get("--synthetic"), *wtype));
+        if (!cuda_device_available()) fail("bench --kv-auto-tier plans this machine's GPU, and none is usable here");
         const PlanSource source = plan_source_from(args);
         const BudgetInputs budget = budget_inputs_from(args, spec, source.values, knobs);
         plan = plan_from_source(spec, n_ctx, budget, knobs, source);

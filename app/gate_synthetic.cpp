@@ -9,6 +9,7 @@
 
 #include "app/gate_plans.h"
 #include "common/error.h"
+#include "probe/device_probe.h"
 #include "gguf/ggml_types.h"
 #include "model/model_spec.h"
 #include "model/presets.h"
@@ -54,6 +55,8 @@ int gate_cells_synthetic(const ArgParser& args, bool json) {
     const uint64_t n_ctx = (uint64_t)*ctx;
     const uint32_t depth = (uint32_t)(n_ctx - steps - 1);
 
+    if (!cuda_device_available() && !args.has("--profile"))
+        fail("--synthetic: no usable CUDA GPU on this machine");
     const std::optional<GatePlans> plans = plan_gate_cells(args, false, spec, n_ctx);
     const AutoDecision decision = auto_decision_from(*plans);
     const KvTier f16{KvType::f16, KvType::f16}, q8{KvType::q8_0, KvType::q8_0};
