@@ -27,9 +27,14 @@
 
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/kv_tile.cuh"
 
 namespace spillway {
 namespace {
+
+using kv_tile::align128;
+using kv_tile::copy_chunk;
+using kv_tile::slice_bytes;
 
 constexpr int kTile = 64;
 constexpr int kWarps = 8;
@@ -37,11 +42,6 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kMaxGroup = 16;  // query heads per KV head, padded to one MMA dimension
 constexpr float kLog2e = 1.4426950408889634f;
 
-__host__ __device__ constexpr uint32_t slice_bytes(KvType type, int d) {
-    return type == KvType::f16 ? d * 2 : type == KvType::q8_0 ? d / 32 * 34 : d / 32 * 18;
-}
-__host__ __device__ constexpr uint32_t copy_chunk(uint32_t slice) { return slice % 16 == 0 ? 16 : slice % 8 == 0 ? 8 : 4; }
-__host__ __device__ constexpr size_t align128(size_t n) { return (n + 127) / 128 * 128; }
 
 // Shared-memory carve-up, in bytes, for one kernel instance. An f16 operand is copied by
 // cp.async straight into padded f16 rows of its ring stage and read from there by the MMAs

@@ -56,18 +56,6 @@ void issue_copy(CudaKvSpill& s, SpillCursor& c, uint32_t item) {
 
 }  // namespace
 
-PinnedArena::PinnedArena(size_t bytes) : bytes_(bytes) {
-    if (bytes == 0) return;
-    void* p = nullptr;
-    const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        bytes_ = 0;
-        fail("KV spill: could not pin " + std::to_string(bytes >> 20) + " MiB of host memory for the KV tail (" +
-             cudaGetErrorString(err) + "); spill less (a larger --vram-target) or free host RAM");
-    }
-    data_ = static_cast<uint8_t*>(p);
-}
 
 std::unique_ptr<CudaKvSpill> make_cuda_kv_spill(uint32_t n_layer, uint32_t n_ctx, uint32_t n_resident,
                                                 uint64_t k_row_bytes, uint64_t v_row_bytes, uint32_t chunk_cells) {
@@ -86,10 +74,18 @@ std::unique_ptr<CudaKvSpill> make_cuda_kv_spill(uint32_t n_layer, uint32_t n_ctx
     s->chunk_cells = (uint32_t)std::min<uint64_t>(chunk_cells ? chunk_cells : auto_cells, s->n_tail);
 
     const uint64_t host_k = aligned256(k_row_bytes * s->n_tail), host_v = aligned256(v_row_bytes * s->n_tail);
-    s->host = PinnedArena((host_k + host_v) * n_layer);
+    const size_t tail_bytes = (host_k + host_v) * n_layer;
+    try {
+        s->host = PinnedBuffer(tail_bytes);
+    } catch (const Error& e) {
+        (void)cudaGetLastError();  // a failed host allocation must not look like a later kernel's error
+        fail("KV spill: could not pin " + std::to_string(tail_bytes >> 20) + " MiB of host memory for the KV tail (" +
+             e.what() + "); spill less (a larger --vram-target) or free host RAM");
+    }
+    uint8_t* const tail = static_cast<uint8_t*>(s->host.data());
     for (uint32_t l = 0; l < n_layer; ++l) {
-        s->host_k.push_back(s->host.data() + (host_k + host_v) * l);
-        s->host_v.push_back(s->host.data() + (host_k + host_v) * l + host_k);
+        s->host_k.push_back(tail + (host_k + host_v) * l);
+        s->host_v.push_back(tail + (host_k + host_v) * l + host_k);
     }
     const uint64_t stage_k = aligned256(k_row_bytes * s->chunk_cells),
                    stage_v = aligned256(v_row_bytes * s->chunk_cells);

@@ -63,40 +63,6 @@ private:
     cudaEvent_t e_ = nullptr;
 };
 
-// Page-locked host memory from cudaHostAlloc; a clear spillway::Error when it cannot be pinned.
-class PinnedArena {
-public:
-    PinnedArena() = default;
-    explicit PinnedArena(size_t bytes);
-    PinnedArena(PinnedArena&& o) noexcept : data_(o.data_), bytes_(o.bytes_) {
-        o.data_ = nullptr;
-        o.bytes_ = 0;
-    }
-    PinnedArena& operator=(PinnedArena&& o) noexcept {
-        if (this != &o) {
-            release();
-            data_ = o.data_;
-            bytes_ = o.bytes_;
-            o.data_ = nullptr;
-            o.bytes_ = 0;
-        }
-        return *this;
-    }
-    PinnedArena(const PinnedArena&) = delete;
-    PinnedArena& operator=(const PinnedArena&) = delete;
-    ~PinnedArena() { release(); }
-    uint8_t* data() const { return data_; }
-    size_t bytes() const { return bytes_; }
-
-private:
-    void release() {
-        if (data_) cudaFreeHost(data_);  // never throws from a destructor
-        data_ = nullptr;
-        bytes_ = 0;
-    }
-    uint8_t* data_ = nullptr;
-    size_t bytes_ = 0;
-};
 
 // kSpillStagingBuffers (two: the minimum for overlap) and kSpillChunkBytes (one buffer's cap
 // on one layer's tail chunk, K + V: 32 MiB = 8192 cells of the 14B shape's f16, so 4 GiB of
@@ -108,7 +74,7 @@ struct CudaKvSpill {
     uint32_t n_tail = 0;          // cells in the host tail (n_ctx - n_resident)
     uint32_t chunk_cells = 0;     // capacity of one staging buffer
     uint64_t k_row_bytes = 0, v_row_bytes = 0;
-    PinnedArena host;
+    PinnedBuffer host;  // the pinned tail of every layer
     std::vector<uint8_t*> host_k, host_v;   // per layer: tail cell 0 (= cache cell n_resident)
     DeviceBuffer<uint8_t> staging;
     std::vector<uint8_t*> stage_k, stage_v; // per staging buffer

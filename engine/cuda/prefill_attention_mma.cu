@@ -25,18 +25,18 @@
 
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/kv_tile.cuh"
 
 namespace spillway {
 namespace {
 
+using kv_tile::align128;
+using kv_tile::copy_chunk;
+using kv_tile::slice_bytes;
+
 constexpr int kCells = 64;  // cells per tile
 constexpr float kLn2 = 0.6931471805599453f;
 
-__host__ __device__ constexpr uint32_t slice_bytes(KvType type, int d) {
-    return type == KvType::f16 ? d * 2 : type == KvType::q8_0 ? d / 32 * 34 : d / 32 * 18;
-}
-__host__ __device__ constexpr uint32_t copy_chunk(uint32_t slice) { return slice % 16 == 0 ? 16 : slice % 8 == 0 ? 8 : 4; }
-__host__ __device__ constexpr uint32_t align128(uint32_t n) { return (n + 127) / 128 * 128; }
 
 // Shared memory of one block, in bytes. An f16 operand has two f16 stages (cp.async lands in
 // them directly); a quantized one has two raw stages and one f16 tile it is dequantized into.
