@@ -31,6 +31,8 @@ namespace spillway {
 namespace {
 
 using kv_tile::align128;
+using kv_tile::cp_async;
+using kv_tile::cp_async_commit;
 using kv_tile::copy_chunk;
 using kv_tile::slice_bytes;
 
@@ -66,16 +68,6 @@ struct MmaParams {
     float* lse;
 };
 
-template <int kBytes>
-__device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
-    const uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem);
-    if constexpr (kBytes == 16) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
-    } else {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(gmem), "n"(kBytes));
-    }
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
