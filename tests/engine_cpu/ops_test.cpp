@@ -91,7 +91,10 @@ std::vector<float> naive_rope(const RopeSpec& spec, uint32_t head_dim, const std
             double theta = extrap;
             if (spec.scaling == RopeScaling::linear) theta = extrap / factor;
             if (spec.scaling == RopeScaling::yarn) {
-                const double ramp = 1 - std::clamp((i - low) / std::max(0.001, high - low), 0.0, 1.0);
+                // The tables keep the ramp weight in f32 (the GPU reads the same table); at
+                // pos 131071 a pair turns ~1e5 rad, so the weight's f32 rounding alone can move
+                // the angle past this test's bound. Round it here as the table does.
+                const double ramp = (double)(float)(1 - std::clamp((i - low) / std::max(0.001, high - low), 0.0, 1.0));
                 theta = extrap / factor * (1 - ramp) + extrap * ramp;
             }
             const uint32_t a = spec.type == RopeType::normal ? 2 * i : i;
