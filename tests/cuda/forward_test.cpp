@@ -21,36 +21,16 @@
 #include "engine/cuda/cuda_generate.h"
 #include "engine/cuda/cuda_model.h"
 #include "model/make_model.h"
+#include "cuda_test_models.h"
 
 namespace spillway {
 namespace {
 
 using cuda_test::rel_error;
 
-struct Tiny {
-    CpuModel cpu;
-    std::unique_ptr<CudaModel> gpu;
-};
+using Tiny = cuda_test::TinyModel;
 
-Tiny& tiny(GgmlType wtype) {
-    static std::map<GgmlType, Tiny> models;
-    auto it = models.find(wtype);
-    if (it != models.end()) return it->second;
-    const auto dir = std::filesystem::temp_directory_path() / ("spillway_cuda_fwd_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
-    MakeModelOptions o;
-    o.preset = "tiny";
-    o.wtype = wtype;
-    o.seed = 11;
-    o.path = (dir / (std::string("tiny_") + ggml_type_name(wtype) + ".gguf")).string();
-    o.show_progress = false;
-    make_model(o);
-    Tiny t;
-    t.cpu = load_cpu_model_file(o.path);
-    std::filesystem::remove(o.path);
-    t.gpu = std::make_unique<CudaModel>(upload_cuda_model(t.cpu, false));
-    return models.emplace(wtype, std::move(t)).first->second;
-}
+Tiny& tiny(GgmlType wtype) { return cuda_test::tiny_model(wtype, 11); }
 
 std::vector<int32_t> random_tokens(std::mt19937& rng, size_t n, uint32_t vocab) {
     std::vector<int32_t> t(n);

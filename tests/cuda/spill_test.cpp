@@ -22,6 +22,7 @@
 #include "engine/cuda/cuda_generate.h"
 #include "engine/cuda/cuda_model.h"
 #include "model/make_model.h"
+#include "cuda_test_models.h"
 #include "quality/cuda_logits_backend.h"
 
 namespace spillway {
@@ -29,29 +30,9 @@ namespace {
 
 using cuda_test::rel_error;
 
-struct Tiny {
-    CpuModel cpu;
-    std::unique_ptr<CudaModel> gpu;
-};
+using Tiny = cuda_test::TinyModel;
 
-Tiny& tiny() {
-    static std::unique_ptr<Tiny> model;
-    if (model) return *model;
-    const auto dir = std::filesystem::temp_directory_path() / ("spillway_cuda_spill_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
-    MakeModelOptions o;
-    o.preset = "tiny";
-    o.wtype = GgmlType::Q8_0;
-    o.seed = 23;
-    o.path = (dir / "tiny_q8_0.gguf").string();
-    o.show_progress = false;
-    make_model(o);
-    model = std::make_unique<Tiny>();
-    model->cpu = load_cpu_model_file(o.path);
-    std::filesystem::remove_all(dir);
-    model->gpu = std::make_unique<CudaModel>(upload_cuda_model(model->cpu, false));
-    return *model;
-}
+Tiny& tiny() { return cuda_test::tiny_model(GgmlType::Q8_0, 23); }
 
 const std::pair<KvType, KvType> kTiers[] = {{KvType::f16, KvType::f16},   {KvType::q8_0, KvType::q8_0},
                                             {KvType::q4_0, KvType::q4_0}, {KvType::f16, KvType::q4_0},
