@@ -170,7 +170,11 @@ int cmd_bench(int argc, char** argv) {
 
     // --kv-auto-tier: the planner decides (from this GPU's measurements) instead of -ctk/-ctv,
     // -d and --spill, and the bench measures its choice. Without the switch none of this runs.
-    const PlanKnobs knobs = resolve_plan_knobs(knob_flags_from(args), process_env());
+    // -ctk/-ctv here are the bench's lists of tiers, not the planner's explicit axis: with the
+    // switch on the plan picks the tier, so only a single type reaches the planner.
+    KnobFlags knob_flags = knob_flags_from(args);
+    if (ks.size() > 1 || vs.size() > 1) knob_flags.type_k = knob_flags.type_v = std::nullopt;
+    const PlanKnobs knobs = resolve_plan_knobs(knob_flags, process_env());
     std::optional<KvPlan> plan;
     std::vector<uint32_t> bench_depths = depths;
     std::vector<uint64_t> bench_spill = spill_mib;

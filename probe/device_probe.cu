@@ -82,16 +82,25 @@ double measure_vram_read_gbps(cudaStream_t stream, const GpuIdentity& gpu) {
     return (double)bytes / (ms * 1e-3) / 1e9;
 }
 
+// Pinned host -> device bandwidth on the path a spilled tail takes (engine/cuda/kv_spill):
+// one copy per layer for K and one for V, each a few MiB, walking a pinned arena far larger
+// than a piece into a two-buffer staging ring. Measured this way because one large copy
+// from a small, hot buffer overstates it: per copy the engine pays a fixed ~5 us, and the
+// tail is spread over GiBs of pinned pages (H200: 55.3 GB/s for one 256 MiB copy, 50-53
+// GB/s for the spill's pattern; docs/perf-notes.md, "Spill, session 10").
 double measure_pinned_h2d_gbps(cudaStream_t stream) {
-    const size_t bytes = size_t(256) << 20;
-    PinnedBuffer host(bytes);
-    DeviceBuffer<uint8_t> device(bytes);
-    std::memset(host.data(), 1, bytes);
+    const size_t piece = size_t(4) << 20, arena = size_t(512) << 20;
+    PinnedBuffer host(arena);
+    DeviceBuffer<uint8_t> staging(4 * piece);
+    std::memset(host.data(), 1, arena);
     EventTimer timer;
-    double ms = timer.median_ms(stream, 5, [&](cudaStream_t s) {
-        SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(device.data(), host.data(), bytes, cudaMemcpyHostToDevice, s));
+    double ms = timer.median_ms(stream, 3, [&](cudaStream_t s) {
+        for (size_t off = 0, i = 0; off + piece <= arena; off += piece, ++i)
+            SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(staging.data() + (i % 4) * piece,
+                                                static_cast<const uint8_t*>(host.data()) + off, piece,
+                                                cudaMemcpyHostToDevice, s));
     });
-    return (double)bytes / (ms * 1e-3) / 1e9;
+    return (double)arena / (ms * 1e-3) / 1e9;
 }
 
 // One layer's KV for `cells` cells of a tier, filled with small finite values (0x11 bytes:
@@ -144,6 +153,11 @@ double measure_vram_read_gbps() {
     GpuIdentity gpu = gpu_identity();
     Stream stream;
     return measure_vram_read_gbps(stream, gpu);
+}
+
+double measure_pinned_h2d_gbps() {
+    Stream stream;
+    return measure_pinned_h2d_gbps(stream);
 }
 
 ProbeValues measure_device_probe(const DeviceProbeShape& shape) {

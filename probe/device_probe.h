@@ -36,6 +36,10 @@ DeviceProbeShape device_probe_shape(const ModelSpec& model);
 // repeats). Also the denominator of `spillway bench`'s % of roofline.
 double measure_vram_read_gbps();
 
+// Pinned host->device copy bandwidth as the spilled tail streams: per-layer pieces of a few
+// MiB from a large pinned arena (the planner's and the bench's h2d term).
+double measure_pinned_h2d_gbps();
+
 // Measures everything (target: under 2 s on a modern GPU). host_ram_gbps is filled by the
 // host probe, not here.
 ProbeValues measure_device_probe(const DeviceProbeShape& shape);

@@ -19,6 +19,7 @@ DeviceProbeShape device_probe_shape(const ModelSpec& model) {
 bool cuda_device_available() { return false; }
 GpuIdentity gpu_identity() { fail("this spillway was built without CUDA: no GPU to identify"); }
 double measure_vram_read_gbps() { fail("this spillway was built without CUDA: no GPU to measure"); }
+double measure_pinned_h2d_gbps() { fail("this spillway was built without CUDA: no GPU to measure"); }
 ProbeValues measure_device_probe(const DeviceProbeShape&) {
     fail("this spillway was built without CUDA: device probes need a CUDA build and a GPU "
          "(use --profile FILE or the --vram-bw-gbps/--pcie-gbps/--c-engage-ms overrides instead)");

@@ -12,7 +12,7 @@
 namespace spillway {
 
 // Bumped whenever what or how we measure changes; older entries are stale.
-constexpr int kProbeCacheVersion = 1;
+constexpr int kProbeCacheVersion = 2;  // 2: pinned H2D measured on the tail's copy pattern
 
 struct ProbeCacheKey {
     std::string gpu_uuid;

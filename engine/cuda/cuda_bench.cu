@@ -55,27 +55,6 @@ std::string device_name() {
     return prop.name;
 }
 
-// Pinned host -> device copy bandwidth as the spill sees it: 256 MiB copies, median of 5.
-double measure_pinned_h2d_gbps() {
-    const size_t bytes = size_t(256) << 20;
-    PinnedBuffer host(bytes);
-    DeviceBuffer<uint8_t> device(bytes);
-    std::memset(host.data(), 1, bytes);
-    cudaStream_t stream = nullptr;
-    SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    EventTimer timer;
-    std::vector<double> ms;
-    for (int r = 0; r < 6; ++r) {
-        timer.start(stream);
-        SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(device.data(), host.data(), bytes, cudaMemcpyHostToDevice, stream));
-        const double t = timer.stop_ms(stream);
-        if (r > 0) ms.push_back(t);  // the first is a warm-up
-    }
-    SPILLWAY_CUDA_CHECK(cudaStreamDestroy(stream));
-    std::sort(ms.begin(), ms.end());
-    return (double)bytes / (ms[ms.size() / 2] * 1e-3) / 1e9;
-}
-
 }  // namespace
 
 uint64_t spill_cells_for_mib(uint64_t mib, uint64_t cell_bytes) {
@@ -115,20 +94,20 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
     const bool spilling = std::any_of(o.spill_mib.begin(), o.spill_mib.end(), [](uint64_t m) { return m > 0; });
     if (spilling) {
         if (o.n_gen == 0) fail("bench: --spill measures decode; -n must be > 0");
-        // Every spilled row must leave at least one resident cell at its depth: check all
-        // before measuring anything.
+        // A spill is measured at the depths whose cache it leaves at least one resident cell
+        // (a sweep over depths skips the rest); one that fits no depth is an error, found
+        // before anything is measured.
         for (const auto& [kt, vt] : o.kv_types) {
             const uint64_t cell = (kv_row_bytes(kt, (uint64_t)model.n_head_kv * s.head_dim_k) +
                                    kv_row_bytes(vt, (uint64_t)model.n_head_kv * s.head_dim_v)) * s.n_layer;
-            for (uint32_t depth : o.depths)
-                for (uint64_t mib : o.spill_mib) {
-                    const uint64_t cells = mib ? spill_cells_for_mib(mib, cell) : 1;
-                    if (cells >= depth)
-                        fail("bench: a spill of " + std::to_string(mib) + " MiB (" + std::to_string(cells) +
-                             " cells) does not fit the " + kv_type_name(kt) + "/" + kv_type_name(vt) +
-                             " KV cache at depth " + std::to_string(depth) + " (" +
-                             std::to_string(cell * depth >> 20) + " MiB; at least one cell stays in VRAM)");
-                }
+            for (uint64_t mib : o.spill_mib) {
+                const uint64_t cells = mib ? spill_cells_for_mib(mib, cell) : 1;
+                if (cells >= max_depth)
+                    fail("bench: a spill of " + std::to_string(mib) + " MiB (" + std::to_string(cells) +
+                         " cells) does not fit the " + kv_type_name(kt) + "/" + kv_type_name(vt) +
+                         " KV cache at any depth (the deepest, " + std::to_string(max_depth) + ", holds " +
+                         std::to_string(cell * max_depth >> 20) + " MiB; at least one cell stays in VRAM)");
+            }
         }
         report.h2d_gb_s = measure_pinned_h2d_gbps();
     }
@@ -225,6 +204,7 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
                 if (mib > 0) spills.push_back({mib, false});
             for (const auto& [mib, engage] : spills) {
                 const uint64_t cells = engage ? 1 : spill_cells_for_mib(mib, cell_bytes);
+                if (cells >= depth) continue;  // does not fit this depth's cache (checked above for some depth)
                 const uint32_t row_ctx = depth + o.n_gen + 2;
                 CudaKvCache spilled = make_cuda_kv_cache(model, row_ctx, kt, vt, (uint32_t)(depth - cells));
                 fill_cuda_kv_cache_random(spilled, o.seed * 7919 + depth + cells, st.stream);

@@ -3,6 +3,7 @@
 #include "engine/cuda/kv_spill.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "common/error.h"
@@ -44,6 +45,11 @@ void issue_copy(CudaKvSpill& s, SpillCursor& c, uint32_t item) {
     const cudaStream_t copy = s.copy_stream.get();
     // The buffer's previous user (item - B) must have been attended; items < B follow the fork.
     if (item >= kSpillStagingBuffers) SPILLWAY_CUDA_CHECK(cudaStreamWaitEvent(copy, s.consumed[b].get(), 0));
+    // ... and its new cells read back to the host before this copy overwrites them.
+    if (c.writeback_pending[b]) {
+        SPILLWAY_CUDA_CHECK(cudaStreamWaitEvent(copy, s.written_back[b].get(), 0));
+        c.writeback_pending[b] = false;
+    }
     const ChunkCells cells = chunk_cells_of(s, c, chunk);
     if (cells.n_old > 0) {
         SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(s.stage_k[b], s.host_k[layer] + (uint64_t)cells.begin * s.k_row_bytes,
@@ -72,6 +78,8 @@ std::unique_ptr<CudaKvSpill> make_cuda_kv_spill(uint32_t n_layer, uint32_t n_ctx
     // planner pays for it (plan/kv_tiers.h: spill_staging_bytes).
     const uint64_t auto_cells = std::max<uint64_t>(1, (kSpillChunkBytes - 512) / cell);
     s->chunk_cells = (uint32_t)std::min<uint64_t>(chunk_cells ? chunk_cells : auto_cells, s->n_tail);
+    const char* writeback = std::getenv("SPILLWAY_SPILL_WRITEBACK");
+    s->writeback_on_copy_stream = writeback != nullptr && std::string(writeback) == "copy";
 
     const uint64_t host_k = aligned256(k_row_bytes * s->n_tail), host_v = aligned256(v_row_bytes * s->n_tail);
     const size_t tail_bytes = (host_k + host_v) * n_layer;
@@ -95,6 +103,7 @@ std::unique_ptr<CudaKvSpill> make_cuda_kv_spill(uint32_t n_layer, uint32_t n_ctx
         s->stage_v.push_back(s->staging.data() + (stage_k + stage_v) * b + stage_k);
         s->copied.emplace_back();
         s->consumed.emplace_back();
+        s->written_back.emplace_back();
     }
     return s;
 }
@@ -117,6 +126,7 @@ void spill_forward_begin(CudaKvSpill& s, SpillCursor& c, uint32_t n_layer, uint3
     // Fork: the copy stream joins the forward here (and, under capture, the graph).
     SPILLWAY_CUDA_CHECK(cudaEventRecord(s.fork.get(), compute));
     SPILLWAY_CUDA_CHECK(cudaStreamWaitEvent(s.copy_stream.get(), s.fork.get(), 0));
+    SPILLWAY_CUDA_CHECK(cudaStreamWaitEvent(s.writeback_stream.get(), s.fork.get(), 0));
     const uint32_t primed = std::min(kSpillStagingBuffers, item_count(c));
     for (; c.next_copy < primed; ++c.next_copy) issue_copy(s, c, c.next_copy);
 }
@@ -146,19 +156,25 @@ void spill_layer_attention(CudaKvSpill& s, SpillCursor& c, const SpillLayerArgs&
         const uint32_t n_new = cells.end - cells.new_begin;
         if (n_new > 0) {
             // This forward's cells: into the staging chunk (attended below), then back to the
-            // pinned tail on the copy stream, ahead of any later copy that reads them.
+            // pinned tail; no later copy of this forward reads them (the join at the end
+            // orders them before the next forward's), but the buffer's next H2D must wait.
             const uint32_t token = s.n_resident + cells.new_begin - pos0;
             const uint32_t slot = cells.new_begin - cells.begin;
             kv_write_cuda(a.k_type, a.k + (size_t)token * kd, s.stage_k[b], slot, n_new, kd, tail);
             kv_write_cuda(a.v_type, a.v + (size_t)token * vd, s.stage_v[b], slot, n_new, vd, tail);
+            const cudaStream_t writeback = s.writeback_on_copy_stream ? copy : s.writeback_stream.get();
             SPILLWAY_CUDA_CHECK(cudaEventRecord(s.written.get(), tail));
-            SPILLWAY_CUDA_CHECK(cudaStreamWaitEvent(copy, s.written.get(), 0));
+            SPILLWAY_CUDA_CHECK(cudaStreamWaitEvent(writeback, s.written.get(), 0));
             SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(s.host_k[a.layer] + (uint64_t)cells.new_begin * s.k_row_bytes,
                                                 s.stage_k[b] + (uint64_t)slot * s.k_row_bytes,
-                                                (uint64_t)n_new * s.k_row_bytes, cudaMemcpyDeviceToHost, copy));
+                                                (uint64_t)n_new * s.k_row_bytes, cudaMemcpyDeviceToHost, writeback));
             SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(s.host_v[a.layer] + (uint64_t)cells.new_begin * s.v_row_bytes,
                                                 s.stage_v[b] + (uint64_t)slot * s.v_row_bytes,
-                                                (uint64_t)n_new * s.v_row_bytes, cudaMemcpyDeviceToHost, copy));
+                                                (uint64_t)n_new * s.v_row_bytes, cudaMemcpyDeviceToHost, writeback));
+            if (!s.writeback_on_copy_stream) {
+                SPILLWAY_CUDA_CHECK(cudaEventRecord(s.written_back[b].get(), writeback));
+                c.writeback_pending[b] = true;
+            }
         }
         // Chunk 0 lands in the tail accumulator, later chunks in the scratch pair and merge in.
         const uint32_t n_cells = cells.end - cells.begin;
@@ -193,6 +209,8 @@ void spill_forward_end(CudaKvSpill& s, SpillCursor& c, cudaStream_t compute) {
     // forward does, so the next forward (or the host) sees every cell.
     SPILLWAY_CUDA_CHECK(cudaEventRecord(s.join.get(), s.copy_stream.get()));
     SPILLWAY_CUDA_CHECK(cudaStreamWaitEvent(compute, s.join.get(), 0));
+    SPILLWAY_CUDA_CHECK(cudaEventRecord(s.writeback_join.get(), s.writeback_stream.get()));
+    SPILLWAY_CUDA_CHECK(cudaStreamWaitEvent(compute, s.writeback_join.get(), 0));
 }
 
 }  // namespace spillway

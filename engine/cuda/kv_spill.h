@@ -15,6 +15,10 @@
 // is enqueued: D2H of its new cells (after `written`), H2D(i+B) (after `consumed[b]`).
 // Per layer, the tail branch (its own stream, forked from the compute stream once q/k/v
 // exist): wait copied[b], kv_write into staging, partial, record consumed[b], merge chunks.
+// The D2H write-backs of new cells run on a third stream (writeback_stream), so the H2D chain
+// never waits behind them; the H2D that next fills a buffer waits for that buffer's
+// write-back (written_back[b]). SPILLWAY_SPILL_WRITEBACK=copy puts them back on the copy
+// stream (the earlier schedule, kept to measure the difference: docs/perf-notes.md, "Spill").
 // The compute stream meanwhile writes resident cells and attends over the resident window,
 // then waits for the tail branch and merges once. Why a branch: the tail's partial then runs
 // beside the resident attention, and the engagement cost per layer is one merge launch plus
@@ -80,8 +84,10 @@ struct CudaKvSpill {
     std::vector<uint8_t*> stage_k, stage_v; // per staging buffer
     CudaStreamOwner copy_stream;
     CudaStreamOwner tail_stream;   // the tail's writes, partials and merges, beside the resident attention
-    CudaEventOwner fork, join, written, layer_fork, tail_done;
-    std::vector<CudaEventOwner> copied, consumed;  // per staging buffer
+    CudaStreamOwner writeback_stream;  // D2H of new cells to the pinned tail
+    bool writeback_on_copy_stream = false;  // SPILLWAY_SPILL_WRITEBACK=copy
+    CudaEventOwner fork, join, writeback_join, written, layer_fork, tail_done;
+    std::vector<CudaEventOwner> copied, consumed, written_back;  // per staging buffer
 };
 
 // Host tail + staging for cells [n_resident, n_ctx) of n_layer layers. chunk_cells = 0 picks
@@ -125,6 +131,7 @@ struct SpillCursor {
     uint32_t n_layer = 0;
     uint32_t chunks_per_layer = 0;  // 0: this forward touches no tail cell
     uint32_t next_copy = 0;         // next item whose H2D is to be issued
+    bool writeback_pending[kSpillStagingBuffers] = {};  // buffer b's new cells are being copied back
 };
 
 // True when a forward of n_tokens at pos0 reaches tail cells (and needs the spill path).
