@@ -297,14 +297,15 @@ TEST(CudaSpill, LogitsBackendSpilledMatchesResident) {
 
 // The Qwen2.5-14B shape (48 layers, 40/8 heads of 128) with random Q8_0 weights: a cache
 // filled to depth 3000, copied into a spilled cache (resident 1000, chunks of 512 cells),
-// and 32 greedy steps from the same state through both.
+// and 256 greedy steps from the same state through both (the tail grows from 2000 to 2256
+// cells across a chunk edge, every new cell written back to the pinned tail).
 TEST(CudaSpill, Qwen14BShapeMatchesUnspilled) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     size_t free_b = 0, total_b = 0;
     SPILLWAY_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     if (free_b < (40ull << 30)) GTEST_SKIP() << "needs ~40 GB of free VRAM";
     const CudaModel m = make_synthetic_cuda_model("qwen2.5-14b", GgmlType::Q8_0, 5);
-    const uint32_t V = m.spec.n_vocab, depth = 3000, steps = 32, n_ctx = depth + steps + 1;
+    const uint32_t V = m.spec.n_vocab, depth = 3000, steps = 256, n_ctx = depth + steps + 1;
     for (const auto& [kt, vt] : {std::pair{KvType::f16, KvType::f16}, std::pair{KvType::q8_0, KvType::q8_0}}) {
         CudaForwardState st;
         init_cuda_forward_state(st, m, 1, false, n_ctx);
