@@ -17,6 +17,7 @@
 // left HBM at 39%; docs/perf-notes.md).
 // Query heads are padded to 16 rows with zeros; padded/invalid cells get p = 0 and V = 0.
 #include "engine/cuda/attention.cuh"
+#include "engine/cuda/attention_mma.cuh"
 
 #include <cuda_fp16.h>
 #include <mma.h>
@@ -328,19 +329,39 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p
 }
 
 // out[head] = softmax-weighted sum of the split partials; block = one head, thread = one dim.
+// The split weights exp(lse_s - max) are computed once per head into shared memory (a
+// per-thread serial pass over 33-66 splits' lse was a chain of dependent L2 round trips);
+// the dims then sum independent loads, unrolled.
+constexpr uint32_t kMergeMaxSplits = 1024;
 __global__ void merge_splits_kernel(const float* part_out, const float* part_lse, uint32_t n_splits,
                                     uint32_t n_head, uint32_t head_dim, float* out, float* lse) {
-    const uint32_t head = blockIdx.x;
+    __shared__ float weight[kMergeMaxSplits];
+    __shared__ float reduce[32];
+    const uint32_t head = blockIdx.x, tid = threadIdx.x, lane = tid % 32, n_warps = (blockDim.x + 31) / 32;
     float m = -INFINITY;
-    for (uint32_t s = 0; s < n_splits; ++s) m = fmaxf(m, part_lse[(size_t)s * n_head + head]);
-    for (uint32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float sum_w = 0.0f, sum = 0.0f;
+    for (uint32_t s = tid; s < n_splits; s += blockDim.x) m = fmaxf(m, part_lse[(size_t)s * n_head + head]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) reduce[tid / 32] = m;
+    __syncthreads();
+    m = -INFINITY;
+    for (uint32_t w = 0; w < n_warps; ++w) m = fmaxf(m, reduce[w]);
+    float sum_w = 0.0f;
+    for (uint32_t s = tid; s < n_splits; s += blockDim.x) {
+        const float w = m == -INFINITY ? 0.0f : __expf(part_lse[(size_t)s * n_head + head] - m);
+        weight[s] = w;
+        sum_w += w;
+    }
+    for (int o = 16; o > 0; o >>= 1) sum_w += __shfl_xor_sync(0xffffffffu, sum_w, o);
+    __syncthreads();  // every warp has read reduce[] (the max) before it holds sums
+    if (lane == 0) reduce[tid / 32] = sum_w;
+    __syncthreads();
+    sum_w = 0.0f;
+    for (uint32_t w = 0; w < n_warps; ++w) sum_w += reduce[w];
+    for (uint32_t d = tid; d < head_dim; d += blockDim.x) {
+        float sum = 0.0f;
         if (m != -INFINITY) {
-            for (uint32_t s = 0; s < n_splits; ++s) {
-                const float w = __expf(part_lse[(size_t)s * n_head + head] - m);
-                sum_w += w;
-                sum += w * part_out[((size_t)s * n_head + head) * head_dim + d];
-            }
+#pragma unroll 8
+            for (uint32_t s = 0; s < n_splits; ++s) sum += weight[s] * part_out[((size_t)s * n_head + head) * head_dim + d];
         }
         out[(size_t)head * head_dim + d] = m == -INFINITY ? 0.0f : sum / sum_w;
         if (d == 0) lse[head] = m == -INFINITY ? -INFINITY : m + logf(sum_w);
@@ -817,13 +838,19 @@ uint32_t attention_split_count(const AttentionShape& shape, uint32_t n_cells, ui
 bool attention_kernel_supports(AttentionKernel kernel, const AttentionShape& shape, KvType k_type, KvType v_type) {
     if (!attention_supports(shape)) return false;
     if (kernel == AttentionKernel::tensor_core) return true;
+    if (kernel == AttentionKernel::mma)
+        return shape.head_dim_k == attention_mma::kHeadDim && shape.n_head / shape.n_head_kv <= attention_mma::kMaxGroup;
     (void)v_type;
     return (k_type == KvType::q8_0 || k_type == KvType::q4_0) && shape.head_dim_k == (uint32_t)kIdD &&
            shape.n_head / shape.n_head_kv <= (uint32_t)kIdMaxG;
 }
 
-AttentionKernel attention_default_kernel(const AttentionShape& shape, KvType k_type, KvType v_type) {
-    // int_dot wherever it applies (measured faster for quantized K: docs/perf-notes.md).
+AttentionKernel attention_default_kernel(const AttentionShape& shape, KvType k_type, KvType v_type,
+                                         uint32_t n_cells) {
+    // mma for long ranges wherever it applies (docs/perf-notes.md, "Decode attention,
+    // session 10 — D1"), else int_dot for quantized K, else tensor_core.
+    if (n_cells >= kAttentionMmaMinCells && attention_kernel_supports(AttentionKernel::mma, shape, k_type, v_type))
+        return AttentionKernel::mma;
     return attention_kernel_supports(AttentionKernel::int_dot, shape, k_type, v_type) ? AttentionKernel::int_dot
                                                                                       : AttentionKernel::tensor_core;
 }
@@ -831,6 +858,8 @@ AttentionKernel attention_default_kernel(const AttentionShape& shape, KvType k_t
 uint32_t attention_split_count(AttentionKernel kernel, const AttentionShape& shape, KvType k_type, KvType v_type,
                                uint32_t n_cells, uint32_t sm_count) {
     if (kernel == AttentionKernel::int_dot) return plan_int_dot_any(k_type, v_type, shape, n_cells, sm_count).n_splits;
+    if (kernel == AttentionKernel::mma)
+        return attention_mma::plan(k_type, v_type, shape.n_head_kv, n_cells, sm_count).n_splits;
     return plan_splits(shape, n_cells, sm_count).n_splits;
 }
 
@@ -841,6 +870,10 @@ size_t attention_workspace_bytes(const AttentionShape& shape, uint32_t n_cells, 
         for (KvType kt : {KvType::q8_0, KvType::q4_0})
             for (KvType vt : {KvType::f16, KvType::q8_0, KvType::q4_0})
                 splits = std::max(splits, plan_int_dot_any(kt, vt, shape, n_cells, sm_count).n_splits);
+    if (attention_supports(shape) && shape.head_dim_k == attention_mma::kHeadDim)
+        for (KvType kt : {KvType::f16, KvType::q8_0, KvType::q4_0})
+            for (KvType vt : {KvType::f16, KvType::q8_0, KvType::q4_0})
+                splits = std::max(splits, attention_mma::plan(kt, vt, shape.n_head_kv, n_cells, sm_count).n_splits);
     if (splits <= 1) return 0;
     return (size_t)splits * shape.n_head * (shape.head_dim_v + 1) * sizeof(float);
 }
@@ -849,7 +882,7 @@ void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType 
                             const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                             uint32_t n_cells, float* out, float* lse, void* workspace,
                             size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream) {
-    attention_partial_cuda_with(attention_default_kernel(shape, k_type, v_type), shape, q, k_type, k_cells, v_type,
+    attention_partial_cuda_with(attention_default_kernel(shape, k_type, v_type, n_cells), shape, q, k_type, k_cells, v_type,
                                 v_cells, n_cells, out, lse, workspace, workspace_bytes, sm_count, stream);
 }
 
@@ -868,9 +901,13 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     }
     if (reinterpret_cast<uintptr_t>(k_cells) % 16 != 0 || reinterpret_cast<uintptr_t>(v_cells) % 16 != 0)
         fail("attention_partial_cuda: K and V cells must be 16-byte aligned");
-    const bool int_dot = kernel == AttentionKernel::int_dot;
-    const SplitPlan plan = int_dot ? plan_int_dot_any(k_type, v_type, shape, n_cells, sm_count)
-                                   : plan_splits(shape, n_cells, sm_count);
+    const bool int_dot = kernel == AttentionKernel::int_dot, mma = kernel == AttentionKernel::mma;
+    SplitPlan plan = int_dot ? plan_int_dot_any(k_type, v_type, shape, n_cells, sm_count)
+                             : plan_splits(shape, n_cells, sm_count);
+    if (mma) {
+        const attention_mma::Plan mp = attention_mma::plan(k_type, v_type, shape.n_head_kv, n_cells, sm_count);
+        plan = {mp.n_splits, mp.cells_per_split};
+    }
     const size_t needed = attention_workspace_bytes(shape, n_cells, sm_count);
     if (workspace_bytes < needed || (needed > 0 && workspace == nullptr))
         fail("attention_partial_cuda: workspace of " + std::to_string(workspace_bytes) + " bytes, need " + std::to_string(needed));
@@ -893,13 +930,18 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
         p.part_out = static_cast<float*>(workspace);
         p.part_lse = p.part_out + (size_t)plan.n_splits * n_values;
     }
-    if (int_dot) {
+    if (mma) {
+        const attention_mma::Params mp{p.q, p.k, p.v, p.k_row_bytes, p.v_row_bytes, p.n_cells, p.cells_per_split,
+                                       p.n_group, p.scale_log2, p.part_out, p.part_lse, p.n_head};
+        attention_mma::launch(k_type, v_type, mp, shape.n_head_kv, plan.n_splits, stream);
+    } else if (int_dot) {
         if (k_type == KvType::q8_0) dispatch_int_dot_v<KvType::q8_0>(v_type, p, shape.n_head_kv, plan.n_splits, stream);
         else dispatch_int_dot_v<KvType::q4_0>(v_type, p, shape.n_head_kv, plan.n_splits, stream);
     } else if (shape.head_dim_k == 64) dispatch_k<64>(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream);
     else dispatch_k<128>(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
     if (plan.n_splits > 1) {
+        if (plan.n_splits > kMergeMaxSplits) fail("attention_partial_cuda: more splits than the merge kernel holds");
         merge_splits_kernel<<<shape.n_head, std::min(128u, shape.head_dim_v), 0, stream>>>(
             p.part_out, p.part_lse, plan.n_splits, shape.n_head, shape.head_dim_v, out, lse);
         SPILLWAY_CUDA_CHECK(cudaGetLastError());

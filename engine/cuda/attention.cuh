@@ -41,13 +41,23 @@ void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType 
 // head). int_dot: quantized K only (q8_0/q4_0), head dim 128, <= 8 query heads per KV head;
 // QK as integer dot products of the raw K blocks with q quantized to int16 per 32-block
 // (dp2a), P V on CUDA cores with the V block scale folded into the softmax weight, each warp
-// streaming its own cells (docs/perf-notes.md, "Integer-dot decode attention").
-enum class AttentionKernel { tensor_core, int_dot };
+// streaming its own cells (docs/perf-notes.md, "Integer-dot decode attention"). mma: every
+// K/V type pair, head dim 128, <= 8 query heads per KV head; QK and PV both on mma.sync with
+// the K/V operands built in registers from the raw cache bytes (engine/cuda/attention_mma.cu).
+enum class AttentionKernel { tensor_core, int_dot, mma };
 
 bool attention_kernel_supports(AttentionKernel kernel, const AttentionShape& shape, KvType k_type, KvType v_type);
 
-// The kernel attention_partial_cuda uses for this shape and KV types (a pure function).
-AttentionKernel attention_default_kernel(const AttentionShape& shape, KvType k_type, KvType v_type);
+// Ranges of at least this many cells go to the mma kernel where it applies; shorter ones
+// to int_dot (quantized K) or tensor_core (measured at 8k: mma 26-30 us, int_dot 22.5,
+// tensor_core 19.5-21.7; at 32k mma is faster for quantized KV and on par for f16, at 64k
+// the fastest for every pair: docs/perf-notes.md).
+constexpr uint32_t kAttentionMmaMinCells = 16384;
+
+// The kernel attention_partial_cuda uses for this shape, KV types and range length (a pure
+// function; the default n_cells asks for the choice at long context).
+AttentionKernel attention_default_kernel(const AttentionShape& shape, KvType k_type, KvType v_type,
+                                         uint32_t n_cells = UINT32_MAX);
 
 // Splits for an explicit kernel (the one above without types is the tensor_core kernel's).
 uint32_t attention_split_count(AttentionKernel kernel, const AttentionShape& shape, KvType k_type, KvType v_type,

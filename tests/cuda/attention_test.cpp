@@ -24,6 +24,10 @@ struct KvCells {
     std::vector<uint8_t> k, v;
 };
 
+const char* kernel_name(AttentionKernel k) {
+    return k == AttentionKernel::int_dot ? "int_dot " : k == AttentionKernel::mma ? "mma " : "tensor_core ";
+}
+
 KvCells random_cells(std::mt19937& rng, const AttentionShape& s, KvType kt, KvType vt, uint32_t n_cells) {
     const uint32_t nk = s.n_head_kv * s.head_dim_k, nv = s.n_head_kv * s.head_dim_v;
     KvCells cells;
@@ -82,7 +86,7 @@ void expect_close(const GpuPartial& gpu, const std::vector<float>& out, const st
 void check_attention(const AttentionShape& s, KvType kt, KvType vt, uint32_t n_cells,
                      const AttentionKernel* kernel = nullptr) {
     const uint32_t seed = fresh_seed();
-    SCOPED_TRACE(std::string(kernel ? (*kernel == AttentionKernel::int_dot ? "int_dot " : "tensor_core ") : "") +
+    SCOPED_TRACE(std::string(kernel ? kernel_name(*kernel) : "") +
                  "K " + kv_type_name(kt) + " V " + kv_type_name(vt) + " heads " +
                  std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) + " dim " + std::to_string(s.head_dim_k) +
                  " cells " + std::to_string(n_cells) + " seed " + std::to_string(seed));
@@ -140,13 +144,44 @@ TEST(CudaAttention, IntDotAndTensorCoreKernelsMatchCpu) {
     }
 }
 
+// The mma kernel for every K/V pair (f16 included), the group sizes it takes (5 exact-ish,
+// 8 full, 1 and 4 with dead rows) and step/split boundaries (16-cell steps, 64-cell minimum
+// split, a partial last step). Odd KV-head counts give cells whose slices start 8 bytes into
+// a 16-byte line (the copy window's other lead).
+TEST(CudaAttention, MmaKernelMatchesCpu) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const AttentionKernel kernel = AttentionKernel::mma;
+    for (KvType kt : kTypes)
+        for (KvType vt : kTypes)
+            for (uint32_t n_cells : {1u, 15u, 17u, 65u, 4099u, 20000u})
+                check_attention(make_shape(40, 8, 128), kt, vt, n_cells, &kernel);
+    for (const AttentionShape& s : {make_shape(32, 8, 128), make_shape(28, 4, 128), make_shape(8, 8, 128),
+                                    make_shape(8, 1, 128), make_shape(21, 3, 128)})
+        for (uint32_t n_cells : {7u, 700u, 3001u})
+            for (KvType kt : kTypes) check_attention(s, kt, kt == KvType::f16 ? KvType::q4_0 : kt, n_cells, &kernel);
+}
+
 TEST(CudaAttention, DefaultKernelChoice) {
     const AttentionShape s = make_shape(40, 8, 128);
-    EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::q8_0), AttentionKernel::int_dot);
-    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::f16), AttentionKernel::int_dot);
-    EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::q8_0), AttentionKernel::tensor_core);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::q8_0), AttentionKernel::mma);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::f16), AttentionKernel::mma);
+    EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::q8_0), AttentionKernel::mma);
+    EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::f16, 65536), AttentionKernel::mma);
+    // Short ranges keep the kernels measured faster there.
+    EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::q8_0, 8192), AttentionKernel::int_dot);
+    EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::f16, 8192), AttentionKernel::tensor_core);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q4_0, kAttentionMmaMinCells), AttentionKernel::mma);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q4_0, kAttentionMmaMinCells - 1), AttentionKernel::int_dot);
     EXPECT_EQ(attention_default_kernel(make_shape(14, 2, 64), KvType::q8_0, KvType::q8_0), AttentionKernel::tensor_core);
     EXPECT_EQ(attention_default_kernel(make_shape(16, 1, 128), KvType::q8_0, KvType::q8_0), AttentionKernel::tensor_core);
+    for (KvType kt : kTypes)
+        for (KvType vt : kTypes) {
+            EXPECT_EQ(attention_split_count(AttentionKernel::mma, s, kt, vt, 1, 132), 1u);
+            EXPECT_LE(attention_split_count(AttentionKernel::mma, s, kt, vt, 65536, 132) * s.n_head_kv,
+                      4u * 132 + s.n_head_kv);
+            const uint32_t n = attention_split_count(AttentionKernel::mma, s, kt, vt, 65536, 132);
+            EXPECT_GE(attention_workspace_bytes(s, 65536, 132), (size_t)n * s.n_head * (s.head_dim_v + 1) * 4);
+        }
     for (KvType kt : {KvType::q8_0, KvType::q4_0})
         for (KvType vt : kTypes) {
             EXPECT_EQ(attention_split_count(AttentionKernel::int_dot, s, kt, vt, 1, 132), 1u);

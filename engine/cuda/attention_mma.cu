@@ -1,0 +1,508 @@
+// Decode attention on mma.sync m16n8k16 with K/V fragments built from raw cache bytes.
+//
+// Why: the int_dot kernel (quantized K) ran the G query heads' P V on CUDA cores (~8
+// instructions per V value) with 8 warps per SM and sat at 20-31% of HBM, latency-bound;
+// the tensor_core kernel round-trips dequantized f16 tiles through shared memory behind
+// five block barriers per tile. Here each warp streams its own 16-cell steps through a
+// private cp.async ring (no block barrier in the loop) and both products are MMAs whose
+// operands come straight from the ring bytes (~2 instructions per value). Every row of
+// every MMA is live (cells or dims as M = 16, the <= 8 query heads as N = 8):
+//   S^T[cell][head] = K[cell][dim] Q^T[dim][head]   (A = K from the ring; B = Q^T, held in
+//       registers for the whole split; k-pairs run along dims, i.e. along a cell's bytes);
+//   O^T[dim][head] += V^T[dim][cell] P^T[cell][head] (A = V^T: its k-pairs run along cells,
+//       so two cells' bytes are interleaved with byte permutes; B = P^T: the S^T
+//       accumulators as f16, each 8x8 tile transposed with movmatrix).
+// (A first version put the heads on M with rows 8..15 zero: twice the MMAs, and the
+// compiler materialized the zero operands: ~1200 instructions per warp step, see
+// docs/perf-notes.md.)
+// The contraction index of each MMA is a free permutation as long as both operands use
+// the same one, and so are the output rows if the final write undoes it:
+//   QK: lane (g, t) holds dims 32t .. 32t+31 = exactly K block t (one scale per lane);
+//   PV: lane (g, t) reads dims 16g .. 16g+15 of its four cells (half a V block, one scale)
+//       and accumulates heads 2t, 2t+1 for those dims.
+// Quantized bytes become f16 exactly with the 0x6400 | byte trick (1024 + u), minus the
+// bias, times the block scale (one f16 rounding of d * q, as the tensor_core kernel).
+//
+// Copies: a cell's head slice is 136 (q8_0), 72 (q4_0) or 256 (f16) bytes at an 8-byte
+// offset, so each cell is copied as a 16-byte-aligned window (144 / 80 / 256 bytes) with
+// 16-byte cp.async; the window's last chunk is cut short (zero fill) where it would run
+// past the slice, so nothing beyond the cache is read. Readers add the cell's lead (0 or 8).
+#include "engine/cuda/attention_mma.cuh"
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/cuda/cuda_check.h"
+#include "engine/cuda/kv_tile.cuh"
+
+namespace spillway::attention_mma {
+namespace {
+
+using kv_tile::slice_bytes;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kStep = 16;  // cells per warp step: two n-tiles of QK, one k-tile of PV
+constexpr int kD = (int)kHeadDim;
+constexpr int kMaxBlocksPerSm = 4;  // <= 128 registers per thread (__launch_bounds__ below)
+constexpr size_t kSmemPerSm = 228 * 1024, kSmemReservedPerBlock = 1024;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__host__ __device__ constexpr uint32_t window_bytes(KvType t) {
+    return slice_bytes(t, kD) % 16 == 0 ? slice_bytes(t, kD) : slice_bytes(t, kD) + 8;
+}
+
+__host__ __device__ constexpr size_t stage_bytes(KvType kt, KvType vt) {
+    return (size_t)kStep * (window_bytes(kt) + window_bytes(vt));
+}
+__host__ __device__ constexpr int blocks_per_sm_for(size_t block_bytes) {
+    const size_t n = kSmemPerSm / (block_bytes + kSmemReservedPerBlock);
+    return n < (size_t)kMaxBlocksPerSm ? (int)n : kMaxBlocksPerSm;
+}
+
+template <KvType KT, KvType VT>
+struct Layout {
+    static constexpr uint32_t kSliceK = slice_bytes(KT, kD), kSliceV = slice_bytes(VT, kD);
+    static constexpr uint32_t kWinK = window_bytes(KT), kWinV = window_bytes(VT);
+    static_assert(kWinK % 16 == 0 && kWinV % 16 == 0, "16-byte copy windows");
+    static constexpr size_t stage = stage_bytes(KT, VT);
+    // The word loads of the last cell may read up to 4 bytes past its window (ignored bytes):
+    // a little slack at the end keeps them inside the allocation.
+    static constexpr size_t kSlack = 16;
+    // Three stages (two steps in flight per warp) when that still fits 4 blocks per SM,
+    // else two (f16 operands): more warps beat a deeper ring.
+    static constexpr int kStages = blocks_per_sm_for(kWarps * 3 * stage + kSlack) >= kMaxBlocksPerSm ? 3 : 2;
+    static constexpr size_t warp_bytes = kStages * stage;
+    static constexpr size_t total = kWarps * warp_bytes + kSlack;
+    static constexpr int blocks_per_sm = blocks_per_sm_for(total) < 1 ? 1 : blocks_per_sm_for(total);
+    // End-of-split merge area per warp (reuses the ring): m[8], l[8], acc[8][128].
+    static constexpr size_t merge_bytes = (2 * kMaxGroup + kMaxGroup * kD) * 4;
+    static_assert(warp_bytes >= merge_bytes, "merge area fits in the warp's ring");
+};
+
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, uint32_t src_bytes) {
+    const uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
+
+// count cells' head slices (cell c's at src0 + c * row_bytes) into windows of kWin bytes.
+// kLanes (a power of two >= the window's 16-byte chunks) lanes per cell, lane k of a cell on
+// chunk k: one warp instruction covers 32 / kLanes whole windows, so its addresses fall in
+// few 128-byte lines. (Measured: two lanes per cell, each on every other chunk of its
+// window, spread one instruction over 16 rows and made f16 and q8_0 ~25% slower; a
+// lane-strided loop with a divide per chunk cost ~3x the instructions.)
+// The base is 16-byte aligned, so an address's low bits are its lead.
+template <uint32_t kSlice, uint32_t kWin>
+__device__ __forceinline__ void copy_windows(uint8_t* dst, const uint8_t* src0, uint32_t row_bytes, uint32_t count,
+                                             uint32_t lane) {
+    constexpr uint32_t kPer = kWin / 16;
+    constexpr uint32_t kLanes = kPer <= 4 ? 4 : kPer <= 8 ? 8 : kPer <= 16 ? 16 : 32;
+    static_assert(kPer <= 32, "a window is at most 32 chunks");
+    constexpr uint32_t kCellsPerPass = 32 / kLanes;
+    const uint32_t k = lane % kLanes, c0 = lane / kLanes;
+    if (k >= kPer) return;
+#pragma unroll
+    for (uint32_t r = 0; r < kStep / kCellsPerPass; ++r) {
+        const uint32_t c = c0 + r * kCellsPerPass;
+        if (c < count) {
+            const uint8_t* src = src0 + c * row_bytes;
+            const uint32_t lead = (uint32_t)reinterpret_cast<uintptr_t>(src) & 15;
+            const uint32_t left = lead + kSlice - 16 * k;  // slice bytes from this chunk on (> 0)
+            cp_async16_zfill(dst + c * kWin + 16 * k, src - lead + 16 * k, left < 16 ? left : 16);
+        }
+    }
+}
+
+// N words from a 2-byte-aligned shared-memory address (funnel shifts realign them).
+template <int N>
+__device__ __forceinline__ void lds_words(const uint8_t* p, uint32_t (&w)[N]) {
+    // Stepping back from p (not masking a cast integer) keeps the loads in the shared space.
+    const uint32_t mis = (uint32_t)__cvta_generic_to_shared(p) & 3;
+    const uint32_t* a = reinterpret_cast<const uint32_t*>(p - mis);
+    const uint32_t sh = mis * 8;
+    uint32_t r[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; ++i) r[i] = a[i];
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(r[i], r[i + 1], sh);
+}
+
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
+__device__ __forceinline__ uint32_t pack_h2(float lo, float hi) { return h2_bits(__floats2half2_rn(lo, hi)); }
+
+// Bytes 0,1 (kSel 0x4140) or 2,3 (0x4342) of x, each an unsigned u < 256, as half2 of
+// (u - bias) * scale: 0x64 above a byte is the half 1024 + u (exact), so is the subtraction.
+template <uint32_t kSel>
+__device__ __forceinline__ uint32_t bytes_to_h2(uint32_t x, __half2 bias, __half2 scale) {
+    return h2_bits(__hmul2(__hsub2(bits_h2(__byte_perm(x, 0x64646464u, kSel)), bias), scale));
+}
+
+// D += A B, m16n8k16, f16 operands, f32 accumulators.
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Transpose of an 8x8 f16 tile held one register per lane (row lane/4, cols 2(lane%4)+0,1).
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+    uint32_t y;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
+// Block t of one cell's K slice (dims 32t .. 32t+31) as raw words: f16 16 words of 2
+// values; q8_0 8 words of 4 codes (q + 128); q4_0 4 words of 8 nibbles (q + 8).
+template <KvType KT>
+struct KWords {
+    static constexpr int kN = KT == KvType::f16 ? 16 : KT == KvType::q8_0 ? 8 : 4;
+    uint32_t w[kN];
+    __half2 scale;
+};
+
+template <KvType KT>
+__device__ __forceinline__ KWords<KT> k_words(const uint8_t* slice, uint32_t t) {
+    KWords<KT> r;
+    if constexpr (KT == KvType::f16) {
+        const uint4* p = reinterpret_cast<const uint4*>(slice + 64 * t);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint4 u = p[i];
+            r.w[4 * i] = u.x, r.w[4 * i + 1] = u.y, r.w[4 * i + 2] = u.z, r.w[4 * i + 3] = u.w;
+        }
+    } else {
+        constexpr int kBlock = KT == KvType::q8_0 ? 34 : 18;
+        const uint8_t* blk = slice + kBlock * t;
+        r.scale = __half2half2(*reinterpret_cast<const __half*>(blk));
+        lds_words<KWords<KT>::kN>(blk + 2, r.w);
+    }
+    return r;
+}
+
+// The MMA operand pair of contraction step kt: lo = dims 32t+4kt+0,1, hi = dims +2,3 (the
+// permuted contraction index; Q uses the same).
+template <KvType KT>
+__device__ __forceinline__ void k_fragment(const KWords<KT>& k, int kt, uint32_t& lo, uint32_t& hi) {
+    if constexpr (KT == KvType::f16) {
+        lo = k.w[2 * kt], hi = k.w[2 * kt + 1];
+    } else if constexpr (KT == KvType::q8_0) {
+        const __half2 bias = __float2half2_rn(1024.0f + 128.0f);
+        const uint32_t x = k.w[kt] ^ 0x80808080u;  // signed -> q + 128
+        lo = bytes_to_h2<0x4140>(x, bias, k.scale);
+        hi = bytes_to_h2<0x4342>(x, bias, k.scale);
+    } else {
+        // q4_0: dims 0..15 of a block are the low nibbles of qs[0..15], 16..31 the high ones.
+        const __half2 bias = __float2half2_rn(1024.0f + 8.0f);
+        const uint32_t x = (kt < 4 ? k.w[kt] : k.w[kt - 4] >> 4) & 0x0F0F0F0Fu;
+        lo = bytes_to_h2<0x4140>(x, bias, k.scale);
+        hi = bytes_to_h2<0x4342>(x, bias, k.scale);
+    }
+}
+
+// Dims 16g .. 16g+15 of one cell's V slice as raw words (f16: 8 words of 2 values;
+// quantized: 4 words of 4 unsigned codes, u = q + 128 or q + 8) and the block scale.
+template <KvType VT>
+struct VWords {
+    static constexpr int kN = VT == KvType::f16 ? 8 : 4;
+    uint32_t w[kN];
+    __half scale;
+};
+
+template <KvType VT>
+__device__ __forceinline__ VWords<VT> v_words(const uint8_t* slice, uint32_t g, bool valid) {
+    VWords<VT> r;
+    if constexpr (VT == KvType::f16) {
+        const uint4* p = reinterpret_cast<const uint4*>(slice + 32 * g);
+        const uint4 a = p[0], b = p[1];
+        r.w[0] = a.x, r.w[1] = a.y, r.w[2] = a.z, r.w[3] = a.w, r.w[4] = b.x, r.w[5] = b.y, r.w[6] = b.z, r.w[7] = b.w;
+        if (!valid)  // stale ring bytes may be NaN; 0 * NaN would poison the product
+#pragma unroll
+            for (int i = 0; i < 8; ++i) r.w[i] = 0;
+        r.scale = __float2half(1.0f);
+    } else if constexpr (VT == KvType::q8_0) {
+        const uint8_t* blk = slice + 34 * (g / 2);
+        lds_words<4>(blk + 2 + 16 * (g % 2), r.w);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.w[i] ^= 0x80808080u;
+        // Codes are always finite; a zero scale silences invalid cells.
+        r.scale = valid ? *reinterpret_cast<const __half*>(blk) : __float2half(0.0f);
+    } else {
+        const uint8_t* blk = slice + 18 * (g / 2);
+        lds_words<4>(blk + 2, r.w);
+        const uint32_t sh = 4 * (g % 2);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.w[i] = (r.w[i] >> sh) & 0x0F0F0F0Fu;
+        r.scale = valid ? *reinterpret_cast<const __half*>(blk) : __float2half(0.0f);
+    }
+    return r;
+}
+
+// Operands half2(V[a][dim], V[b][dim]) for a pair of cells (a, b) and dims
+// 16g + 4part + 0..3, in dim order.
+template <KvType VT>
+__device__ __forceinline__ void v_pair_fragments(const VWords<VT>& a, const VWords<VT>& b, int part,
+                                                 uint32_t (&out)[4]) {
+    if constexpr (VT == KvType::f16) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            out[2 * h] = __byte_perm(a.w[2 * part + h], b.w[2 * part + h], 0x5410);
+            out[2 * h + 1] = __byte_perm(a.w[2 * part + h], b.w[2 * part + h], 0x7632);
+        }
+    } else {
+        const __half2 bias = __float2half2_rn(VT == KvType::q8_0 ? 1024.0f + 128.0f : 1024.0f + 8.0f);
+        const __half2 scale = __halves2half2(a.scale, b.scale);
+        const uint32_t x0 = __byte_perm(a.w[part], b.w[part], 0x5140);  // a0 b0 a1 b1
+        const uint32_t x1 = __byte_perm(a.w[part], b.w[part], 0x7362);  // a2 b2 a3 b3
+        out[0] = bytes_to_h2<0x4140>(x0, bias, scale);
+        out[1] = bytes_to_h2<0x4342>(x0, bias, scale);
+        out[2] = bytes_to_h2<0x4140>(x1, bias, scale);
+        out[3] = bytes_to_h2<0x4342>(x1, bias, scale);
+    }
+}
+
+template <KvType KT, KvType VT>
+__global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kernel(Params p) {
+    using L = Layout<KT, VT>;
+    extern __shared__ __align__(128) uint8_t smem[];
+    const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const uint32_t g = lane / 4, t = lane % 4;  // MMA group (row / n column) and thread in group
+    uint8_t* ring = smem + warp * L::warp_bytes;
+
+    const uint32_t kv_head = blockIdx.x, split = blockIdx.y;
+    const uint32_t cell_begin = split * p.cells_per_split;
+    const uint32_t cell_end = min(p.n_cells, cell_begin + p.cells_per_split);
+    const uint32_t n_chunks = (cell_end - cell_begin + kStep - 1) / kStep;
+    const uint32_t ng = p.n_group;
+    const uint64_t k_head_off = (uint64_t)kv_head * L::kSliceK, v_head_off = (uint64_t)kv_head * L::kSliceV;
+    // A cell's window lead is (cell * row_bytes + head_off) mod 16: only the low bits matter.
+    const uint32_t k_row16 = (uint32_t)(p.k_row_bytes & 15), k_head16 = (uint32_t)(k_head_off & 15);
+    const uint32_t v_row16 = (uint32_t)(p.v_row_bytes & 15), v_head16 = (uint32_t)(v_head_off & 15);
+
+    // Local step i of this warp is chunk warp + kWarps * i of the split.
+    auto issue = [&](uint32_t i) {
+        const uint32_t chunk = warp + kWarps * i;
+        if (chunk < n_chunks) {
+            uint8_t* sk = ring + (i % L::kStages) * L::stage;
+            const uint32_t first = cell_begin + chunk * kStep;
+            const uint32_t count = min((uint32_t)kStep, cell_end - first);
+            copy_windows<L::kSliceK, L::kWinK>(sk, p.k + first * p.k_row_bytes + k_head_off, (uint32_t)p.k_row_bytes,
+                                               count, lane);
+            copy_windows<L::kSliceV, L::kWinV>(sk + kStep * L::kWinK, p.v + first * p.v_row_bytes + v_head_off,
+                                               (uint32_t)p.v_row_bytes, count, lane);
+        }
+        cp_async_commit();  // empty groups keep the wait count uniform
+    };
+#pragma unroll
+    for (int s = 0; s < L::kStages - 1; ++s) issue(s);
+
+    // Q^T as QK's B operand (k = dims, n = heads): lane (g, t) holds head g, dims 32t ..
+    // 32t+31, pre-scaled to base-2 score units. Heads past the group are zero columns.
+    uint32_t qb[8][2];
+    {
+        float x[32];
+        const float* qg = p.q + (size_t)(kv_head * ng + g) * kD + 32 * t;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) x[i] = g < ng ? qg[i] * p.scale_log2 : 0.0f;
+#pragma unroll
+        for (int kt = 0; kt < 8; ++kt) {
+            qb[kt][0] = pack_h2(x[4 * kt], x[4 * kt + 1]);
+            qb[kt][1] = pack_h2(x[4 * kt + 2], x[4 * kt + 3]);
+        }
+    }
+
+    // Per head 2t and 2t+1 (columns of S^T and O^T): running max and this lane's share of
+    // the sum; acc[mt] = O^T rows (dims) 16g + 2mt (regs 0, 1) and 16g + 2mt + 1 (2, 3).
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    float acc[8][4];
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
+
+    for (uint32_t i = 0; warp + kWarps * i < n_chunks; ++i) {
+        issue(i + L::kStages - 1);
+        cp_async_wait<L::kStages - 1>();
+        __syncwarp();
+        const uint8_t* sk = ring + (i % L::kStages) * L::stage;
+        const uint8_t* sv = sk + kStep * L::kWinK;
+        const uint32_t first = cell_begin + (warp + kWarps * i) * kStep;
+        const uint32_t valid = min((uint32_t)kStep, cell_end - first);
+
+        // S^T[cell][head] = K Q^T: A rows = cells g and g+8 (this lane's), k = dims.
+        float s[4];
+        {
+            auto k_slice = [&](uint32_t c) { return sk + c * L::kWinK + (((first + c) * k_row16 + k_head16) & 15); };
+            const KWords<KT> k0 = k_words<KT>(k_slice(g), t), k1 = k_words<KT>(k_slice(g + 8), t);
+            // Two accumulator chains of 4 MMAs instead of one of 8: half the dependent latency.
+            float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            s[0] = s[1] = s[2] = s[3] = 0.0f;
+#pragma unroll
+            for (int kt = 0; kt < 8; ++kt) {
+                uint32_t a0, a1, a2, a3;
+                k_fragment<KT>(k0, kt, a0, a2);
+                k_fragment<KT>(k1, kt, a1, a3);
+                mma16816(kt % 2 ? s_odd : s, a0, a1, a2, a3, qb[kt][0], qb[kt][1]);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) s[j] += s_odd[j];
+        }
+
+        // Online softmax per head (base 2). s = (cell g, heads 2t, 2t+1), (cell g+8, ...);
+        // a head's 16 cells are spread over the 8 lane groups. Invalid cells: -inf -> p = 0.
+        if (g >= valid) s[0] = s[1] = -INFINITY;
+        if (g + 8 >= valid) s[2] = s[3] = -INFINITY;
+        float alpha[2], e[4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = fmaxf(s[h], s[2 + h]);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));  // finite: cell 0 is valid
+            const float m_new = fmaxf(m_run[h], mx);
+            alpha[h] = exp2f(m_run[h] - m_new);  // 0 on the first step
+            e[h] = exp2f(s[h] - m_new);
+            e[2 + h] = exp2f(s[2 + h] - m_new);
+            l_run[h] = l_run[h] * alpha[h] + (e[h] + e[2 + h]);
+            m_run[h] = m_new;
+        }
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt) {
+            acc[mt][0] *= alpha[0], acc[mt][1] *= alpha[1], acc[mt][2] *= alpha[0], acc[mt][3] *= alpha[1];
+        }
+        // P^T tiles (cells x heads) transposed into PV's B operand (k = cells 2t, 2t+1 and
+        // 2t+8, 2t+9; n = head g).
+        const uint32_t pb0 = transpose8x8(pack_h2(e[0], e[1])), pb1 = transpose8x8(pack_h2(e[2], e[3]));
+
+        // O^T[dim][head] += V^T P^T: A rows = dims (m-tile mt: 16g + 2mt and +1), k = cells.
+        {
+            auto v_slice = [&](uint32_t c) { return sv + c * L::kWinV + (((first + c) * v_row16 + v_head16) & 15); };
+            const uint32_t c0 = 2 * t;
+            const VWords<VT> w0 = v_words<VT>(v_slice(c0), g, c0 < valid);
+            const VWords<VT> w1 = v_words<VT>(v_slice(c0 + 1), g, c0 + 1 < valid);
+            const VWords<VT> w2 = v_words<VT>(v_slice(c0 + 8), g, c0 + 8 < valid);
+            const VWords<VT> w3 = v_words<VT>(v_slice(c0 + 9), g, c0 + 9 < valid);
+#pragma unroll
+            for (int part = 0; part < 4; ++part) {
+                uint32_t lo[4], hi[4];  // dims 16g + 4part + 0..3; cells (2t, 2t+1) and (2t+8, 2t+9)
+                v_pair_fragments<VT>(w0, w1, part, lo);
+                v_pair_fragments<VT>(w2, w3, part, hi);
+                mma16816(acc[2 * part], lo[0], lo[1], hi[0], hi[1], pb0, pb1);
+                mma16816(acc[2 * part + 1], lo[2], lo[3], hi[2], hi[3], pb0, pb1);
+            }
+        }
+        __syncwarp();  // this stage is refilled by the next step's issue
+    }
+    cp_async_wait<0>();
+
+    // Merge the block's warps (each writes m, l, acc of its heads into its own ring).
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 4);
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 8);
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 16);
+    }
+    __syncthreads();  // every warp is done with its ring
+    {
+        float* mw = reinterpret_cast<float*>(ring);
+        float* lw = mw + kMaxGroup;
+        float* aw = lw + kMaxGroup;
+        if (g == 0) {
+            mw[2 * t] = m_run[0], mw[2 * t + 1] = m_run[1];
+            lw[2 * t] = l_run[0], lw[2 * t + 1] = l_run[1];
+        }
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt) {
+            const uint32_t d = 16 * g + 2 * mt;
+            aw[(2 * t) * kD + d] = acc[mt][0];
+            aw[(2 * t + 1) * kD + d] = acc[mt][1];
+            aw[(2 * t) * kD + d + 1] = acc[mt][2];
+            aw[(2 * t + 1) * kD + d + 1] = acc[mt][3];
+        }
+    }
+    __syncthreads();
+    for (uint32_t idx = tid; idx < ng * kD; idx += kThreads) {
+        const uint32_t h = idx / kD, d = idx % kD;
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) m = fmaxf(m, reinterpret_cast<const float*>(smem + w * L::warp_bytes)[h]);
+        float l = 0.0f, o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+            const float* mw = reinterpret_cast<const float*>(smem + w * L::warp_bytes);
+            const float mv = mw[h];
+            if (mv != -INFINITY) {  // a warp with no step contributes nothing
+                const float sc = exp2f(mv - m);
+                l += mw[kMaxGroup + h] * sc;
+                o += mw[2 * kMaxGroup + h * kD + d] * sc;
+            }
+        }
+        const uint32_t head = kv_head * ng + h;
+        p.part_out[((size_t)split * p.n_head + head) * kD + d] = o / l;
+        if (d == 0) p.part_lse[(size_t)split * p.n_head + head] = (m + log2f(l)) / kLog2e;
+    }
+}
+
+template <KvType KT, KvType VT>
+Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
+    if (n_cells == 0) return {0, 0};
+    const uint32_t wanted = std::max(1u, (uint32_t)Layout<KT, VT>::blocks_per_sm * std::max(1u, sm_count) / n_head_kv);
+    const uint32_t min_cells = kStep * kWarps;  // a step per warp
+    const uint32_t splits = std::min(wanted, (n_cells + min_cells - 1) / min_cells);
+    const uint32_t per = ((n_cells + splits - 1) / splits + kStep - 1) / kStep * kStep;
+    return {(n_cells + per - 1) / per, per};
+}
+
+template <KvType KT, KvType VT>
+void launch_for(const Params& p, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
+    constexpr size_t smem = Layout<KT, VT>::total;
+    static const bool configured = [] {
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        // All of the unified L1/shared memory as shared: the split count assumes
+        // Layout::blocks_per_sm blocks fit at once (a smaller carveout makes a second wave).
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT>,
+                                                 cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                 (int)cudaSharedmemCarveoutMaxShared));
+        return true;
+    }();
+    (void)configured;
+    attention_mma_kernel<KT, VT><<<dim3(n_head_kv, n_splits), kThreads, smem, stream>>>(p);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+// Calls f.template operator()<KT, VT>() for the runtime pair (one instance per pair).
+template <typename F>
+auto with_types(KvType kt, KvType vt, F&& f) {
+    auto v_of = [&]<KvType KT>() {
+        switch (vt) {
+            case KvType::f16: return f.template operator()<KT, KvType::f16>();
+            case KvType::q8_0: return f.template operator()<KT, KvType::q8_0>();
+            default: return f.template operator()<KT, KvType::q4_0>();
+        }
+    };
+    switch (kt) {
+        case KvType::f16: return v_of.template operator()<KvType::f16>();
+        case KvType::q8_0: return v_of.template operator()<KvType::q8_0>();
+        default: return v_of.template operator()<KvType::q4_0>();
+    }
+}
+
+}  // namespace
+
+Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
+    return with_types(k_type, v_type,
+                      [&]<KvType KT, KvType VT>() { return plan_for<KT, VT>(n_head_kv, n_cells, sm_count); });
+}
+
+void launch(KvType k_type, KvType v_type, const Params& p, uint32_t n_head_kv, uint32_t n_splits,
+            cudaStream_t stream) {
+    with_types(k_type, v_type, [&]<KvType KT, KvType VT>() { launch_for<KT, VT>(p, n_head_kv, n_splits, stream); });
+}
+
+}  // namespace spillway::attention_mma

@@ -1,0 +1,45 @@
+#pragma once
+// Decode attention (one query token) with both products on mma.sync m16n8k16, the K and V
+// fragments built in registers straight from the cache's raw f16 / q8_0 / q4_0 bytes: no
+// dequantized tile in shared memory and no block barrier in the main loop. Head dim 128,
+// <= 8 query heads per KV head, any K/V type pair. Internal to engine/cuda (attention.cu
+// chooses and launches it; docs/perf-notes.md, "Decode attention, session 10 — D1").
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "model/model_spec.h"
+
+namespace spillway::attention_mma {
+
+constexpr uint32_t kHeadDim = 128;
+constexpr uint32_t kMaxGroup = 8;  // query heads per KV head: the 8 live rows of an m16 tile
+
+struct Params {
+    const float* q;          // [n_head][128] f32
+    const uint8_t* k;        // cells, rows of k_row_bytes (16-byte aligned base)
+    const uint8_t* v;
+    uint64_t k_row_bytes;
+    uint64_t v_row_bytes;
+    uint32_t n_cells;
+    uint32_t cells_per_split;
+    uint32_t n_group;        // query heads per KV head
+    float scale_log2;        // softmax scale * log2(e)
+    float* part_out;         // [split][n_head][128]
+    float* part_lse;         // [split][n_head], natural log
+    uint32_t n_head;
+};
+
+struct Plan {
+    uint32_t n_splits;
+    uint32_t cells_per_split;
+};
+
+// Splits for n_cells: one wave of blocks (as many per SM as shared memory allows, at most 4).
+Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count);
+
+// Grid (n_head_kv, n_splits); every CUDA return code checked.
+void launch(KvType k_type, KvType v_type, const Params& p, uint32_t n_head_kv, uint32_t n_splits,
+            cudaStream_t stream);
+
+}  // namespace spillway::attention_mma
