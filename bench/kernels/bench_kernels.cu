@@ -231,7 +231,9 @@ void bench_matvec_q16x(Report& r, const Options& o, uint32_t rows, uint32_t cols
                        std::optional<MatvecQ16xKernel> kernel = std::nullopt) {
     static const char* const kNames[] = {"smem4", "smem8", "global4", "smem4_r1", "smem8_r1"};
     const std::string name = std::string("matvec q8_0 q16x") + (kernel ? std::string(" ") + kNames[(int)*kernel] : "");
-    if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
+    const std::string shape = std::to_string(rows) + "x" + std::to_string(cols);
+    // --only may name the shape too ("q16x smem4 5120x5120"), e.g. to profile one launch with ncu.
+    if (!o.only.empty() && (name + " " + shape).find(o.only) == std::string::npos) return;
     const size_t w_bytes = *ggml_row_bytes(GgmlType::Q8_0, cols) * rows;
     const size_t n_sets = rotation_count(w_bytes);
     std::vector<DeviceBuffer<uint8_t>> w;
@@ -248,14 +250,17 @@ void bench_matvec_q16x(Report& r, const Options& o, uint32_t rows, uint32_t cols
         if (kernel) matvec_q8_0_q16x_cuda_with(*kernel, w[i % n_sets].data(), ActQ16{xq.data(), xd.data()}, y.data(), rows, cols, st);
         else matvec_q8_0_q16x_cuda(w[i % n_sets].data(), ActQ16{xq.data(), xd.data()}, y.data(), rows, cols, st);
     }, o.iters);
-    r.add(name, std::to_string(rows) + "x" + std::to_string(cols), (double)w_bytes, us);
+    r.add(name, shape, (double)w_bytes, us);
 }
 
 // kernel == nullptr: attention_partial_cuda's default choice; otherwise that kernel, named.
 void bench_attention(Report& r, const Options& o, KvType kt, KvType vt, uint32_t n_cells, int sms,
                      const AttentionKernel* kernel = nullptr) {
     const std::string name = std::string("attention ") + kv_type_name(kt) + "/" + kv_type_name(vt) +
-                             (kernel ? (*kernel == AttentionKernel::int_dot ? " int_dot" : " tensor_core") : "");
+                             (kernel ? (*kernel == AttentionKernel::int_dot ? " int_dot"
+                                        : *kernel == AttentionKernel::mma   ? " mma"
+                                                                            : " tensor_core")
+                                     : "");
     if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
     const AttentionShape s{40, 8, 128, 128, 1.0f / std::sqrt(128.0f)};
     const size_t k_bytes = kv_row_bytes(kt, 8 * 128) * n_cells, v_bytes = kv_row_bytes(vt, 8 * 128) * n_cells;
@@ -383,6 +388,17 @@ int main(int argc, char** argv) {
         for (AttentionKernel k : {AttentionKernel::tensor_core, AttentionKernel::int_dot})
             for (KvType t : {KvType::q8_0, KvType::q4_0})
                 for (uint32_t cells : {8192u, 65536u}) bench_attention(r, o, t, t, cells, prop.multiProcessorCount, &k);
+        // Every kernel for f16 KV and the mixed pair, at 8k and 64k (the default rows above
+        // are the pick).
+        for (AttentionKernel k : {AttentionKernel::tensor_core, AttentionKernel::mma})
+            for (uint32_t cells : {8192u, 65536u}) {
+                bench_attention(r, o, KvType::f16, KvType::f16, cells, prop.multiProcessorCount, &k);
+                if (k == AttentionKernel::mma)
+                    for (KvType t : {KvType::q8_0, KvType::q4_0})
+                        bench_attention(r, o, t, t, cells, prop.multiProcessorCount, &k);
+            }
+        for (AttentionKernel k : {AttentionKernel::int_dot, AttentionKernel::mma})
+            bench_attention(r, o, KvType::q8_0, KvType::q4_0, 65536, prop.multiProcessorCount, &k);
         bench_small_ops(r, o);
 
         std::printf("\n| kernel | shape | MB moved | median us | GB/s | %% HBM read (%.0f) | %% copy (%.0f) |\n",
