@@ -170,14 +170,26 @@ int main(int argc, char** argv) {
         std::printf("device: %s, %d SMs\n\n| what | shape | ms | TFLOP/s |\n|---|---|---:|---:|\n", prop.name,
                     prop.multiProcessorCount);
         using K = PrefillAttentionKernel;
-        bench_attention(o, K::simt, KvType::f16, KvType::f16, 8192, 512);
+        const KvType f16 = KvType::f16, q8 = KvType::q8_0, q4 = KvType::q4_0;
+        bench_attention(o, K::simt, f16, f16, 8192, 512);
+        // The 16-row kernels (runs P2-1 / P2-2) as the baseline of the same run.
         for (K k : {K::tensor_core, K::tensor_core_wide}) {
-            bench_attention(o, k, KvType::f16, KvType::f16, 8192, 512);
-            bench_attention(o, k, KvType::f16, KvType::f16, 8192, 2048);
-            bench_attention(o, k, KvType::f16, KvType::f16, 65536, 4096);
-            for (KvType t : {KvType::f16, KvType::q8_0, KvType::q4_0}) bench_attention(o, k, t, t, 65536, 2048);
+            bench_attention(o, k, f16, f16, 8192, 512);
+            bench_attention(o, k, f16, f16, 8192, 2048);
+            bench_attention(o, k, f16, f16, 65536, 2048);
         }
-        bench_attention(o, K::tensor_core_wide, KvType::q8_0, KvType::q4_0, 65536, 2048);
+        bench_attention(o, K::tensor_core_wide, q8, q8, 65536, 2048);
+        bench_attention(o, K::tensor_core_wide, q4, q4, 65536, 2048);
+        // 32 rows per warp: never split, split over clusters where the waves fill better
+        // (the default for f16), and the 8-warp one (the default for quantized K/V).
+        for (uint32_t chunk : {512u, 2048u}) bench_attention(o, K::tensor_core_m32_unsplit, f16, f16, 8192, chunk);
+        for (uint32_t chunk : {2048u, 4096u}) bench_attention(o, K::tensor_core_m32_unsplit, f16, f16, 65536, chunk);
+        for (uint32_t chunk : {512u, 2048u}) bench_attention(o, K::tensor_core_m32, f16, f16, 8192, chunk);
+        for (uint32_t chunk : {512u, 2048u, 4096u}) bench_attention(o, K::tensor_core_m32, f16, f16, 65536, chunk);
+        for (KvType t : {q8, q4}) bench_attention(o, K::tensor_core_m32, t, t, 65536, 2048);
+        bench_attention(o, K::tensor_core_m32_wide, f16, f16, 65536, 2048);
+        for (KvType t : {q8, q4}) bench_attention(o, K::tensor_core_m32_wide, t, t, 65536, 2048);
+        bench_attention(o, K::tensor_core_m32_wide, q8, q4, 65536, 2048);
         cublasHandle_t cublas = nullptr;
         SPILLWAY_CUDA_CHECK(cublasCreate(&cublas));
         for (uint32_t T : {512u, 1024u, 2048u, 4096u}) {

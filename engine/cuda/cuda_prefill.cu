@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/prefill_attention_m32.cuh"
 #include "engine/cuda/prefill_attention_mma.cuh"
 
 namespace spillway {
@@ -234,16 +235,19 @@ const char* prefill_attention_kernel_name(PrefillAttentionKernel kernel) {
         case PrefillAttentionKernel::simt: return "simt";
         case PrefillAttentionKernel::tensor_core: return "tensor_core";
         case PrefillAttentionKernel::tensor_core_wide: return "tensor_core_wide";
+        case PrefillAttentionKernel::tensor_core_m32: return "tensor_core_m32";
+        case PrefillAttentionKernel::tensor_core_m32_wide: return "tensor_core_m32_wide";
+        case PrefillAttentionKernel::tensor_core_m32_unsplit: return "tensor_core_m32_unsplit";
     }
     return "?";
 }
 
 PrefillAttentionKernel prefill_attention_kernel_for(const AttentionShape& shape, KvType k_type, KvType v_type,
-                                                    uint32_t n_tokens) {
+                                                    uint32_t n_tokens, uint32_t n_cells) {
+    if (k_type != KvType::f16 || v_type != KvType::f16) return PrefillAttentionKernel::tensor_core_m32_wide;
     const uint64_t rows_per_kv_head = (uint64_t)n_tokens * (shape.n_head / std::max(1u, shape.n_head_kv));
-    if (k_type == KvType::f16 && v_type == KvType::f16 && rows_per_kv_head <= 2560)
-        return PrefillAttentionKernel::tensor_core;
-    return PrefillAttentionKernel::tensor_core_wide;
+    if (rows_per_kv_head <= 2560 && n_cells < 8192) return PrefillAttentionKernel::tensor_core;
+    return PrefillAttentionKernel::tensor_core_m32;
 }
 
 void prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const AttentionShape& shape, const float* q,
@@ -257,6 +261,14 @@ void prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const At
         fail("prefill_attention_cuda: unsupported shape");
     if ((uint64_t)cell_begin + n_cells > UINT32_MAX || (uint64_t)pos0 + n_tokens > UINT32_MAX)
         fail("prefill_attention_cuda: cell range overflows");
+    if (kernel == PrefillAttentionKernel::tensor_core_m32 || kernel == PrefillAttentionKernel::tensor_core_m32_wide ||
+        kernel == PrefillAttentionKernel::tensor_core_m32_unsplit) {
+        if (prefill_attention_m32_cuda(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens,
+                                       out, lse, kernel == PrefillAttentionKernel::tensor_core_m32_wide,
+                                       kernel == PrefillAttentionKernel::tensor_core_m32_unsplit ? 1 : 0, stream))
+            return;
+        kernel = PrefillAttentionKernel::tensor_core_wide;  // not enough shared memory per block on this GPU
+    }
     if (kernel != PrefillAttentionKernel::simt) {
         prefill_attention_mma_cuda(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens, out,
                                    lse, kernel == PrefillAttentionKernel::tensor_core_wide, stream);
@@ -289,7 +301,10 @@ void prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const At
 void prefill_attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
                                     KvType v_type, const uint8_t* v_cells, uint32_t cell_begin, uint32_t n_cells,
                                     uint32_t pos0, uint32_t n_tokens, float* out, float* lse, cudaStream_t stream) {
-    const PrefillAttentionKernel kernel = prefill_attention_kernel_for(shape, k_type, v_type, n_tokens);
+    // Cells the chunk's last token sees in the range.
+    const uint64_t stop = std::min<uint64_t>((uint64_t)cell_begin + n_cells, (uint64_t)pos0 + n_tokens);
+    const uint32_t seen = stop > cell_begin ? (uint32_t)(stop - cell_begin) : 0;
+    const PrefillAttentionKernel kernel = prefill_attention_kernel_for(shape, k_type, v_type, n_tokens, seen);
     prefill_attention_partial_cuda_with(kernel, shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0,
                                         n_tokens, out, lse, stream);
 }

@@ -41,16 +41,32 @@ void prefill_attention_partial_cuda(const AttentionShape& shape, const float* q,
 // head and token; the first version, kept as a second implementation), `tensor_core`
 // (flash-attention style on mma.sync, 64 query rows per block, 3 blocks per SM) and
 // `tensor_core_wide` (128 rows per block: half the K/V reads and tile dequantizations per
-// row; the default). All take every K/V tier pair; results differ by f16 rounding only.
-enum class PrefillAttentionKernel { simt, tensor_core, tensor_core_wide };
+// row), `tensor_core_m32` (FlashAttention-2's tiling: 128 rows per block on 4 warps, 32 per
+// warp, so every K/V fragment read from shared memory feeds twice the MMAs; Q staged in shared
+// memory; 2 blocks per SM; on sm_90+ a deep chunk's row blocks are split over a cluster of
+// 2, 4 or 8 CTAs when that fills the last wave better, merged in distributed shared memory),
+// `tensor_core_m32_wide` (the same with 8 warps, 256 rows per block) and
+// `tensor_core_m32_unsplit` (the 4-warp one never split). All take every K/V tier pair;
+// results differ by f16 rounding only. The m32 kernels need 104 / 139 KB of shared memory
+// per block at D = 128: on GPUs that grant less (sm_86 / sm_89: 99 KB) they run as
+// `tensor_core_wide`.
+enum class PrefillAttentionKernel {
+    simt,
+    tensor_core,
+    tensor_core_wide,
+    tensor_core_m32,
+    tensor_core_m32_wide,
+    tensor_core_m32_unsplit
+};
 const char* prefill_attention_kernel_name(PrefillAttentionKernel kernel);
-// The default choice, a pure function of the shape and tiers: the 4-warp kernel for f16/f16
-// chunks of at most 2560 query rows per KV head (T * G; 512 tokens of the 14B shape), whose
-// 128-row blocks would fill under ~1.3 waves of the SMs (8k prompt in 512-token chunks:
-// 204 vs 155 TFLOP/s, run P2-2); the wide kernel otherwise (ahead from 2048-token chunks on,
-// and by 30-40% on quantized KV).
+// The default choice, a pure function of the shape, the tiers, the chunk and n_cells (the cells
+// of the range its last token sees). f16/f16: the 4-warp 16-row `tensor_core` for chunks of at
+// most 2560 query rows per KV head (512 tokens of the 14B shape) over fewer than 8192 cells
+// (8k prompt in 512-token chunks: 205 vs 180 TFLOP/s unsplit m32, run P-2), `tensor_core_m32`
+// otherwise (64k / 2048: 301 vs 264 for the wide 16-row kernel; 64k / 512: 253); quantized K
+// or V: `tensor_core_m32_wide` (64k / 2048, q8_0 / q4_0: 230 / 237 vs 185 / 197).
 PrefillAttentionKernel prefill_attention_kernel_for(const AttentionShape& shape, KvType k_type, KvType v_type,
-                                                    uint32_t n_tokens);
+                                                    uint32_t n_tokens, uint32_t n_cells);
 void prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const AttentionShape& shape, const float* q,
                                          KvType k_type, const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                                          uint32_t cell_begin, uint32_t n_cells, uint32_t pos0, uint32_t n_tokens,

@@ -1,5 +1,5 @@
 // Prefill attention over a range of cells (the partial + LSE contract of engine/cpu/attention.h)
-// for both kernels, every K/V tier pair and head dims 64 / 128, against the CPU reference;
+// for every kernel, every K/V tier pair and head dims 64 / 128, against the CPU reference;
 // and two ranges merged on the GPU == one pass over their union (what the KV spill does).
 #include <gtest/gtest.h>
 
@@ -13,6 +13,7 @@
 #include "engine/cpu/attention.h"
 #include "engine/cuda/attention.cuh"
 #include "engine/cuda/cuda_prefill.cuh"
+#include "engine/cuda/prefill_attention_m32.cuh"
 #include "kv/kv_codec.h"
 
 namespace spillway {
@@ -21,7 +22,10 @@ namespace {
 using cuda_test::rel_error;
 
 constexpr PrefillAttentionKernel kKernels[] = {PrefillAttentionKernel::simt, PrefillAttentionKernel::tensor_core,
-                                               PrefillAttentionKernel::tensor_core_wide};
+                                               PrefillAttentionKernel::tensor_core_wide,
+                                               PrefillAttentionKernel::tensor_core_m32,
+                                               PrefillAttentionKernel::tensor_core_m32_wide,
+                                               PrefillAttentionKernel::tensor_core_m32_unsplit};
 
 // simt: f32 throughout (~1e-6). tensor_core: q and p rounded to f16 (2^-11 relative each),
 // quantized K/V dequantized to f16 (one more rounding): ~1e-3 relative, ~1e-3 absolute in lse.
@@ -165,19 +169,132 @@ TEST(CudaPrefillAttention, TwoMergedRangesEqualOnePass) {
     }
 }
 
+TEST(CudaPrefillAttention, LongDepthChunkMatchesCpu) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    // G = 5, D = 128, chunks deep into the cache: many unmasked tiles per row block (the
+    // two-stage pipelines and the separate K and V waits), partial last row blocks; the third
+    // chunk's range starts inside the chunk, so that its first 100 tokens see nothing.
+    const AttentionShape shape{10, 2, 128, 128, 1.0f / std::sqrt(128.0f)};
+    struct Chunk {
+        uint32_t pos0, T, begin;
+    };
+    for (const Chunk& c : {Chunk{1900, 200, 0}, Chunk{1000, 400, 1100}})
+        for (const auto& [kt, vt] : {std::pair{KvType::f16, KvType::f16}, std::pair{KvType::q8_0, KvType::q8_0},
+                                     std::pair{KvType::q4_0, KvType::f16}}) {
+            const uint32_t n_cells = c.pos0 + c.T;
+            const Layer L = random_layer(rng, shape, kt, vt, n_cells);
+            const auto q = cuda_test::random_floats(rng, (size_t)c.T * shape.n_head * 128, 2.0f);  // peaked softmax
+            std::vector<float> ref, ref_lse;
+            reference_partial(shape, q, kt, vt, L, c.begin, n_cells, c.pos0, c.T, ref, ref_lse);
+            const auto k_dev = cuda_test::to_device(L.k);
+            const auto v_dev = cuda_test::to_device(L.v);
+            const auto q_dev = cuda_test::to_device(q);
+            DeviceBuffer<float> out(ref.size()), lse(ref_lse.size());
+            for (PrefillAttentionKernel kernel : kKernels) {
+                if (kernel == PrefillAttentionKernel::simt) continue;  // covered above; slow at this depth
+                cuda_test::poison(out);
+                cuda_test::poison(lse);
+                prefill_attention_partial_cuda_with(kernel, shape, q_dev.data(), kt, k_dev.data() + c.begin * L.k_row, vt,
+                                                    v_dev.data() + c.begin * L.v_row, c.begin, n_cells - c.begin, c.pos0,
+                                                    c.T, out.data(), lse.data(), nullptr);
+                SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+                const std::string what = std::string(prefill_attention_kernel_name(kernel)) + " pos0 " +
+                                         std::to_string(c.pos0) + " T " + std::to_string(c.T) + " from cell " +
+                                         std::to_string(c.begin) + " " + kv_type_name(kt) + "/" + kv_type_name(vt);
+                EXPECT_LE(rel_error(cuda_test::to_host(out), ref), out_tolerance(kernel)) << what;
+                EXPECT_LE(lse_error(cuda_test::to_host(lse), ref_lse), lse_tolerance(kernel)) << what;
+            }
+        }
+}
+
+// The cluster split's merge through distributed shared memory, forced to 2, 4 and 8 CTAs per
+// row block (the automatic choice depends on the GPU's size; on smaller grids it splits rarely).
+TEST(CudaPrefillAttention, ClusterSplitMatchesCpu) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    int dev = 0, major = 0;
+    SPILLWAY_CUDA_CHECK(cudaGetDevice(&dev));
+    SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    if (major < 9) GTEST_SKIP() << "thread-block clusters need sm_90";
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    // G = 5, D = 128, a 100-token chunk at depth 1000: the range [200, 1100) gives each row
+    // block 13-15 tiles (8 CTAs: 1-2 each); the range [1050, 1100) starts inside the chunk:
+    // the first 50 tokens see nothing in any rank and merge to (0, -inf), the others see one
+    // tile, held by one rank while the other ranks' ranges are empty.
+    const AttentionShape shape{10, 2, 128, 128, 1.0f / std::sqrt(128.0f)};
+    const uint32_t pos0 = 1000, T = 100, n_cells = pos0 + T;
+    for (const auto& [kt, vt] : {std::pair{KvType::f16, KvType::f16}, std::pair{KvType::q8_0, KvType::q4_0}}) {
+        const Layer L = random_layer(rng, shape, kt, vt, n_cells);
+        const auto q = cuda_test::random_floats(rng, (size_t)T * shape.n_head * 128, 2.0f);
+        const auto k_dev = cuda_test::to_device(L.k);
+        const auto v_dev = cuda_test::to_device(L.v);
+        const auto q_dev = cuda_test::to_device(q);
+        for (uint32_t begin : {200u, 1050u}) {
+            std::vector<float> ref, ref_lse;
+            reference_partial(shape, q, kt, vt, L, begin, n_cells, pos0, T, ref, ref_lse);
+            DeviceBuffer<float> out(ref.size()), lse(ref_lse.size());
+            for (bool wide : {false, true})
+                for (uint32_t split : {2u, 4u, 8u}) {
+                    cuda_test::poison(out);
+                    cuda_test::poison(lse);
+                    ASSERT_TRUE(prefill_attention_m32_cuda(shape, q_dev.data(), kt, k_dev.data() + begin * L.k_row, vt,
+                                                           v_dev.data() + begin * L.v_row, begin, n_cells - begin, pos0,
+                                                           T, out.data(), lse.data(), wide, split, nullptr));
+                    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+                    const std::string what = std::string(wide ? "8 warps" : "4 warps") + ", split " +
+                                             std::to_string(split) + ", from cell " + std::to_string(begin) + " " +
+                                             kv_type_name(kt) + "/" + kv_type_name(vt);
+                    EXPECT_LE(rel_error(cuda_test::to_host(out), ref), 4e-3) << what;
+                    EXPECT_LE(lse_error(cuda_test::to_host(lse), ref_lse), 1e-2) << what;
+                }
+        }
+    }
+}
+
 // A pure function: no GPU needed.
-TEST(CudaPrefillAttention, KernelChoiceFollowsChunkRowsAndTiers) {
+TEST(CudaPrefillAttention, KernelChoiceFollowsChunkDepthAndTiers) {
     const AttentionShape qwen14b{40, 8, 128, 128, 1.0f / std::sqrt(128.0f)};  // G = 5
     using K = PrefillAttentionKernel;
-    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::f16, KvType::f16, 1), K::tensor_core);
-    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::f16, KvType::f16, 512), K::tensor_core);
-    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::f16, KvType::f16, 513), K::tensor_core_wide);
-    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::f16, KvType::f16, 2048), K::tensor_core_wide);
-    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::q8_0, KvType::q8_0, 64), K::tensor_core_wide);
-    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::f16, KvType::q4_0, 64), K::tensor_core_wide);
+    // f16: 16-row 4-warp kernel for small chunks near the start of the cache, m32 otherwise.
+    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::f16, KvType::f16, 1, 1), K::tensor_core);
+    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::f16, KvType::f16, 512, 8191), K::tensor_core);
+    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::f16, KvType::f16, 512, 8192), K::tensor_core_m32);
+    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::f16, KvType::f16, 513, 513), K::tensor_core_m32);
+    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::f16, KvType::f16, 2048, 65536), K::tensor_core_m32);
     const AttentionShape g8{64, 8, 128, 128, 0.1f};  // G = 8: 320 tokens = 2560 rows
-    EXPECT_EQ(prefill_attention_kernel_for(g8, KvType::f16, KvType::f16, 320), K::tensor_core);
-    EXPECT_EQ(prefill_attention_kernel_for(g8, KvType::f16, KvType::f16, 321), K::tensor_core_wide);
+    EXPECT_EQ(prefill_attention_kernel_for(g8, KvType::f16, KvType::f16, 320, 4000), K::tensor_core);
+    EXPECT_EQ(prefill_attention_kernel_for(g8, KvType::f16, KvType::f16, 321, 4000), K::tensor_core_m32);
+    // Quantized K or V: the 8-warp m32 kernel at any size.
+    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::q8_0, KvType::q8_0, 64, 64), K::tensor_core_m32_wide);
+    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::f16, KvType::q4_0, 2048, 65536), K::tensor_core_m32_wide);
+    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::q4_0, KvType::f16, 512, 100), K::tensor_core_m32_wide);
+}
+
+// A pure function: no GPU needed. H200: 132 SMs x 2 blocks of the 4-warp m32 kernel = 264 slots.
+TEST(CudaPrefillAttention, ClusterSplitFillsTheLastWave) {
+    // 64k prompt, 2048-token chunk at depth 32k (G = 5, 128 rows per block): 80 row blocks x
+    // 8 KV heads = 640 blocks of 512-544 tiles, 2.42 waves (81% of the slots busy); split 2:
+    // 4.85 waves (97%); 4 is no fuller.
+    EXPECT_EQ(prefill_attention_split_for(640, 264, 512, 544), 2u);
+    // 4096-token chunks: 1280 blocks, 4.85 waves already: no split.
+    EXPECT_EQ(prefill_attention_split_for(1280, 264, 512, 576), 1u);
+    // 512-token chunks: 160 blocks (61%): split 8 fills 97% when every CTA keeps >= 32 tiles...
+    EXPECT_EQ(prefill_attention_split_for(160, 264, 300, 308), 8u);
+    // ... else the largest split that does (4: 81%), or none.
+    EXPECT_EQ(prefill_attention_split_for(160, 264, 200, 208), 4u);
+    EXPECT_EQ(prefill_attention_split_for(160, 264, 100, 108), 1u);
+    // A shallow chunk: row blocks from 1 to 32 tiles fill the last wave themselves.
+    EXPECT_EQ(prefill_attention_split_for(640, 264, 1, 32), 1u);
+    EXPECT_EQ(prefill_attention_split_for(640, 264, 96, 128), 2u);  // 3/4: still split
+    EXPECT_EQ(prefill_attention_split_for(640, 264, 95, 128), 1u);
+    // Exactly full waves, and degenerate inputs.
+    EXPECT_EQ(prefill_attention_split_for(264, 264, 1000, 1000), 1u);
+    EXPECT_EQ(prefill_attention_split_for(0, 264, 1000, 1000), 1u);
+    EXPECT_EQ(prefill_attention_split_for(16, 0, 1000, 1000), 1u);
 }
 
 }  // namespace

@@ -1,0 +1,177 @@
+#pragma once
+// Device helpers shared by the tensor-core prefill attention kernels (prefill_attention_mma.cu,
+// prefill_attention_m32.cu): the mma.sync / ldmatrix wrappers, base-2 exponentials, and the
+// staging of one 64-cell tile of K or V in shared memory (f16 rows padded to D + 8 halves;
+// q8_0 / q4_0 copied raw, then dequantized to f16 by integer tricks). Internal to engine/cuda.
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "engine/cpu/attention.h"
+#include "engine/cuda/kv_tile.cuh"
+
+namespace spillway::prefill_mma {
+
+constexpr int kCells = 64;  // cells per K/V tile
+constexpr float kLn2 = 0.6931471805599453f;
+
+// One launch's arguments (the contract of prefill_attention_partial_cuda, shapes checked there).
+struct Params {
+    const float* q;
+    const uint8_t* k;  // cell cell_begin, all KV heads
+    const uint8_t* v;
+    uint64_t k_row, v_row;  // bytes per cell (all KV heads)
+    uint32_t n_head, n_group, n_tokens, n_rows, n_row_blocks;  // n_row_blocks: set by the launcher
+    uint32_t pos0, cell_begin, cell_end;
+    uint32_t n_split;  // CTAs (one thread-block cluster) sharing a row block's cells; set by the launcher
+    float q_scale;     // scale * log2(e): scores come out in base 2
+    float* out;
+    float* lse;
+};
+
+inline Params make_params(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
+                          KvType v_type, const uint8_t* v_cells, uint32_t cell_begin, uint32_t n_cells, uint32_t pos0,
+                          uint32_t n_tokens, float* out, float* lse) {
+    Params p{};
+    p.q = q;
+    p.k = k_cells;
+    p.v = v_cells;
+    p.k_row = kv_row_bytes(k_type, (uint64_t)shape.n_head_kv * shape.head_dim_k);
+    p.v_row = kv_row_bytes(v_type, (uint64_t)shape.n_head_kv * shape.head_dim_k);
+    p.n_head = shape.n_head;
+    p.n_group = shape.n_head / shape.n_head_kv;
+    p.n_tokens = n_tokens;
+    p.n_rows = n_tokens * p.n_group;
+    p.pos0 = pos0;
+    p.cell_begin = cell_begin;
+    p.cell_end = cell_begin + n_cells;
+    p.n_split = 1;
+    p.q_scale = shape.scale * 1.4426950408889634f;
+    p.out = out;
+    p.lse = lse;
+    return p;
+}
+
+// Halves per f16 row in shared memory: 8 ldmatrix rows hit 8 different bank groups.
+template <int D>
+__host__ __device__ constexpr int row_halves() {
+    return D + 8;
+}
+
+// `n` = how many cp.async groups may still be in flight.
+template <int n>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(n));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+// c += a (16x16, row) * b (16x8, col), f16 in, f32 accumulate.
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 2^x on the MUFU unit without the range fix-ups of exp2f (2^-inf = +0, which the masking uses).
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ uint32_t load_u32_from_u16(const uint8_t* p) {
+    const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
+    return __byte_perm(h[0], h[1], 0x5410);
+}
+
+// Four unsigned bytes u as two half2 of (u - bias): 0x64 above a byte is the half 1024 + u,
+// exactly, so the subtraction is exact as well (no int-to-float conversions).
+__device__ __forceinline__ uint32_t bytes_lo_to_half2(uint32_t bytes, __half2 bias, __half2 d) {
+    const uint32_t a = __byte_perm(bytes, 0x64646464u, 0x4140);
+    const __half2 h = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&a), bias), d);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t bytes_hi_to_half2(uint32_t bytes, __half2 bias, __half2 d) {
+    const uint32_t a = __byte_perm(bytes, 0x64646464u, 0x4342);
+    const __half2 h = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&a), bias), d);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Values 8j .. 8j+7 of one cell's quantized head slice as eight f16 (d * q, rounded once).
+template <KvType T>
+__device__ __forceinline__ uint4 dequant8(const uint8_t* slice, int j) {
+    const int part = j % 4;
+    const uint8_t* blk = slice + (j / 4) * (T == KvType::q8_0 ? 34 : 18);
+    const __half2 d = __half2half2(*reinterpret_cast<const __half*>(blk));
+    uint32_t lo, hi;
+    __half2 bias;
+    if constexpr (T == KvType::q8_0) {
+        lo = load_u32_from_u16(blk + 2 + 8 * part) ^ 0x80808080u;  // signed -> unsigned + 128
+        hi = load_u32_from_u16(blk + 6 + 8 * part) ^ 0x80808080u;
+        bias = __float2half2_rn(1024.0f + 128.0f);
+    } else {
+        // q4_0: values 0..15 are the low nibbles of qs[0..15], 16..31 the high nibbles.
+        const int shift = part < 2 ? 0 : 4;
+        lo = (load_u32_from_u16(blk + 2 + 8 * (part % 2)) >> shift) & 0x0F0F0F0Fu;
+        hi = (load_u32_from_u16(blk + 6 + 8 * (part % 2)) >> shift) & 0x0F0F0F0Fu;
+        bias = __float2half2_rn(1024.0f + 8.0f);
+    }
+    return make_uint4(bytes_lo_to_half2(lo, bias, d), bytes_hi_to_half2(lo, bias, d), bytes_lo_to_half2(hi, bias, d),
+                      bytes_hi_to_half2(hi, bias, d));
+}
+
+// Issues the copies of cells [c0, c0 + count) of one operand into its stage; cells of the
+// tile past `count` are zeroed (f16 directly; quantized ones when dequantized), so that a
+// masked score (p = 0) never meets a NaN in V.
+template <int D, KvType T, int kThreads>
+__device__ __forceinline__ void issue_operand(uint8_t* stage, const uint8_t* src, uint64_t row_bytes, uint32_t count) {
+    constexpr uint32_t slice = kv_tile::slice_bytes(T, D);
+    if constexpr (T == KvType::f16) {
+        constexpr int kLd = row_halves<D>();
+        constexpr uint32_t chunks = D / 8;  // 16 bytes each
+        for (uint32_t i = threadIdx.x; i < kCells * chunks; i += kThreads) {
+            const uint32_t c = i / chunks, o = i % chunks;
+            uint8_t* dst = stage + (c * kLd + o * 8) * 2;
+            if (c < count) kv_tile::cp_async<16>(dst, src + c * row_bytes + o * 16);
+            else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+        }
+    } else {
+        constexpr uint32_t ck = kv_tile::copy_chunk(slice), chunks = slice / ck;
+        for (uint32_t i = threadIdx.x; i < count * chunks; i += kThreads) {
+            const uint32_t c = i / chunks, o = i % chunks * ck;
+            kv_tile::cp_async<ck>(stage + c * slice + o, src + c * row_bytes + o);
+        }
+    }
+}
+
+template <int D, KvType T, int kThreads>
+__device__ __forceinline__ void dequant_operand(const uint8_t* raw, __half* tile, uint32_t count) {
+    constexpr int kLd = row_halves<D>();
+    constexpr uint32_t slice = kv_tile::slice_bytes(T, D);
+    for (uint32_t i = threadIdx.x; i < kCells * (D / 8); i += kThreads) {
+        const uint32_t c = i / (D / 8), j = i % (D / 8);
+        const uint4 v = c < count ? dequant8<T>(raw + c * slice, (int)j) : make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(tile + c * kLd + 8 * j) = v;
+    }
+}
+
+}  // namespace spillway::prefill_mma
