@@ -96,51 +96,11 @@ struct SplitParams {
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
 
-__device__ __forceinline__ uint32_t load_u32_from_u16(const uint8_t* p) {
-    const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
-    return __byte_perm(h[0], h[1], 0x5410);
-}
-
-// Four bytes, each an unsigned integer u < 256 (8-bit biased or 4-bit), as two half2 of
-// (u - bias): 0x64 above a byte is the half 1024 + u, exact, so the subtraction is exact too.
-__device__ __forceinline__ void bytes_to_half2x2(uint32_t bytes, __half2 bias, __half2& lo, __half2& hi) {
-    const uint32_t a = __byte_perm(bytes, 0x64646464u, 0x4140), b = __byte_perm(bytes, 0x64646464u, 0x4342);
-    lo = __hsub2(*reinterpret_cast<const __half2*>(&a), bias);
-    hi = __hsub2(*reinterpret_cast<const __half2*>(&b), bias);
-}
-
-__device__ __forceinline__ uint32_t half2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
-
-// Eight consecutive values (chunk j of D/8) of one cell's head slice, as f16. Quantized
-// values become f16 by integer tricks and half2 math (d * q rounded once, as f32 would be
-// then rounded to f16): the int-to-float converter runs at 16/clk/SM and was the bottleneck.
+// Eight consecutive values (chunk j of D/8) of one cell's head slice, as f16.
 template <KvType T>
 __device__ __forceinline__ uint4 dequant8(const uint8_t* slice, int j) {
-    if constexpr (T == KvType::f16) {
-        return *reinterpret_cast<const uint4*>(slice + 16 * j);
-    } else {
-        const int part = j % 4;
-        const uint8_t* blk = slice + (j / 4) * (T == KvType::q8_0 ? 34 : 18);
-        const __half2 d2 = __half2half2(*reinterpret_cast<const __half*>(blk));
-        uint32_t lo, hi;
-        __half2 bias;
-        if constexpr (T == KvType::q8_0) {
-            lo = load_u32_from_u16(blk + 2 + 8 * part) ^ 0x80808080u;  // signed -> biased by 128
-            hi = load_u32_from_u16(blk + 6 + 8 * part) ^ 0x80808080u;
-            bias = __float2half2_rn(1024.0f + 128.0f);
-        } else {
-            // values 0..15 are the low nibbles of qs[0..15], 16..31 the high nibbles.
-            const int shift = part < 2 ? 0 : 4;
-            lo = (load_u32_from_u16(blk + 2 + 8 * (part % 2)) >> shift) & 0x0F0F0F0Fu;
-            hi = (load_u32_from_u16(blk + 6 + 8 * (part % 2)) >> shift) & 0x0F0F0F0Fu;
-            bias = __float2half2_rn(1024.0f + 8.0f);
-        }
-        __half2 v0, v1, v2, v3;
-        bytes_to_half2x2(lo, bias, v0, v1);
-        bytes_to_half2x2(hi, bias, v2, v3);
-        return make_uint4(half2_bits(__hmul2(v0, d2)), half2_bits(__hmul2(v1, d2)), half2_bits(__hmul2(v2, d2)),
-                          half2_bits(__hmul2(v3, d2)));
-    }
+    if constexpr (T == KvType::f16) return *reinterpret_cast<const uint4*>(slice + 16 * j);
+    else return kv_tile::dequant8_quantized<T>(slice, j);
 }
 
 template <int D, KvType KT, KvType VT>

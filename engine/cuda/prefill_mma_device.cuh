@@ -98,47 +98,6 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-__device__ __forceinline__ uint32_t load_u32_from_u16(const uint8_t* p) {
-    const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
-    return __byte_perm(h[0], h[1], 0x5410);
-}
-
-// Four unsigned bytes u as two half2 of (u - bias): 0x64 above a byte is the half 1024 + u,
-// exactly, so the subtraction is exact as well (no int-to-float conversions).
-__device__ __forceinline__ uint32_t bytes_lo_to_half2(uint32_t bytes, __half2 bias, __half2 d) {
-    const uint32_t a = __byte_perm(bytes, 0x64646464u, 0x4140);
-    const __half2 h = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&a), bias), d);
-    return *reinterpret_cast<const uint32_t*>(&h);
-}
-__device__ __forceinline__ uint32_t bytes_hi_to_half2(uint32_t bytes, __half2 bias, __half2 d) {
-    const uint32_t a = __byte_perm(bytes, 0x64646464u, 0x4342);
-    const __half2 h = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&a), bias), d);
-    return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-// Values 8j .. 8j+7 of one cell's quantized head slice as eight f16 (d * q, rounded once).
-template <KvType T>
-__device__ __forceinline__ uint4 dequant8(const uint8_t* slice, int j) {
-    const int part = j % 4;
-    const uint8_t* blk = slice + (j / 4) * (T == KvType::q8_0 ? 34 : 18);
-    const __half2 d = __half2half2(*reinterpret_cast<const __half*>(blk));
-    uint32_t lo, hi;
-    __half2 bias;
-    if constexpr (T == KvType::q8_0) {
-        lo = load_u32_from_u16(blk + 2 + 8 * part) ^ 0x80808080u;  // signed -> unsigned + 128
-        hi = load_u32_from_u16(blk + 6 + 8 * part) ^ 0x80808080u;
-        bias = __float2half2_rn(1024.0f + 128.0f);
-    } else {
-        // q4_0: values 0..15 are the low nibbles of qs[0..15], 16..31 the high nibbles.
-        const int shift = part < 2 ? 0 : 4;
-        lo = (load_u32_from_u16(blk + 2 + 8 * (part % 2)) >> shift) & 0x0F0F0F0Fu;
-        hi = (load_u32_from_u16(blk + 6 + 8 * (part % 2)) >> shift) & 0x0F0F0F0Fu;
-        bias = __float2half2_rn(1024.0f + 8.0f);
-    }
-    return make_uint4(bytes_lo_to_half2(lo, bias, d), bytes_hi_to_half2(lo, bias, d), bytes_lo_to_half2(hi, bias, d),
-                      bytes_hi_to_half2(hi, bias, d));
-}
-
 // Issues the copies of cells [c0, c0 + count) of one operand into its stage; cells of the
 // tile past `count` are zeroed (f16 directly; quantized ones when dequantized), so that a
 // masked score (p = 0) never meets a NaN in V.
@@ -169,7 +128,7 @@ __device__ __forceinline__ void dequant_operand(const uint8_t* raw, __half* tile
     constexpr uint32_t slice = kv_tile::slice_bytes(T, D);
     for (uint32_t i = threadIdx.x; i < kCells * (D / 8); i += kThreads) {
         const uint32_t c = i / (D / 8), j = i % (D / 8);
-        const uint4 v = c < count ? dequant8<T>(raw + c * slice, (int)j) : make_uint4(0, 0, 0, 0);
+        const uint4 v = c < count ? kv_tile::dequant8_quantized<T>(raw + c * slice, (int)j) : make_uint4(0, 0, 0, 0);
         *reinterpret_cast<uint4*>(tile + c * kLd + 8 * j) = v;
     }
 }
