@@ -180,7 +180,10 @@ ProbeValues measure_device_probe(const DeviceProbeShape& shape) {
         values.c_engage_ms = std::nullopt;
         return values;  // the planner reports c_engage as missing for this shape
     }
-    const uint32_t big = 16384, small = 1024, sm = (uint32_t)gpu.sm_count;
+    // The slope between two long ranges: the decode attention picks its kernel by range length
+    // (attention_default_kernel: tensor cores from kAttentionMmaMinCells), and a slope across
+    // the switch would mix two kernels; long ranges are what a spill decision is about.
+    const uint32_t small = kAttentionMmaMinCells, big = 2 * small, sm = (uint32_t)gpu.sm_count;
     DeviceBuffer<float> q(attn.n_head * attn.head_dim_k), out(attn.n_head * attn.head_dim_v), lse(attn.n_head);
     DeviceBuffer<float> tail_out(attn.n_head * attn.head_dim_v), tail_lse(attn.n_head);
     SPILLWAY_CUDA_CHECK(cudaMemsetAsync(q.data(), 0, q.bytes(), compute));
