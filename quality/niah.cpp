@@ -315,13 +315,27 @@ NiahSample make_niah_sample(const NiahRequest& request, const TokenCounter& coun
     std::vector<double> needle_depths(needles.size());
     for (size_t i = 0; i < needles.size(); ++i) needle_depths[i] = i == 0 ? request.depth : rng.unit();
 
+    // Depth is a fraction of the haystack's tokens, as in RULER (sentences differ in length, so
+    // a fraction of the sentence count drifts by a few percent): each unit's tokens are counted
+    // once, and a needle goes to the unit boundary nearest its share of the total.
     std::vector<std::string> units;
+    std::vector<size_t> unit_tokens;
     auto assemble = [&](size_t n_units) {
-        while (units.size() < n_units) units.push_back(haystack_unit(units.size()));
-        // Insert needles at their depth among the first n_units units.
+        while (units.size() < n_units) {
+            units.push_back(haystack_unit(units.size()));
+            unit_tokens.push_back(count_tokens(units.back()));
+        }
+        std::vector<size_t> tokens_before(n_units + 1, 0);
+        for (size_t u = 0; u < n_units; ++u) tokens_before[u + 1] = tokens_before[u] + unit_tokens[u];
         std::vector<std::vector<const Needle*>> at(n_units + 1);
-        for (size_t i = 0; i < needles.size(); ++i)
-            at[(size_t)std::llround(needle_depths[i] * (double)n_units)].push_back(&needles[i]);
+        for (size_t i = 0; i < needles.size(); ++i) {
+            const double target = needle_depths[i] * (double)tokens_before[n_units];
+            size_t u = (size_t)(std::lower_bound(tokens_before.begin(), tokens_before.end(), target) -
+                                tokens_before.begin());
+            if (u > n_units) u = n_units;
+            if (u > 0 && target - (double)tokens_before[u - 1] < (double)tokens_before[u] - target) --u;
+            at[u].push_back(&needles[i]);
+        }
         std::string context;
         for (size_t u = 0; u <= n_units; ++u) {
             for (const Needle* n : at[u]) context += (context.empty() ? "" : " ") + needle_sentence(*n, value_kind);
