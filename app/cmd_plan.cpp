@@ -48,7 +48,9 @@ profile's vram_free_mib, else its vram_total_mib, else --vram-target alone.
 Environment (flags win; the spec's OPENCOTI_ names are accepted as aliases):
   SPILLWAY_KV_AUTO_TIER, SPILLWAY_KV_TSTAR_DROP, SPILLWAY_KV_TSTAR_MAX_SPILL_MIB,
   SPILLWAY_KV_HOST_RAM_GBPS, SPILLWAY_VRAM_TARGET_MIB, SPILLWAY_CACHE_TYPE_K/_V,
-  SPILLWAY_KV_DROP_MODEL
+  SPILLWAY_KV_DROP_MODEL; the measured terms' overrides SPILLWAY_PCIE_GBPS,
+  SPILLWAY_VRAM_BW_GBPS, SPILLWAY_C_ENGAGE_MS, SPILLWAY_VRAM_FREE_MIB,
+  SPILLWAY_COMPUTE_RESERVE_MIB
 
 Example (the spec's T5 configuration):
   spillway plan --preset qwen2.5-14b -c 65536 --vram-target 27000 \

@@ -8,12 +8,20 @@ namespace spillway {
 
 namespace {
 
-std::optional<double> positive_option(const ArgParser& args, const std::string& name, bool zero_allowed = false) {
-    auto text = args.get(name);
+// A measured term's override: the flag, else its environment variable (scripts and services
+// set the machine's numbers once), else nothing (measure).
+std::optional<double> positive_option(const ArgParser& args, const std::string& name, const std::string& env_name,
+                                      bool zero_allowed = false) {
+    std::optional<std::string> text = args.get(name);
+    std::string source = name;
+    if (!text) {
+        text = process_env()(env_name);
+        source = env_name;
+    }
     if (!text) return std::nullopt;
-    double x = parse_double(*text, name);
+    double x = parse_double(*text, source);
     if (x < 0 || (x == 0 && !zero_allowed))
-        fail(name + ": " + *text + (zero_allowed ? " must be >= 0" : " must be > 0"));
+        fail(source + ": " + *text + (zero_allowed ? " must be >= 0" : " must be > 0"));
     return x;
 }
 
@@ -27,11 +35,11 @@ void add_plan_options(ArgParser& args, bool with_profile) {
     args.option({"--drop-model"}, "M", "drop model of T*: serial (spec) or overlap (copy overlapped)",
                 drop_model_name(kDefaultDropModel));
     args.option({"--host-ram-gbps"}, "G", "host RAM bandwidth override (env SPILLWAY_KV_HOST_RAM_GBPS)");
-    args.option({"--pcie-gbps"}, "G", "pinned host->device bandwidth override");
-    args.option({"--vram-bw-gbps"}, "G", "VRAM bandwidth override");
-    args.option({"--c-engage-ms"}, "MS", "streaming engagement cost override");
-    args.option({"--vram-free-mib"}, "MiB", "free VRAM override");
-    args.option({"--compute-reserve-mib"}, "MiB", "compute reserve (default: estimated from the model)");
+    args.option({"--pcie-gbps"}, "G", "pinned host->device bandwidth override (env SPILLWAY_PCIE_GBPS)");
+    args.option({"--vram-bw-gbps"}, "G", "VRAM bandwidth override (env SPILLWAY_VRAM_BW_GBPS)");
+    args.option({"--c-engage-ms"}, "MS", "streaming engagement cost override (env SPILLWAY_C_ENGAGE_MS)");
+    args.option({"--vram-free-mib"}, "MiB", "free VRAM override (env SPILLWAY_VRAM_FREE_MIB)");
+    args.option({"--compute-reserve-mib"}, "MiB", "compute reserve (env SPILLWAY_COMPUTE_RESERVE_MIB; default: estimated from the model)");
     if (with_profile) args.option({"--profile"}, "FILE", "GPU/host profile JSON instead of this machine (see profiles/)");
 }
 
@@ -50,10 +58,10 @@ KnobFlags knob_flags_from(const ArgParser& args) {
 
 ProbeOverrides probe_overrides_from(const ArgParser& args) {
     ProbeOverrides o;
-    o.vram_free_mib = positive_option(args, "--vram-free-mib");
-    o.vram_bw_gbps = positive_option(args, "--vram-bw-gbps");
-    o.pcie_h2d_gbps = positive_option(args, "--pcie-gbps");
-    o.c_engage_ms = positive_option(args, "--c-engage-ms", true);
+    o.vram_free_mib = positive_option(args, "--vram-free-mib", "SPILLWAY_VRAM_FREE_MIB");
+    o.vram_bw_gbps = positive_option(args, "--vram-bw-gbps", "SPILLWAY_VRAM_BW_GBPS");
+    o.pcie_h2d_gbps = positive_option(args, "--pcie-gbps", "SPILLWAY_PCIE_GBPS");
+    o.c_engage_ms = positive_option(args, "--c-engage-ms", "SPILLWAY_C_ENGAGE_MS", true);
     return o;
 }
 
@@ -86,7 +94,7 @@ BudgetInputs budget_inputs_from(const ArgParser& args, const ModelSpec& model, c
     else fail("no VRAM size: pass --profile FILE, --vram-free-mib MiB or --vram-target MiB");
     if (knobs.vram_target_mib) budget.vram_target_bytes = *knobs.vram_target_mib * kMiB;
     budget.weight_bytes = model.weight_bytes_total;
-    auto reserve = positive_option(args, "--compute-reserve-mib", true);
+    auto reserve = positive_option(args, "--compute-reserve-mib", "SPILLWAY_COMPUTE_RESERVE_MIB", true);
     budget.compute_reserve_bytes = reserve ? (uint64_t)(*reserve * (double)kMiB) : default_compute_reserve_bytes(model);
     return budget;
 }

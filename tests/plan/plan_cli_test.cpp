@@ -15,14 +15,17 @@ struct PlanRun {
     std::string out;  // stdout and, with `2>&1` in the command, stderr
 };
 
-// The knobs' environment variables are cleared so the test sees only its flags.
-PlanRun run_plan(const std::string& args) {
+// The knobs' environment variables are cleared so the test sees only its flags (and the
+// NAME=VALUE assignments in `env_set`, if any).
+PlanRun run_plan(const std::string& args, const std::string& env_set = "") {
     std::string cmd = std::string("env -u SPILLWAY_KV_AUTO_TIER -u OPENCOTI_KV_AUTO_TIER -u SPILLWAY_KV_TSTAR_DROP "
                                   "-u OPENCOTI_KV_TSTAR_DROP -u SPILLWAY_KV_TSTAR_MAX_SPILL_MIB "
                                   "-u OPENCOTI_KV_TSTAR_MAX_SPILL_MIB -u SPILLWAY_KV_HOST_RAM_GBPS "
                                   "-u OPENCOTI_KV_HOST_RAM_GBPS -u SPILLWAY_VRAM_TARGET_MIB "
-                                  "-u SPILLWAY_CACHE_TYPE_K -u SPILLWAY_CACHE_TYPE_V '") +
-                      SPILLWAY_BINARY + "' plan " + args;
+                                  "-u SPILLWAY_CACHE_TYPE_K -u SPILLWAY_CACHE_TYPE_V -u SPILLWAY_PCIE_GBPS "
+                                  "-u SPILLWAY_VRAM_BW_GBPS -u SPILLWAY_C_ENGAGE_MS -u SPILLWAY_VRAM_FREE_MIB "
+                                  "-u SPILLWAY_COMPUTE_RESERVE_MIB ") +
+                      env_set + " '" + SPILLWAY_BINARY + "' plan " + args;
     PlanRun r;
     FILE* pipe = popen(cmd.c_str(), "r");
     if (!pipe) return r;
@@ -109,4 +112,27 @@ TEST(PlanCli, PlansAGgufFile) {
     EXPECT_EQ(j["model"]["n_layer"], 4);
     EXPECT_EQ(j["terms"], nullptr);  // no profile: bytes only, no predictions
     std::remove(path.c_str());
+}
+
+// The measured terms' overrides also come from the environment (flag first): the same plan
+// either way, and a bad value names its variable.
+TEST(PlanCli, MeasuredTermsFromTheEnvironmentEqualTheFlags) {
+    const std::string base = "--preset qwen2.5-14b -c 131072 --vram-target 40000 --kv-auto-tier --host-ram-gbps 30 --json";
+    const std::string env_terms =
+        "SPILLWAY_VRAM_FREE_MIB=48000 SPILLWAY_VRAM_BW_GBPS=1800 SPILLWAY_C_ENGAGE_MS=0.5";
+    PlanRun flags = run_plan(base + " --vram-free-mib 48000 --vram-bw-gbps 1800 --pcie-gbps 25 --c-engage-ms 0.5 2>/dev/null");
+    ASSERT_EQ(flags.status, 0) << flags.out;
+    PlanRun env = run_plan(base + " 2>/dev/null", env_terms + " SPILLWAY_PCIE_GBPS=25");
+    ASSERT_EQ(env.status, 0) << env.out;
+    const nlohmann::json a = nlohmann::json::parse(flags.out), b = nlohmann::json::parse(env.out);
+    EXPECT_EQ(a["terms"], b["terms"]);
+    EXPECT_EQ(a["decision"], b["decision"]);
+    EXPECT_DOUBLE_EQ(b["terms"]["pcie_gbps"].get<double>(), 25.0);
+    // The flag wins over the environment.
+    PlanRun both = run_plan(base + " --pcie-gbps 25 2>/dev/null", env_terms + " SPILLWAY_PCIE_GBPS=99");
+    ASSERT_EQ(both.status, 0) << both.out;
+    EXPECT_EQ(nlohmann::json::parse(both.out)["terms"], a["terms"]);
+    PlanRun bad = run_plan(base + " 2>&1", env_terms + " SPILLWAY_PCIE_GBPS=fast");
+    EXPECT_NE(bad.status, 0);
+    EXPECT_NE(bad.out.find("SPILLWAY_PCIE_GBPS"), std::string::npos) << bad.out;
 }
