@@ -81,14 +81,8 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) prefill_attention_m32
     const uint32_t n_split = p.n_split, rank = blockIdx.x % n_split;
     const uint32_t row_block = p.n_row_blocks - 1 - blockIdx.x / n_split;  // the longest rows start first
     const uint32_t G = p.n_group;
-    const uint32_t row0 = row_block * kRows;
-    const uint32_t t_min = row0 / G;
-    const uint32_t t_max = min(p.n_tokens - 1, (row0 + kRows - 1) / G);
-    // Cells the block reads: up to the last token's position; cells below `full_end` are
-    // seen by every row, so tiles before it need no mask.
-    const uint32_t cell_stop = min(p.cell_end, p.pos0 + t_max + 1);
-    const uint32_t full_end = min(p.cell_end, p.pos0 + t_min + 1);
-    const uint32_t n_tiles = cell_stop > p.cell_begin ? (cell_stop - p.cell_begin + kCells - 1) / kCells : 0;
+    const RowBlockSpan span = row_block_span<kRows>(p, row_block);
+    const uint32_t row0 = span.row0, cell_stop = span.cell_stop, full_end = span.full_end, n_tiles = span.n_tiles;
     const uint32_t tile_begin = rank * n_tiles / n_split, tile_end = (rank + 1) * n_tiles / n_split;
 
     const uint8_t* k_src = p.k + (size_t)kv_head * L::kSliceK;

@@ -68,14 +68,8 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? 3 : 1) prefill_atte
     const uint32_t kv_head = blockIdx.y;
     const uint32_t row_block = p.n_row_blocks - 1 - blockIdx.x;  // the longest rows start first
     const uint32_t G = p.n_group;
-    const uint32_t row0 = row_block * kRows;
-    const uint32_t t_min = row0 / G;
-    const uint32_t t_max = min(p.n_tokens - 1, (row0 + kRows - 1) / G);
-    // Cells the block reads: up to the last token's position; cells below `full_end` are
-    // seen by every row, so tiles before it need no mask.
-    const uint32_t cell_stop = min(p.cell_end, p.pos0 + t_max + 1);
-    const uint32_t full_end = min(p.cell_end, p.pos0 + t_min + 1);
-    const uint32_t n_tiles = cell_stop > p.cell_begin ? (cell_stop - p.cell_begin + kCells - 1) / kCells : 0;
+    const RowBlockSpan span = row_block_span<kRows>(p, row_block);
+    const uint32_t row0 = span.row0, cell_stop = span.cell_stop, full_end = span.full_end, n_tiles = span.n_tiles;
 
     // This thread's two rows (gq and gq + 8 of the warp's 16) and their causal limits.
     uint32_t row[2], limit[2];

@@ -98,6 +98,24 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// What one block of kRows query rows (row = token * G + query head of the group) reads: its
+// first row, and the cells up to its last token's position; cells below `full_end` are seen
+// by every row, so tiles before it need no mask.
+struct RowBlockSpan {
+    uint32_t row0, cell_stop, full_end, n_tiles;
+};
+template <int kRows>
+__device__ __forceinline__ RowBlockSpan row_block_span(const Params& p, uint32_t row_block) {
+    RowBlockSpan r;
+    r.row0 = row_block * kRows;
+    const uint32_t t_min = r.row0 / p.n_group;
+    const uint32_t t_max = min(p.n_tokens - 1, (r.row0 + kRows - 1) / p.n_group);
+    r.cell_stop = min(p.cell_end, p.pos0 + t_max + 1);
+    r.full_end = min(p.cell_end, p.pos0 + t_min + 1);
+    r.n_tiles = r.cell_stop > p.cell_begin ? (r.cell_stop - p.cell_begin + kCells - 1) / kCells : 0;
+    return r;
+}
+
 // Issues the copies of cells [c0, c0 + count) of one operand into its stage; cells of the
 // tile past `count` are zeroed (f16 directly; quantized ones when dequantized), so that a
 // masked score (p = 0) never meets a NaN in V.
