@@ -16,9 +16,12 @@
 #include "engine/cuda/matvec.cuh"
 
 #include <cuda_bf16.h>
+#include <cuda/atomic>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
@@ -409,12 +412,25 @@ __global__ void __launch_bounds__(kStreamThreads) matvec_q8_0_stream_kernel(cons
 // (a warp streams at a rate set by its ring depth, so a warp with 2 units where others have
 // 1 doubles the kernel's tail). One row gets a 3-stage ring: the same bytes in flight per
 // warp as two rows with 2 stages, in less shared memory.
+//
+// carry != nullptr: the work is split by chunks, not by row pairs. A 5120-row matrix has 2560
+// row pairs for ~2100 resident warps, so a fifth of the warps got two pairs and the kernel
+// ended with a tail in which only they streamed (Nsight, docs/perf-notes.md); by chunks every
+// warp gets floor or ceil of the average. A pair cut between warps w and w + 1: warp w + 1
+// computes the pair's last chunks first thing and publishes its partial sums in carry[w + 1]
+// (value and a "set" tag in one 64-bit word: no fence needed); warp w, whose range ends with
+// the pair's first chunks, adds them to its own at its end (waiting if they are not there
+// yet, which is rare: they were due chunks earlier) and clears the slot for the next launch.
+// The sum is always first part + second part, so results do not depend on timing. The host
+// picks this only when every warp gets at least a pair's worth of chunks (no pair spans
+// three warps).
 template <int kWarpsPB, bool kXInSmem, int kRows>
 __global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const uint8_t* __restrict__ w,
                                                                          const int16_t* __restrict__ xq,
                                                                          const float* __restrict__ xd,
                                                                          float* __restrict__ y, uint32_t rows,
-                                                                         uint32_t cols, uint32_t n_warps) {
+                                                                         uint32_t cols, uint32_t n_warps,
+                                                                         unsigned long long* __restrict__ carry) {
     constexpr int kStages = kRows == 1 ? 3 : 2;
     extern __shared__ uint4 q16x_smem[];  // [warp][stage][kRows][kChunkBytes], then x (q, d)
     const uint32_t lane = threadIdx.x % 32;
@@ -427,14 +443,24 @@ __global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const u
     // Warp w owns row groups [w * P / W, (w + 1) * P / W): every warp of the (fully resident)
     // grid gets floor or ceil of the average, so no SM holds more than its share.
     const uint32_t gw = blockIdx.x * kWarpsPB + warp;
-    const uint32_t rp0 = (uint32_t)((uint64_t)gw * n_row_pairs / n_warps);
-    const uint32_t rp1 = gw < n_warps ? (uint32_t)((uint64_t)(gw + 1) * n_row_pairs / n_warps) : rp0;
+    const uint32_t total_chunks = n_row_pairs * cpr;
+    uint32_t c0 = total_chunks, c1 = total_chunks;  // this warp's chunks [c0, c1)
+    if (gw < n_warps) {
+        if (carry != nullptr) {
+            c0 = (uint32_t)((uint64_t)gw * total_chunks / n_warps);
+            c1 = (uint32_t)((uint64_t)(gw + 1) * total_chunks / n_warps);
+        } else {
+            c0 = (uint32_t)((uint64_t)gw * n_row_pairs / n_warps) * cpr;
+            c1 = (uint32_t)((uint64_t)(gw + 1) * n_row_pairs / n_warps) * cpr;
+        }
+    }
     // No early return for warps without rows: the shared-x variant has a block barrier.
-    const uint32_t n_chunks = (rp1 - rp0) * cpr;
+    const uint32_t n_chunks = c1 - c0;
+    const bool starts_cut = c0 % cpr != 0 && n_chunks > 0, ends_cut = c1 % cpr != 0 && n_chunks > 0;
 
     auto issue = [&](uint32_t k) {
         if (k < n_chunks) {
-            const uint32_t rp = rp0 + k / cpr, ci = k % cpr;
+            const uint32_t rp = (c0 + k) / cpr, ci = (c0 + k) % cpr;
             const uint32_t vecs = min(kChunkPairs, (int)(ppr - ci * kChunkPairs)) * 68 / 16;
             uint8_t* dst = ring + (k % kStages) * kRows * kChunkBytes;
 #pragma unroll
@@ -483,7 +509,7 @@ __global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const u
         issue(k + kStages - 1);
         cp_async_wait<kStages - 1>();
         __syncwarp();
-        const uint32_t ci = k % cpr;
+        const uint32_t ci = (c0 + k) % cpr;
         const uint32_t pairs = min(kChunkPairs, (int)(ppr - ci * kChunkPairs));
         const uint32_t* buf = reinterpret_cast<const uint32_t*>(ring + (k % kStages) * kRows * kChunkBytes);
 #pragma unroll
@@ -519,23 +545,91 @@ __global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const u
         }
         __syncwarp();
         if (ci == cpr - 1) {
-            const uint32_t rp = rp0 + k / cpr;
+            const uint32_t rp = (c0 + k) / cpr;
+            const bool publish = starts_cut && rp == c0 / cpr;  // the second part of a cut pair
 #pragma unroll
             for (int r = 0; r < kRows; ++r) {
                 const float total = warp_sum(acc[r]);
-                if (lane == 0 && kRows * rp + r < rows) y[kRows * rp + r] = total;
+                if (lane == 0 && publish) {
+                    cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(carry[(size_t)gw * kRows + r]);
+                    slot.store((1ull << 32) | __float_as_uint(total), cuda::memory_order_relaxed);
+                } else if (lane == 0 && kRows * rp + r < rows) {
+                    y[kRows * rp + r] = total;
+                }
                 acc[r] = 0.0f;
             }
         }
     }
     cp_async_wait<0>();
+    if (ends_cut) {  // the first part of pair c1 / cpr: add the next warp's second part
+        const uint32_t rp = c1 / cpr;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            const float total = warp_sum(acc[r]);
+            if (lane == 0) {
+                cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(carry[(size_t)(gw + 1) * kRows + r]);
+                unsigned long long v;
+                while (((v = slot.load(cuda::memory_order_relaxed)) >> 32) == 0) __nanosleep(64);
+                slot.store(0ull, cuda::memory_order_relaxed);
+                if (kRows * rp + r < rows) y[kRows * rp + r] = total + __uint_as_float((uint32_t)v);
+            }
+        }
+    }
 }
 
 constexpr uint32_t kQ16MaxCols = 32768;  // x in shared memory: 2.125 B per column, <= 68 KB
 
+// The cut pairs' partial sums (the kernel above): one 64-bit slot per row of each warp,
+// zero between launches. One buffer for the process, allocated on first use (the first
+// launch of a q16x kernel is never inside a graph capture: the engine warms up directly,
+// as for the attribute set-up below); GEMVs on one stream never touch it concurrently
+// (a programmatically launched one reaches it only after its predecessor completed).
+unsigned long long* q16x_carry_slots(uint32_t needed) {
+    static unsigned long long* slots = nullptr;
+    static uint32_t capacity = 0;
+    if (needed > capacity) {
+        int device = 0, sms = 0, threads = 0;
+        SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
+        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+        const uint32_t most = (uint32_t)sms * (uint32_t)threads / 32 * 2;  // every resident warp, two rows
+        if (needed > most) fail("matvec_q8_0_q16x_cuda: more carry slots than resident warps");
+        if (slots) SPILLWAY_CUDA_CHECK(cudaFree(slots));
+        SPILLWAY_CUDA_CHECK(cudaMalloc(&slots, (size_t)most * sizeof(unsigned long long)));
+        SPILLWAY_CUDA_CHECK(cudaMemset(slots, 0, (size_t)most * sizeof(unsigned long long)));
+        capacity = most;
+    }
+    return slots;
+}
+
+// SPILLWAY_Q16X_SPLIT=pairs keeps the row-pair split (A/B in one run; docs/perf-notes.md).
+bool q16x_chunk_split_enabled() {
+    static const bool enabled = [] {
+        const char* e = std::getenv("SPILLWAY_Q16X_SPLIT");
+        return !(e && std::string(e) == "pairs");
+    }();
+    return enabled;
+}
+
+// Split by chunks when that shortens the busiest warp's work (measured, docs/perf-notes.md:
+// 5120x5120 12.7 -> 11.2 us; where both splits give the busiest warp the same chunk count,
+// e.g. 7168x5120 (6 either way), the cut pairs' hand-over only costs, +2%) and every warp
+// still gets a whole pair's worth of chunks (see the kernel).
+bool q16x_splits_by_chunks(uint32_t rows, uint32_t cols, int rows_per_warp, uint32_t slot_warps) {
+    const uint64_t n_row_pairs = (rows + rows_per_warp - 1) / rows_per_warp;
+    const uint64_t cpr = (cols / 64 + kChunkPairs - 1) / kChunkPairs;
+    const uint64_t busiest_by_pairs = (n_row_pairs + slot_warps - 1) / slot_warps * cpr;
+    const uint64_t busiest_by_chunks = (n_row_pairs * cpr + slot_warps - 1) / slot_warps;
+    return q16x_chunk_split_enabled() && busiest_by_chunks < busiest_by_pairs && n_row_pairs * cpr / slot_warps >= cpr;
+}
+
+struct Q16xGrid {
+    size_t smem;
+    uint32_t slot_warps;  // warps resident at once on the whole device
+};
+
 template <int kWarpsPB, bool kXInSmem, int kRows>
-void launch_q8_0_q16x(const uint8_t* w, const int16_t* xq, const float* xd, float* y, uint32_t rows, uint32_t cols,
-                      cudaStream_t stream) {
+Q16xGrid q16x_grid(uint32_t cols) {
     constexpr size_t kRingSmem = (size_t)kWarpsPB * (kRows == 1 ? 3 : 2) * kRows * kChunkBytes;
     constexpr size_t kMaxSmem = kRingSmem + (kXInSmem ? kQ16MaxCols * 2 + kQ16MaxCols / 8 : 0);
     const size_t smem = kRingSmem + (kXInSmem ? cols * 2 + cols / 8 : 0);
@@ -550,10 +644,19 @@ void launch_q8_0_q16x(const uint8_t* w, const int16_t* xq, const float* xd, floa
     // Resident blocks for this x size (a host query, no stream work: fine inside graph capture).
     int per_sm = 0;
     SPILLWAY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kWarpsPB * 32, smem));
-    const uint32_t slot_warps = (uint32_t)std::max(1, sms * per_sm) * kWarpsPB;
+    return {smem, (uint32_t)std::max(1, sms * per_sm) * kWarpsPB};
+}
+
+template <int kWarpsPB, bool kXInSmem, int kRows>
+void launch_q8_0_q16x(const uint8_t* w, const int16_t* xq, const float* xd, float* y, uint32_t rows, uint32_t cols,
+                      cudaStream_t stream) {
+    constexpr auto kKernel = matvec_q8_0_q16x_kernel<kWarpsPB, kXInSmem, kRows>;
+    const auto [smem, slot_warps] = q16x_grid<kWarpsPB, kXInSmem, kRows>(cols);
     const uint32_t n_row_pairs = (rows + kRows - 1) / kRows;
+    const bool by_chunks = q16x_splits_by_chunks(rows, cols, kRows, slot_warps);
     const uint32_t warps = std::min(slot_warps, n_row_pairs);
     const uint32_t blocks = (warps + kWarpsPB - 1) / kWarpsPB;
+    unsigned long long* carry = by_chunks ? q16x_carry_slots(slot_warps * kRows) : nullptr;
     // Programmatic dependent launch (sm_90+): see the kernel's prologue.
     static const bool pdl = [] {
         int device = 0, major = 0;
@@ -571,7 +674,7 @@ void launch_q8_0_q16x(const uint8_t* w, const int16_t* xq, const float* xd, floa
     attr.val.programmaticStreamSerializationAllowed = 1;
     config.attrs = &attr;
     config.numAttrs = pdl ? 1 : 0;
-    SPILLWAY_CUDA_CHECK(cudaLaunchKernelEx(&config, kKernel, w, xq, xd, y, rows, cols, warps));
+    SPILLWAY_CUDA_CHECK(cudaLaunchKernelEx(&config, kKernel, w, xq, xd, y, rows, cols, warps, carry));
 }
 
 constexpr uint32_t kInt8MaxCols = 32768;  // x as int8 + scales in shared memory: <= 36 KB
@@ -748,6 +851,18 @@ void matvec_q8_0_q16x_cuda_with(MatvecQ16xKernel kernel, const void* w, ActQ16 x
         case MatvecQ16xKernel::smem8_r1: launch_q8_0_q16x<8, true, 1>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
     }
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+bool matvec_q8_0_q16x_splits_by_chunks(MatvecQ16xKernel kernel, uint32_t rows, uint32_t cols) {
+    if (!matvec_q8_0_q16x_fits(cols)) return false;
+    switch (kernel) {
+        case MatvecQ16xKernel::smem4: return q16x_splits_by_chunks(rows, cols, 2, q16x_grid<4, true, 2>(cols).slot_warps);
+        case MatvecQ16xKernel::smem8: return q16x_splits_by_chunks(rows, cols, 2, q16x_grid<8, true, 2>(cols).slot_warps);
+        case MatvecQ16xKernel::global4: return q16x_splits_by_chunks(rows, cols, 2, q16x_grid<4, false, 2>(cols).slot_warps);
+        case MatvecQ16xKernel::smem4_r1: return q16x_splits_by_chunks(rows, cols, 1, q16x_grid<4, true, 1>(cols).slot_warps);
+        case MatvecQ16xKernel::smem8_r1: return q16x_splits_by_chunks(rows, cols, 1, q16x_grid<8, true, 1>(cols).slot_warps);
+    }
+    return false;
 }
 
 void matvec_q8_0_q16x_cuda(const void* w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream) {

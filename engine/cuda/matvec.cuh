@@ -47,6 +47,10 @@ bool matvec_q8_0_q16x_fits(uint32_t cols);
 // Pure: the variant matvec_q8_0_q16x_cuda uses for this shape.
 MatvecQ16xKernel matvec_q8_0_q16x_kernel_for(uint32_t rows, uint32_t cols);
 void matvec_q8_0_q16x_cuda(const void* w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream);
+// Whether this variant splits the shape's work by chunks of a row pair rather than by whole
+// row pairs (matvec.cu: when pairs do not divide evenly over the resident warps, e.g. 5120
+// rows; SPILLWAY_Q16X_SPLIT=pairs turns it off). Queries the device's occupancy.
+bool matvec_q8_0_q16x_splits_by_chunks(MatvecQ16xKernel kernel, uint32_t rows, uint32_t cols);
 void matvec_q8_0_q16x_cuda_with(MatvecQ16xKernel kernel, const void* w, ActQ16 x, float* y, uint32_t rows,
                                 uint32_t cols, cudaStream_t stream);
 

@@ -190,6 +190,19 @@ TEST(CudaMatvec, Q16xKernelsMatchCpu) {
             check_matvec_q16x(k, rows, cols);
         }
     }
+    // Work split by chunks, pairs cut between warps (the 14B wo, qkv and down shapes, and an
+    // odd row count): each shape twice, so the second launch finds the cut-pair slots the
+    // first one left (they must be cleared, or stale partial sums would be added).
+    uint32_t cut_shapes = 0;
+    for (MatvecQ16xKernel k : {MatvecQ16xKernel::smem4, MatvecQ16xKernel::smem4_r1}) {
+        for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
+                 {5120, 5120}, {7168, 5120}, {5120, 13824}, {5121, 5120}}) {
+            cut_shapes += matvec_q8_0_q16x_splits_by_chunks(k, rows, cols);
+            check_matvec_q16x(k, rows, cols);
+            check_matvec_q16x(k, rows, cols);
+        }
+    }
+    EXPECT_GT(cut_shapes, 0u) << "no shape took the chunk split on this GPU: the cut-pair path went untested";
     EXPECT_EQ(matvec_q8_0_q16x_kernel_for(13824, 5120), MatvecQ16xKernel::smem4);
     EXPECT_EQ(matvec_q8_0_q16x_kernel_for(5120, 13824), MatvecQ16xKernel::smem4);
     EXPECT_TRUE(matvec_q8_0_q16x_fits(5120));
