@@ -29,4 +29,15 @@ __device__ __forceinline__ void quantize_act_q16_group(float4 v, uint32_t lane, 
     if ((lane & 7u) == 0) *d = scale;
 }
 
+// The whole warp quantizes one 32-value block, one value per lane (lane i holds value i):
+// the same operations as quantize_act_q16_group, so the same q and d.
+__device__ __forceinline__ void quantize_act_q16_warp(float v, uint32_t lane, int16_t* q32, float* d) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float scale = amax / kActQ16Max;
+    q32[lane] = scale > 0.0f ? (int16_t)min(32767, max(-32767, __float2int_rn(__fdiv_rn(v, scale)))) : (int16_t)0;
+    if (lane == 0) *d = scale;
+}
+
 }  // namespace spillway

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/kv_tile.cuh"
 
@@ -300,7 +301,13 @@ constexpr uint32_t kMergeMaxSplits = 1024;
 constexpr uint32_t kMergeThreads = 512;
 __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const float* part_out, const float* part_lse,
                                                                      uint32_t n_splits, uint32_t n_head,
-                                                                     uint32_t head_dim, float* out, float* lse) {
+                                                                     uint32_t head_dim, float* out, float* lse,
+                                                                     int16_t* out_q, float* out_d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // The output projection's matvec (programmatic dependent launch) may start now and fetch
+    // its first weights; it waits for this grid's completion before reading out_q.
+    cudaTriggerProgrammaticLaunchCompletion();
+#endif
     __shared__ float weight[kMergeMaxSplits];
     __shared__ float reduce[kMergeThreads / 32];
     __shared__ float group_sum[kMergeThreads];
@@ -345,11 +352,15 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const float
     }
     group_sum[tid] = sum;
     __syncthreads();
-    if (g == 0) {
+    if (g == 0) {  // whole warps: head_dim is 64 or 128
         float total = 0.0f;
         for (uint32_t k = 0; k < groups; ++k) total += group_sum[k * head_dim + d];
-        out[(size_t)head * head_dim + d] = m == -INFINITY ? 0.0f : total / sum_w;
+        const float o = m == -INFINITY ? 0.0f : total / sum_w;
+        out[(size_t)head * head_dim + d] = o;
         if (d == 0) lse[head] = m == -INFINITY ? -INFINITY : m + logf(sum_w);
+        // Warp w of the group holds dims 32w..32w+31: one int16 block of the quantized out.
+        const size_t first = (size_t)head * head_dim + (d & ~31u);
+        if (out_q != nullptr) quantize_act_q16_warp(o, lane, out_q + first, out_d + first / 32);
     }
 }
 
@@ -866,15 +877,17 @@ size_t attention_workspace_bytes(const AttentionShape& shape, uint32_t n_cells, 
 void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type,
                             const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                             uint32_t n_cells, float* out, float* lse, void* workspace,
-                            size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream) {
+                            size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16) {
     attention_partial_cuda_with(attention_default_kernel(shape, k_type, v_type, n_cells), shape, q, k_type, k_cells, v_type,
-                                v_cells, n_cells, out, lse, workspace, workspace_bytes, sm_count, stream);
+                                v_cells, n_cells, out, lse, workspace, workspace_bytes, sm_count, stream, out_q16);
 }
 
 void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& shape, const float* q,
                                  KvType k_type, const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                                  uint32_t n_cells, float* out, float* lse, void* workspace, size_t workspace_bytes,
-                                 uint32_t sm_count, cudaStream_t stream) {
+                                 uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16) {
+    if (out_q16 && (!out_q16.d || reinterpret_cast<uintptr_t>(out_q16.q) % 16 != 0))
+        fail("attention_partial_cuda: the quantized output needs q (16-byte aligned) and d");
     if (!attention_kernel_supports(kernel, shape, k_type, v_type))
         fail("attention_partial_cuda: kernel does not support this shape / KV types");
     if (!attention_supports(shape)) fail("attention_partial_cuda: unsupported shape (head dim 64/128, K and V dims equal, <= 16 query heads per KV head)");
@@ -882,6 +895,7 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     if (n_cells == 0) {
         empty_partial_kernel<<<(n_values + 255) / 256, 256, 0, stream>>>(n_values, shape.n_head, out, lse);
         SPILLWAY_CUDA_CHECK(cudaGetLastError());
+        if (out_q16) quantize_act_q16_cuda(out, n_values, 1, out_q16, stream);
         return;
     }
     if (reinterpret_cast<uintptr_t>(k_cells) % 16 != 0 || reinterpret_cast<uintptr_t>(v_cells) % 16 != 0)
@@ -929,8 +943,10 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
         if (plan.n_splits > kMergeMaxSplits) fail("attention_partial_cuda: more splits than the merge kernel holds");
         if (kMergeThreads % shape.head_dim_v != 0) fail("attention_partial_cuda: head dim must divide 512");
         merge_splits_kernel<<<shape.n_head, kMergeThreads / shape.head_dim_v * shape.head_dim_v, 0, stream>>>(
-            p.part_out, p.part_lse, plan.n_splits, shape.n_head, shape.head_dim_v, out, lse);
+            p.part_out, p.part_lse, plan.n_splits, shape.n_head, shape.head_dim_v, out, lse, out_q16.q, out_q16.d);
         SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    } else if (out_q16) {
+        quantize_act_q16_cuda(out, n_values, 1, out_q16, stream);
     }
 }
 

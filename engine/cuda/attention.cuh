@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "engine/cpu/attention.h"
+#include "engine/cuda/act_quant.cuh"
 #include "model/model_spec.h"
 
 namespace spillway {
@@ -31,10 +32,13 @@ size_t attention_workspace_bytes(const AttentionShape& shape, uint32_t n_cells, 
 // lse: [n_head]. n_cells == 0 gives out = 0, lse = -inf. sm_count: the device's
 // multiprocessor count (cudaDevAttrMultiProcessorCount), the same value given to
 // attention_workspace_bytes.
+// out_q16 (optional): out also quantized for the Q8_0 output-projection matvec
+// (act_quant.cuh; n_head * head_dim_v values), written by the split merge itself when the
+// range has several splits (one launch fewer per layer), else by quantize_act_q16_cuda.
 void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type,
                             const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                             uint32_t n_cells, float* out, float* lse, void* workspace,
-                            size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream);
+                            size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16 = {});
 
 // Which split kernel attention_partial_cuda runs. tensor_core: the f16 wmma kernel that
 // dequantizes K/V to f16 tiles (every type pair, head dim 64/128, <= 16 query heads per KV
@@ -68,7 +72,7 @@ uint32_t attention_split_count(AttentionKernel kernel, const AttentionShape& sha
 void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& shape, const float* q,
                                  KvType k_type, const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                                  uint32_t n_cells, float* out, float* lse, void* workspace, size_t workspace_bytes,
-                                 uint32_t sm_count, cudaStream_t stream);
+                                 uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16 = {});
 
 // a := merge(a, b), in place, as attention_merge_cpu.
 void attention_merge_cuda(uint32_t n_head, uint32_t head_dim_v, float* out_a, float* lse_a,

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "common/error.h"
@@ -169,6 +170,14 @@ void matvec_decode(CudaForwardState& st, const CudaMatrix& w, uint32_t rows, con
     else matvec_cuda(w.type, w.data, x, y, rows, w.n_in, 1, st.stream);
 }
 
+bool separate_attention_quant() {
+    static const bool separate = [] {
+        const char* e = std::getenv("SPILLWAY_ATTENTION_QUANT");
+        return e && std::string(e) == "separate";
+    }();
+    return separate;
+}
+
 // The whole forward of n tokens at pos0..; token ids from token_src (device) when given,
 // else already in st.tokens.
 void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, uint32_t T, uint32_t pos0,
@@ -252,9 +261,12 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                 kv_write_cuda(cache.k_type, k, cache.k[il], pos0, T, kd, stream);
                 kv_write_cuda(cache.v_type, v, cache.v[il], pos0, T, vd, stream);
             }
+            // With a Q8_0 output projection the attention also writes its output quantized
+            // (SPILLWAY_ATTENTION_QUANT=separate: a quantize launch of its own, to measure).
             attention_partial_cuda(shape, q, cache.k_type, cache.k[il], cache.v_type, cache.v[il], pos0 + 1,
                                    st.attn.data(), st.attn_lse.data(), st.attn_workspace.data(),
-                                   st.attn_workspace.size(), st.sm_count, stream);
+                                   st.attn_workspace.size(), st.sm_count, stream,
+                                   takes_q16(L.wo, T) && !separate_attention_quant() ? act_q16(st) : ActQ16{});
         } else {
             kv_write_cuda(cache.k_type, k, cache.k[il], pos0, T, kd, stream);
             kv_write_cuda(cache.v_type, v, cache.v[il], pos0, T, vd, stream);
@@ -262,7 +274,10 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                    st.attn.data(), stream);
         }
         if (takes_q16(L.wo, T)) {
-            quantize_act_q16_cuda(st.attn.data(), L.wo.n_in, 1, act_q16(st), stream);
+            // The resident decode attention quantized its output itself (above); the spilled
+            // path merges partials afterwards, so it quantizes here.
+            if (spilled || separate_attention_quant())
+                quantize_act_q16_cuda(st.attn.data(), L.wo.n_in, 1, act_q16(st), stream);
             matvec_decode(st, L.wo, L.wo.n_out, st.attn.data(), proj);
         } else {
             matmul(st, L.wo, st.attn.data(), T, proj);

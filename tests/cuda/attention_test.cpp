@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "act_q16_ref.h"
 #include "cuda_test_util.h"
 #include "kv/kv_codec.h"
 
@@ -59,19 +60,36 @@ GpuPartial run_gpu(const AttentionShape& s, const std::vector<float>& q, KvType 
     DeviceBuffer<uint8_t> d_k(std::max(1u, n_k_bytes)), d_v(std::max(1u, n_v_bytes));
     if (n_k_bytes) SPILLWAY_CUDA_CHECK(cudaMemcpy(d_k.data(), k, n_k_bytes, cudaMemcpyHostToDevice));
     if (n_v_bytes) SPILLWAY_CUDA_CHECK(cudaMemcpy(d_v.data(), v, n_v_bytes, cudaMemcpyHostToDevice));
-    DeviceBuffer<float> d_out((size_t)s.n_head * s.head_dim_v), d_lse(s.n_head);
+    const size_t n_out = (size_t)s.n_head * s.head_dim_v;
+    DeviceBuffer<float> d_out(n_out), d_lse(s.n_head);
+    // The output quantized for the Q8_0 output projection, asked for in every run: written by
+    // the split merge (several splits) or by the quantize kernel (one split, no cells).
+    DeviceBuffer<int16_t> d_oq(n_out);
+    DeviceBuffer<float> d_od(n_out / 32);
     poison(d_out);
     poison(d_lse);
+    poison(d_oq);
+    poison(d_od);
     const uint32_t sms = sm_count();
     DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
+    const ActQ16 out_q16{d_oq.data(), d_od.data()};
     if (kernel)
         attention_partial_cuda_with(*kernel, s, d_q.data(), kt, d_k.data(), vt, d_v.data(), n_cells, d_out.data(),
-                                    d_lse.data(), ws.data(), ws.bytes(), sms, nullptr);
+                                    d_lse.data(), ws.data(), ws.bytes(), sms, nullptr, out_q16);
     else
         attention_partial_cuda(s, d_q.data(), kt, d_k.data(), vt, d_v.data(), n_cells, d_out.data(), d_lse.data(),
-                               ws.data(), ws.bytes(), sms, nullptr);
+                               ws.data(), ws.bytes(), sms, nullptr, out_q16);
     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-    return {to_host(d_out), to_host(d_lse)};
+    GpuPartial result{to_host(d_out), to_host(d_lse)};
+    // Bit for bit the host twin's quantization of the GPU's own f32 output.
+    const HostActQ16 want = quantize_act_q16_host(result.out);
+    const std::vector<int16_t> got_q = to_host(d_oq);
+    const std::vector<float> got_d = to_host(d_od);
+    size_t bad = 0;
+    for (size_t i = 0; i < n_out; ++i) bad += got_q[i] != want.q[i];
+    for (size_t b = 0; b < n_out / 32; ++b) bad += !(got_d[b] == want.d[b]);
+    EXPECT_EQ(bad, 0u) << "quantized output differs from the host twin (" << n_cells << " cells)";
+    return result;
 }
 
 void expect_close(const GpuPartial& gpu, const std::vector<float>& out, const std::vector<float>& lse) {
