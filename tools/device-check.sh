@@ -113,6 +113,14 @@ if [ -z "$bench_only" ]; then
       >"$out/engine-bench-nograph.log" 2>&1
     echo "engine bench --no-graph rc=$?"
     grep -E "^\| f16" "$out/engine-bench-nograph.log"
+    # Lab A/Bs of measured engine choices (docs/perf-notes.md, session 11): each knob restores
+    # the earlier behaviour; run next to the default in the same process image and machine.
+    for knob in default SPILLWAY_Q16X_SPLIT=pairs SPILLWAY_ATTENTION_QUANT=separate; do
+      if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
+      env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 0,8192,65536 \
+        -ctk f16 >"$out/engine-ab-${knob%%=*}.log" 2>&1
+      echo "engine A/B $knob rc=$?: $(grep -E '^\| f16' "$out/engine-ab-${knob%%=*}.log" | awk -F'|' '{printf "d=%s %s tok/s  ", $5, $6}')"
+    done
     # The streamed KV spill (issue 6), short sweep: spilled decode at 8k and 64k against the
     # serial and overlap drop models' predictions (terms measured in the same run). Spills
     # must fit the cache at the depth (q8_0 at 8k holds 816 MiB), hence one run per depth.
