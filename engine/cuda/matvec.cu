@@ -21,7 +21,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
@@ -580,24 +583,29 @@ __global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const u
 constexpr uint32_t kQ16MaxCols = 32768;  // x in shared memory: 2.125 B per column, <= 68 KB
 
 // The cut pairs' partial sums (the kernel above): one 64-bit slot per row of each warp,
-// zero between launches. One buffer for the process, allocated on first use (the first
-// launch of a q16x kernel is never inside a graph capture: the engine warms up directly,
-// as for the attribute set-up below); GEMVs on one stream never touch it concurrently
-// (a programmatically launched one reaches it only after its predecessor completed).
-unsigned long long* q16x_carry_slots(uint32_t needed) {
-    static unsigned long long* slots = nullptr;
-    static uint32_t capacity = 0;
-    if (needed > capacity) {
-        int device = 0, sms = 0, threads = 0;
-        SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
+// zero between launches. One buffer per (device, stream), allocated on the stream's first
+// chunk-split launch (never inside a graph capture: the engine warms up directly, as for
+// the attribute set-up below) and kept for the process. GEMVs on one stream never touch
+// their buffer at once (a programmatically launched one reaches it only after its
+// predecessor completed); GEMVs on two streams may run together and must not share slots: a
+// reader could take the other launch's partial sum, or wait forever for one it consumed.
+unsigned long long* q16x_carry_slots(cudaStream_t stream, uint32_t needed) {
+    static std::mutex mutex;
+    static std::map<std::pair<int, cudaStream_t>, unsigned long long*> buffers;
+    int device = 0;
+    SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
+    const std::lock_guard<std::mutex> lock(mutex);
+    unsigned long long*& slots = buffers[{device, stream}];
+    if (slots == nullptr) {
+        int sms = 0, threads = 0;
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, device));
-        const uint32_t most = (uint32_t)sms * (uint32_t)threads / 32 * 2;  // every resident warp, two rows
+        const size_t most = (size_t)sms * (size_t)threads / 32 * 2;  // every resident warp, two rows
         if (needed > most) fail("matvec_q8_0_q16x_cuda: more carry slots than resident warps");
-        if (slots) SPILLWAY_CUDA_CHECK(cudaFree(slots));
-        SPILLWAY_CUDA_CHECK(cudaMalloc(&slots, (size_t)most * sizeof(unsigned long long)));
-        SPILLWAY_CUDA_CHECK(cudaMemset(slots, 0, (size_t)most * sizeof(unsigned long long)));
-        capacity = most;
+        unsigned long long* fresh = nullptr;
+        SPILLWAY_CUDA_CHECK(cudaMalloc(&fresh, most * sizeof(unsigned long long)));
+        SPILLWAY_CUDA_CHECK(cudaMemset(fresh, 0, most * sizeof(unsigned long long)));
+        slots = fresh;
     }
     return slots;
 }
@@ -656,7 +664,7 @@ void launch_q8_0_q16x(const uint8_t* w, const int16_t* xq, const float* xd, floa
     const bool by_chunks = q16x_splits_by_chunks(rows, cols, kRows, slot_warps);
     const uint32_t warps = std::min(slot_warps, n_row_pairs);
     const uint32_t blocks = (warps + kWarpsPB - 1) / kWarpsPB;
-    unsigned long long* carry = by_chunks ? q16x_carry_slots(slot_warps * kRows) : nullptr;
+    unsigned long long* carry = by_chunks ? q16x_carry_slots(stream, slot_warps * kRows) : nullptr;
     // Programmatic dependent launch (sm_90+): see the kernel's prologue.
     static const bool pdl = [] {
         int device = 0, major = 0;

@@ -210,6 +210,48 @@ TEST(CudaMatvec, Q16xKernelsMatchCpu) {
     EXPECT_FALSE(matvec_q8_0_q16x_fits(65536));
 }
 
+// Chunk-split GEMVs on two streams at once, many launches deep: each stream has its own
+// cut-pair slots (a shared set would let one launch take the other's partial sums, or wait
+// forever for one the other consumed). Both results must equal the single-launch result
+// bit for bit (the split and the summation order are fixed).
+TEST(CudaMatvec, ChunkSplitOnTwoStreamsAtOnce) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    constexpr uint32_t rows = 5120, cols = 5120;
+    if (!matvec_q8_0_q16x_splits_by_chunks(MatvecQ16xKernel::smem4, rows, cols))
+        GTEST_SKIP() << "this GPU's warp count divides the shape evenly: no chunk split to test";
+    const uint32_t seed = fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const std::vector<float> w = random_floats(rng, (size_t)rows * cols, 0.05f);
+    const HostActQ16 xq = quantize_act_q16_host(random_floats(rng, cols));
+    const uint64_t row_bytes = *ggml_row_bytes(GgmlType::Q8_0, cols);
+    std::vector<uint8_t> w_q(row_bytes * rows);
+    for (uint32_t r = 0; r < rows; ++r)
+        quantize_row(GgmlType::Q8_0, w.data() + (size_t)r * cols, w_q.data() + r * row_bytes, cols);
+    auto d_w = to_device(w_q);
+    auto d_q = to_device(xq.q);
+    auto d_d = to_device(xq.d);
+    const ActQ16 x{d_q.data(), d_d.data()};
+    DeviceBuffer<float> d_ref(rows), d_a(rows), d_b(rows);
+    matvec_q8_0_q16x_cuda(d_w.data(), x, d_ref.data(), rows, cols, nullptr);
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    cudaStream_t sa = nullptr, sb = nullptr;
+    SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
+    SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking));
+    for (int i = 0; i < 64; ++i) {
+        matvec_q8_0_q16x_cuda(d_w.data(), x, d_a.data(), rows, cols, sa);
+        matvec_q8_0_q16x_cuda(d_w.data(), x, d_b.data(), rows, cols, sb);
+    }
+    SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(sa));
+    SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(sb));
+    SPILLWAY_CUDA_CHECK(cudaStreamDestroy(sa));
+    SPILLWAY_CUDA_CHECK(cudaStreamDestroy(sb));
+    const std::vector<float> ref = to_host(d_ref), a = to_host(d_a), b = to_host(d_b);
+    EXPECT_EQ(count_nan(ref), 0u);
+    EXPECT_TRUE(std::equal(ref.begin(), ref.end(), a.begin())) << "stream a differs from the single launch";
+    EXPECT_TRUE(std::equal(ref.begin(), ref.end(), b.begin())) << "stream b differs from the single launch";
+}
+
 TEST(CudaMatvec, RejectsUnsupportedInputs) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     DeviceBuffer<uint8_t> w(1 << 16);
