@@ -249,6 +249,10 @@ constexpr int kStreamWarps = 4;
 constexpr int kStreamThreads = kStreamWarps * 32;
 constexpr int kChunkPairs = 32;                // block pairs per row per chunk
 constexpr int kChunkBytes = kChunkPairs * 68;  // 2176 = 136 x 16 bytes
+// q16x ring stages: 2 with two rows per warp, 3 with one (the same bytes in flight); deep: +1.
+__host__ __device__ constexpr int q16x_stages(int rows_per_warp, bool deep) {
+    return (rows_per_warp == 1 ? 3 : 2) + (deep ? 1 : 0);
+}
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
     const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
@@ -427,14 +431,16 @@ __global__ void __launch_bounds__(kStreamThreads) matvec_q8_0_stream_kernel(cons
 // The sum is always first part + second part, so results do not depend on timing. The host
 // picks this only when every warp gets at least a pair's worth of chunks (no pair spans
 // three warps).
-template <int kWarpsPB, bool kXInSmem, int kRows>
+// kDeep: one more ring stage (two chunks in flight per warp instead of one), at the cost of
+// fewer resident blocks (variant smem4_s3).
+template <int kWarpsPB, bool kXInSmem, int kRows, bool kDeep = false>
 __global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const uint8_t* __restrict__ w,
                                                                          const int16_t* __restrict__ xq,
                                                                          const float* __restrict__ xd,
                                                                          float* __restrict__ y, uint32_t rows,
                                                                          uint32_t cols, uint32_t n_warps,
                                                                          unsigned long long* __restrict__ carry) {
-    constexpr int kStages = kRows == 1 ? 3 : 2;
+    constexpr int kStages = q16x_stages(kRows, kDeep);
     extern __shared__ uint4 q16x_smem[];  // [warp][stage][kRows][kChunkBytes], then x (q, d)
     const uint32_t lane = threadIdx.x % 32;
     const uint32_t warp = threadIdx.x / 32;
@@ -636,12 +642,12 @@ struct Q16xGrid {
     uint32_t slot_warps;  // warps resident at once on the whole device
 };
 
-template <int kWarpsPB, bool kXInSmem, int kRows>
+template <int kWarpsPB, bool kXInSmem, int kRows, bool kDeep = false>
 Q16xGrid q16x_grid(uint32_t cols) {
-    constexpr size_t kRingSmem = (size_t)kWarpsPB * (kRows == 1 ? 3 : 2) * kRows * kChunkBytes;
+    constexpr size_t kRingSmem = (size_t)kWarpsPB * q16x_stages(kRows, kDeep) * kRows * kChunkBytes;
     constexpr size_t kMaxSmem = kRingSmem + (kXInSmem ? kQ16MaxCols * 2 + kQ16MaxCols / 8 : 0);
     const size_t smem = kRingSmem + (kXInSmem ? cols * 2 + cols / 8 : 0);
-    constexpr auto kKernel = matvec_q8_0_q16x_kernel<kWarpsPB, kXInSmem, kRows>;
+    constexpr auto kKernel = matvec_q8_0_q16x_kernel<kWarpsPB, kXInSmem, kRows, kDeep>;
     static const int sms = [] {
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kMaxSmem));
         int device = 0, n = 0;
@@ -655,11 +661,11 @@ Q16xGrid q16x_grid(uint32_t cols) {
     return {smem, (uint32_t)std::max(1, sms * per_sm) * kWarpsPB};
 }
 
-template <int kWarpsPB, bool kXInSmem, int kRows>
+template <int kWarpsPB, bool kXInSmem, int kRows, bool kDeep = false>
 void launch_q8_0_q16x(const uint8_t* w, const int16_t* xq, const float* xd, float* y, uint32_t rows, uint32_t cols,
                       cudaStream_t stream) {
-    constexpr auto kKernel = matvec_q8_0_q16x_kernel<kWarpsPB, kXInSmem, kRows>;
-    const auto [smem, slot_warps] = q16x_grid<kWarpsPB, kXInSmem, kRows>(cols);
+    constexpr auto kKernel = matvec_q8_0_q16x_kernel<kWarpsPB, kXInSmem, kRows, kDeep>;
+    const auto [smem, slot_warps] = q16x_grid<kWarpsPB, kXInSmem, kRows, kDeep>(cols);
     const uint32_t n_row_pairs = (rows + kRows - 1) / kRows;
     const bool by_chunks = q16x_splits_by_chunks(rows, cols, kRows, slot_warps);
     const uint32_t warps = std::min(slot_warps, n_row_pairs);
@@ -857,6 +863,7 @@ void matvec_q8_0_q16x_cuda_with(MatvecQ16xKernel kernel, const void* w, ActQ16 x
         case MatvecQ16xKernel::global4: launch_q8_0_q16x<4, false, 2>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
         case MatvecQ16xKernel::smem4_r1: launch_q8_0_q16x<4, true, 1>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
         case MatvecQ16xKernel::smem8_r1: launch_q8_0_q16x<8, true, 1>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
+        case MatvecQ16xKernel::smem4_s3: launch_q8_0_q16x<4, true, 2, true>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
     }
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
@@ -869,6 +876,8 @@ bool matvec_q8_0_q16x_splits_by_chunks(MatvecQ16xKernel kernel, uint32_t rows, u
         case MatvecQ16xKernel::global4: return q16x_splits_by_chunks(rows, cols, 2, q16x_grid<4, false, 2>(cols).slot_warps);
         case MatvecQ16xKernel::smem4_r1: return q16x_splits_by_chunks(rows, cols, 1, q16x_grid<4, true, 1>(cols).slot_warps);
         case MatvecQ16xKernel::smem8_r1: return q16x_splits_by_chunks(rows, cols, 1, q16x_grid<8, true, 1>(cols).slot_warps);
+        case MatvecQ16xKernel::smem4_s3:
+            return q16x_splits_by_chunks(rows, cols, 2, q16x_grid<4, true, 2, true>(cols).slot_warps);
     }
     return false;
 }
