@@ -79,20 +79,9 @@ struct SmemLayout {
 };
 static_assert(kTile == 64 && kWarps == 8, "the phases below divide 64 cells among 8 warps");
 
-struct SplitParams {
-    const float* q;
-    const uint8_t* k;
-    const uint8_t* v;
-    uint64_t k_row_bytes;
-    uint64_t v_row_bytes;
-    uint32_t n_cells;
-    uint32_t cells_per_split;
-    uint32_t n_group;  // query heads per KV head
-    float scale_log2;  // scale * log2(e): scores are kept in base-2 units
-    float* part_out;   // [split][n_head][D]
-    float* part_lse;   // [split][n_head]
-    uint32_t n_head;
-};
+// Every decode attention kernel takes the same parameters and plans its splits the same way.
+using SplitParams = attention_mma::Params;
+using SplitPlan = attention_mma::Plan;
 
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending)); }
@@ -389,11 +378,6 @@ __global__ void empty_partial_kernel(uint32_t n_values, uint32_t n_head, float* 
     if (i < n_values) out[i] = 0.0f;
     if (i < n_head) lse[i] = -INFINITY;
 }
-
-struct SplitPlan {
-    uint32_t n_splits;
-    uint32_t cells_per_split;
-};
 
 SplitPlan plan_splits(const AttentionShape& shape, uint32_t n_cells, uint32_t sm_count) {
     if (n_cells == 0) return {0, 0};
@@ -904,10 +888,7 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     const bool int_dot = kernel == AttentionKernel::int_dot, mma = kernel == AttentionKernel::mma;
     SplitPlan plan = int_dot ? plan_int_dot_any(k_type, v_type, shape, n_cells, sm_count)
                              : plan_splits(shape, n_cells, sm_count);
-    if (mma) {
-        const attention_mma::Plan mp = attention_mma::plan(k_type, v_type, shape.n_head_kv, n_cells, sm_count);
-        plan = {mp.n_splits, mp.cells_per_split};
-    }
+    if (mma) plan = attention_mma::plan(k_type, v_type, shape.n_head_kv, n_cells, sm_count);
     if (workspace_bytes < needed || (needed > 0 && workspace == nullptr))
         fail("attention_partial_cuda: workspace of " + std::to_string(workspace_bytes) + " bytes, need " + std::to_string(needed));
 
@@ -930,9 +911,7 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
         p.part_lse = p.part_out + (size_t)plan.n_splits * n_values;
     }
     if (mma) {
-        const attention_mma::Params mp{p.q, p.k, p.v, p.k_row_bytes, p.v_row_bytes, p.n_cells, p.cells_per_split,
-                                       p.n_group, p.scale_log2, p.part_out, p.part_lse, p.n_head};
-        attention_mma::launch(k_type, v_type, mp, shape.n_head_kv, plan.n_splits, stream);
+        attention_mma::launch(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream);
     } else if (int_dot) {
         if (k_type == KvType::q8_0) dispatch_int_dot_v<KvType::q8_0>(v_type, p, shape.n_head_kv, plan.n_splits, stream);
         else dispatch_int_dot_v<KvType::q4_0>(v_type, p, shape.n_head_kv, plan.n_splits, stream);

@@ -15,8 +15,9 @@ namespace spillway::attention_mma {
 constexpr uint32_t kHeadDim = 128;
 constexpr uint32_t kMaxGroup = 8;  // query heads per KV head: the 8 live rows of an m16 tile
 
+// The parameters of every decode attention kernel (attention.cu's split kernels too).
 struct Params {
-    const float* q;          // [n_head][128] f32
+    const float* q;          // [n_head][head_dim] f32
     const uint8_t* k;        // cells, rows of k_row_bytes (16-byte aligned base)
     const uint8_t* v;
     uint64_t k_row_bytes;
@@ -24,8 +25,8 @@ struct Params {
     uint32_t n_cells;
     uint32_t cells_per_split;
     uint32_t n_group;        // query heads per KV head
-    float scale_log2;        // softmax scale * log2(e)
-    float* part_out;         // [split][n_head][128]
+    float scale_log2;        // softmax scale * log2(e): scores are kept in base-2 units
+    float* part_out;         // [split][n_head][head_dim]
     float* part_lse;         // [split][n_head], natural log
     uint32_t n_head;
 };

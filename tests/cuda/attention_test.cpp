@@ -192,23 +192,18 @@ TEST(CudaAttention, DefaultKernelChoice) {
     EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q4_0, kAttentionMmaMinCells - 1), AttentionKernel::int_dot);
     EXPECT_EQ(attention_default_kernel(make_shape(14, 2, 64), KvType::q8_0, KvType::q8_0), AttentionKernel::tensor_core);
     EXPECT_EQ(attention_default_kernel(make_shape(16, 1, 128), KvType::q8_0, KvType::q8_0), AttentionKernel::tensor_core);
-    for (KvType kt : kTypes)
-        for (KvType vt : kTypes) {
-            EXPECT_EQ(attention_split_count(AttentionKernel::mma, s, kt, vt, 1, 132), 1u);
-            EXPECT_LE(attention_split_count(AttentionKernel::mma, s, kt, vt, 65536, 132) * s.n_head_kv,
-                      4u * 132 + s.n_head_kv);
-            const uint32_t n = attention_split_count(AttentionKernel::mma, s, kt, vt, 65536, 132);
-            EXPECT_GE(attention_workspace_bytes(s, 65536, 132), (size_t)n * s.n_head * (s.head_dim_v + 1) * 4);
-        }
-    for (KvType kt : {KvType::q8_0, KvType::q4_0})
-        for (KvType vt : kTypes) {
-            EXPECT_EQ(attention_split_count(AttentionKernel::int_dot, s, kt, vt, 1, 132), 1u);
-            EXPECT_LE(attention_split_count(AttentionKernel::int_dot, s, kt, vt, 65536, 132) * s.n_head_kv,
-                      3u * 132 + s.n_head_kv);
-            // The shared workspace covers this kernel's splits.
-            const uint32_t n = attention_split_count(AttentionKernel::int_dot, s, kt, vt, 65536, 132);
-            EXPECT_GE(attention_workspace_bytes(s, 65536, 132), (size_t)n * s.n_head * (s.head_dim_v + 1) * 4);
-        }
+    // One wave of blocks at most (mma: <= 4 per SM, int_dot: <= 3), one split for one cell,
+    // and the shared workspace covers each kernel's splits.
+    for (const auto& [kernel, blocks_per_sm] : {std::pair{AttentionKernel::mma, 4u}, std::pair{AttentionKernel::int_dot, 3u}})
+        for (KvType kt : kTypes)
+            for (KvType vt : kTypes) {
+                if (!attention_kernel_supports(kernel, s, kt, vt)) continue;  // int_dot: quantized K only
+                EXPECT_EQ(attention_split_count(kernel, s, kt, vt, 1, 132), 1u);
+                const uint32_t n = attention_split_count(kernel, s, kt, vt, 65536, 132);
+                EXPECT_LE(n * s.n_head_kv, blocks_per_sm * 132 + s.n_head_kv);
+                EXPECT_GE(attention_workspace_bytes(s, 65536, 132), (size_t)n * s.n_head * (s.head_dim_v + 1) * 4);
+            }
+    EXPECT_FALSE(attention_kernel_supports(AttentionKernel::int_dot, s, KvType::f16, KvType::f16));
 }
 
 TEST(CudaAttention, EmptyRangeIsTheMergeIdentity) {
