@@ -603,6 +603,10 @@ unsigned long long* q16x_carry_slots(cudaStream_t stream, uint32_t needed) {
     const std::lock_guard<std::mutex> lock(mutex);
     unsigned long long*& slots = buffers[{device, stream}];
     if (slots == nullptr) {
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        SPILLWAY_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+        if (capture != cudaStreamCaptureStatusNone)
+            fail("matvec_q8_0_q16x_cuda: first chunk-split GEMV on a stream inside a graph capture; launch once outside it");
         int sms = 0, threads = 0;
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, device));
@@ -610,7 +614,11 @@ unsigned long long* q16x_carry_slots(cudaStream_t stream, uint32_t needed) {
         if (needed > most) fail("matvec_q8_0_q16x_cuda: more carry slots than resident warps");
         unsigned long long* fresh = nullptr;
         SPILLWAY_CUDA_CHECK(cudaMalloc(&fresh, most * sizeof(unsigned long long)));
-        SPILLWAY_CUDA_CHECK(cudaMemset(fresh, 0, most * sizeof(unsigned long long)));
+        // On the launch's own stream: a plain cudaMemset runs on the legacy stream, which a
+        // non-blocking stream does not wait for, so the first GEMV could race the zeroing
+        // (seen on the H200: the kernel bench, one fresh non-blocking stream per row, hung
+        // on a reader whose slot was wiped after its partner had set it).
+        SPILLWAY_CUDA_CHECK(cudaMemsetAsync(fresh, 0, most * sizeof(unsigned long long), stream));
         slots = fresh;
     }
     return slots;
