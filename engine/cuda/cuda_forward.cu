@@ -165,23 +165,9 @@ bool qkv_post_fits(const CudaModel& m) {
 
 // One token: rows of w (maybe several matrices stored back to back) times x, from the
 // quantized x when takes_q16 (then x_q16 must hold x), else from x.
-// next: the GEMV after this one, for the L2 prefetch of its first chunks (matvec.cuh).
-void matvec_decode(CudaForwardState& st, const CudaMatrix& w, uint32_t rows, const float* x, float* y,
-                   Q16xNext next = {}) {
-    if (takes_q16(w, 1)) matvec_q8_0_q16x_cuda(w.data, act_q16(st), y, rows, w.n_in, st.stream, next);
+void matvec_decode(CudaForwardState& st, const CudaMatrix& w, uint32_t rows, const float* x, float* y) {
+    if (takes_q16(w, 1)) matvec_q8_0_q16x_cuda(w.data, act_q16(st), y, rows, w.n_in, st.stream);
     else matvec_cuda(w.type, w.data, x, y, rows, w.n_in, 1, st.stream);
-}
-
-// The q16x GEMV that reads `rows` rows of w next, or none when w does not take that path.
-Q16xNext q16x_next(const CudaMatrix& w, uint32_t rows) {
-    return takes_q16(w, 1) ? Q16xNext{w.data, rows, w.n_in} : Q16xNext{};
-}
-// Decode's first GEMV of layer il (the qkv projection, or q alone when not fused).
-Q16xNext first_gemv_of_layer(const CudaModel& m, uint32_t il) {
-    const ModelSpec& s = m.spec;
-    const CudaLayerWeights& L = m.layers[il];
-    const uint32_t qd = s.n_head * s.head_dim_k, kd = m.n_head_kv * s.head_dim_k, vd = m.n_head_kv * s.head_dim_v;
-    return q16x_next(L.wq, L.fused_qkv ? qd + kd + vd : qd);
 }
 
 bool separate_attention_quant() {
@@ -226,14 +212,12 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         // The previous layer's FFN output joins the residual stream inside the norm.
         rmsnorm_cuda(x, il == 0 ? nullptr : proj, L.attn_norm, xn, T, E, s.norm_eps, stream,
                      takes_q16(L.wq, T) || takes_q16(L.wk, T) || takes_q16(L.wv, T) ? act_q16(st) : ActQ16{});
-        // Each decode GEMV hands the next one's first chunks to L2 (matvec.cuh, Q16xNext).
-        const Q16xNext after_qkv = q16x_next(L.wo, L.wo.n_out);
         if (T == 1 && L.fused_qkv) {
-            matvec_decode(st, L.wq, qd + kd + vd, xn, q, after_qkv);  // q|k|v contiguous
+            matvec_decode(st, L.wq, qd + kd + vd, xn, q);  // q|k|v contiguous
         } else if (T == 1) {
-            matvec_decode(st, L.wq, qd, xn, q, q16x_next(L.wk, kd));
-            matvec_decode(st, L.wk, kd, xn, k, q16x_next(L.wv, vd));
-            matvec_decode(st, L.wv, vd, xn, v, after_qkv);
+            matvec_decode(st, L.wq, qd, xn, q);
+            matvec_decode(st, L.wk, kd, xn, k);
+            matvec_decode(st, L.wv, vd, xn, v);
         } else {
             matmul(st, L.wq, xn, T, q);
             matmul(st, L.wk, xn, T, k);
@@ -294,26 +278,24 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             // path merges partials afterwards, so it quantizes here.
             if (spilled || separate_attention_quant())
                 quantize_act_q16_cuda(st.attn.data(), L.wo.n_in, 1, act_q16(st), stream);
-            matvec_decode(st, L.wo, L.wo.n_out, st.attn.data(), proj,
-                          q16x_next(L.ffn_gate, L.fused_gate_up ? 2 * F : F));
+            matvec_decode(st, L.wo, L.wo.n_out, st.attn.data(), proj);
         } else {
             matmul(st, L.wo, st.attn.data(), T, proj);
         }
         rmsnorm_cuda(x, proj, L.ffn_norm, xn, T, E, s.norm_eps, stream,
                      takes_q16(L.ffn_gate, T) || takes_q16(L.ffn_up, T) ? act_q16(st) : ActQ16{});
         if (T == 1 && L.fused_gate_up) {
-            matvec_decode(st, L.ffn_gate, 2 * F, xn, gate, q16x_next(L.ffn_down, L.ffn_down.n_out));  // gate|up contiguous
+            matvec_decode(st, L.ffn_gate, 2 * F, xn, gate);  // gate|up contiguous
         } else if (T == 1) {
-            matvec_decode(st, L.ffn_gate, F, xn, gate, q16x_next(L.ffn_up, F));
-            matvec_decode(st, L.ffn_up, F, xn, up, q16x_next(L.ffn_down, L.ffn_down.n_out));
+            matvec_decode(st, L.ffn_gate, F, xn, gate);
+            matvec_decode(st, L.ffn_up, F, xn, up);
         } else {
             matmul(st, L.ffn_gate, xn, T, gate);
             matmul(st, L.ffn_up, xn, T, up);
         }
         if (takes_q16(L.ffn_down, T)) {
             swiglu_q16_cuda(gate, up, F, act_q16(st), stream);  // the f32 product is never needed
-            matvec_decode(st, L.ffn_down, L.ffn_down.n_out, gate, proj,
-                          il + 1 < s.n_layer ? first_gemv_of_layer(m, il + 1) : q16x_next(m.output, m.output.n_out));
+            matvec_decode(st, L.ffn_down, L.ffn_down.n_out, gate, proj);
         } else {
             swiglu_cuda(gate, up, gate, (size_t)T * F, stream);
             matmul(st, L.ffn_down, gate, T, proj);
@@ -326,9 +308,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     const uint32_t n_out = T - first;
     rmsnorm_cuda(x + (size_t)first * E, proj + (size_t)first * E, m.output_norm, xn, n_out, E, s.norm_eps, stream,
                  takes_q16(m.output, T) ? act_q16(st) : ActQ16{});
-    // The head's next GEMV is the next token's first (same weights every step).
-    if (takes_q16(m.output, T))
-        matvec_decode(st, m.output, m.output.n_out, xn, st.logits.data(), first_gemv_of_layer(m, 0));
+    if (takes_q16(m.output, T)) matvec_decode(st, m.output, m.output.n_out, xn, st.logits.data());
     else matmul(st, m.output, xn, n_out, st.logits.data());
 }
 

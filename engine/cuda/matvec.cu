@@ -433,64 +433,13 @@ __global__ void __launch_bounds__(kStreamThreads) matvec_q8_0_stream_kernel(cons
 // three warps).
 // kDeep: one more ring stage (two chunks in flight per warp instead of one), at the cost of
 // fewer resident blocks (variant smem4_s3).
-// Warp gw's chunks [c0, c1) of a q16x GEMV: by whole row groups, or by chunks (see below).
-// Every warp of the (fully resident) grid gets floor or ceil of the average.
-__host__ __device__ inline void q16x_warp_chunks(uint32_t gw, uint32_t n_warps, uint32_t n_row_pairs, uint32_t cpr,
-                                                 bool by_chunks, uint32_t& c0, uint32_t& c1) {
-    if (by_chunks) {
-        const uint64_t total = (uint64_t)n_row_pairs * cpr;
-        c0 = (uint32_t)((uint64_t)gw * total / n_warps);
-        c1 = (uint32_t)((uint64_t)(gw + 1) * total / n_warps);
-    } else {
-        c0 = (uint32_t)((uint64_t)gw * n_row_pairs / n_warps) * cpr;
-        c1 = (uint32_t)((uint64_t)(gw + 1) * n_row_pairs / n_warps) * cpr;
-    }
-}
-
-// The next GEMV (two rows per warp, the default variant) as its launch will split it.
-struct Q16xPrefetch {
-    const uint8_t* w = nullptr;
-    uint32_t rows = 0, cols = 0, n_warps = 0, by_chunks = 0, chunks = 0;  // chunks per warp to prefetch
-};
-
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#else
-    (void)p;
-    (void)bytes;
-#endif
-}
-
-// Pulls the first pf.chunks chunks of every warp range of the next GEMV into L2, spread over
-// this grid's warps (fire and forget: the warp does not wait for the bytes).
-__device__ __forceinline__ void q16x_prefetch_next(const Q16xPrefetch& pf, uint32_t gw, uint32_t grid_warps,
-                                                   uint32_t lane) {
-    if (pf.chunks == 0) return;
-    const uint32_t ppr = pf.cols / 64, cpr = (ppr + kChunkPairs - 1) / kChunkPairs;
-    const size_t row_bytes = (size_t)ppr * 68;
-    const uint32_t n_row_pairs = (pf.rows + 1) / 2;
-    for (uint32_t nw = gw; nw < pf.n_warps; nw += grid_warps) {
-        uint32_t a = 0, b = 0;
-        q16x_warp_chunks(nw, pf.n_warps, n_row_pairs, cpr, pf.by_chunks != 0, a, b);
-        const uint32_t n = min(pf.chunks, b - a);
-        for (uint32_t i = lane; i < 2 * n; i += 32) {  // (chunk, row of the pair) per lane
-            const uint32_t c = a + i / 2, rp = c / cpr, ci = c % cpr;
-            const uint32_t row = min(2 * rp + i % 2, pf.rows - 1);
-            const uint32_t bytes = min(kChunkPairs, (int)(ppr - ci * kChunkPairs)) * 68;
-            prefetch_l2(pf.w + row * row_bytes + (size_t)ci * kChunkBytes, bytes);
-        }
-    }
-}
-
 template <int kWarpsPB, bool kXInSmem, int kRows, bool kDeep = false>
 __global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const uint8_t* __restrict__ w,
                                                                          const int16_t* __restrict__ xq,
                                                                          const float* __restrict__ xd,
                                                                          float* __restrict__ y, uint32_t rows,
                                                                          uint32_t cols, uint32_t n_warps,
-                                                                         unsigned long long* __restrict__ carry,
-                                                                         const Q16xPrefetch prefetch) {
+                                                                         unsigned long long* __restrict__ carry) {
     constexpr int kStages = q16x_stages(kRows, kDeep);
     extern __shared__ uint4 q16x_smem[];  // [warp][stage][kRows][kChunkBytes], then x (q, d)
     const uint32_t lane = threadIdx.x % 32;
@@ -505,7 +454,15 @@ __global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const u
     const uint32_t gw = blockIdx.x * kWarpsPB + warp;
     const uint32_t total_chunks = n_row_pairs * cpr;
     uint32_t c0 = total_chunks, c1 = total_chunks;  // this warp's chunks [c0, c1)
-    if (gw < n_warps) q16x_warp_chunks(gw, n_warps, n_row_pairs, cpr, carry != nullptr, c0, c1);
+    if (gw < n_warps) {
+        if (carry != nullptr) {
+            c0 = (uint32_t)((uint64_t)gw * total_chunks / n_warps);
+            c1 = (uint32_t)((uint64_t)(gw + 1) * total_chunks / n_warps);
+        } else {
+            c0 = (uint32_t)((uint64_t)gw * n_row_pairs / n_warps) * cpr;
+            c1 = (uint32_t)((uint64_t)(gw + 1) * n_row_pairs / n_warps) * cpr;
+        }
+    }
     // No early return for warps without rows: the shared-x variant has a block barrier.
     const uint32_t n_chunks = c1 - c0;
     const bool starts_cut = c0 % cpr != 0 && n_chunks > 0, ends_cut = c1 % cpr != 0 && n_chunks > 0;
@@ -627,7 +584,6 @@ __global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const u
             }
         }
     }
-    q16x_prefetch_next(prefetch, gw, gridDim.x * kWarpsPB, lane);
 }
 
 constexpr uint32_t kQ16MaxCols = 32768;  // x in shared memory: 2.125 B per column, <= 68 KB
@@ -713,21 +669,9 @@ Q16xGrid q16x_grid(uint32_t cols) {
     return {smem, (uint32_t)std::max(1, sms * per_sm) * kWarpsPB};
 }
 
-uint32_t l2_prefetch_chunks_from_env() {
-    static const uint32_t chunks = [] {
-        const char* e = std::getenv("SPILLWAY_L2_PREFETCH_CHUNKS");
-        if (e == nullptr || *e == '\0') return 2u;
-        char* end = nullptr;
-        const unsigned long v = std::strtoul(e, &end, 10);
-        if (*end != '\0' || v > 64) fail("SPILLWAY_L2_PREFETCH_CHUNKS must be an integer 0..64, got '" + std::string(e) + "'");
-        return (uint32_t)v;
-    }();
-    return chunks;
-}
-
 template <int kWarpsPB, bool kXInSmem, int kRows, bool kDeep = false>
 void launch_q8_0_q16x(const uint8_t* w, const int16_t* xq, const float* xd, float* y, uint32_t rows, uint32_t cols,
-                      cudaStream_t stream, const Q16xPrefetch& prefetch) {
+                      cudaStream_t stream) {
     constexpr auto kKernel = matvec_q8_0_q16x_kernel<kWarpsPB, kXInSmem, kRows, kDeep>;
     const auto [smem, slot_warps] = q16x_grid<kWarpsPB, kXInSmem, kRows, kDeep>(cols);
     const uint32_t n_row_pairs = (rows + kRows - 1) / kRows;
@@ -752,25 +696,7 @@ void launch_q8_0_q16x(const uint8_t* w, const int16_t* xq, const float* xd, floa
     attr.val.programmaticStreamSerializationAllowed = 1;
     config.attrs = &attr;
     config.numAttrs = pdl ? 1 : 0;
-    SPILLWAY_CUDA_CHECK(cudaLaunchKernelEx(&config, kKernel, w, xq, xd, y, rows, cols, warps, carry, prefetch));
-}
-
-// The next GEMV's split, as launch_q8_0_q16x<4, true, 2> (the default variant) will make it.
-Q16xPrefetch q16x_prefetch_for(Q16xNext next, uint32_t chunks) {
-    if (next.w == nullptr || next.rows == 0) return {};
-    if (!matvec_q8_0_q16x_fits(next.cols) || reinterpret_cast<uintptr_t>(next.w) % 16 != 0)
-        fail("matvec_q8_0_q16x_cuda: the next GEMV's weights must be a 16-byte aligned q16x shape");
-    if (chunks == 0) return {};
-    const uint32_t slot_warps = q16x_grid<4, true, 2>(next.cols).slot_warps;
-    const uint32_t n_row_pairs = (next.rows + 1) / 2;
-    Q16xPrefetch p;
-    p.w = static_cast<const uint8_t*>(next.w);
-    p.rows = next.rows;
-    p.cols = next.cols;
-    p.n_warps = std::min(slot_warps, n_row_pairs);
-    p.by_chunks = q16x_splits_by_chunks(next.rows, next.cols, 2, slot_warps) ? 1 : 0;
-    p.chunks = chunks;
-    return p;
+    SPILLWAY_CUDA_CHECK(cudaLaunchKernelEx(&config, kKernel, w, xq, xd, y, rows, cols, warps, carry));
 }
 
 constexpr uint32_t kInt8MaxCols = 32768;  // x as int8 + scales in shared memory: <= 36 KB
@@ -919,8 +845,6 @@ void matvec_q8_0_cuda(MatvecQ8Kernel kernel, const void* w, const float* x, floa
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
-uint32_t q16x_l2_prefetch_chunks() { return l2_prefetch_chunks_from_env(); }
-
 bool matvec_q8_0_q16x_fits(uint32_t cols) { return cols > 0 && cols % 256 == 0 && cols <= kQ16MaxCols; }
 
 // Measured on the H200 (docs/perf-notes.md, "Q8_0 GEMV on pre-quantized x"): smem4 is the
@@ -933,7 +857,7 @@ MatvecQ16xKernel matvec_q8_0_q16x_kernel_for(uint32_t rows, uint32_t cols) {
 }
 
 void matvec_q8_0_q16x_cuda_with(MatvecQ16xKernel kernel, const void* w, ActQ16 x, float* y, uint32_t rows,
-                                uint32_t cols, cudaStream_t stream, Q16xNext next, int prefetch_chunks) {
+                                uint32_t cols, cudaStream_t stream) {
     if (rows == 0) return;
     if (!matvec_q8_0_q16x_fits(cols)) fail("matvec_q8_0_q16x_cuda: cols must be a multiple of 256, at most 32768");
     if (!x.q || !x.d) fail("matvec_q8_0_q16x_cuda: no quantized x");
@@ -941,14 +865,13 @@ void matvec_q8_0_q16x_cuda_with(MatvecQ16xKernel kernel, const void* w, ActQ16 x
         reinterpret_cast<uintptr_t>(x.d) % 16 != 0)
         fail("matvec_q8_0_q16x_cuda: w, x.q and x.d must be 16-byte aligned");
     const auto* w_bytes = static_cast<const uint8_t*>(w);
-    const Q16xPrefetch pf = q16x_prefetch_for(next, prefetch_chunks < 0 ? l2_prefetch_chunks_from_env() : (uint32_t)prefetch_chunks);
     switch (kernel) {
-        case MatvecQ16xKernel::smem4: launch_q8_0_q16x<4, true, 2>(w_bytes, x.q, x.d, y, rows, cols, stream, pf); break;
-        case MatvecQ16xKernel::smem8: launch_q8_0_q16x<8, true, 2>(w_bytes, x.q, x.d, y, rows, cols, stream, pf); break;
-        case MatvecQ16xKernel::global4: launch_q8_0_q16x<4, false, 2>(w_bytes, x.q, x.d, y, rows, cols, stream, pf); break;
-        case MatvecQ16xKernel::smem4_r1: launch_q8_0_q16x<4, true, 1>(w_bytes, x.q, x.d, y, rows, cols, stream, pf); break;
-        case MatvecQ16xKernel::smem8_r1: launch_q8_0_q16x<8, true, 1>(w_bytes, x.q, x.d, y, rows, cols, stream, pf); break;
-        case MatvecQ16xKernel::smem4_s3: launch_q8_0_q16x<4, true, 2, true>(w_bytes, x.q, x.d, y, rows, cols, stream, pf); break;
+        case MatvecQ16xKernel::smem4: launch_q8_0_q16x<4, true, 2>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
+        case MatvecQ16xKernel::smem8: launch_q8_0_q16x<8, true, 2>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
+        case MatvecQ16xKernel::global4: launch_q8_0_q16x<4, false, 2>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
+        case MatvecQ16xKernel::smem4_r1: launch_q8_0_q16x<4, true, 1>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
+        case MatvecQ16xKernel::smem8_r1: launch_q8_0_q16x<8, true, 1>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
+        case MatvecQ16xKernel::smem4_s3: launch_q8_0_q16x<4, true, 2, true>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
     }
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
@@ -967,9 +890,8 @@ bool matvec_q8_0_q16x_splits_by_chunks(MatvecQ16xKernel kernel, uint32_t rows, u
     return false;
 }
 
-void matvec_q8_0_q16x_cuda(const void* w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
-                           Q16xNext next) {
-    matvec_q8_0_q16x_cuda_with(matvec_q8_0_q16x_kernel_for(rows, cols), w, x, y, rows, cols, stream, next);
+void matvec_q8_0_q16x_cuda(const void* w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream) {
+    matvec_q8_0_q16x_cuda_with(matvec_q8_0_q16x_kernel_for(rows, cols), w, x, y, rows, cols, stream);
 }
 
 }  // namespace spillway

@@ -48,25 +48,12 @@ enum class MatvecQ16xKernel : uint8_t { smem4, smem8, global4, smem4_r1, smem8_r
 bool matvec_q8_0_q16x_fits(uint32_t cols);
 // Pure: the variant matvec_q8_0_q16x_cuda uses for this shape.
 MatvecQ16xKernel matvec_q8_0_q16x_kernel_for(uint32_t rows, uint32_t cols);
-// The q16x GEMV that runs next on the stream (decode: wo after qkv, gate|up after wo, down,
-// the next layer's qkv, the head). When given, this GEMV's warps, once done, pull the first
-// chunks of every warp range of that GEMV (default variant) into L2: its ramp then reads L2
-// while this GEMV's tail and the small kernels between them would leave HBM idle.
-struct Q16xNext {
-    const void* w = nullptr;
-    uint32_t rows = 0, cols = 0;
-};
-// Chunks (two rows x 2176 bytes) per next-GEMV warp pulled into L2: SPILLWAY_L2_PREFETCH_CHUNKS
-// (0 turns it off; read once).
-uint32_t q16x_l2_prefetch_chunks();
-void matvec_q8_0_q16x_cuda(const void* w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
-                           Q16xNext next = {});
+void matvec_q8_0_q16x_cuda(const void* w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream);
 // Whether this variant splits the shape's work by chunks of a row pair rather than by whole
 // row pairs (matvec.cu: when pairs do not divide evenly over the resident warps, e.g. 5120
 // rows; SPILLWAY_Q16X_SPLIT=pairs turns it off). Queries the device's occupancy.
 bool matvec_q8_0_q16x_splits_by_chunks(MatvecQ16xKernel kernel, uint32_t rows, uint32_t cols);
-// prefetch_chunks: chunks per next-GEMV warp; -1 = q16x_l2_prefetch_chunks().
 void matvec_q8_0_q16x_cuda_with(MatvecQ16xKernel kernel, const void* w, ActQ16 x, float* y, uint32_t rows,
-                                uint32_t cols, cudaStream_t stream, Q16xNext next = {}, int prefetch_chunks = -1);
+                                uint32_t cols, cudaStream_t stream);
 
 }  // namespace spillway

@@ -263,63 +263,6 @@ TEST(CudaMatvec, ChunkSplitOnTwoStreamsAtOnce) {
     EXPECT_TRUE(std::equal(ref.begin(), ref.end(), b.begin())) << "stream b differs from the single launch";
 }
 
-// The L2 prefetch of the next GEMV's first chunks (Q16xNext) must not change any result: a
-// 14B-shaped GEMV and an odd-shaped one (odd rows: the prefetch clamps the pair's second row)
-// hand each other over, 8 chunks per warp, 16 times; every launch equals the plain launch bit
-// for bit, and the plain launch matches the CPU reference.
-TEST(CudaMatvec, L2PrefetchOfTheNextGemvChangesNothing) {
-    SPILLWAY_SKIP_WITHOUT_GPU();
-    const uint32_t seed = fresh_seed();
-    SCOPED_TRACE("seed " + std::to_string(seed));
-    std::mt19937 rng(seed);
-    struct Matrix {
-        uint32_t rows, cols;
-        std::vector<uint8_t> q;
-        std::vector<float> want;
-    };
-    std::vector<Matrix> m{{5120, 5120, {}, {}}, {257, 2304, {}, {}}};
-    const std::vector<float> x_full = random_floats(rng, 5120);
-    const HostActQ16 xq = quantize_act_q16_host(x_full);
-    const std::vector<float> x_seen = dequantize_act_q16_host(xq);
-    for (Matrix& a : m) {
-        const uint64_t row_bytes = *ggml_row_bytes(GgmlType::Q8_0, a.cols);
-        const std::vector<float> w = random_floats(rng, (size_t)a.rows * a.cols, 0.05f);
-        a.q.resize(row_bytes * a.rows);
-        std::vector<float> deq(a.cols);
-        a.want.resize(a.rows);
-        for (uint32_t r = 0; r < a.rows; ++r) {
-            quantize_row(GgmlType::Q8_0, w.data() + (size_t)r * a.cols, a.q.data() + r * row_bytes, a.cols);
-            dequantize_row(GgmlType::Q8_0, a.q.data() + r * row_bytes, deq.data(), a.cols);
-            double sum = 0.0;
-            for (uint32_t k = 0; k < a.cols; ++k) sum += (double)deq[k] * x_seen[k];  // x's first cols values
-            a.want[r] = (float)sum;
-        }
-    }
-    auto d_w0 = to_device(m[0].q), d_w1 = to_device(m[1].q);
-    const void* d_w[2] = {d_w0.data(), d_w1.data()};
-    auto d_q = to_device(xq.q);
-    auto d_d = to_device(xq.d);
-    const ActQ16 x{d_q.data(), d_d.data()};
-    DeviceBuffer<float> plain[2] = {DeviceBuffer<float>(5120), DeviceBuffer<float>(257)};
-    DeviceBuffer<float> fetched[2] = {DeviceBuffer<float>(5120), DeviceBuffer<float>(257)};
-    for (int j = 0; j < 2; ++j) {
-        poison(plain[j]);
-        poison(fetched[j]);
-        matvec_q8_0_q16x_cuda_with(MatvecQ16xKernel::smem4, d_w[j], x, plain[j].data(), m[j].rows, m[j].cols, nullptr,
-                                   {}, 0);
-    }
-    for (int i = 0; i < 16; ++i)
-        for (int j = 0; j < 2; ++j)
-            matvec_q8_0_q16x_cuda_with(MatvecQ16xKernel::smem4, d_w[j], x, fetched[j].data(), m[j].rows, m[j].cols,
-                                       nullptr, Q16xNext{d_w[1 - j], m[1 - j].rows, m[1 - j].cols}, 8);
-    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-    for (int j = 0; j < 2; ++j) {
-        const std::vector<float> a = to_host(plain[j]), b = to_host(fetched[j]);
-        EXPECT_LT(rel_error(a, m[j].want), 1e-5) << "matrix " << j << " vs the CPU reference";
-        EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin())) << "matrix " << j << ": the prefetching launch differs";
-    }
-}
-
 TEST(CudaMatvec, RejectsUnsupportedInputs) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     DeviceBuffer<uint8_t> w(1 << 16);
@@ -333,13 +276,6 @@ TEST(CudaMatvec, RejectsUnsupportedInputs) {
     DeviceBuffer<float> xd(32);
     EXPECT_THROW(matvec_q8_0_q16x_cuda(w.data(), ActQ16{xq.data(), xd.data()}, y.data(), 4, 96, nullptr), Error);
     EXPECT_THROW(matvec_q8_0_q16x_cuda(w.data(), ActQ16{}, y.data(), 4, 256, nullptr), Error);
-    // The next GEMV's weights: a shape the q16x path cannot take, or misaligned.
-    EXPECT_THROW(matvec_q8_0_q16x_cuda(w.data(), ActQ16{xq.data(), xd.data()}, y.data(), 4, 256, nullptr,
-                                       Q16xNext{w.data(), 4, 96}),
-                 Error);
-    EXPECT_THROW(matvec_q8_0_q16x_cuda(w.data(), ActQ16{xq.data(), xd.data()}, y.data(), 4, 256, nullptr,
-                                       Q16xNext{w.data() + 4, 4, 256}),
-                 Error);
 }
 
 }  // namespace
