@@ -253,6 +253,37 @@ void bench_matvec_q16x(Report& r, const Options& o, uint32_t rows, uint32_t cols
     r.add(name, shape, (double)w_bytes, us);
 }
 
+// One 14B layer's decode GEMVs back to back (qkv, wo, gate|up, down; programmatic launches as
+// in the engine, the small kernels between them left out), weight sets rotating per layer:
+// the chain's time per layer against the sum of the single-GEMV rows and the HBM floor.
+void bench_q16x_layer_chain(Report& r, const Options& o) {
+    const std::string name = "q16x layer chain";
+    const std::string shape = "qkv, wo, gate|up, down";
+    if (!o.only.empty() && (name + " " + shape).find(o.only) == std::string::npos) return;
+    const std::vector<std::pair<uint32_t, uint32_t>> shapes{{7168, 5120}, {5120, 5120}, {27648, 5120}, {5120, 13824}};
+    size_t layer_bytes = 0;
+    for (const auto& [rows, cols] : shapes) layer_bytes += *ggml_row_bytes(GgmlType::Q8_0, cols) * rows;
+    const size_t n_sets = rotation_count(layer_bytes);
+    std::vector<std::vector<DeviceBuffer<uint8_t>>> w(n_sets);
+    for (size_t i = 0; i < n_sets; ++i)
+        for (size_t j = 0; j < shapes.size(); ++j) {
+            const size_t bytes = *ggml_row_bytes(GgmlType::Q8_0, shapes[j].second) * shapes[j].first;
+            w[i].emplace_back(bytes);
+            fill_type(GgmlType::Q8_0, w[i].back().data(), bytes, 500 + 10 * i + j);
+        }
+    DeviceBuffer<float> x(13824), y(27648);
+    DeviceBuffer<int16_t> xq(13824);
+    DeviceBuffer<float> xd(13824 / 32);
+    fill_f32<<<256, 256>>>(x.data(), x.size(), 7);
+    quantize_act_q16_cuda(x.data(), 13824, 1, ActQ16{xq.data(), xd.data()}, nullptr);
+    const double us = median_us([&](cudaStream_t st, int i) {
+        for (size_t j = 0; j < shapes.size(); ++j)
+            matvec_q8_0_q16x_cuda(w[i % n_sets][j].data(), ActQ16{xq.data(), xd.data()}, y.data(), shapes[j].first,
+                                  shapes[j].second, st);
+    }, o.iters);
+    r.add(name, shape, (double)layer_bytes, us);
+}
+
 // kernel == nullptr: attention_partial_cuda's default choice; otherwise that kernel, named.
 void bench_attention(Report& r, const Options& o, KvType kt, KvType vt, uint32_t n_cells, int sms,
                      const AttentionKernel* kernel = nullptr) {
@@ -376,6 +407,7 @@ int main(int argc, char** argv) {
                      {5120, 13824}, {13824, 5120}, {152064, 5120}, {27648, 5120}, {7168, 5120}, {5120, 5120}})
                 bench_matvec_q16x(r, o, rows, cols, k);
         }
+        bench_q16x_layer_chain(r, o);
         bench_matvec(r, o, GgmlType::Q8_0, 896, 896, 1);  // 0.5B shape: unaligned rows, launch-bound
         for (uint32_t n : {2u, 4u, 8u}) bench_matvec(r, o, GgmlType::Q8_0, 13824, 5120, n);
         for (uint32_t n : {4u, 8u}) bench_matvec(r, o, GgmlType::F16, 13824, 5120, n);
