@@ -15,6 +15,7 @@
 #include "engine/cuda/cuda_prefill.cuh"
 #include "engine/cuda/kv_write.cuh"
 #include "engine/cuda/matvec.cuh"
+#include "engine/cuda/op_times.h"
 #include "engine/cuda/qkv_post.cuh"
 #include "engine/cuda/rmsnorm.cuh"
 #include "engine/cuda/rope.cuh"
@@ -145,9 +146,13 @@ AttentionShape attention_shape(const CudaModel& m) {
 }
 
 // y = W x for a chunk: matvec for one token, tensor-core GEMM for more.
-void matmul(CudaForwardState& st, const CudaMatrix& w, const float* x, uint32_t n_tokens, float* y) {
-    if (n_tokens == 1) matvec_cuda(w.type, w.data, x, y, w.n_out, w.n_in, 1, st.stream);
-    else matmul_prefill_cuda(st.cublas, w, x, n_tokens, y, st.act_f16.data(), st.w_f16.data(), st.w_f16.size(), st.stream);
+// op_label: the GEMM's name in the SPILLWAY_OP_TIMES totals (op_times.h). x_is_f16: a chunk
+// whose x the previous matmul already converted (q, k and v share xn; gate and up too).
+void matmul(CudaForwardState& st, const CudaMatrix& w, const float* x, uint32_t n_tokens, float* y,
+            const char* op_label = "gemm", bool x_is_f16 = false) {
+    if (n_tokens == 1) return matvec_cuda(w.type, w.data, x, y, w.n_out, w.n_in, 1, st.stream);
+    if (!x_is_f16) prefill_act_to_f16_cuda(x, (size_t)n_tokens * w.n_in, st.act_f16.data(), st.stream);
+    matmul_prefill_f16act_cuda(st.cublas, w, n_tokens, y, st.prefill_gemm, st.stream, op_label);
 }
 
 // Decode with Q8_0 weights: the matvec reads its x as int16 blocks (act_quant.cuh) written by
@@ -168,6 +173,14 @@ bool qkv_post_fits(const CudaModel& m) {
 void matvec_decode(CudaForwardState& st, const CudaMatrix& w, uint32_t rows, const float* x, float* y) {
     if (takes_q16(w, 1)) matvec_q8_0_q16x_cuda(w.data, act_q16(st), y, rows, w.n_in, st.stream);
     else matvec_cuda(w.type, w.data, x, y, rows, w.n_in, 1, st.stream);
+}
+
+// Lab knobs of the prefill GEMMs, A/B'd in docs/perf-notes.md (session 12):
+// SPILLWAY_PREFILL_OVERLAP=0 (one weight tile, dequantized on the main stream) and
+// SPILLWAY_PREFILL_TILES=greedy (full tiles, remainder last).
+bool prefill_lab_knob(const char* name, const char* value) {
+    const char* e = std::getenv(name);
+    return e != nullptr && std::string(e) == value;
 }
 
 bool separate_attention_quant() {
@@ -194,6 +207,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                                                      m.token_embd.row_bytes, st.tokens.data(), V, E,
                                                                      st.x.data());
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    op_times_mark("embed", stream);
 
     float* x = st.x.data();
     float* xn = st.xn.data();
@@ -212,6 +226,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         // The previous layer's FFN output joins the residual stream inside the norm.
         rmsnorm_cuda(x, il == 0 ? nullptr : proj, L.attn_norm, xn, T, E, s.norm_eps, stream,
                      takes_q16(L.wq, T) || takes_q16(L.wk, T) || takes_q16(L.wv, T) ? act_q16(st) : ActQ16{});
+        op_times_mark("rmsnorm", stream);
         if (T == 1 && L.fused_qkv) {
             matvec_decode(st, L.wq, qd + kd + vd, xn, q);  // q|k|v contiguous
         } else if (T == 1) {
@@ -219,9 +234,9 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             matvec_decode(st, L.wk, kd, xn, k);
             matvec_decode(st, L.wv, vd, xn, v);
         } else {
-            matmul(st, L.wq, xn, T, q);
-            matmul(st, L.wk, xn, T, k);
-            matmul(st, L.wv, xn, T, v);
+            matmul(st, L.wq, xn, T, q, "gemm q");
+            matmul(st, L.wk, xn, T, k, "gemm k", true);
+            matmul(st, L.wv, xn, T, v, "gemm v", true);
         }
         // Decode: bias, RoPE and the K/V write in one launch (qkv_post.cuh); the spilled path
         // writes K/V itself, so it gets only bias and RoPE.
@@ -239,12 +254,14 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                 add_bias(k, L.bqkv + qd, kd, T, stream);
                 add_bias(v, L.bqkv + qd + kd, vd, T, stream);
             }
+            op_times_mark("bias", stream);
         }
         if (T == 1 && !post_fused) {
             rope_cuda(m.rope_dev, q, 1, s.n_head + nkv, s.head_dim_k, st.positions.data(), stream);  // q and k heads
         } else if (T > 1) {
             rope_cuda(m.rope_dev, q, T, s.n_head, s.head_dim_k, st.positions.data(), stream);
             rope_cuda(m.rope_dev, k, T, nkv, s.head_dim_k, st.positions.data(), stream);
+            op_times_mark("rope", stream);
         }
         // K/V into the cache first: attention reads them back through the tier's quantization,
         // as the CPU engine does.
@@ -256,6 +273,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                       st.attn_workspace.data(), st.attn_workspace.size(), st.spill_workspace.data(),
                                       st.spill_workspace.size(), st.sm_count};
             spill_layer_attention(*cache.spill, spill_cursor, args, stream);
+            op_times_mark("attention (spilled)", stream);
         } else if (T == 1) {
             if (!post_fused) {
                 kv_write_cuda(cache.k_type, k, cache.k[il], pos0, T, kd, stream);
@@ -270,8 +288,10 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         } else {
             kv_write_cuda(cache.k_type, k, cache.k[il], pos0, T, kd, stream);
             kv_write_cuda(cache.v_type, v, cache.v[il], pos0, T, vd, stream);
+            op_times_mark("kv write", stream);
             prefill_attention_cuda(shape, q, cache.k_type, cache.k[il], cache.v_type, cache.v[il], pos0, T,
                                    st.attn.data(), stream);
+            op_times_mark("attention", stream);
         }
         if (takes_q16(L.wo, T)) {
             // The resident decode attention quantized its output itself (above); the spilled
@@ -280,25 +300,27 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                 quantize_act_q16_cuda(st.attn.data(), L.wo.n_in, 1, act_q16(st), stream);
             matvec_decode(st, L.wo, L.wo.n_out, st.attn.data(), proj);
         } else {
-            matmul(st, L.wo, st.attn.data(), T, proj);
+            matmul(st, L.wo, st.attn.data(), T, proj, "gemm o");
         }
         rmsnorm_cuda(x, proj, L.ffn_norm, xn, T, E, s.norm_eps, stream,
                      takes_q16(L.ffn_gate, T) || takes_q16(L.ffn_up, T) ? act_q16(st) : ActQ16{});
+        op_times_mark("rmsnorm", stream);
         if (T == 1 && L.fused_gate_up) {
             matvec_decode(st, L.ffn_gate, 2 * F, xn, gate);  // gate|up contiguous
         } else if (T == 1) {
             matvec_decode(st, L.ffn_gate, F, xn, gate);
             matvec_decode(st, L.ffn_up, F, xn, up);
         } else {
-            matmul(st, L.ffn_gate, xn, T, gate);
-            matmul(st, L.ffn_up, xn, T, up);
+            matmul(st, L.ffn_gate, xn, T, gate, "gemm gate");
+            matmul(st, L.ffn_up, xn, T, up, "gemm up", true);
         }
         if (takes_q16(L.ffn_down, T)) {
             swiglu_q16_cuda(gate, up, F, act_q16(st), stream);  // the f32 product is never needed
             matvec_decode(st, L.ffn_down, L.ffn_down.n_out, gate, proj);
         } else {
             swiglu_cuda(gate, up, gate, (size_t)T * F, stream);
-            matmul(st, L.ffn_down, gate, T, proj);
+            op_times_mark("swiglu", stream);
+            matmul(st, L.ffn_down, gate, T, proj, "gemm down");
         }
     }
     if (spilled) spill_forward_end(*cache.spill, spill_cursor, stream);
@@ -309,7 +331,8 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     rmsnorm_cuda(x + (size_t)first * E, proj + (size_t)first * E, m.output_norm, xn, n_out, E, s.norm_eps, stream,
                  takes_q16(m.output, T) ? act_q16(st) : ActQ16{});
     if (takes_q16(m.output, T)) matvec_decode(st, m.output, m.output.n_out, xn, st.logits.data());
-    else matmul(st, m.output, xn, n_out, st.logits.data());
+    else matmul(st, m.output, xn, n_out, st.logits.data(), "head");
+    op_times_mark("head", stream);
 }
 
 void enqueue_argmax(CudaForwardState& st, uint32_t n_vocab, uint32_t row) {
@@ -396,6 +419,11 @@ CudaForwardState::~CudaForwardState() {
         if (graph_done[i]) cudaEventDestroy(graph_done[i]);
     }
     if (cublas) cublasDestroy(cublas);
+    for (int i = 0; i < 2; ++i) {
+        if (prefill_gemm.dequant_done[i]) cudaEventDestroy(prefill_gemm.dequant_done[i]);
+        if (prefill_gemm.gemm_done[i]) cudaEventDestroy(prefill_gemm.gemm_done[i]);
+    }
+    if (prefill_gemm.side) cudaStreamDestroy(prefill_gemm.side);
     if (stream) cudaStreamDestroy(stream);
 }
 
@@ -438,6 +466,19 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
         size_t widest = (size_t)s.n_vocab * s.n_embd;  // the head
         widest = std::max(widest, (size_t)s.n_ff * s.n_embd);
         st.w_f16 = DeviceBuffer<__half>(std::min(widest, kWeightTileElems));
+        st.prefill_gemm.act_f16 = st.act_f16.data();
+        st.prefill_gemm.tiles[0] = st.w_f16.data();
+        st.prefill_gemm.tile_elems = st.w_f16.size();
+        st.prefill_gemm.greedy_tiles = prefill_lab_knob("SPILLWAY_PREFILL_TILES", "greedy");
+        if (!prefill_lab_knob("SPILLWAY_PREFILL_OVERLAP", "0")) {
+            st.w_f16_next = DeviceBuffer<__half>(st.w_f16.size());
+            st.prefill_gemm.tiles[1] = st.w_f16_next.data();
+            SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&st.prefill_gemm.side, cudaStreamNonBlocking));
+            for (int i = 0; i < 2; ++i) {
+                SPILLWAY_CUDA_CHECK(cudaEventCreateWithFlags(&st.prefill_gemm.dequant_done[i], cudaEventDisableTiming));
+                SPILLWAY_CUDA_CHECK(cudaEventCreateWithFlags(&st.prefill_gemm.gemm_done[i], cudaEventDisableTiming));
+            }
+        }
     }
     st.tokens = DeviceBuffer<int32_t>(T);
     st.positions = DeviceBuffer<int32_t>(T);
@@ -453,7 +494,7 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
 
 uint64_t cuda_forward_scratch_bytes(const CudaForwardState& st) {
     return st.x.bytes() + st.xn.bytes() + st.proj.bytes() + st.qkv.bytes() + st.attn.bytes() + st.attn_lse.bytes() +
-           st.gate_up.bytes() + st.logits.bytes() + st.attn_workspace.bytes() + st.act_f16.bytes() + st.w_f16.bytes() +
+           st.gate_up.bytes() + st.logits.bytes() + st.attn_workspace.bytes() + st.act_f16.bytes() + st.w_f16.bytes() + st.w_f16_next.bytes() +
            st.tokens.bytes() + st.positions.bytes() + st.next_token.bytes() + st.act_q16.bytes() +
            st.act_q16_scale.bytes() + st.spill_lse.bytes() + st.spill_tail_out.bytes() + st.spill_tail_lse.bytes() +
            st.spill_chunk_out.bytes() + st.spill_chunk_lse.bytes() + st.spill_workspace.bytes();
@@ -480,7 +521,11 @@ void forward_cuda(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, 
     if ((uint64_t)pos0 + n_tokens > cache.n_ctx)
         fail("forward_cuda: positions up to " + std::to_string(pos0 + n_tokens) + " exceed the context of " +
              std::to_string(cache.n_ctx));
+    // SPILLWAY_OP_TIMES=1 (op_times.h): a prefill chunk's op groups timed.
+    const bool timed = n_tokens > 1 && op_times_enabled();
+    if (timed) op_times_begin(st.stream);
     enqueue_forward(m, cache, st, n_tokens, pos0, nullptr);
+    if (timed) op_times_end(st.stream);
 }
 
 void forward_cuda_tokens(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, const int32_t* host_tokens,

@@ -26,6 +26,7 @@
 
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cuda_model.h"
+#include "engine/cuda/cuda_prefill.cuh"
 #include "engine/cuda/kv_spill.h"
 #include "model/model_spec.h"
 
@@ -72,7 +73,9 @@ struct CudaForwardState {
     DeviceBuffer<float> logits;             // [all_logits ? T : 1][n_vocab]
     DeviceBuffer<uint8_t> attn_workspace;   // decode attention split partials
     DeviceBuffer<__half> act_f16;           // prefill: activations as f16 for cuBLAS
-    DeviceBuffer<__half> w_f16;             // prefill: one dequantized weight tile
+    DeviceBuffer<__half> w_f16;             // prefill: a dequantized weight tile
+    DeviceBuffer<__half> w_f16_next;        // prefill: the second tile (dequantized on the side stream)
+    PrefillGemmScratch prefill_gemm;        // prefill GEMMs: the buffers above, side stream, events
     DeviceBuffer<int32_t> tokens, positions;  // [max_tokens]
     DeviceBuffer<int32_t> next_token;       // greedy argmax output (input of the next step)
     // Decode: the input of a Q8_0 matvec quantized to int16 blocks by its producer (act_quant.cuh):

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/op_times.h"
 #include "engine/cuda/prefill_attention_m32.cuh"
 #include "engine/cuda/prefill_attention_mma.cuh"
 
@@ -202,32 +203,70 @@ void dequantize_rows_f16_cuda(const CudaMatrix& w, uint32_t r0, uint32_t n_rows,
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
-void matmul_prefill_cuda(cublasHandle_t cublas, const CudaMatrix& w, const float* x, uint32_t n_tokens, float* y,
-                         __half* act_f16, __half* w_tile, size_t w_tile_elems, cudaStream_t stream) {
-    const size_t n_act = (size_t)n_tokens * w.n_in;
-    f32_to_f16_kernel<<<grid_for(n_act, 256), 256, 0, stream>>>(x, act_f16, n_act);
+uint32_t prefill_tile_rows(uint32_t n_out, uint32_t n_in, size_t tile_elems, bool greedy) {
+    if (n_in == 0 || n_out == 0) return 0;
+    const uint64_t fit = std::min<uint64_t>(n_out, tile_elems / n_in);
+    if (fit == 0) return 0;
+    if (fit == n_out) return n_out;
+    if (greedy) return fit > 128 ? (uint32_t)(fit / 128 * 128) : (uint32_t)fit;
+    const uint64_t n_tiles = (n_out + fit - 1) / fit;
+    const uint64_t even = (n_out + n_tiles - 1) / n_tiles;
+    const uint64_t rounded = (even + 127) / 128 * 128;
+    return (uint32_t)(rounded <= fit ? rounded : even);
+}
+
+void prefill_act_to_f16_cuda(const float* x, size_t n, __half* act_f16, cudaStream_t stream) {
+    f32_to_f16_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, act_f16, n);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    op_times_mark("act f32->f16", stream);
+}
+
+void matmul_prefill_f16act_cuda(cublasHandle_t cublas, const CudaMatrix& w, uint32_t n_tokens, float* y,
+                                PrefillGemmScratch& sc, cudaStream_t stream, const char* op_label) {
     SPILLWAY_CUDA_CHECK(cublasSetStream(cublas, stream));
-    // Tiles of whole multiples of 128 rows (tensor-core friendly) that fit the scratch.
-    uint32_t tile_rows = (uint32_t)std::min<size_t>(w.n_out, w_tile_elems / w.n_in);
-    if (tile_rows > 128) tile_rows = tile_rows / 128 * 128;
-    if (w.type != GgmlType::F16 && tile_rows == 0) fail("matmul_prefill_cuda: weight scratch smaller than one row");
-    if (w.type == GgmlType::F16) tile_rows = w.n_out;  // used in place
+    const bool in_place = w.type == GgmlType::F16;
+    const uint32_t tile_rows = in_place ? w.n_out : prefill_tile_rows(w.n_out, w.n_in, sc.tile_elems, sc.greedy_tiles);
+    if (tile_rows == 0) fail("matmul_prefill_cuda: weight scratch smaller than one row");
+    const bool overlap = !in_place && sc.tiles[1] != nullptr;
     const float one = 1.0f, zero = 0.0f;
     for (uint32_t r0 = 0; r0 < w.n_out; r0 += tile_rows) {
         const uint32_t rows = std::min(tile_rows, w.n_out - r0);
         const __half* a;
-        if (w.type == GgmlType::F16) {
+        const uint32_t b = sc.next_tile;  // the tile buffer this GEMM reads (with overlap)
+        if (in_place) {
             a = reinterpret_cast<const __half*>(w.data + (uint64_t)r0 * w.row_bytes);
+        } else if (!overlap) {
+            dequantize_rows_f16_cuda(w, r0, rows, sc.tiles[0], stream);
+            op_times_mark("dequant weights -> f16", stream);
+            a = sc.tiles[0];
         } else {
-            dequantize_rows_f16_cuda(w, r0, rows, w_tile, stream);
-            a = w_tile;
+            // Tile b is free once the GEMM that last read it is done; the GEMM below waits
+            // for its dequantization. (The side stream runs ahead by at most one tile.)
+            sc.next_tile ^= 1u;
+            SPILLWAY_CUDA_CHECK(cudaStreamWaitEvent(sc.side, sc.gemm_done[b], 0));
+            dequantize_rows_f16_cuda(w, r0, rows, sc.tiles[b], sc.side);
+            SPILLWAY_CUDA_CHECK(cudaEventRecord(sc.dequant_done[b], sc.side));
+            SPILLWAY_CUDA_CHECK(cudaStreamWaitEvent(stream, sc.dequant_done[b], 0));
+            a = sc.tiles[b];
         }
         // Column-major view: C (rows x T, ldc n_out) = A^T (rows x n_in) * B (n_in x T).
         SPILLWAY_CUDA_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n_tokens, (int)w.n_in, &one,
-                                         a, CUDA_R_16F, (int)w.n_in, act_f16, CUDA_R_16F, (int)w.n_in, &zero, y + r0,
+                                         a, CUDA_R_16F, (int)w.n_in, sc.act_f16, CUDA_R_16F, (int)w.n_in, &zero, y + r0,
                                          CUDA_R_32F, (int)w.n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        if (overlap) SPILLWAY_CUDA_CHECK(cudaEventRecord(sc.gemm_done[b], stream));
+        op_times_mark(op_label, stream);
     }
+}
+
+void matmul_prefill_cuda(cublasHandle_t cublas, const CudaMatrix& w, const float* x, uint32_t n_tokens, float* y,
+                         __half* act_f16, __half* w_tile, size_t w_tile_elems, cudaStream_t stream,
+                         const char* op_label) {
+    prefill_act_to_f16_cuda(x, (size_t)n_tokens * w.n_in, act_f16, stream);
+    PrefillGemmScratch sc;
+    sc.act_f16 = act_f16;
+    sc.tiles[0] = w_tile;
+    sc.tile_elems = w_tile_elems;
+    matmul_prefill_f16act_cuda(cublas, w, n_tokens, y, sc, stream, op_label);
 }
 
 const char* prefill_attention_kernel_name(PrefillAttentionKernel kernel) {

@@ -19,7 +19,33 @@ namespace spillway {
 // halves: Q8_0 / BF16 weights are dequantized to f16 a tile of rows at a time (F16 weights
 // are used in place), so the scratch stays bounded for any matrix (the 152k-row head too).
 void matmul_prefill_cuda(cublasHandle_t cublas, const CudaMatrix& w, const float* x, uint32_t n_tokens, float* y,
-                         __half* act_f16, __half* w_tile, size_t w_tile_elems, cudaStream_t stream);
+                         __half* act_f16, __half* w_tile, size_t w_tile_elems, cudaStream_t stream,
+                         const char* op_label = "gemm");
+
+// The engine's chunk GEMMs: x converted to f16 once per distinct input (q, k and v share
+// it), and with two weight tiles a side stream dequantizes tile j + 1 while cuBLAS
+// multiplies tile j (events order the tiles' reuse; the main stream waits for every tile it
+// reads, so the side stream's work is joined by the end of each GEMM).
+struct PrefillGemmScratch {
+    __half* act_f16 = nullptr;               // [n_tokens][n_in] of the current x
+    __half* tiles[2] = {nullptr, nullptr};   // tiles[1] == nullptr: one tile, no side stream
+    size_t tile_elems = 0;                   // halves per tile
+    cudaStream_t side = nullptr;             // dequantizes (with two tiles)
+    cudaEvent_t dequant_done[2] = {nullptr, nullptr};
+    cudaEvent_t gemm_done[2] = {nullptr, nullptr};
+    uint32_t next_tile = 0;                  // alternates across calls
+    bool greedy_tiles = false;               // lab: fill the tile, remainder last (was the default)
+};
+// x [n_tokens][n_in] f32 -> scratch.act_f16.
+void prefill_act_to_f16_cuda(const float* x, size_t n, __half* act_f16, cudaStream_t stream);
+// y = W x with x already in scratch.act_f16.
+void matmul_prefill_f16act_cuda(cublasHandle_t cublas, const CudaMatrix& w, uint32_t n_tokens, float* y,
+                                PrefillGemmScratch& scratch, cudaStream_t stream, const char* op_label = "gemm");
+// Rows per weight tile for an n_out x n_in matrix and a tile of tile_elems halves: the fewest
+// tiles that fit, their rows balanced and rounded up to 128 (tensor-core friendly) where that
+// still fits; 0 when not even one row fits. greedy: as many rows as fit (multiples of 128),
+// the remainder in a last, smaller tile (a 13824-row matrix in 64 MiB: 6528, 6528, 768).
+uint32_t prefill_tile_rows(uint32_t n_out, uint32_t n_in, size_t tile_elems, bool greedy = false);
 
 // Rows [r0, r0 + n_rows) of w as f16, row-major [n_rows][w.n_in].
 void dequantize_rows_f16_cuda(const CudaMatrix& w, uint32_t r0, uint32_t n_rows, __half* out, cudaStream_t stream);

@@ -89,13 +89,113 @@ TEST(CudaPrefill, MatmulWithWeightTilesMatchesCpu) {
         DeviceBuffer<float> y((size_t)T * n_out);
         cuda_test::poison(y);
         DeviceBuffer<__half> act((size_t)T * n_in);
-        DeviceBuffer<__half> tile(64 * n_in);  // 64-row tiles: 5 tiles, the last one partial
+        DeviceBuffer<__half> tile(64 * n_in);  // 64 rows fit: 5 balanced tiles of 60 rows
         matmul_prefill_cuda(cublas, w, x_dev.data(), T, y.data(), act.data(), tile.data(), tile.size(), nullptr);
         SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
         const auto got = cuda_test::to_host(y);
         // f16 operands (x rounded to f16; weights exact or rounded once), f32 accumulation.
         EXPECT_LE(rel_error(got, ref), 3e-3) << ggml_type_name(type);
     }
+    cublasDestroy(cublas);
+}
+
+// Pure: tile rows for the chunk GEMMs' weight scratch.
+TEST(CudaPrefill, WeightTileRowsAreBalanced) {
+    const size_t tile = 32ull << 20;  // the engine's 64 MiB of halves
+    EXPECT_EQ(prefill_tile_rows(5120, 5120, tile), 5120u);        // fits whole
+    EXPECT_EQ(prefill_tile_rows(13824, 5120, tile), 4608u);       // 3 x 4608, not 6528 + 6528 + 768
+    EXPECT_EQ(prefill_tile_rows(13824, 5120, tile, true), 6528u);  // the old greedy split
+    EXPECT_EQ(prefill_tile_rows(5120, 13824, tile), 1792u);       // 1792 + 1792 + 1536 (fit: 2427)
+    EXPECT_EQ(prefill_tile_rows(152064, 5120, tile), 6400u);      // the head: 24 tiles (6336 rounded up to 128)
+    EXPECT_EQ(prefill_tile_rows(300, 512, 64 * 512), 60u);        // rounding up to 128 would not fit: even split
+    EXPECT_EQ(prefill_tile_rows(300, 512, 64 * 512, true), 64u);
+    EXPECT_EQ(prefill_tile_rows(10, 1u << 20, 1u << 19), 0u);     // not one row
+    EXPECT_EQ(prefill_tile_rows(0, 512, 1024), 0u);
+    for (uint32_t n_out : {1u, 127u, 128u, 129u, 1000u, 13824u, 27648u, 152064u})
+        for (uint32_t n_in : {64u, 896u, 5120u, 13824u}) {
+            const uint32_t rows = prefill_tile_rows(n_out, n_in, tile);
+            ASSERT_GT(rows, 0u);
+            EXPECT_LE((uint64_t)rows * n_in, tile) << n_out << "x" << n_in;  // fits the scratch
+            EXPECT_LE(rows, n_out);
+            // No more tiles than the greedy split needs.
+            const uint32_t greedy = prefill_tile_rows(n_out, n_in, tile, true);
+            EXPECT_LE((n_out + rows - 1) / rows, (n_out + greedy - 1) / greedy) << n_out << "x" << n_in;
+        }
+}
+
+// The engine's path: x converted once, two weight tiles, the side stream dequantizing the
+// next tile while cuBLAS multiplies the current one. Three matrices in a row (the tile
+// alternation carries over from one call to the next), on a non-blocking stream: equal bit for
+// bit to the one-tile path with the same tile rows, and to the CPU within the GEMM tolerance.
+TEST(CudaPrefill, OverlappedDequantizationMatchesOneTile) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const uint32_t n_in = 512, T = 33;
+    const std::vector<uint32_t> n_outs{300, 129, 1000};
+    cublasHandle_t cublas = nullptr;
+    SPILLWAY_CUDA_CHECK(cublasCreate(&cublas));
+    cudaStream_t stream = nullptr;
+    SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (GgmlType type : {GgmlType::Q8_0, GgmlType::BF16}) {
+        const auto x = cuda_test::random_floats(rng, (size_t)T * n_in);
+        const auto x_dev = cuda_test::to_device(x);
+        DeviceBuffer<__half> act((size_t)T * n_in), tile_a(64 * n_in), tile_b(64 * n_in);
+        std::vector<HostMatrix> hosts;
+        std::vector<DeviceBuffer<uint8_t>> w_devs;
+        std::vector<DeviceBuffer<float>> one_tile, two_tiles;
+        for (uint32_t n_out : n_outs) {
+            hosts.push_back(random_matrix(rng, type, n_in, n_out));
+            w_devs.push_back(cuda_test::to_device(hosts.back().bytes));
+            one_tile.emplace_back((size_t)T * n_out);
+            two_tiles.emplace_back((size_t)T * n_out);
+            cuda_test::poison(one_tile.back());
+            cuda_test::poison(two_tiles.back());
+        }
+        PrefillGemmScratch single;
+        single.act_f16 = act.data();
+        single.tiles[0] = tile_a.data();
+        single.tile_elems = tile_a.size();
+        PrefillGemmScratch overlap = single;
+        overlap.tiles[1] = tile_b.data();
+        SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&overlap.side, cudaStreamNonBlocking));
+        for (int i = 0; i < 2; ++i) {
+            SPILLWAY_CUDA_CHECK(cudaEventCreateWithFlags(&overlap.dequant_done[i], cudaEventDisableTiming));
+            SPILLWAY_CUDA_CHECK(cudaEventCreateWithFlags(&overlap.gemm_done[i], cudaEventDisableTiming));
+        }
+        prefill_act_to_f16_cuda(x_dev.data(), (size_t)T * n_in, act.data(), stream);
+        for (size_t j = 0; j < n_outs.size(); ++j) {
+            const CudaMatrix w{type, w_devs[j].data(), n_in, n_outs[j], hosts[j].row_bytes};
+            matmul_prefill_f16act_cuda(cublas, w, T, one_tile[j].data(), single, stream);
+        }
+        for (int rep = 0; rep < 2; ++rep)  // twice: the second pass starts on the other tile
+            for (size_t j = 0; j < n_outs.size(); ++j) {
+                const CudaMatrix w{type, w_devs[j].data(), n_in, n_outs[j], hosts[j].row_bytes};
+                matmul_prefill_f16act_cuda(cublas, w, T, two_tiles[j].data(), overlap, stream);
+            }
+        SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(stream));
+        for (size_t j = 0; j < n_outs.size(); ++j) {
+            const uint32_t n_out = n_outs[j];
+            std::vector<float> ref((size_t)T * n_out);
+            for (uint32_t t = 0; t < T; ++t)
+                for (uint32_t r = 0; r < n_out; ++r) {
+                    double s = 0;
+                    for (uint32_t i = 0; i < n_in; ++i)
+                        s += (double)hosts[j].values[(size_t)r * n_in + i] * x[(size_t)t * n_in + i];
+                    ref[(size_t)t * n_out + r] = (float)s;
+                }
+            const auto a = cuda_test::to_host(one_tile[j]), b = cuda_test::to_host(two_tiles[j]);
+            EXPECT_LE(rel_error(a, ref), 3e-3) << ggml_type_name(type) << " " << n_out << " rows";
+            EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin())) << ggml_type_name(type) << " " << n_out << " rows";
+        }
+        for (int i = 0; i < 2; ++i) {
+            cudaEventDestroy(overlap.dequant_done[i]);
+            cudaEventDestroy(overlap.gemm_done[i]);
+        }
+        cudaStreamDestroy(overlap.side);
+    }
+    cudaStreamDestroy(stream);
     cublasDestroy(cublas);
 }
 

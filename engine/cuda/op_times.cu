@@ -1,0 +1,97 @@
+#include "engine/cuda/op_times.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/cuda/cuda_check.h"
+
+namespace spillway {
+namespace {
+
+struct OpTimes {
+    std::mutex mutex;
+    std::vector<cudaEvent_t> pool;            // reused across forwards
+    std::vector<const char*> labels;          // label of the interval ending at event i (i >= 1)
+    std::map<std::string, std::pair<double, uint64_t>> totals;  // ms, intervals
+    uint64_t forwards = 0;
+
+    ~OpTimes() {
+        if (totals.empty()) return;
+        double all = 0.0;
+        for (const auto& [label, t] : totals) all += t.first;
+        std::vector<std::pair<std::string, std::pair<double, uint64_t>>> rows(totals.begin(), totals.end());
+        std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+        std::fprintf(stderr, "\nop times (SPILLWAY_OP_TIMES), %llu prefill forwards, %.1f ms of GPU time:\n",
+                     (unsigned long long)forwards, all);
+        std::fprintf(stderr, "| op | ms | share | count |\n|---|---:|---:|---:|\n");
+        for (const auto& [label, t] : rows)
+            std::fprintf(stderr, "| %s | %.2f | %.1f%% | %llu |\n", label.c_str(), t.first, 100.0 * t.first / all,
+                         (unsigned long long)t.second);
+        // Events are not destroyed: the CUDA context may already be gone at exit.
+    }
+};
+
+OpTimes& op_times() {
+    static OpTimes t;
+    return t;
+}
+
+}  // namespace
+
+bool op_times_enabled() {
+    static const bool on = [] {
+        const char* e = std::getenv("SPILLWAY_OP_TIMES");
+        return e != nullptr && std::string(e) == "1";
+    }();
+    return on;
+}
+
+void op_times_begin(cudaStream_t stream) {
+    if (!op_times_enabled()) return;
+    OpTimes& t = op_times();
+    const std::lock_guard<std::mutex> lock(t.mutex);
+    t.labels.assign(1, nullptr);
+    if (t.pool.empty()) {
+        t.pool.push_back(nullptr);
+        SPILLWAY_CUDA_CHECK(cudaEventCreate(&t.pool.back()));
+    }
+    SPILLWAY_CUDA_CHECK(cudaEventRecord(t.pool[0], stream));
+}
+
+void op_times_mark(const char* label, cudaStream_t stream) {
+    if (!op_times_enabled()) return;
+    OpTimes& t = op_times();
+    const std::lock_guard<std::mutex> lock(t.mutex);
+    if (t.labels.empty()) return;  // not inside a timed forward (e.g. a decode step)
+    const size_t i = t.labels.size();
+    if (t.pool.size() <= i) {
+        t.pool.push_back(nullptr);
+        SPILLWAY_CUDA_CHECK(cudaEventCreate(&t.pool.back()));
+    }
+    SPILLWAY_CUDA_CHECK(cudaEventRecord(t.pool[i], stream));
+    t.labels.push_back(label);
+}
+
+void op_times_end(cudaStream_t stream) {
+    if (!op_times_enabled()) return;
+    OpTimes& t = op_times();
+    const std::lock_guard<std::mutex> lock(t.mutex);
+    if (t.labels.empty()) return;
+    SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (size_t i = 1; i < t.labels.size(); ++i) {
+        float ms = 0.0f;
+        SPILLWAY_CUDA_CHECK(cudaEventElapsedTime(&ms, t.pool[i - 1], t.pool[i]));
+        auto& total = t.totals[t.labels[i]];
+        total.first += ms;
+        total.second += 1;
+    }
+    t.labels.clear();
+    t.forwards += 1;
+}
+
+}  // namespace spillway
