@@ -219,13 +219,18 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     float* up = gate + (size_t)T * F;
     // A forward whose cells stay inside the resident window runs exactly the unspilled path.
     const bool spilled = spill_engaged(cache.spill.get(), pos0, T);
+    // A prefill chunk's producers write the GEMMs' f16 inputs themselves (norms, SwiGLU) and
+    // bias + RoPE + K/V write run as one launch (SPILLWAY_PREFILL_FUSED=0: separate passes).
+    const bool fused_prefill = T > 1 && !prefill_lab_knob("SPILLWAY_PREFILL_FUSED", "0");
     SpillCursor spill_cursor;
     if (spilled) spill_forward_begin(*cache.spill, spill_cursor, s.n_layer, pos0, T, stream);
     for (uint32_t il = 0; il < s.n_layer; ++il) {
         const CudaLayerWeights& L = m.layers[il];
-        // The previous layer's FFN output joins the residual stream inside the norm.
-        rmsnorm_cuda(x, il == 0 ? nullptr : proj, L.attn_norm, xn, T, E, s.norm_eps, stream,
-                     takes_q16(L.wq, T) || takes_q16(L.wk, T) || takes_q16(L.wv, T) ? act_q16(st) : ActQ16{});
+        // The previous layer's FFN output joins the residual stream inside the norm. A prefill
+        // chunk's norm writes only the f16 input of the GEMMs.
+        rmsnorm_cuda(x, il == 0 ? nullptr : proj, L.attn_norm, fused_prefill ? nullptr : xn, T, E, s.norm_eps, stream,
+                     takes_q16(L.wq, T) || takes_q16(L.wk, T) || takes_q16(L.wv, T) ? act_q16(st) : ActQ16{},
+                     fused_prefill ? st.act_f16.data() : nullptr);
         op_times_mark("rmsnorm", stream);
         if (T == 1 && L.fused_qkv) {
             matvec_decode(st, L.wq, qd + kd + vd, xn, q);  // q|k|v contiguous
@@ -234,18 +239,19 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             matvec_decode(st, L.wk, kd, xn, k);
             matvec_decode(st, L.wv, vd, xn, v);
         } else {
-            matmul(st, L.wq, xn, T, q, "gemm q");
+            matmul(st, L.wq, xn, T, q, "gemm q", fused_prefill);
             matmul(st, L.wk, xn, T, k, "gemm k", true);
             matmul(st, L.wv, xn, T, v, "gemm v", true);
         }
-        // Decode: bias, RoPE and the K/V write in one launch (qkv_post.cuh); the spilled path
-        // writes K/V itself, so it gets only bias and RoPE.
-        const bool post_fused = T == 1 && qkv_post_fits(m);
+        // Bias, RoPE and the K/V write in one launch (qkv_post.cuh); the spilled path writes K/V
+        // itself, so it gets only bias and RoPE.
+        const bool post_fused = (T == 1 || fused_prefill) && qkv_post_fits(m) && T <= 65535;  // grid.y
         if (post_fused) {
             const bool write_kv = !spilled;
-            qkv_post_cuda(QkvPostShape{s.n_head, nkv, s.head_dim_k}, m.rope_dev, q, k, v, L.bqkv, 1,
+            qkv_post_cuda(QkvPostShape{s.n_head, nkv, s.head_dim_k}, m.rope_dev, q, k, v, L.bqkv, T,
                           st.positions.data(), cache.k_type, write_kv ? cache.k[il] : nullptr, cache.v_type,
                           write_kv ? cache.v[il] : nullptr, pos0, stream);
+            op_times_mark("bias + rope + kv write", stream);
         } else if (L.bqkv) {
             if (T == 1) {
                 add_bias(q, L.bqkv, qd + kd + vd, 1, stream);
@@ -258,7 +264,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         }
         if (T == 1 && !post_fused) {
             rope_cuda(m.rope_dev, q, 1, s.n_head + nkv, s.head_dim_k, st.positions.data(), stream);  // q and k heads
-        } else if (T > 1) {
+        } else if (T > 1 && !post_fused) {
             rope_cuda(m.rope_dev, q, T, s.n_head, s.head_dim_k, st.positions.data(), stream);
             rope_cuda(m.rope_dev, k, T, nkv, s.head_dim_k, st.positions.data(), stream);
             op_times_mark("rope", stream);
@@ -286,9 +292,11 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                    st.attn_workspace.size(), st.sm_count, stream,
                                    takes_q16(L.wo, T) && !separate_attention_quant() ? act_q16(st) : ActQ16{});
         } else {
-            kv_write_cuda(cache.k_type, k, cache.k[il], pos0, T, kd, stream);
-            kv_write_cuda(cache.v_type, v, cache.v[il], pos0, T, vd, stream);
-            op_times_mark("kv write", stream);
+            if (!post_fused) {
+                kv_write_cuda(cache.k_type, k, cache.k[il], pos0, T, kd, stream);
+                kv_write_cuda(cache.v_type, v, cache.v[il], pos0, T, vd, stream);
+                op_times_mark("kv write", stream);
+            }
             prefill_attention_cuda(shape, q, cache.k_type, cache.k[il], cache.v_type, cache.v[il], pos0, T,
                                    st.attn.data(), stream);
             op_times_mark("attention", stream);
@@ -302,8 +310,9 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         } else {
             matmul(st, L.wo, st.attn.data(), T, proj, "gemm o");
         }
-        rmsnorm_cuda(x, proj, L.ffn_norm, xn, T, E, s.norm_eps, stream,
-                     takes_q16(L.ffn_gate, T) || takes_q16(L.ffn_up, T) ? act_q16(st) : ActQ16{});
+        rmsnorm_cuda(x, proj, L.ffn_norm, fused_prefill ? nullptr : xn, T, E, s.norm_eps, stream,
+                     takes_q16(L.ffn_gate, T) || takes_q16(L.ffn_up, T) ? act_q16(st) : ActQ16{},
+                     fused_prefill ? st.act_f16.data() : nullptr);
         op_times_mark("rmsnorm", stream);
         if (T == 1 && L.fused_gate_up) {
             matvec_decode(st, L.ffn_gate, 2 * F, xn, gate);  // gate|up contiguous
@@ -311,16 +320,20 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             matvec_decode(st, L.ffn_gate, F, xn, gate);
             matvec_decode(st, L.ffn_up, F, xn, up);
         } else {
-            matmul(st, L.ffn_gate, xn, T, gate, "gemm gate");
+            matmul(st, L.ffn_gate, xn, T, gate, "gemm gate", fused_prefill);
             matmul(st, L.ffn_up, xn, T, up, "gemm up", true);
         }
         if (takes_q16(L.ffn_down, T)) {
             swiglu_q16_cuda(gate, up, F, act_q16(st), stream);  // the f32 product is never needed
             matvec_decode(st, L.ffn_down, L.ffn_down.n_out, gate, proj);
         } else {
-            swiglu_cuda(gate, up, gate, (size_t)T * F, stream);
+            if (fused_prefill) {
+                swiglu_f16_cuda(gate, up, st.act_f16.data(), (size_t)T * F, stream);  // the GEMM's input
+            } else {
+                swiglu_cuda(gate, up, gate, (size_t)T * F, stream);
+            }
             op_times_mark("swiglu", stream);
-            matmul(st, L.ffn_down, gate, T, proj, "gemm down");
+            matmul(st, L.ffn_down, gate, T, proj, "gemm down", fused_prefill);
         }
     }
     if (spilled) spill_forward_end(*cache.spill, spill_cursor, stream);

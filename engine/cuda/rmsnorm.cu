@@ -22,11 +22,12 @@ __device__ __forceinline__ float block_sum(float sum, float* warp_sums, int n_wa
 // Any dim: one block per row, one value per thread per step.
 __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ add,
                                                            const float* __restrict__ weight, float* __restrict__ out,
-                                                           uint32_t dim, float eps) {
+                                                           __half* __restrict__ out16, uint32_t dim, float eps) {
     __shared__ float warp_sums[kThreads / 32];
     float* xr = x + (size_t)blockIdx.x * dim;
     const float* ar = add != nullptr ? add + (size_t)blockIdx.x * dim : nullptr;
-    float* outr = out + (size_t)blockIdx.x * dim;
+    float* outr = out != nullptr ? out + (size_t)blockIdx.x * dim : nullptr;
+    __half* out16r = out16 != nullptr ? out16 + (size_t)blockIdx.x * dim : nullptr;
 
     float sum = 0.0f;
     for (uint32_t i = threadIdx.x; i < dim; i += kThreads) {
@@ -39,7 +40,11 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(float* __restrict__ x
     }
     const float inv_rms = rsqrtf(block_sum(sum, warp_sums, kThreads / 32) / (float)dim + eps);
     // Each thread re-reads only the elements it wrote itself, so no barrier is needed here.
-    for (uint32_t i = threadIdx.x; i < dim; i += kThreads) outr[i] = xr[i] * inv_rms * weight[i];
+    for (uint32_t i = threadIdx.x; i < dim; i += kThreads) {
+        const float o = xr[i] * inv_rms * weight[i];
+        if (outr != nullptr) outr[i] = o;
+        if (out16r != nullptr) out16r[i] = __float2half_rn(o);
+    }
 }
 
 // dim % 4 == 0 and dim <= 4 * kVecThreads * kVecPerThread: the row is held in registers as
@@ -50,8 +55,9 @@ constexpr int kVecPerThread = 8;
 
 __global__ void __launch_bounds__(kVecThreads) rmsnorm_vec_kernel(float* __restrict__ x, const float* __restrict__ add,
                                                                   const float* __restrict__ weight,
-                                                                  float* __restrict__ out, uint32_t dim, float eps,
-                                                                  int16_t* __restrict__ q, float* __restrict__ qd) {
+                                                                  float* __restrict__ out, __half* __restrict__ out16,
+                                                                  uint32_t dim, float eps, int16_t* __restrict__ q,
+                                                                  float* __restrict__ qd) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     // The Q8_0 matvec that reads this output may be launched now (programmatic dependent
     // launch): it prefetches weights and waits for this grid's completion before reading x.
@@ -87,7 +93,8 @@ __global__ void __launch_bounds__(kVecThreads) rmsnorm_vec_kernel(float* __restr
         }
     }
     const float inv_rms = rsqrtf(block_sum(sum, warp_sums, kVecThreads / 32) / (float)dim + eps);
-    float4* outr = reinterpret_cast<float4*>(out + (size_t)blockIdx.x * dim);
+    float4* outr = out != nullptr ? reinterpret_cast<float4*>(out + (size_t)blockIdx.x * dim) : nullptr;
+    uint2* out16r = out16 != nullptr ? reinterpret_cast<uint2*>(out16 + (size_t)blockIdx.x * dim) : nullptr;
 #pragma unroll
     for (int k = 0; k < kVecPerThread; ++k) {
         const uint32_t i = threadIdx.x + k * kVecThreads;
@@ -95,7 +102,11 @@ __global__ void __launch_bounds__(kVecThreads) rmsnorm_vec_kernel(float* __restr
             // Same operation order as the scalar kernel and rmsnorm_cpu: (x * inv_rms) * w.
             const float4 o = make_float4(v[k].x * inv_rms * g[k].x, v[k].y * inv_rms * g[k].y,
                                          v[k].z * inv_rms * g[k].z, v[k].w * inv_rms * g[k].w);
-            outr[i] = o;
+            if (outr != nullptr) outr[i] = o;
+            if (out16r != nullptr) {
+                const __half2 lo = __floats2half2_rn(o.x, o.y), hi = __floats2half2_rn(o.z, o.w);
+                out16r[i] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+            }
             if (q != nullptr)
                 quantize_act_q16_group(o, threadIdx.x % 32, q + (size_t)blockIdx.x * dim + 4 * i,
                                        qd + (size_t)blockIdx.x * (dim / 32) + i / 8);
@@ -106,20 +117,24 @@ __global__ void __launch_bounds__(kVecThreads) rmsnorm_vec_kernel(float* __restr
 }  // namespace
 
 void rmsnorm_cuda(float* x, const float* residual_add, const float* weight, float* out,
-                  uint32_t n_rows, uint32_t dim, float eps, cudaStream_t stream, ActQ16 q_out) {
+                  uint32_t n_rows, uint32_t dim, float eps, cudaStream_t stream, ActQ16 q_out, __half* out_f16) {
     if (n_rows == 0) return;
     if (dim == 0) fail("rmsnorm_cuda: dim must be positive");
-    if (out == x || out == residual_add) fail("rmsnorm_cuda: out must not alias x or residual_add");
+    if (out == nullptr && out_f16 == nullptr) fail("rmsnorm_cuda: no output");
+    if (out != nullptr && (out == x || out == residual_add)) fail("rmsnorm_cuda: out must not alias x or residual_add");
+    if (q_out && out == nullptr) fail("rmsnorm_cuda: the quantized output comes with the f32 one");
     const bool vec = dim % 4 == 0 && dim <= 4u * kVecThreads * kVecPerThread &&
                      reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(out_f16) % 8 == 0 &&
                      reinterpret_cast<uintptr_t>(weight) % 16 == 0 &&
                      (residual_add == nullptr || reinterpret_cast<uintptr_t>(residual_add) % 16 == 0);
     if (q_out && (!vec || dim % kActBlock != 0 || !q_out.d))
         fail("rmsnorm_cuda: quantized output needs dim % 32 == 0, dim <= 16384 and 16-byte aligned rows");
     if (vec)
-        rmsnorm_vec_kernel<<<n_rows, kVecThreads, 0, stream>>>(x, residual_add, weight, out, dim, eps, q_out.q, q_out.d);
+        rmsnorm_vec_kernel<<<n_rows, kVecThreads, 0, stream>>>(x, residual_add, weight, out, out_f16, dim, eps, q_out.q,
+                                                               q_out.d);
     else
-        rmsnorm_kernel<<<n_rows, kThreads, 0, stream>>>(x, residual_add, weight, out, dim, eps);
+        rmsnorm_kernel<<<n_rows, kThreads, 0, stream>>>(x, residual_add, weight, out, out_f16, dim, eps);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,5 +1,6 @@
 #pragma once
 // SwiGLU gate of the Llama/Qwen2 FFN: out = silu(gate) * up, silu(x) = x / (1 + e^-x).
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -15,5 +16,8 @@ void swiglu_cuda(const float* gate, const float* up, float* out, size_t n, cudaS
 // The same values written only quantized for the Q8_0 decode matvec of the down projection
 // (act_quant.cuh): the f32 result never goes to memory. n % 32 == 0; gate and up 16-byte aligned.
 void swiglu_q16_cuda(const float* gate, const float* up, uint32_t n, ActQ16 out, cudaStream_t stream);
+// The same values rounded to f16 (round to nearest, as a separate conversion would): a
+// prefill chunk's input of the down projection GEMM.
+void swiglu_f16_cuda(const float* gate, const float* up, __half* out, size_t n, cudaStream_t stream);
 
 }  // namespace spillway

@@ -3,6 +3,7 @@
 // summation order and expf/sincos ulps differ); the KV write must produce the very bytes the
 // CPU codec writes (same IEEE operations in the same order).
 #include "act_q16_ref.h"
+#include "common/fp16.h"
 #include "cuda_test_util.h"
 #include "engine/cuda/act_quant.cuh"
 #include "engine/cpu/rmsnorm.h"
@@ -86,6 +87,72 @@ TEST(CudaSmallOps, RmsNormQuantizedOutputAndOddDims) {
             EXPECT_EQ(to_host(d_q), want.q);
             EXPECT_EQ(to_host(d_d), want.d);
         }
+    }
+}
+
+// A prefill chunk's norm writes the GEMMs' f16 input itself: bit for bit the f32 output
+// rounded to nearest (what the separate conversion did), with or without the f32 output, for
+// the vector kernel (5120, 13824) and the scalar one (999).
+TEST(CudaSmallOps, RmsNormF16OutputEqualsRoundedF32) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    for (uint32_t dim : {5120u, 13824u, 999u}) {
+        const uint32_t seed = fresh_seed();
+        SCOPED_TRACE("dim " + std::to_string(dim) + " seed " + std::to_string(seed));
+        std::mt19937 rng(seed);
+        const uint32_t rows = 3;
+        const auto x = random_floats(rng, (size_t)rows * dim, 3.0f);
+        const auto add = random_floats(rng, (size_t)rows * dim);
+        const auto weight = random_floats(rng, dim);
+        auto d_w = to_device(weight);
+        auto d_add = to_device(add);
+        // f32 output alone (the reference), then f16 alone, then both, each from fresh x.
+        auto d_x1 = to_device(x), d_x2 = to_device(x), d_x3 = to_device(x);
+        DeviceBuffer<float> d_out(x.size()), d_out3(x.size());
+        DeviceBuffer<__half> d_h2(x.size()), d_h3(x.size());
+        poison(d_out);
+        poison(d_out3);
+        poison(d_h2);
+        poison(d_h3);
+        rmsnorm_cuda(d_x1.data(), d_add.data(), d_w.data(), d_out.data(), rows, dim, 1e-6f, nullptr);
+        rmsnorm_cuda(d_x2.data(), d_add.data(), d_w.data(), nullptr, rows, dim, 1e-6f, nullptr, {}, d_h2.data());
+        rmsnorm_cuda(d_x3.data(), d_add.data(), d_w.data(), d_out3.data(), rows, dim, 1e-6f, nullptr, {}, d_h3.data());
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto out = to_host(d_out);
+        std::vector<uint16_t> want(out.size()), h2(out.size()), h3(out.size());
+        for (size_t i = 0; i < out.size(); ++i) want[i] = fp32_to_fp16(out[i]);
+        SPILLWAY_CUDA_CHECK(cudaMemcpy(h2.data(), d_h2.data(), d_h2.bytes(), cudaMemcpyDeviceToHost));
+        SPILLWAY_CUDA_CHECK(cudaMemcpy(h3.data(), d_h3.data(), d_h3.bytes(), cudaMemcpyDeviceToHost));
+        EXPECT_EQ(h2, want) << "f16 alone";
+        EXPECT_EQ(h3, want) << "f16 with f32";
+        EXPECT_EQ(to_host(d_out3), out);
+        EXPECT_EQ(to_host(d_x2), to_host(d_x1)) << "residual stream";
+    }
+    DeviceBuffer<float> x(64), w(64);
+    EXPECT_THROW(rmsnorm_cuda(x.data(), nullptr, w.data(), nullptr, 1, 64, 1e-6f, nullptr), Error);  // no output
+}
+
+// SwiGLU into the down GEMM's f16 input: bit for bit the f32 kernel's values rounded to
+// nearest; the vector path (n % 4 == 0) and the scalar one (odd n).
+TEST(CudaSmallOps, SwiGluF16EqualsRoundedF32) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    for (size_t n : {(size_t)2 * 13824, (size_t)3 * 13824 + 5}) {
+        const uint32_t seed = fresh_seed();
+        SCOPED_TRACE("n " + std::to_string(n) + " seed " + std::to_string(seed));
+        std::mt19937 rng(seed);
+        const auto gate = random_floats(rng, n, 4.0f), up = random_floats(rng, n);
+        auto d_gate = to_device(gate), d_up = to_device(up);
+        DeviceBuffer<float> d_out(n);
+        DeviceBuffer<__half> d_h(n);
+        poison(d_out);
+        poison(d_h);
+        swiglu_cuda(d_gate.data(), d_up.data(), d_out.data(), n, nullptr);
+        swiglu_f16_cuda(d_gate.data(), d_up.data(), d_h.data(), n, nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto out = to_host(d_out);
+        std::vector<uint16_t> want(n), got(n);
+        for (size_t i = 0; i < n; ++i) want[i] = fp32_to_fp16(out[i]);
+        SPILLWAY_CUDA_CHECK(cudaMemcpy(got.data(), d_h.data(), d_h.bytes(), cudaMemcpyDeviceToHost));
+        EXPECT_EQ(got, want);
     }
 }
 
