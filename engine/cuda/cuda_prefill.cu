@@ -247,6 +247,7 @@ void matmul_prefill_f16act_cuda(cublasHandle_t cublas, const CudaMatrix& w, uint
             dequantize_rows_f16_cuda(w, r0, rows, sc.tiles[b], sc.side);
             SPILLWAY_CUDA_CHECK(cudaEventRecord(sc.dequant_done[b], sc.side));
             SPILLWAY_CUDA_CHECK(cudaStreamWaitEvent(stream, sc.dequant_done[b], 0));
+            op_times_mark("wait for the tile's dequantization", stream);
             a = sc.tiles[b];
         }
         // Column-major view: C (rows x T, ldc n_out) = A^T (rows x n_in) * B (n_in x T).

@@ -41,15 +41,21 @@ OpTimes& op_times() {
     return t;
 }
 
+// 1: events only; 2: also wait for the stream at every mark (each op timed alone, without
+// overlap with its neighbours: the difference to 1 is what running together costs or saves).
+int op_times_mode() {
+    static const int mode = [] {
+        const char* e = std::getenv("SPILLWAY_OP_TIMES");
+        if (e == nullptr) return 0;
+        const std::string v(e);
+        return v == "1" ? 1 : v == "2" ? 2 : 0;
+    }();
+    return mode;
+}
+
 }  // namespace
 
-bool op_times_enabled() {
-    static const bool on = [] {
-        const char* e = std::getenv("SPILLWAY_OP_TIMES");
-        return e != nullptr && std::string(e) == "1";
-    }();
-    return on;
-}
+bool op_times_enabled() { return op_times_mode() != 0; }
 
 void op_times_begin(cudaStream_t stream) {
     if (!op_times_enabled()) return;
@@ -75,6 +81,7 @@ void op_times_mark(const char* label, cudaStream_t stream) {
     }
     SPILLWAY_CUDA_CHECK(cudaEventRecord(t.pool[i], stream));
     t.labels.push_back(label);
+    if (op_times_mode() == 2) SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 void op_times_end(cudaStream_t stream) {

@@ -3,8 +3,10 @@
 // SPILLWAY_OP_TIMES=1: forward_cuda records an event after each op group of a chunk (T > 1;
 // decode steps, which run as graphs, are not timed), waits for the chunk at its end, sums the
 // intervals per label and prints the totals to stderr when the process exits. The events and
-// the per-chunk wait cost a little; the shares are what it is for. Off: every call is a
-// branch on a cached flag.
+// the per-chunk wait cost a little; the shares are what it is for. SPILLWAY_OP_TIMES=2 also
+// waits for the stream at every mark: each op timed alone, without its neighbours running
+// beside it (the side stream's dequantization, the tail of the previous kernel). Off: every
+// call is a branch on a cached flag.
 #pragma once
 
 #include <cuda_runtime.h>
