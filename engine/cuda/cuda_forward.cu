@@ -175,10 +175,10 @@ void matvec_decode(CudaForwardState& st, const CudaMatrix& w, uint32_t rows, con
     else matvec_cuda(w.type, w.data, x, y, rows, w.n_in, 1, st.stream);
 }
 
-// Lab knobs of the prefill GEMMs, A/B'd in docs/perf-notes.md (session 12):
-// SPILLWAY_PREFILL_OVERLAP=0 (one weight tile, dequantized on the main stream) and
-// SPILLWAY_PREFILL_TILES=greedy (full tiles, remainder last).
-bool prefill_lab_knob(const char* name, const char* value) {
+// Lab knobs, A/B'd in docs/perf-notes.md (session 12): SPILLWAY_PREFILL_OVERLAP=0 (one
+// weight tile, dequantized on the main stream), SPILLWAY_PREFILL_TILES=greedy (full tiles,
+// remainder last), SPILLWAY_PREFILL_FUSED=0, SPILLWAY_ROPE_TABLE=0 (see their uses).
+bool lab_knob(const char* name, const char* value) {
     const char* e = std::getenv(name);
     return e != nullptr && std::string(e) == value;
 }
@@ -207,6 +207,13 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                                                      m.token_embd.row_bytes, st.tokens.data(), V, E,
                                                                      st.x.data());
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    // cos / sin of this forward's positions, shared by every layer's post-QKV kernel
+    // (SPILLWAY_ROPE_TABLE=0: computed per head and layer, to measure the difference).
+    const float2* rope_table = nullptr;
+    if (st.rope_cs.size() > 0 && !lab_knob("SPILLWAY_ROPE_TABLE", "0")) {
+        rope_table_cuda(m.rope_dev, st.positions.data(), T, st.rope_cs.data(), stream);
+        rope_table = st.rope_cs.data();
+    }
     op_times_mark("embed", stream);
 
     float* x = st.x.data();
@@ -221,7 +228,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     const bool spilled = spill_engaged(cache.spill.get(), pos0, T);
     // A prefill chunk's producers write the GEMMs' f16 inputs themselves (norms, SwiGLU) and
     // bias + RoPE + K/V write run as one launch (SPILLWAY_PREFILL_FUSED=0: separate passes).
-    const bool fused_prefill = T > 1 && !prefill_lab_knob("SPILLWAY_PREFILL_FUSED", "0");
+    const bool fused_prefill = T > 1 && !lab_knob("SPILLWAY_PREFILL_FUSED", "0");
     SpillCursor spill_cursor;
     if (spilled) spill_forward_begin(*cache.spill, spill_cursor, s.n_layer, pos0, T, stream);
     for (uint32_t il = 0; il < s.n_layer; ++il) {
@@ -250,7 +257,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             const bool write_kv = !spilled;
             qkv_post_cuda(QkvPostShape{s.n_head, nkv, s.head_dim_k}, m.rope_dev, q, k, v, L.bqkv, T,
                           st.positions.data(), cache.k_type, write_kv ? cache.k[il] : nullptr, cache.v_type,
-                          write_kv ? cache.v[il] : nullptr, pos0, stream);
+                          write_kv ? cache.v[il] : nullptr, pos0, stream, rope_table);
             op_times_mark("bias + rope + kv write", stream);
         } else if (L.bqkv) {
             if (T == 1) {
@@ -482,8 +489,8 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
         st.prefill_gemm.act_f16 = st.act_f16.data();
         st.prefill_gemm.tiles[0] = st.w_f16.data();
         st.prefill_gemm.tile_elems = st.w_f16.size();
-        st.prefill_gemm.greedy_tiles = prefill_lab_knob("SPILLWAY_PREFILL_TILES", "greedy");
-        if (!prefill_lab_knob("SPILLWAY_PREFILL_OVERLAP", "0")) {
+        st.prefill_gemm.greedy_tiles = lab_knob("SPILLWAY_PREFILL_TILES", "greedy");
+        if (!lab_knob("SPILLWAY_PREFILL_OVERLAP", "0")) {
             st.w_f16_next = DeviceBuffer<__half>(st.w_f16.size());
             st.prefill_gemm.tiles[1] = st.w_f16_next.data();
             SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&st.prefill_gemm.side, cudaStreamNonBlocking));
@@ -495,6 +502,7 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     }
     st.tokens = DeviceBuffer<int32_t>(T);
     st.positions = DeviceBuffer<int32_t>(T);
+    if (qkv_post_fits(m)) st.rope_cs = DeviceBuffer<float2>(T * (m.rope_dev.n_dims / 2));
     st.next_token = DeviceBuffer<int32_t>(1);
     {
         const size_t widest_in = std::max({(size_t)s.n_embd, (size_t)s.n_ff, ad});
@@ -508,7 +516,7 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
 uint64_t cuda_forward_scratch_bytes(const CudaForwardState& st) {
     return st.x.bytes() + st.xn.bytes() + st.proj.bytes() + st.qkv.bytes() + st.attn.bytes() + st.attn_lse.bytes() +
            st.gate_up.bytes() + st.logits.bytes() + st.attn_workspace.bytes() + st.act_f16.bytes() + st.w_f16.bytes() + st.w_f16_next.bytes() +
-           st.tokens.bytes() + st.positions.bytes() + st.next_token.bytes() + st.act_q16.bytes() +
+           st.tokens.bytes() + st.positions.bytes() + st.rope_cs.bytes() + st.next_token.bytes() + st.act_q16.bytes() +
            st.act_q16_scale.bytes() + st.spill_lse.bytes() + st.spill_tail_out.bytes() + st.spill_tail_lse.bytes() +
            st.spill_chunk_out.bytes() + st.spill_chunk_lse.bytes() + st.spill_workspace.bytes();
 }

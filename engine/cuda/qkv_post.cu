@@ -23,7 +23,7 @@ __global__ void __launch_bounds__(kMaxHeadDim) qkv_post_kernel(QkvPostShape s, R
                                                                float* k, float* v, const float* __restrict__ bias,
                                                                const int32_t* __restrict__ positions, KvType k_type,
                                                                uint8_t* k_cache, KvType v_type, uint8_t* v_cache,
-                                                               uint32_t first_cell) {
+                                                               uint32_t first_cell, const float2* __restrict__ rope_table) {
     __shared__ float head_vals[kMaxHeadDim];
     const uint32_t e = threadIdx.x, hd = s.head_dim, t = blockIdx.y;
     const uint32_t qd = s.n_head * hd, kd = s.n_head_kv * hd;
@@ -44,7 +44,12 @@ __global__ void __launch_bounds__(kMaxHeadDim) qkv_post_kernel(QkvPostShape s, R
             const uint32_t i = rope.neox ? e % half : e / 2;
             const uint32_t a = rope.neox ? i : 2 * i, b = rope.neox ? i + half : 2 * i + 1;
             float cv, sv;
-            rope_cos_sin(rope, positions[t], i, &cv, &sv);
+            if (rope_table != nullptr) {
+                const float2 cs = rope_table[(size_t)t * half + i];
+                cv = cs.x, sv = cs.y;
+            } else {
+                rope_cos_sin(rope, positions[t], i, &cv, &sv);
+            }
             const float x0 = head_vals[a], x1 = head_vals[b];
             val = e == a ? x0 * cv - x1 * sv : x0 * sv + x1 * cv;
         }
@@ -61,7 +66,8 @@ __global__ void __launch_bounds__(kMaxHeadDim) qkv_post_kernel(QkvPostShape s, R
 
 void qkv_post_cuda(const QkvPostShape& shape, const RopeDeviceTables& rope, float* q, float* k, float* v,
                    const float* bias, uint32_t n_tokens, const int32_t* positions, KvType k_type, uint8_t* k_cache,
-                   KvType v_type, uint8_t* v_cache, uint32_t first_cell, cudaStream_t stream) {
+                   KvType v_type, uint8_t* v_cache, uint32_t first_cell, cudaStream_t stream,
+                   const float2* rope_table) {
     if (n_tokens == 0) return;
     if (shape.head_dim == 0 || shape.head_dim % 32 != 0 || shape.head_dim > kMaxHeadDim || shape.n_head == 0 ||
         shape.n_head_kv == 0)
@@ -71,7 +77,7 @@ void qkv_post_cuda(const QkvPostShape& shape, const RopeDeviceTables& rope, floa
     if ((k_cache == nullptr) != (v_cache == nullptr)) fail("qkv_post_cuda: give both caches or neither");
     const dim3 grid(shape.n_head + 2 * shape.n_head_kv, n_tokens);
     qkv_post_kernel<<<grid, shape.head_dim, 0, stream>>>(shape, rope, q, k, v, bias, positions, k_type, k_cache, v_type,
-                                                         v_cache, first_cell);
+                                                         v_cache, first_cell, rope_table);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -29,7 +29,29 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeDeviceTables t, floa
     head[b] = x0 * sv + x1 * cv;
 }
 
+__global__ void __launch_bounds__(kThreads) rope_table_kernel(RopeDeviceTables t, const int32_t* positions,
+                                                              uint32_t n_tokens, float2* table) {
+    const uint32_t half = t.n_dims / 2;
+    const uint64_t item = (uint64_t)blockIdx.x * kThreads + threadIdx.x;
+    if (item >= (uint64_t)n_tokens * half) return;
+    const uint32_t token = (uint32_t)(item / half), i = (uint32_t)(item % half);
+    float cv, sv;
+    rope_cos_sin(t, positions[token], i, &cv, &sv);
+    table[item] = make_float2(cv, sv);
+}
+
 }  // namespace
+
+void rope_table_cuda(const RopeDeviceTables& tables, const int32_t* positions, uint32_t n_tokens, float2* table,
+                     cudaStream_t stream) {
+    if (n_tokens == 0) return;
+    if (tables.n_dims == 0 || tables.n_dims % 2 != 0 || tables.inv_freq == nullptr || table == nullptr)
+        fail("rope_table_cuda: n_dims must be even and positive, with an inv_freq table and an output");
+    const uint64_t items = (uint64_t)n_tokens * (tables.n_dims / 2);
+    rope_table_kernel<<<(unsigned)((items + kThreads - 1) / kThreads), kThreads, 0, stream>>>(tables, positions,
+                                                                                            n_tokens, table);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
 
 void rope_cuda(const RopeDeviceTables& tables, float* x, uint32_t n_tokens, uint32_t n_heads,
                uint32_t head_dim, const int32_t* positions, cudaStream_t stream) {

@@ -23,4 +23,11 @@ struct RopeDeviceTables {
 void rope_cuda(const RopeDeviceTables& tables, float* x, uint32_t n_tokens, uint32_t n_heads,
                uint32_t head_dim, const int32_t* positions, cudaStream_t stream);
 
+// table[t * n_dims/2 + i] = (cos, sin) of pair i at positions[t], times mscale: the values the
+// kernels compute per head (rope_device.cuh), once per token for every head and layer of a
+// forward. (The double-precision sincos per head and layer was most of the fused post-QKV
+// kernel's time on a prefill chunk.) table: n_tokens * n_dims / 2 float2, device.
+void rope_table_cuda(const RopeDeviceTables& tables, const int32_t* positions, uint32_t n_tokens, float2* table,
+                     cudaStream_t stream);
+
 }  // namespace spillway

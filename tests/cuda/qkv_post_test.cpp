@@ -5,6 +5,7 @@
 #include "cuda_test_util.h"
 #include "engine/cpu/rope.h"
 #include "engine/cuda/qkv_post.cuh"
+#include "engine/cuda/rope.cuh"
 #include "kv/kv_codec.h"
 
 namespace spillway {
@@ -50,10 +51,27 @@ void check_post(PostCase c) {
     dt.ramp_mix = d_mix.data();
     dt.freq_scale = tables.freq_scale;
     dt.mscale = tables.mscale;
+    // The same inputs again, with cos / sin from the forward's table (rope_table_cuda): bit
+    // for bit the same q, k, v and cache bytes.
+    auto t_q = to_device(q), t_k = to_device(k), t_v = to_device(v);
+    DeviceBuffer<uint8_t> t_kc(k_row * n_cells), t_vc(v_row * n_cells);
+    DeviceBuffer<float2> table((size_t)T * (tables.n_dims / 2));
+    poison(t_kc);
+    poison(t_vc);
+    poison(table);
     qkv_post_cuda(QkvPostShape{c.n_head, c.n_head_kv, c.head_dim}, dt, d_q.data(), d_k.data(), d_v.data(),
                   c.bias ? d_bias.data() : nullptr, T, d_pos.data(), c.k_type, c.write_cache ? d_kc.data() : nullptr,
                   c.v_type, c.write_cache ? d_vc.data() : nullptr, first, nullptr);
+    rope_table_cuda(dt, d_pos.data(), T, table.data(), nullptr);
+    qkv_post_cuda(QkvPostShape{c.n_head, c.n_head_kv, c.head_dim}, dt, t_q.data(), t_k.data(), t_v.data(),
+                  c.bias ? d_bias.data() : nullptr, T, d_pos.data(), c.k_type, c.write_cache ? t_kc.data() : nullptr,
+                  c.v_type, c.write_cache ? t_vc.data() : nullptr, first, nullptr, table.data());
     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(to_host(t_q), to_host(d_q)) << "q with the cos/sin table";
+    EXPECT_EQ(to_host(t_k), to_host(d_k)) << "k with the cos/sin table";
+    EXPECT_EQ(to_host(t_v), to_host(d_v)) << "v with the cos/sin table";
+    EXPECT_EQ(to_host(t_kc), to_host(d_kc)) << "K cache with the cos/sin table";
+    EXPECT_EQ(to_host(t_vc), to_host(d_vc)) << "V cache with the cos/sin table";
 
     for (uint32_t t = 0; t < T; ++t) {
         float* qt = q.data() + (size_t)t * qd;
@@ -111,6 +129,8 @@ TEST(CudaQkvPost, MatchesBiasRopeAndKvWriteOnTheCpu) {
     check_post({6, 3, 64, 2, normal, false, KvType::f16, KvType::q8_0, true});
     check_post({4, 4, 64, 1, partial, true, KvType::q4_0, KvType::f16, true});
     check_post({40, 8, 128, 1, neox, true, KvType::q8_0, KvType::q8_0, false});  // bias + RoPE only
+    check_post({40, 8, 128, 37, neox, true, KvType::f16, KvType::f16, true});    // a prefill chunk
+    check_post({8, 2, 128, 19, yarn, true, KvType::q8_0, KvType::q8_0, true});
 }
 
 TEST(CudaQkvPost, RejectsBadShapes) {
