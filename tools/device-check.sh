@@ -10,7 +10,8 @@
 #          benchmarks selected by the filter, with Nsight Compute, clocks left alone: ncu.log),
 #          --filter GTEST_GLOB (run only these GPU tests, e.g. 'CudaMatvec.*:CudaAttention.*'),
 #          --hf (also the prefill block at the end: bench_prefill, then spillway vs HF
-#          transformers prefill at 8k and 64k tokens, tools/hf-prefill-bench.py; ~2 minutes),
+#          transformers prefill at 8k and 64k tokens, tools/hf-prefill-bench.py, the prefill
+#          lab A/Bs and an 8k op-times table; ~3 minutes),
 #          --prebuilt DIR (skip the build; run DIR/test_cuda and DIR/bench_kernels, built
 #          elsewhere for sm_90). If the build fails and .dev/prebuilt exists, it is used.
 # Logs land in $OUT (or ./out) as build.log, ctest.log, bench.log.
@@ -199,4 +200,17 @@ if [ "$hf" = 1 ]; then
   PYTHONUNBUFFERED=1 python3 tools/hf-prefill-bench.py --spillway "$bin/spillway" >"$out/hf-prefill.log" 2>&1
   echo "hf-prefill-bench rc=$?"
   cat "$out/hf-prefill.log"
+  # Lab A/Bs of the prefill choices (docs/perf-notes.md, session 12), 8k tokens, -b 2048,
+  # then where an 8k prefill's GPU time goes (SPILLWAY_OP_TIMES=1; ms over warm-up + timed run).
+  echo
+  echo "== prefill A/B, 8k tokens -b 2048 (tok/s)"
+  for knob in default SPILLWAY_PREFILL_FUSED=0 SPILLWAY_ROPE_TABLE=0 SPILLWAY_PREFILL_OVERLAP=0 SPILLWAY_PREFILL_TILES=greedy; do
+    if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
+    env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 8192 -n 0 -b 2048 -ctk f16 \
+      >"$out/prefill-ab.log" 2>&1
+    echo "prefill A/B $knob rc=$?: $(grep -E '^\| f16 \| f16 \| pp' "$out/prefill-ab.log" | awk -F'|' '{print $6}') tok/s"
+  done
+  SPILLWAY_OP_TIMES=1 "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 8192 -n 0 -b 2048 -ctk f16 \
+    >/dev/null 2>"$out/prefill-op-times.log"
+  sed -n '/^op times/,$p' "$out/prefill-op-times.log"
 fi

@@ -178,9 +178,13 @@ void matvec_decode(CudaForwardState& st, const CudaMatrix& w, uint32_t rows, con
 // Lab knobs, A/B'd in docs/perf-notes.md (session 12): SPILLWAY_PREFILL_OVERLAP=0 (one
 // weight tile, dequantized on the main stream), SPILLWAY_PREFILL_TILES=greedy (full tiles,
 // remainder last), SPILLWAY_PREFILL_FUSED=0, SPILLWAY_ROPE_TABLE=0 (see their uses).
-bool lab_knob(const char* name, const char* value) {
+bool lab_knob(const char* name, const char* value, const char* default_value) {
     const char* e = std::getenv(name);
-    return e != nullptr && std::string(e) == value;
+    if (e == nullptr || *e == '\0') return false;
+    const std::string v(e);
+    if (v == value) return true;
+    if (v == default_value) return false;
+    fail(std::string(name) + " must be '" + value + "' or '" + default_value + "', got '" + v + "'");
 }
 
 bool separate_attention_quant() {
@@ -210,7 +214,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     // cos / sin of this forward's positions, shared by every layer's post-QKV kernel
     // (SPILLWAY_ROPE_TABLE=0: computed per head and layer, to measure the difference).
     const float2* rope_table = nullptr;
-    if (st.rope_cs.size() > 0 && !lab_knob("SPILLWAY_ROPE_TABLE", "0")) {
+    if (st.rope_cs.size() > 0 && !lab_knob("SPILLWAY_ROPE_TABLE", "0", "1")) {
         rope_table_cuda(m.rope_dev, st.positions.data(), T, st.rope_cs.data(), stream);
         rope_table = st.rope_cs.data();
     }
@@ -228,7 +232,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     const bool spilled = spill_engaged(cache.spill.get(), pos0, T);
     // A prefill chunk's producers write the GEMMs' f16 inputs themselves (norms, SwiGLU) and
     // bias + RoPE + K/V write run as one launch (SPILLWAY_PREFILL_FUSED=0: separate passes).
-    const bool fused_prefill = T > 1 && !lab_knob("SPILLWAY_PREFILL_FUSED", "0");
+    const bool fused_prefill = T > 1 && !lab_knob("SPILLWAY_PREFILL_FUSED", "0", "1");
     SpillCursor spill_cursor;
     if (spilled) spill_forward_begin(*cache.spill, spill_cursor, s.n_layer, pos0, T, stream);
     for (uint32_t il = 0; il < s.n_layer; ++il) {
@@ -489,8 +493,8 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
         st.prefill_gemm.act_f16 = st.act_f16.data();
         st.prefill_gemm.tiles[0] = st.w_f16.data();
         st.prefill_gemm.tile_elems = st.w_f16.size();
-        st.prefill_gemm.greedy_tiles = lab_knob("SPILLWAY_PREFILL_TILES", "greedy");
-        if (!lab_knob("SPILLWAY_PREFILL_OVERLAP", "0")) {
+        st.prefill_gemm.greedy_tiles = lab_knob("SPILLWAY_PREFILL_TILES", "greedy", "balanced");
+        if (!lab_knob("SPILLWAY_PREFILL_OVERLAP", "0", "1")) {
             st.w_f16_next = DeviceBuffer<__half>(st.w_f16.size());
             st.prefill_gemm.tiles[1] = st.w_f16_next.data();
             SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&st.prefill_gemm.side, cudaStreamNonBlocking));

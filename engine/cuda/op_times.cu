@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "engine/cuda/cuda_check.h"
 
 namespace spillway {
@@ -48,7 +49,9 @@ int op_times_mode() {
         const char* e = std::getenv("SPILLWAY_OP_TIMES");
         if (e == nullptr) return 0;
         const std::string v(e);
-        return v == "1" ? 1 : v == "2" ? 2 : 0;
+        if (v.empty() || v == "0") return 0;
+        if (v == "1" || v == "2") return v == "1" ? 1 : 2;
+        fail("SPILLWAY_OP_TIMES must be 0, 1 or 2, got '" + v + "'");
     }();
     return mode;
 }
