@@ -6,6 +6,7 @@
 //  - GEMM: matmul_prefill_cuda on Q8_0 weights (tile dequantization to f16 + cuBLAS) for
 //    chunks of 512..4096 tokens, next to the dequantization alone and cuBLAS alone (f16
 //    weights in place), to see what the dequantization costs.
+//  - GEMM sequence: a layer boundary's down -> RMSNorm -> q -> q, each step event-timed.
 // Median of a few event-timed repetitions (each is milliseconds long, so event overhead is
 // negligible).
 //
@@ -23,6 +24,7 @@
 
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cuda_prefill.cuh"
+#include "engine/cuda/rmsnorm.cuh"
 #include "gguf/ggml_types.h"
 
 using namespace spillway;
@@ -147,6 +149,66 @@ void bench_gemm(const Options& o, cublasHandle_t cublas, uint32_t n_in, uint32_t
                 (double)(q8_row + f16_row) * n_out / (dq_ms * 1e6));
 }
 
+// The engine's op times show the first GEMM after each layer boundary of an 8k prefill
+// (down projection, then RMSNorm, then q) taking ~2.2x what the same GEMM takes right after
+// it (docs/perf-notes.md, session 12). This replays that sequence outside the engine, f16
+// weights in place (no dequantization, one stream), T = 2048, and times each step with
+// events: down (5120 x 13824) -> RMSNorm of 2048 x 5120 (residual add, f16 out) -> q (5120 x
+// 5120) -> q again. Variants: no kernel between down and q, or a 42 MB device copy instead of
+// the norm. Prints the median us of each step over 20 repetitions.
+void bench_gemm_sequence(const Options& o, cublasHandle_t cublas) {
+    if (!o.only.empty() && std::string("gemm sequence").find(o.only) == std::string::npos) return;
+    constexpr uint32_t T = 2048, E = 5120, F = 13824;
+    DeviceBuffer<__half> w_down((size_t)E * F), w_q((size_t)E * E), act_ffn((size_t)T * F), act((size_t)T * E);
+    DeviceBuffer<float> x((size_t)T * E), proj((size_t)T * E), y((size_t)T * E), norm_w(E), scratch((size_t)T * E);
+    fill(GgmlType::F16, reinterpret_cast<uint8_t*>(w_down.data()), w_down.bytes(), 31);
+    fill(GgmlType::F16, reinterpret_cast<uint8_t*>(w_q.data()), w_q.bytes(), 32);
+    fill(GgmlType::F16, reinterpret_cast<uint8_t*>(act_ffn.data()), act_ffn.bytes(), 33);
+    fill_f32_kernel<<<1024, 256>>>(x.data(), x.size(), 34);
+    fill_f32_kernel<<<64, 256>>>(norm_w.data(), norm_w.size(), 35);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    SPILLWAY_CUDA_CHECK(cublasSetStream(cublas, nullptr));
+    const float one = 1.0f, zero = 0.0f;
+    auto gemm = [&](const __half* w, uint32_t n_out, uint32_t n_in, const __half* in, float* out) {
+        SPILLWAY_CUDA_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, (int)T, (int)n_in, &one, w,
+                                         CUDA_R_16F, (int)n_in, in, CUDA_R_16F, (int)n_in, &zero, out, CUDA_R_32F,
+                                         (int)n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    };
+    for (const char* between : {"rmsnorm", "none", "copy 42 MB"}) {
+        constexpr int kReps = 20, kSteps = 4;  // down, between, q, q again
+        std::vector<cudaEvent_t> ev(kReps * (kSteps + 1));
+        for (auto& e : ev) SPILLWAY_CUDA_CHECK(cudaEventCreate(&e));
+        for (int r = 0; r < kReps; ++r) {
+            cudaEvent_t* e = &ev[(size_t)r * (kSteps + 1)];
+            SPILLWAY_CUDA_CHECK(cudaEventRecord(e[0]));
+            gemm(w_down.data(), E, F, act_ffn.data(), proj.data());
+            SPILLWAY_CUDA_CHECK(cudaEventRecord(e[1]));
+            if (std::string(between) == "rmsnorm")
+                rmsnorm_cuda(x.data(), proj.data(), norm_w.data(), nullptr, T, E, 1e-6f, nullptr, {}, act.data());
+            else if (std::string(between) == "copy 42 MB")
+                SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(scratch.data(), proj.data(), proj.bytes(), cudaMemcpyDeviceToDevice));
+            SPILLWAY_CUDA_CHECK(cudaEventRecord(e[2]));
+            gemm(w_q.data(), E, E, act.data(), y.data());
+            SPILLWAY_CUDA_CHECK(cudaEventRecord(e[3]));
+            gemm(w_q.data(), E, E, act.data(), y.data());
+            SPILLWAY_CUDA_CHECK(cudaEventRecord(e[4]));
+        }
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const char* names[kSteps] = {"down 5120x13824", "between", "q 5120x5120 (first)", "q 5120x5120 (again)"};
+        for (int k = 0; k < kSteps; ++k) {
+            std::vector<float> us(kReps);
+            for (int r = 0; r < kReps; ++r) {
+                SPILLWAY_CUDA_CHECK(cudaEventElapsedTime(&us[r], ev[(size_t)r * (kSteps + 1) + k],
+                                                         ev[(size_t)r * (kSteps + 1) + k + 1]));
+                us[r] *= 1000.0f;
+            }
+            std::nth_element(us.begin(), us.begin() + kReps / 2, us.end());
+            std::printf("| gemm sequence, between = %s | %s, T %u | %.1f us | |\n", between, names[k], T, us[kReps / 2]);
+        }
+        for (auto& e : ev) cudaEventDestroy(e);
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -192,6 +254,7 @@ int main(int argc, char** argv) {
         bench_attention(o, K::tensor_core_m32_wide, q8, q4, 65536, 2048);
         cublasHandle_t cublas = nullptr;
         SPILLWAY_CUDA_CHECK(cublasCreate(&cublas));
+        bench_gemm_sequence(o, cublas);
         for (uint32_t T : {512u, 1024u, 2048u, 4096u}) {
             bench_gemm(o, cublas, 5120, 13824, T);  // gate / up
             bench_gemm(o, cublas, 13824, 5120, T);  // down
