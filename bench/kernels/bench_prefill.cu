@@ -6,7 +6,7 @@
 //  - GEMM: matmul_prefill_cuda on Q8_0 weights (tile dequantization to f16 + cuBLAS) for
 //    chunks of 512..4096 tokens, next to the dequantization alone and cuBLAS alone (f16
 //    weights in place), to see what the dequantization costs.
-//  - GEMM sequence: a layer boundary's down -> RMSNorm -> q -> q, each step event-timed.
+//  - GEMM sequence: a layer boundary's down -> RMSNorm -> q -> q-shaped, each step event-timed.
 // Median of a few event-timed repetitions (each is milliseconds long, so event overhead is
 // negligible).
 //
@@ -154,15 +154,19 @@ void bench_gemm(const Options& o, cublasHandle_t cublas, uint32_t n_in, uint32_t
 // it (docs/perf-notes.md, session 12). This replays that sequence outside the engine, f16
 // weights in place (no dequantization, one stream), T = 2048, and times each step with
 // events: down (5120 x 13824) -> RMSNorm of 2048 x 5120 (residual add, f16 out) -> q (5120 x
-// 5120) -> q again. Variants: no kernel between down and q, or a 42 MB device copy instead of
-// the norm. Prints the median us of each step over 20 repetitions.
+// 5120) -> another GEMM of q's shape. Variants: no kernel between down and q, or a 42 MB
+// device copy instead of the norm. Prints the median us of each step over 20 repetitions.
 void bench_gemm_sequence(const Options& o, cublasHandle_t cublas) {
     if (!o.only.empty() && std::string("gemm sequence").find(o.only) == std::string::npos) return;
     constexpr uint32_t T = 2048, E = 5120, F = 13824;
-    DeviceBuffer<__half> w_down((size_t)E * F), w_q((size_t)E * E), act_ffn((size_t)T * F), act((size_t)T * E);
+    // The step after q multiplies a second q-sized weight: the first one's 52 MB would partly still
+    // be in L2 (60 MB on the H200) and flatter the second GEMM.
+    DeviceBuffer<__half> w_down((size_t)E * F), w_q((size_t)E * E), w_q2((size_t)E * E), act_ffn((size_t)T * F),
+        act((size_t)T * E);
     DeviceBuffer<float> x((size_t)T * E), proj((size_t)T * E), y((size_t)T * E), norm_w(E), scratch((size_t)T * E);
     fill(GgmlType::F16, reinterpret_cast<uint8_t*>(w_down.data()), w_down.bytes(), 31);
     fill(GgmlType::F16, reinterpret_cast<uint8_t*>(w_q.data()), w_q.bytes(), 32);
+    fill(GgmlType::F16, reinterpret_cast<uint8_t*>(w_q2.data()), w_q2.bytes(), 36);
     fill(GgmlType::F16, reinterpret_cast<uint8_t*>(act_ffn.data()), act_ffn.bytes(), 33);
     fill_f32_kernel<<<1024, 256>>>(x.data(), x.size(), 34);
     fill_f32_kernel<<<64, 256>>>(norm_w.data(), norm_w.size(), 35);
@@ -175,7 +179,7 @@ void bench_gemm_sequence(const Options& o, cublasHandle_t cublas) {
                                          (int)n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     };
     for (const char* between : {"rmsnorm", "none", "copy 42 MB"}) {
-        constexpr int kReps = 20, kSteps = 4;  // down, between, q, q again
+        constexpr int kReps = 20, kSteps = 4;  // down, between, q, a second q-shaped GEMM
         std::vector<cudaEvent_t> ev(kReps * (kSteps + 1));
         for (auto& e : ev) SPILLWAY_CUDA_CHECK(cudaEventCreate(&e));
         for (int r = 0; r < kReps; ++r) {
@@ -190,11 +194,11 @@ void bench_gemm_sequence(const Options& o, cublasHandle_t cublas) {
             SPILLWAY_CUDA_CHECK(cudaEventRecord(e[2]));
             gemm(w_q.data(), E, E, act.data(), y.data());
             SPILLWAY_CUDA_CHECK(cudaEventRecord(e[3]));
-            gemm(w_q.data(), E, E, act.data(), y.data());
+            gemm(w_q2.data(), E, E, act.data(), y.data());
             SPILLWAY_CUDA_CHECK(cudaEventRecord(e[4]));
         }
         SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-        const char* names[kSteps] = {"down 5120x13824", "between", "q 5120x5120 (first)", "q 5120x5120 (again)"};
+        const char* names[kSteps] = {"down 5120x13824", "between", "q 5120x5120 (first)", "q-shaped 5120x5120 (next)"};
         for (int k = 0; k < kSteps; ++k) {
             std::vector<float> us(kReps);
             for (int r = 0; r < kReps; ++r) {

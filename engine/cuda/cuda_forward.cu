@@ -549,7 +549,12 @@ void forward_cuda(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, 
     // SPILLWAY_OP_TIMES=1 (op_times.h): a prefill chunk's op groups timed.
     const bool timed = n_tokens > 1 && op_times_enabled();
     if (timed) op_times_begin(st.stream);
-    enqueue_forward(m, cache, st, n_tokens, pos0, nullptr);
+    try {
+        enqueue_forward(m, cache, st, n_tokens, pos0, nullptr);
+    } catch (...) {
+        if (timed) op_times_cancel(st.stream);
+        throw;
+    }
     if (timed) op_times_end(st.stream);
 }
 

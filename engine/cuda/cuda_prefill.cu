@@ -228,6 +228,9 @@ void matmul_prefill_f16act_cuda(cublasHandle_t cublas, const CudaMatrix& w, uint
     const uint32_t tile_rows = in_place ? w.n_out : prefill_tile_rows(w.n_out, w.n_in, sc.tile_elems, sc.greedy_tiles);
     if (tile_rows == 0) fail("matmul_prefill_cuda: weight scratch smaller than one row");
     const bool overlap = !in_place && sc.tiles[1] != nullptr;
+    if (sc.tiles[1] != nullptr && (sc.side == nullptr || !sc.dequant_done[0] || !sc.dequant_done[1] ||
+                                   !sc.gemm_done[0] || !sc.gemm_done[1]))
+        fail("matmul_prefill_cuda: two weight tiles need the side stream and its four events");
     const float one = 1.0f, zero = 0.0f;
     for (uint32_t r0 = 0; r0 < w.n_out; r0 += tile_rows) {
         const uint32_t rows = std::min(tile_rows, w.n_out - r0);

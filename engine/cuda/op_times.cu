@@ -18,6 +18,7 @@ struct OpTimes {
     std::mutex mutex;
     std::vector<cudaEvent_t> pool;            // reused across forwards
     std::vector<const char*> labels;          // label of the interval ending at event i (i >= 1)
+    cudaStream_t timed = nullptr;             // the stream of the forward being timed
     std::map<std::string, std::pair<double, uint64_t>> totals;  // ms, intervals
     uint64_t forwards = 0;
 
@@ -64,7 +65,10 @@ void op_times_begin(cudaStream_t stream) {
     if (!op_times_enabled()) return;
     OpTimes& t = op_times();
     const std::lock_guard<std::mutex> lock(t.mutex);
+    // One timed forward at a time: a second stream's forward (another thread) is not timed.
+    if (!t.labels.empty() && t.timed != stream) return;
     t.labels.assign(1, nullptr);
+    t.timed = stream;
     if (t.pool.empty()) {
         t.pool.push_back(nullptr);
         SPILLWAY_CUDA_CHECK(cudaEventCreate(&t.pool.back()));
@@ -76,7 +80,9 @@ void op_times_mark(const char* label, cudaStream_t stream) {
     if (!op_times_enabled()) return;
     OpTimes& t = op_times();
     const std::lock_guard<std::mutex> lock(t.mutex);
-    if (t.labels.empty()) return;  // not inside a timed forward (e.g. a decode step)
+    // Not inside a timed forward (e.g. a decode step, maybe under graph capture), or another
+    // stream's work.
+    if (t.labels.empty() || stream != t.timed) return;
     const size_t i = t.labels.size();
     if (t.pool.size() <= i) {
         t.pool.push_back(nullptr);
@@ -91,7 +97,7 @@ void op_times_end(cudaStream_t stream) {
     if (!op_times_enabled()) return;
     OpTimes& t = op_times();
     const std::lock_guard<std::mutex> lock(t.mutex);
-    if (t.labels.empty()) return;
+    if (t.labels.empty() || stream != t.timed) return;
     SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(stream));
     for (size_t i = 1; i < t.labels.size(); ++i) {
         float ms = 0.0f;
@@ -102,6 +108,13 @@ void op_times_end(cudaStream_t stream) {
     }
     t.labels.clear();
     t.forwards += 1;
+}
+
+void op_times_cancel(cudaStream_t stream) {
+    if (!op_times_enabled()) return;
+    OpTimes& t = op_times();
+    const std::lock_guard<std::mutex> lock(t.mutex);
+    if (stream == t.timed) t.labels.clear();
 }
 
 }  // namespace spillway

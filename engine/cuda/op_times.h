@@ -20,5 +20,7 @@ void op_times_begin(cudaStream_t stream);
 void op_times_mark(const char* label, cudaStream_t stream);
 // End of the forward: waits for the stream and adds the intervals to the totals.
 void op_times_end(cudaStream_t stream);
+// A forward that failed part-way: drops its marks (later work on the stream is not timed).
+void op_times_cancel(cudaStream_t stream);
 
 }  // namespace spillway

@@ -3,9 +3,11 @@
 // chunk over every KV tier. (The whole-model comparison is forward_test.cpp.)
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/fp16.h"
@@ -123,41 +125,54 @@ TEST(CudaPrefill, WeightTileRowsAreBalanced) {
         }
 }
 
+// Blocks a stream for a few milliseconds from the host side (cudaLaunchHostFunc): work queued
+// behind it waits, so work on another stream that should wait for it and does not runs first.
+void CUDART_CB hold_stream(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }
+
 // The engine's path: x converted once, two weight tiles, the side stream dequantizing the
-// next tile while cuBLAS multiplies the current one. Three matrices in a row (the tile
-// alternation carries over from one call to the next), on a non-blocking stream: equal bit for
-// bit to the one-tile path with the same tile rows, and to the CPU within the GEMM tolerance.
+// next tile while cuBLAS multiplies the current one. Three matrices in a row (23 tiles: the
+// alternation carries over from call to call and the second pass starts on the other
+// tile), on a non-blocking stream, twice: once with the main stream held before the pass (a
+// dequantization that does not wait for the GEMM last reading its tile overwrites it), once
+// with the side stream held (a GEMM that does not wait for its tile's dequantization reads
+// stale bytes). Each pass equals the one-tile path bit for bit (same tile rows), and that
+// path matches the CPU within the GEMM tolerance.
 TEST(CudaPrefill, OverlappedDequantizationMatchesOneTile) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     const uint32_t seed = cuda_test::fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
     const uint32_t n_in = 512, T = 33;
-    const std::vector<uint32_t> n_outs{300, 129, 1000};
+    const std::vector<uint32_t> n_outs{300, 129, 950};  // 5 + 3 + 15 tiles of at most 64 rows
     cublasHandle_t cublas = nullptr;
     SPILLWAY_CUDA_CHECK(cublasCreate(&cublas));
     cudaStream_t stream = nullptr;
     SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     for (GgmlType type : {GgmlType::Q8_0, GgmlType::BF16}) {
+        SCOPED_TRACE(ggml_type_name(type));
         const auto x = cuda_test::random_floats(rng, (size_t)T * n_in);
         const auto x_dev = cuda_test::to_device(x);
-        DeviceBuffer<__half> act((size_t)T * n_in), tile_a(64 * n_in), tile_b(64 * n_in);
+        DeviceBuffer<__half> act((size_t)T * n_in), tile_one(64 * n_in), tile_a(64 * n_in), tile_b(64 * n_in);
         std::vector<HostMatrix> hosts;
         std::vector<DeviceBuffer<uint8_t>> w_devs;
-        std::vector<DeviceBuffer<float>> one_tile, two_tiles;
+        std::vector<DeviceBuffer<float>> one_tile, pass[2];
         for (uint32_t n_out : n_outs) {
             hosts.push_back(random_matrix(rng, type, n_in, n_out));
             w_devs.push_back(cuda_test::to_device(hosts.back().bytes));
             one_tile.emplace_back((size_t)T * n_out);
-            two_tiles.emplace_back((size_t)T * n_out);
             cuda_test::poison(one_tile.back());
-            cuda_test::poison(two_tiles.back());
+            for (auto& p : pass) {
+                p.emplace_back((size_t)T * n_out);
+                cuda_test::poison(p.back());
+            }
         }
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());  // the poisoning ran on the legacy stream
         PrefillGemmScratch single;
         single.act_f16 = act.data();
-        single.tiles[0] = tile_a.data();
-        single.tile_elems = tile_a.size();
+        single.tiles[0] = tile_one.data();
+        single.tile_elems = tile_one.size();
         PrefillGemmScratch overlap = single;
+        overlap.tiles[0] = tile_a.data();
         overlap.tiles[1] = tile_b.data();
         SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&overlap.side, cudaStreamNonBlocking));
         for (int i = 0; i < 2; ++i) {
@@ -169,11 +184,15 @@ TEST(CudaPrefill, OverlappedDequantizationMatchesOneTile) {
             const CudaMatrix w{type, w_devs[j].data(), n_in, n_outs[j], hosts[j].row_bytes};
             matmul_prefill_f16act_cuda(cublas, w, T, one_tile[j].data(), single, stream);
         }
-        for (int rep = 0; rep < 2; ++rep)  // twice: the second pass starts on the other tile
+        for (int p = 0; p < 2; ++p) {
+            SPILLWAY_CUDA_CHECK(cudaLaunchHostFunc(p == 0 ? stream : overlap.side, hold_stream, nullptr));
+            const uint32_t first_tile = overlap.next_tile;
             for (size_t j = 0; j < n_outs.size(); ++j) {
                 const CudaMatrix w{type, w_devs[j].data(), n_in, n_outs[j], hosts[j].row_bytes};
-                matmul_prefill_f16act_cuda(cublas, w, T, two_tiles[j].data(), overlap, stream);
+                matmul_prefill_f16act_cuda(cublas, w, T, pass[p][j].data(), overlap, stream);
             }
+            EXPECT_NE(overlap.next_tile, first_tile) << "23 tiles: the next pass starts on the other tile";
+        }
         SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(stream));
         for (size_t j = 0; j < n_outs.size(); ++j) {
             const uint32_t n_out = n_outs[j];
@@ -185,9 +204,13 @@ TEST(CudaPrefill, OverlappedDequantizationMatchesOneTile) {
                         s += (double)hosts[j].values[(size_t)r * n_in + i] * x[(size_t)t * n_in + i];
                     ref[(size_t)t * n_out + r] = (float)s;
                 }
-            const auto a = cuda_test::to_host(one_tile[j]), b = cuda_test::to_host(two_tiles[j]);
-            EXPECT_LE(rel_error(a, ref), 3e-3) << ggml_type_name(type) << " " << n_out << " rows";
-            EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin())) << ggml_type_name(type) << " " << n_out << " rows";
+            const auto a = cuda_test::to_host(one_tile[j]);
+            EXPECT_LE(rel_error(a, ref), 3e-3) << n_out << " rows";
+            for (int p = 0; p < 2; ++p) {
+                const auto b = cuda_test::to_host(pass[p][j]);
+                EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin()))
+                    << n_out << " rows, pass " << p << (p == 0 ? " (main stream held)" : " (side stream held)");
+            }
         }
         for (int i = 0; i < 2; ++i) {
             cudaEventDestroy(overlap.dequant_done[i]);

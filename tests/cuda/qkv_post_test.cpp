@@ -107,6 +107,7 @@ void check_post(PostCase c) {
     for (uint64_t i = 0; i < first * k_row; ++i) ASSERT_EQ(kc[i], 0xFF);
     for (uint64_t i = (first + T) * k_row; i < n_cells * k_row; ++i) ASSERT_EQ(kc[i], 0xFF);
     for (uint64_t i = 0; i < first * v_row; ++i) ASSERT_EQ(vc[i], 0xFF);
+    for (uint64_t i = (first + T) * v_row; i < n_cells * v_row; ++i) ASSERT_EQ(vc[i], 0xFF);
 }
 
 TEST(CudaQkvPost, MatchesBiasRopeAndKvWriteOnTheCpu) {
