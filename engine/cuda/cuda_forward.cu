@@ -187,6 +187,20 @@ bool lab_knob(const char* name, const char* value, const char* default_value) {
     fail(std::string(name) + " must be '" + value + "' or '" + default_value + "', got '" + v + "'");
 }
 
+// SPILLWAY_QKV_POST_TOKEN_BLOCKS=N (lab, unmeasured): at most N blocks per head along a
+// chunk's tokens in the post-QKV kernel, each looping (default: one block per token).
+uint32_t qkv_post_token_blocks() {
+    static const uint32_t n = [] {
+        const char* e = std::getenv("SPILLWAY_QKV_POST_TOKEN_BLOCKS");
+        if (e == nullptr || *e == '\0') return 0u;
+        char* end = nullptr;
+        const unsigned long v = std::strtoul(e, &end, 10);
+        if (*end != '\0' || v > 65535) fail("SPILLWAY_QKV_POST_TOKEN_BLOCKS must be an integer 0..65535");
+        return (uint32_t)v;
+    }();
+    return n;
+}
+
 bool separate_attention_quant() {
     static const bool separate = [] {
         const char* e = std::getenv("SPILLWAY_ATTENTION_QUANT");
@@ -261,7 +275,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             const bool write_kv = !spilled;
             qkv_post_cuda(QkvPostShape{s.n_head, nkv, s.head_dim_k}, m.rope_dev, q, k, v, L.bqkv, T,
                           st.positions.data(), cache.k_type, write_kv ? cache.k[il] : nullptr, cache.v_type,
-                          write_kv ? cache.v[il] : nullptr, pos0, stream, rope_table);
+                          write_kv ? cache.v[il] : nullptr, pos0, stream, rope_table, qkv_post_token_blocks());
             op_times_mark("bias + rope + kv write", stream);
         } else if (L.bqkv) {
             if (T == 1) {

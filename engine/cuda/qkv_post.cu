@@ -1,5 +1,7 @@
 #include "engine/cuda/qkv_post.cuh"
 
+#include <algorithm>
+
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/kv_write_device.cuh"
@@ -18,48 +20,54 @@ __device__ __forceinline__ void store_kv(KvType type, float v, uint8_t* row, uin
     }
 }
 
-// One block per (head of q|k|v, token), one thread per value of the head.
+// One block per (head of q|k|v, token), one thread per value of the head; with gridDim.y <
+// n_tokens a block loops over tokens blockIdx.y, + gridDim.y, ... (fewer, longer blocks for
+// prefill chunks: 2048 tokens of the 14B shape are 115k blocks of 128 threads otherwise).
 __global__ void __launch_bounds__(kMaxHeadDim) qkv_post_kernel(QkvPostShape s, RopeDeviceTables rope, float* q,
                                                                float* k, float* v, const float* __restrict__ bias,
                                                                const int32_t* __restrict__ positions, KvType k_type,
                                                                uint8_t* k_cache, KvType v_type, uint8_t* v_cache,
-                                                               uint32_t first_cell, const float2* __restrict__ rope_table) {
+                                                               uint32_t first_cell, const float2* __restrict__ rope_table,
+                                                               uint32_t n_tokens) {
     __shared__ float head_vals[kMaxHeadDim];
-    const uint32_t e = threadIdx.x, hd = s.head_dim, t = blockIdx.y;
+    const uint32_t e = threadIdx.x, hd = s.head_dim;
     const uint32_t qd = s.n_head * hd, kd = s.n_head_kv * hd;
     const uint32_t h = blockIdx.x;
     const bool is_q = h < s.n_head, is_k = !is_q && h < s.n_head + s.n_head_kv, is_v = !is_q && !is_k;
     const uint32_t kv_head = is_q ? 0 : is_k ? h - s.n_head : h - s.n_head - s.n_head_kv;
-    float* head = is_q ? q + (size_t)t * qd + h * hd : (is_k ? k : v) + (size_t)t * kd + kv_head * hd;
     const uint32_t bias_off = is_q ? h * hd : is_k ? qd + kv_head * hd : qd + kd + kv_head * hd;
-
-    float val = head[e];
-    if (bias != nullptr) val += bias[bias_off + e];
-    if (!is_v) {
-        head_vals[e] = val;
-        __syncthreads();
-        const uint32_t half = rope.n_dims / 2;
-        if (e < rope.n_dims) {
-            // Pair (a, b): neox (i, i + half), normal (2i, 2i + 1); this thread is a or b.
-            const uint32_t i = rope.neox ? e % half : e / 2;
-            const uint32_t a = rope.neox ? i : 2 * i, b = rope.neox ? i + half : 2 * i + 1;
-            float cv, sv;
-            if (rope_table != nullptr) {
-                const float2 cs = rope_table[(size_t)t * half + i];
-                cv = cs.x, sv = cs.y;
-            } else {
-                rope_cos_sin(rope, positions[t], i, &cv, &sv);
+    const float bias_val = bias != nullptr ? bias[bias_off + e] : 0.0f;
+    for (uint32_t t = blockIdx.y; t < n_tokens; t += gridDim.y) {
+        float* head = is_q ? q + (size_t)t * qd + h * hd : (is_k ? k : v) + (size_t)t * kd + kv_head * hd;
+        float val = head[e];
+        if (bias != nullptr) val += bias_val;
+        if (!is_v) {
+            __syncthreads();  // the previous token's readers of head_vals are done
+            head_vals[e] = val;
+            __syncthreads();
+            const uint32_t half = rope.n_dims / 2;
+            if (e < rope.n_dims) {
+                // Pair (a, b): neox (i, i + half), normal (2i, 2i + 1); this thread is a or b.
+                const uint32_t i = rope.neox ? e % half : e / 2;
+                const uint32_t a = rope.neox ? i : 2 * i, b = rope.neox ? i + half : 2 * i + 1;
+                float cv, sv;
+                if (rope_table != nullptr) {
+                    const float2 cs = rope_table[(size_t)t * half + i];
+                    cv = cs.x, sv = cs.y;
+                } else {
+                    rope_cos_sin(rope, positions[t], i, &cv, &sv);
+                }
+                const float x0 = head_vals[a], x1 = head_vals[b];
+                val = e == a ? x0 * cv - x1 * sv : x0 * sv + x1 * cv;
             }
-            const float x0 = head_vals[a], x1 = head_vals[b];
-            val = e == a ? x0 * cv - x1 * sv : x0 * sv + x1 * cv;
         }
+        head[e] = val;
+        if (is_q || k_cache == nullptr) continue;
+        const uint64_t row_bytes = is_k ? (k_type == KvType::f16 ? 2ull * kd : (uint64_t)kd / 32 * (k_type == KvType::q8_0 ? 34 : 18))
+                                        : (v_type == KvType::f16 ? 2ull * kd : (uint64_t)kd / 32 * (v_type == KvType::q8_0 ? 34 : 18));
+        uint8_t* row = (is_k ? k_cache : v_cache) + (uint64_t)(first_cell + t) * row_bytes;
+        store_kv(is_k ? k_type : v_type, val, row, (kv_head * hd + e) / 32, e % 32);
     }
-    head[e] = val;
-    if (is_q || k_cache == nullptr) return;
-    const uint64_t row_bytes = is_k ? (k_type == KvType::f16 ? 2ull * kd : (uint64_t)kd / 32 * (k_type == KvType::q8_0 ? 34 : 18))
-                                    : (v_type == KvType::f16 ? 2ull * kd : (uint64_t)kd / 32 * (v_type == KvType::q8_0 ? 34 : 18));
-    uint8_t* row = (is_k ? k_cache : v_cache) + (uint64_t)(first_cell + t) * row_bytes;
-    store_kv(is_k ? k_type : v_type, val, row, (kv_head * hd + e) / 32, e % 32);
 }
 
 }  // namespace
@@ -67,7 +75,7 @@ __global__ void __launch_bounds__(kMaxHeadDim) qkv_post_kernel(QkvPostShape s, R
 void qkv_post_cuda(const QkvPostShape& shape, const RopeDeviceTables& rope, float* q, float* k, float* v,
                    const float* bias, uint32_t n_tokens, const int32_t* positions, KvType k_type, uint8_t* k_cache,
                    KvType v_type, uint8_t* v_cache, uint32_t first_cell, cudaStream_t stream,
-                   const float2* rope_table) {
+                   const float2* rope_table, uint32_t max_token_blocks) {
     if (n_tokens == 0) return;
     if (shape.head_dim == 0 || shape.head_dim % 32 != 0 || shape.head_dim > kMaxHeadDim || shape.n_head == 0 ||
         shape.n_head_kv == 0)
@@ -75,9 +83,11 @@ void qkv_post_cuda(const QkvPostShape& shape, const RopeDeviceTables& rope, floa
     if (rope.n_dims == 0 || rope.n_dims % 2 != 0 || rope.n_dims > shape.head_dim || rope.inv_freq == nullptr)
         fail("qkv_post_cuda: rope n_dims must be even, positive and <= head_dim, with an inv_freq table");
     if ((k_cache == nullptr) != (v_cache == nullptr)) fail("qkv_post_cuda: give both caches or neither");
-    const dim3 grid(shape.n_head + 2 * shape.n_head_kv, n_tokens);
+    const uint32_t token_blocks = max_token_blocks == 0 ? n_tokens : std::min(n_tokens, max_token_blocks);
+    if (token_blocks > 65535) fail("qkv_post_cuda: more than 65535 token blocks (cap them with max_token_blocks)");
+    const dim3 grid(shape.n_head + 2 * shape.n_head_kv, token_blocks);
     qkv_post_kernel<<<grid, shape.head_dim, 0, stream>>>(shape, rope, q, k, v, bias, positions, k_type, k_cache, v_type,
-                                                         v_cache, first_cell, rope_table);
+                                                         v_cache, first_cell, rope_table, n_tokens);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 

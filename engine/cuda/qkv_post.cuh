@@ -20,10 +20,11 @@ struct QkvPostShape {
 // += bias (bias = q|k|v biases back to back, or null), then RoPE on q and k. When k_cache is
 // not null, token t's K and V rows then go to cell first_cell + t of k_cache / v_cache in the
 // tiers' formats. Device pointers. rope_table (optional): the forward's cos/sin table of
-// rope_table_cuda for these tokens (bit-identical to computing them here).
+// rope_table_cuda for these tokens (bit-identical to computing them here). max_token_blocks
+// (0 = one per token): at most that many blocks per head along the tokens, each looping.
 void qkv_post_cuda(const QkvPostShape& shape, const RopeDeviceTables& rope, float* q, float* k, float* v,
                    const float* bias, uint32_t n_tokens, const int32_t* positions, KvType k_type, uint8_t* k_cache,
                    KvType v_type, uint8_t* v_cache, uint32_t first_cell, cudaStream_t stream,
-                   const float2* rope_table = nullptr);
+                   const float2* rope_table = nullptr, uint32_t max_token_blocks = 0);
 
 }  // namespace spillway

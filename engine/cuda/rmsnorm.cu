@@ -1,5 +1,8 @@
 #include "engine/cuda/rmsnorm.cuh"
 
+#include <cstdlib>
+#include <string>
+
 #include "common/error.h"
 #include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/cuda_check.h"
@@ -50,10 +53,17 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(float* __restrict__ x
 // dim % 4 == 0 and dim <= 4 * kVecThreads * kVecPerThread: the row is held in registers as
 // float4, so it is read once and all loads of a thread are in flight together (the scalar
 // kernel's chain of ~20 dependent loads per thread took ~8 us for one 5120 row).
+// Many rows (a prefill chunk): 128 threads and up to 10 float4 each per row, so several rows
+// run per SM at once (the 512-thread block holds an SM alone: a 2048-row chunk then runs as
+// 16 latency-bound waves, ~65 us for 2048 x 5120 against a ~35 us memory floor).
 constexpr int kVecThreads = 512;
 constexpr int kVecPerThread = 8;
+constexpr int kRowsThreads = 128;
+constexpr int kRowsPerThread = 10;
+constexpr uint32_t kManyRows = 64;  // from this many rows on, the many-rows shape
 
-__global__ void __launch_bounds__(kVecThreads) rmsnorm_vec_kernel(float* __restrict__ x, const float* __restrict__ add,
+template <int kBlockThreads, int kPerThread>
+__global__ void __launch_bounds__(kBlockThreads) rmsnorm_vec_kernel(float* __restrict__ x, const float* __restrict__ add,
                                                                   const float* __restrict__ weight,
                                                                   float* __restrict__ out, __half* __restrict__ out16,
                                                                   uint32_t dim, float eps, int16_t* __restrict__ q,
@@ -63,18 +73,18 @@ __global__ void __launch_bounds__(kVecThreads) rmsnorm_vec_kernel(float* __restr
     // launch): it prefetches weights and waits for this grid's completion before reading x.
     cudaTriggerProgrammaticLaunchCompletion();
 #endif
-    __shared__ float warp_sums[kVecThreads / 32];
+    __shared__ float warp_sums[kBlockThreads / 32];
     const uint32_t n4 = dim / 4;
     float4* xr = reinterpret_cast<float4*>(x + (size_t)blockIdx.x * dim);
     const float4* ar = add != nullptr ? reinterpret_cast<const float4*>(add + (size_t)blockIdx.x * dim) : nullptr;
     const float4* wr = reinterpret_cast<const float4*>(weight);
     // The weights are loaded with x, before the block reduction: loaded after it, each step's
     // load would wait a full L2 trip behind the previous step's quantizing shuffles.
-    float4 v[kVecPerThread], g[kVecPerThread];
+    float4 v[kPerThread], g[kPerThread];
     float sum = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kVecPerThread; ++k) {
-        const uint32_t i = threadIdx.x + k * kVecThreads;
+    for (int k = 0; k < kPerThread; ++k) {
+        const uint32_t i = threadIdx.x + k * kBlockThreads;
         if (i < n4) {
             v[k] = xr[i];
             g[k] = wr[i];
@@ -92,12 +102,12 @@ __global__ void __launch_bounds__(kVecThreads) rmsnorm_vec_kernel(float* __restr
             sum = fmaf(v[k].w, v[k].w, sum);
         }
     }
-    const float inv_rms = rsqrtf(block_sum(sum, warp_sums, kVecThreads / 32) / (float)dim + eps);
+    const float inv_rms = rsqrtf(block_sum(sum, warp_sums, kBlockThreads / 32) / (float)dim + eps);
     float4* outr = out != nullptr ? reinterpret_cast<float4*>(out + (size_t)blockIdx.x * dim) : nullptr;
     uint2* out16r = out16 != nullptr ? reinterpret_cast<uint2*>(out16 + (size_t)blockIdx.x * dim) : nullptr;
 #pragma unroll
-    for (int k = 0; k < kVecPerThread; ++k) {
-        const uint32_t i = threadIdx.x + k * kVecThreads;
+    for (int k = 0; k < kPerThread; ++k) {
+        const uint32_t i = threadIdx.x + k * kBlockThreads;
         if (i < n4) {  // q: dim % 32 == 0, so 8-lane groups are all in or all out
             // Same operation order as the scalar kernel and rmsnorm_cpu: (x * inv_rms) * w.
             const float4 o = make_float4(v[k].x * inv_rms * g[k].x, v[k].y * inv_rms * g[k].y,
@@ -130,9 +140,17 @@ void rmsnorm_cuda(float* x, const float* residual_add, const float* weight, floa
                      (residual_add == nullptr || reinterpret_cast<uintptr_t>(residual_add) % 16 == 0);
     if (q_out && (!vec || dim % kActBlock != 0 || !q_out.d))
         fail("rmsnorm_cuda: quantized output needs dim % 32 == 0, dim <= 16384 and 16-byte aligned rows");
-    if (vec)
-        rmsnorm_vec_kernel<<<n_rows, kVecThreads, 0, stream>>>(x, residual_add, weight, out, out_f16, dim, eps, q_out.q,
-                                                               q_out.d);
+    // SPILLWAY_RMSNORM_MANY_ROWS=0 (lab): the 512-thread shape for every row count.
+    static const bool many_rows_shape = [] {
+        const char* e = std::getenv("SPILLWAY_RMSNORM_MANY_ROWS");
+        return !(e != nullptr && std::string(e) == "0");
+    }();
+    if (vec && many_rows_shape && n_rows >= kManyRows && dim <= 4u * kRowsThreads * kRowsPerThread)
+        rmsnorm_vec_kernel<kRowsThreads, kRowsPerThread><<<n_rows, kRowsThreads, 0, stream>>>(
+            x, residual_add, weight, out, out_f16, dim, eps, q_out.q, q_out.d);
+    else if (vec)
+        rmsnorm_vec_kernel<kVecThreads, kVecPerThread><<<n_rows, kVecThreads, 0, stream>>>(
+            x, residual_add, weight, out, out_f16, dim, eps, q_out.q, q_out.d);
     else
         rmsnorm_kernel<<<n_rows, kThreads, 0, stream>>>(x, residual_add, weight, out, out_f16, dim, eps);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());

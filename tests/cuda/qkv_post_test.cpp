@@ -19,11 +19,12 @@ struct PostCase {
     bool bias;
     KvType k_type, v_type;
     bool write_cache;
+    uint32_t max_token_blocks = 0;  // 0: one block per token; else blocks loop over tokens
 };
 
 void check_post(PostCase c) {
     const uint32_t seed = fresh_seed();
-    SCOPED_TRACE("heads " + std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + " dim " +
+    SCOPED_TRACE("token blocks " + std::to_string(c.max_token_blocks) + " heads " + std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + " dim " +
                  std::to_string(c.head_dim) + " tokens " + std::to_string(c.n_tokens) + " K " + kv_type_name(c.k_type) +
                  " V " + kv_type_name(c.v_type) + " seed " + std::to_string(seed));
     std::mt19937 rng(seed);
@@ -61,11 +62,11 @@ void check_post(PostCase c) {
     poison(table);
     qkv_post_cuda(QkvPostShape{c.n_head, c.n_head_kv, c.head_dim}, dt, d_q.data(), d_k.data(), d_v.data(),
                   c.bias ? d_bias.data() : nullptr, T, d_pos.data(), c.k_type, c.write_cache ? d_kc.data() : nullptr,
-                  c.v_type, c.write_cache ? d_vc.data() : nullptr, first, nullptr);
+                  c.v_type, c.write_cache ? d_vc.data() : nullptr, first, nullptr, nullptr, c.max_token_blocks);
     rope_table_cuda(dt, d_pos.data(), T, table.data(), nullptr);
     qkv_post_cuda(QkvPostShape{c.n_head, c.n_head_kv, c.head_dim}, dt, t_q.data(), t_k.data(), t_v.data(),
                   c.bias ? d_bias.data() : nullptr, T, d_pos.data(), c.k_type, c.write_cache ? t_kc.data() : nullptr,
-                  c.v_type, c.write_cache ? t_vc.data() : nullptr, first, nullptr, table.data());
+                  c.v_type, c.write_cache ? t_vc.data() : nullptr, first, nullptr, table.data(), c.max_token_blocks);
     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_EQ(to_host(t_q), to_host(d_q)) << "q with the cos/sin table";
     EXPECT_EQ(to_host(t_k), to_host(d_k)) << "k with the cos/sin table";
@@ -132,6 +133,9 @@ TEST(CudaQkvPost, MatchesBiasRopeAndKvWriteOnTheCpu) {
     check_post({40, 8, 128, 1, neox, true, KvType::q8_0, KvType::q8_0, false});  // bias + RoPE only
     check_post({40, 8, 128, 37, neox, true, KvType::f16, KvType::f16, true});    // a prefill chunk
     check_post({8, 2, 128, 19, yarn, true, KvType::q8_0, KvType::q8_0, true});
+    // Blocks looping over tokens (the prefill variant): 300 tokens on 64 blocks per head, 19 on 4.
+    check_post({40, 8, 128, 300, neox, true, KvType::q8_0, KvType::q4_0, true, 64});
+    check_post({8, 2, 128, 19, yarn, false, KvType::f16, KvType::q8_0, true, 4});
 }
 
 TEST(CudaQkvPost, RejectsBadShapes) {

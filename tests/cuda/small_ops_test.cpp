@@ -53,11 +53,12 @@ TEST(CudaSmallOps, RmsNormWithAndWithoutResidualAdd) {
 // output on the host: same IEEE operations), and the scalar kernel for dims not a multiple of 4.
 TEST(CudaSmallOps, RmsNormQuantizedOutputAndOddDims) {
     SPILLWAY_SKIP_WITHOUT_GPU();
-    for (uint32_t dim : {5120u, 13824u, 999u, 256u}) {
+    // (dim, rows): 70 rows of 5120 and 3584 take the many-rows shape (128 threads per row).
+    for (const auto& [dim, rows] : std::vector<std::pair<uint32_t, uint32_t>>{
+             {5120, 2}, {13824, 2}, {999, 2}, {256, 2}, {5120, 70}, {3584, 70}, {13824, 70}}) {
         const uint32_t seed = fresh_seed();
-        SCOPED_TRACE("dim " + std::to_string(dim) + " seed " + std::to_string(seed));
+        SCOPED_TRACE("dim " + std::to_string(dim) + " rows " + std::to_string(rows) + " seed " + std::to_string(seed));
         std::mt19937 rng(seed);
-        const uint32_t rows = 2;
         const float eps = 1e-6f;
         auto x = random_floats(rng, (size_t)rows * dim, 3.0f);
         const auto add = random_floats(rng, (size_t)rows * dim);
@@ -95,11 +96,10 @@ TEST(CudaSmallOps, RmsNormQuantizedOutputAndOddDims) {
 // the vector kernel (5120, 13824) and the scalar one (999).
 TEST(CudaSmallOps, RmsNormF16OutputEqualsRoundedF32) {
     SPILLWAY_SKIP_WITHOUT_GPU();
-    for (uint32_t dim : {5120u, 13824u, 999u}) {
+    for (const auto& [dim, rows] : std::vector<std::pair<uint32_t, uint32_t>>{{5120, 3}, {13824, 3}, {999, 3}, {5120, 66}}) {
         const uint32_t seed = fresh_seed();
-        SCOPED_TRACE("dim " + std::to_string(dim) + " seed " + std::to_string(seed));
+        SCOPED_TRACE("dim " + std::to_string(dim) + " rows " + std::to_string(rows) + " seed " + std::to_string(seed));
         std::mt19937 rng(seed);
-        const uint32_t rows = 3;
         const auto x = random_floats(rng, (size_t)rows * dim, 3.0f);
         const auto add = random_floats(rng, (size_t)rows * dim);
         const auto weight = random_floats(rng, dim);
