@@ -225,10 +225,9 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                                                      m.token_embd.row_bytes, st.tokens.data(), V, E,
                                                                      st.x.data());
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
-    // cos / sin of this forward's positions, shared by every layer's post-QKV kernel
-    // (SPILLWAY_ROPE_TABLE=0: computed per head and layer, to measure the difference).
+    // cos / sin of this forward's positions, shared by every layer's post-QKV kernel.
     const float2* rope_table = nullptr;
-    if (st.rope_cs.size() > 0 && !lab_knob("SPILLWAY_ROPE_TABLE", "0", "1")) {
+    if (st.rope_cs.size() > 0) {
         rope_table_cuda(m.rope_dev, st.positions.data(), T, st.rope_cs.data(), stream);
         rope_table = st.rope_cs.data();
     }
@@ -245,8 +244,8 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     // A forward whose cells stay inside the resident window runs exactly the unspilled path.
     const bool spilled = spill_engaged(cache.spill.get(), pos0, T);
     // A prefill chunk's producers write the GEMMs' f16 inputs themselves (norms, SwiGLU) and
-    // bias + RoPE + K/V write run as one launch (SPILLWAY_PREFILL_FUSED=0: separate passes).
-    const bool fused_prefill = T > 1 && !lab_knob("SPILLWAY_PREFILL_FUSED", "0", "1");
+    // bias + RoPE + K/V write run as one launch.
+    const bool fused_prefill = T > 1 && st.fused_prefill;
     SpillCursor spill_cursor;
     if (spilled) spill_forward_begin(*cache.spill, spill_cursor, s.n_layer, pos0, T, stream);
     for (uint32_t il = 0; il < s.n_layer; ++il) {
@@ -520,7 +519,11 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     }
     st.tokens = DeviceBuffer<int32_t>(T);
     st.positions = DeviceBuffer<int32_t>(T);
-    if (qkv_post_fits(m)) st.rope_cs = DeviceBuffer<float2>(T * (m.rope_dev.n_dims / 2));
+    // Knobs read once here, not per step (SPILLWAY_ROPE_TABLE=0: cos / sin per head and layer;
+    // SPILLWAY_PREFILL_FUSED=0: f32 producer outputs, conversion, bias / RoPE / K/V passes).
+    if (qkv_post_fits(m) && !lab_knob("SPILLWAY_ROPE_TABLE", "0", "1"))
+        st.rope_cs = DeviceBuffer<float2>(T * (m.rope_dev.n_dims / 2));
+    st.fused_prefill = !lab_knob("SPILLWAY_PREFILL_FUSED", "0", "1");
     st.next_token = DeviceBuffer<int32_t>(1);
     {
         const size_t widest_in = std::max({(size_t)s.n_embd, (size_t)s.n_ff, ad});
@@ -533,8 +536,9 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
 
 uint64_t cuda_forward_scratch_bytes(const CudaForwardState& st) {
     return st.x.bytes() + st.xn.bytes() + st.proj.bytes() + st.qkv.bytes() + st.attn.bytes() + st.attn_lse.bytes() +
-           st.gate_up.bytes() + st.logits.bytes() + st.attn_workspace.bytes() + st.act_f16.bytes() + st.w_f16.bytes() + st.w_f16_next.bytes() +
-           st.tokens.bytes() + st.positions.bytes() + st.rope_cs.bytes() + st.next_token.bytes() + st.act_q16.bytes() +
+           st.gate_up.bytes() + st.logits.bytes() + st.attn_workspace.bytes() + st.act_f16.bytes() + st.w_f16.bytes() +
+           st.w_f16_next.bytes() + st.tokens.bytes() + st.positions.bytes() + st.rope_cs.bytes() +
+           st.next_token.bytes() + st.act_q16.bytes() +
            st.act_q16_scale.bytes() + st.spill_lse.bytes() + st.spill_tail_out.bytes() + st.spill_tail_lse.bytes() +
            st.spill_chunk_out.bytes() + st.spill_chunk_lse.bytes() + st.spill_workspace.bytes();
 }

@@ -77,7 +77,9 @@ struct CudaForwardState {
     DeviceBuffer<__half> w_f16_next;        // prefill: the second tile (dequantized on the side stream)
     PrefillGemmScratch prefill_gemm;        // prefill GEMMs: the buffers above, side stream, events
     DeviceBuffer<int32_t> tokens, positions;  // [max_tokens]
-    DeviceBuffer<float2> rope_cs;           // [max_tokens][n_rot/2] cos, sin: once per forward (rope.cuh)
+    DeviceBuffer<float2> rope_cs;           // [max_tokens][n_rot/2] cos, sin: once per forward (rope.cuh);
+                                            // empty: computed per head and layer
+    bool fused_prefill = true;              // chunk producers write the GEMMs' f16 inputs (cuda_forward.cu)
     DeviceBuffer<int32_t> next_token;       // greedy argmax output (input of the next step)
     // Decode: the input of a Q8_0 matvec quantized to int16 blocks by its producer (act_quant.cuh):
     // [widest matvec input] values and one scale per 32.

@@ -24,13 +24,29 @@ struct MatvecCase {
     std::optional<MatvecQ8Kernel> q8_kernel = std::nullopt;
 };
 
+// A random rows x cols matrix of `type`: its bytes and its values as the kernels see them.
+struct HostWeights {
+    std::vector<uint8_t> bytes;
+    std::vector<float> values;
+};
+HostWeights random_weights(std::mt19937& rng, GgmlType type, uint32_t rows, uint32_t cols) {
+    const std::vector<float> w = random_floats(rng, (size_t)rows * cols, 0.05f);
+    const uint64_t row_bytes = *ggml_row_bytes(type, cols);
+    HostWeights m{std::vector<uint8_t>(row_bytes * rows), std::vector<float>((size_t)rows * cols)};
+    for (uint32_t r = 0; r < rows; ++r) {
+        quantize_row(type, w.data() + (size_t)r * cols, m.bytes.data() + r * row_bytes, cols);
+        dequantize_row(type, m.bytes.data() + r * row_bytes, m.values.data() + (size_t)r * cols, cols);
+    }
+    return m;
+}
+
 void check_matvec(const MatvecCase& c) {
     const uint32_t seed = fresh_seed();
     SCOPED_TRACE(std::string(ggml_type_name(c.type)) +
                  (c.q8_kernel ? " kernel=" + std::to_string((int)*c.q8_kernel) : std::string()) + " rows=" + std::to_string(c.rows) + " cols=" +
                  std::to_string(c.cols) + " tokens=" + std::to_string(c.n_tokens) + " seed=" + std::to_string(seed));
     std::mt19937 rng(seed);
-    const std::vector<float> w = random_floats(rng, (size_t)c.rows * c.cols, 0.05f);
+    const auto [w_q, w_deq] = random_weights(rng, c.type, c.rows, c.cols);
     std::vector<float> x = random_floats(rng, (size_t)c.n_tokens * c.cols);
     const std::vector<float> x_exact = x;
     // The int8 variant rounds x per 32 values exactly as the kernel does (d = amax / 127 in f32,
@@ -47,13 +63,6 @@ void check_matvec(const MatvecCase& c) {
         }
     }
 
-    const uint64_t row_bytes = *ggml_row_bytes(c.type, c.cols);
-    std::vector<uint8_t> w_q(row_bytes * c.rows);
-    std::vector<float> w_deq((size_t)c.rows * c.cols);
-    for (uint32_t r = 0; r < c.rows; ++r) {
-        quantize_row(c.type, w.data() + (size_t)r * c.cols, w_q.data() + r * row_bytes, c.cols);
-        dequantize_row(c.type, w_q.data() + r * row_bytes, w_deq.data() + (size_t)r * c.cols, c.cols);
-    }
     std::vector<float> ref((size_t)c.n_tokens * c.rows);
     for (uint32_t t = 0; t < c.n_tokens; ++t) {
         for (uint32_t r = 0; r < c.rows; ++r) {
@@ -142,17 +151,10 @@ void check_matvec_q16x(MatvecQ16xKernel kernel, uint32_t rows, uint32_t cols) {
     SCOPED_TRACE("q16x kernel=" + std::to_string((int)kernel) + " rows=" + std::to_string(rows) + " cols=" +
                  std::to_string(cols) + " seed=" + std::to_string(seed));
     std::mt19937 rng(seed);
-    const std::vector<float> w = random_floats(rng, (size_t)rows * cols, 0.05f);
+    const auto [w_q, w_deq] = random_weights(rng, GgmlType::Q8_0, rows, cols);
     const std::vector<float> x = random_floats(rng, cols);
     const HostActQ16 xq = quantize_act_q16_host(x);
     const std::vector<float> x_seen = dequantize_act_q16_host(xq);
-    const uint64_t row_bytes = *ggml_row_bytes(GgmlType::Q8_0, cols);
-    std::vector<uint8_t> w_q(row_bytes * rows);
-    std::vector<float> w_deq((size_t)rows * cols);
-    for (uint32_t r = 0; r < rows; ++r) {
-        quantize_row(GgmlType::Q8_0, w.data() + (size_t)r * cols, w_q.data() + r * row_bytes, cols);
-        dequantize_row(GgmlType::Q8_0, w_q.data() + r * row_bytes, w_deq.data() + (size_t)r * cols, cols);
-    }
     std::vector<float> ref(rows), ref_exact(rows);
     for (uint32_t r = 0; r < rows; ++r) {
         double sum = 0.0, sum_exact = 0.0;
@@ -223,15 +225,8 @@ TEST(CudaMatvec, ChunkSplitOnTwoStreamsAtOnce) {
     const uint32_t seed = fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
-    const std::vector<float> w = random_floats(rng, (size_t)rows * cols, 0.05f);
+    const auto [w_q, w_deq] = random_weights(rng, GgmlType::Q8_0, rows, cols);
     const HostActQ16 xq = quantize_act_q16_host(random_floats(rng, cols));
-    const uint64_t row_bytes = *ggml_row_bytes(GgmlType::Q8_0, cols);
-    std::vector<uint8_t> w_q(row_bytes * rows);
-    std::vector<float> w_deq((size_t)rows * cols);
-    for (uint32_t r = 0; r < rows; ++r) {
-        quantize_row(GgmlType::Q8_0, w.data() + (size_t)r * cols, w_q.data() + r * row_bytes, cols);
-        dequantize_row(GgmlType::Q8_0, w_q.data() + r * row_bytes, w_deq.data() + (size_t)r * cols, cols);
-    }
     const std::vector<float> x_seen = dequantize_act_q16_host(xq);
     std::vector<float> want(rows);
     for (uint32_t r = 0; r < rows; ++r) {
