@@ -38,6 +38,7 @@
 
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/kv_tile.cuh"
+#include "engine/cuda/lab_knob.h"
 
 namespace spillway::attention_mma {
 namespace {
@@ -491,10 +492,7 @@ void launch_for(const Params& p, uint32_t n_head_kv, uint32_t n_splits, cudaStre
     }();
     (void)configured;
     // SPILLWAY_ATTN_FAST_COPY=0 (lab): every step through the generic per-cell copy.
-    static const bool fast_copy = [] {
-        const char* e = std::getenv("SPILLWAY_ATTN_FAST_COPY");
-        return !(e != nullptr && std::string(e) == "0");
-    }();
+    static const bool fast_copy = !lab_knob("SPILLWAY_ATTN_FAST_COPY", "0", "1");
     attention_mma_kernel<KT, VT><<<dim3(n_head_kv, n_splits), kThreads, smem, stream>>>(p, fast_copy);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }

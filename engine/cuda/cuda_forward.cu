@@ -14,6 +14,7 @@
 #include "engine/cuda/attention.cuh"
 #include "engine/cuda/cuda_prefill.cuh"
 #include "engine/cuda/kv_write.cuh"
+#include "engine/cuda/lab_knob.h"
 #include "engine/cuda/matvec.cuh"
 #include "engine/cuda/op_times.h"
 #include "engine/cuda/qkv_post.cuh"
@@ -178,21 +179,14 @@ void matvec_decode(CudaForwardState& st, const CudaMatrix& w, uint32_t rows, con
 // Lab knobs, A/B'd in docs/perf-notes.md (session 12): SPILLWAY_PREFILL_OVERLAP=0 (one
 // weight tile, dequantized on the main stream), SPILLWAY_PREFILL_TILES=greedy (full tiles,
 // remainder last), SPILLWAY_PREFILL_FUSED=0, SPILLWAY_ROPE_TABLE=0 (see their uses).
-bool lab_knob(const char* name, const char* value, const char* default_value) {
-    const char* e = std::getenv(name);
-    if (e == nullptr || *e == '\0') return false;
-    const std::string v(e);
-    if (v == value) return true;
-    if (v == default_value) return false;
-    fail(std::string(name) + " must be '" + value + "' or '" + default_value + "', got '" + v + "'");
-}
 
-// SPILLWAY_QKV_POST_TOKEN_BLOCKS=N (lab, unmeasured): at most N blocks per head along a
-// chunk's tokens in the post-QKV kernel, each looping (default: one block per token).
+// SPILLWAY_QKV_POST_TOKEN_BLOCKS=N (lab): at most N blocks per head along a chunk's tokens in
+// the post-QKV kernel, each looping over its tokens; 0 = one block per token. Default 256:
+// 8k prefill +0.7% against one block per token (session 13, docs/perf-notes.md).
 uint32_t qkv_post_token_blocks() {
     static const uint32_t n = [] {
         const char* e = std::getenv("SPILLWAY_QKV_POST_TOKEN_BLOCKS");
-        if (e == nullptr || *e == '\0') return 0u;
+        if (e == nullptr || *e == '\0') return 256u;
         char* end = nullptr;
         const unsigned long v = std::strtoul(e, &end, 10);
         if (*end != '\0' || v > 65535) fail("SPILLWAY_QKV_POST_TOKEN_BLOCKS must be an integer 0..65535");
@@ -202,10 +196,7 @@ uint32_t qkv_post_token_blocks() {
 }
 
 bool separate_attention_quant() {
-    static const bool separate = [] {
-        const char* e = std::getenv("SPILLWAY_ATTENTION_QUANT");
-        return e && std::string(e) == "separate";
-    }();
+    static const bool separate = lab_knob("SPILLWAY_ATTENTION_QUANT", "separate", "fused");
     return separate;
 }
 

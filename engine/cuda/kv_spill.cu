@@ -10,6 +10,7 @@
 #include "engine/cuda/attention.cuh"
 #include "engine/cuda/cuda_prefill.cuh"
 #include "engine/cuda/kv_write.cuh"
+#include "engine/cuda/lab_knob.h"
 
 namespace spillway {
 namespace {
@@ -78,8 +79,7 @@ std::unique_ptr<CudaKvSpill> make_cuda_kv_spill(uint32_t n_layer, uint32_t n_ctx
     // planner pays for it (plan/kv_tiers.h: spill_staging_bytes).
     const uint64_t auto_cells = std::max<uint64_t>(1, (kSpillChunkBytes - 512) / cell);
     s->chunk_cells = (uint32_t)std::min<uint64_t>(chunk_cells ? chunk_cells : auto_cells, s->n_tail);
-    const char* writeback = std::getenv("SPILLWAY_SPILL_WRITEBACK");
-    s->writeback_on_copy_stream = writeback != nullptr && std::string(writeback) == "copy";
+    s->writeback_on_copy_stream = lab_knob("SPILLWAY_SPILL_WRITEBACK", "copy", "own");
 
     const uint64_t host_k = aligned256(k_row_bytes * s->n_tail), host_v = aligned256(v_row_bytes * s->n_tail);
     const size_t tail_bytes = (host_k + host_v) * n_layer;

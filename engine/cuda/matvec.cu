@@ -28,6 +28,7 @@
 
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/lab_knob.h"
 
 namespace spillway {
 namespace {
@@ -626,10 +627,7 @@ unsigned long long* q16x_carry_slots(cudaStream_t stream, uint32_t needed) {
 
 // SPILLWAY_Q16X_SPLIT=pairs keeps the row-pair split (A/B in one run; docs/perf-notes.md).
 bool q16x_chunk_split_enabled() {
-    static const bool enabled = [] {
-        const char* e = std::getenv("SPILLWAY_Q16X_SPLIT");
-        return !(e && std::string(e) == "pairs");
-    }();
+    static const bool enabled = !lab_knob("SPILLWAY_Q16X_SPLIT", "pairs", "chunks");
     return enabled;
 }
 

@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/lab_knob.h"
 
 namespace spillway {
 namespace {
@@ -141,10 +142,7 @@ void rmsnorm_cuda(float* x, const float* residual_add, const float* weight, floa
     if (q_out && (!vec || dim % kActBlock != 0 || !q_out.d))
         fail("rmsnorm_cuda: quantized output needs dim % 32 == 0, dim <= 16384 and 16-byte aligned rows");
     // SPILLWAY_RMSNORM_MANY_ROWS=0 (lab): the 512-thread shape for every row count.
-    static const bool many_rows_shape = [] {
-        const char* e = std::getenv("SPILLWAY_RMSNORM_MANY_ROWS");
-        return !(e != nullptr && std::string(e) == "0");
-    }();
+    static const bool many_rows_shape = !lab_knob("SPILLWAY_RMSNORM_MANY_ROWS", "0", "1");
     if (vec && many_rows_shape && n_rows >= kManyRows && dim <= 4u * kRowsThreads * kRowsPerThread)
         rmsnorm_vec_kernel<kRowsThreads, kRowsPerThread><<<n_rows, kRowsThreads, 0, stream>>>(
             x, residual_add, weight, out, out_f16, dim, eps, q_out.q, q_out.d);
