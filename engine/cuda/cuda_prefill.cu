@@ -6,9 +6,11 @@
 
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/lab_knob.h"
 #include "engine/cuda/op_times.h"
 #include "engine/cuda/prefill_attention_m32.cuh"
 #include "engine/cuda/prefill_attention_mma.cuh"
+#include "engine/cuda/prefill_attention_wgmma.cuh"
 
 namespace spillway {
 namespace {
@@ -281,6 +283,8 @@ const char* prefill_attention_kernel_name(PrefillAttentionKernel kernel) {
         case PrefillAttentionKernel::tensor_core_m32: return "tensor_core_m32";
         case PrefillAttentionKernel::tensor_core_m32_wide: return "tensor_core_m32_wide";
         case PrefillAttentionKernel::tensor_core_m32_unsplit: return "tensor_core_m32_unsplit";
+        case PrefillAttentionKernel::tensor_core_wgmma: return "tensor_core_wgmma";
+        case PrefillAttentionKernel::tensor_core_wgmma_wide: return "tensor_core_wgmma_wide";
     }
     return "?";
 }
@@ -304,6 +308,12 @@ void prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const At
         fail("prefill_attention_cuda: unsupported shape");
     if ((uint64_t)cell_begin + n_cells > UINT32_MAX || (uint64_t)pos0 + n_tokens > UINT32_MAX)
         fail("prefill_attention_cuda: cell range overflows");
+    if (kernel == PrefillAttentionKernel::tensor_core_wgmma || kernel == PrefillAttentionKernel::tensor_core_wgmma_wide) {
+        if (prefill_attention_wgmma_cuda(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens,
+                                         out, lse, kernel == PrefillAttentionKernel::tensor_core_wgmma ? 2 : 3, stream))
+            return;
+        kernel = PrefillAttentionKernel::tensor_core_m32;  // not its tiers / shape, or not an sm_90a build on an sm_90 GPU
+    }
     if (kernel == PrefillAttentionKernel::tensor_core_m32 || kernel == PrefillAttentionKernel::tensor_core_m32_wide ||
         kernel == PrefillAttentionKernel::tensor_core_m32_unsplit) {
         if (prefill_attention_m32_cuda(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens,
@@ -347,7 +357,10 @@ void prefill_attention_partial_cuda(const AttentionShape& shape, const float* q,
     // Cells the chunk's last token sees in the range.
     const uint64_t stop = std::min<uint64_t>((uint64_t)cell_begin + n_cells, (uint64_t)pos0 + n_tokens);
     const uint32_t seen = stop > cell_begin ? (uint32_t)(stop - cell_begin) : 0;
-    const PrefillAttentionKernel kernel = prefill_attention_kernel_for(shape, k_type, v_type, n_tokens, seen);
+    PrefillAttentionKernel kernel = prefill_attention_kernel_for(shape, k_type, v_type, n_tokens, seen);
+    // SPILLWAY_PREFILL_WGMMA=1 (lab, being measured): the wgmma kernel for f16 K/V.
+    static const bool wgmma = lab_knob("SPILLWAY_PREFILL_WGMMA", "1", "0");
+    if (wgmma && k_type == KvType::f16 && v_type == KvType::f16) kernel = PrefillAttentionKernel::tensor_core_wgmma;
     prefill_attention_partial_cuda_with(kernel, shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0,
                                         n_tokens, out, lse, stream);
 }

@@ -14,6 +14,7 @@
 #include "engine/cuda/attention.cuh"
 #include "engine/cuda/cuda_prefill.cuh"
 #include "engine/cuda/prefill_attention_m32.cuh"
+#include "engine/cuda/prefill_attention_wgmma.cuh"
 #include "kv/kv_codec.h"
 
 namespace spillway {
@@ -25,7 +26,9 @@ constexpr PrefillAttentionKernel kKernels[] = {PrefillAttentionKernel::simt, Pre
                                                PrefillAttentionKernel::tensor_core_wide,
                                                PrefillAttentionKernel::tensor_core_m32,
                                                PrefillAttentionKernel::tensor_core_m32_wide,
-                                               PrefillAttentionKernel::tensor_core_m32_unsplit};
+                                               PrefillAttentionKernel::tensor_core_m32_unsplit,
+                                               PrefillAttentionKernel::tensor_core_wgmma,
+                                               PrefillAttentionKernel::tensor_core_wgmma_wide};
 
 // simt: f32 throughout (~1e-6). tensor_core: q and p rounded to f16 (2^-11 relative each),
 // quantized K/V dequantized to f16 (one more rounding): ~1e-3 relative, ~1e-3 absolute in lse.
@@ -253,6 +256,68 @@ TEST(CudaPrefillAttention, ClusterSplitMatchesCpu) {
                 }
         }
     }
+}
+
+// The wgmma kernel itself (the kernel list above falls back to m32 where it does not apply):
+// it must run on an sm_90 GPU in a build with sm_90a code, and match the CPU over blocks of
+// 128 / 192 rows that cross token boundaries (G = 5 and 3), partial last tiles, ranges that
+// start inside the chunk (rows that see nothing: out 0, lse -inf) and many tiles (the two
+// stages alternate). Everything else is refused without a launch.
+TEST(CudaPrefillAttention, WgmmaKernelMatchesCpu) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    int dev = 0, major = 0, minor = 0;
+    SPILLWAY_CUDA_CHECK(cudaGetDevice(&dev));
+    SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+#if defined(SPILLWAY_EXPECT_WGMMA)
+    if (major == 9 && minor == 0) EXPECT_TRUE(prefill_attention_wgmma_available());
+#endif
+    if (!prefill_attention_wgmma_available()) GTEST_SKIP() << "no sm_90a code for this GPU in this build";
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const Case cases[] = {
+        {10, 2, 128, 0, 77, 0, 77},         // first chunk of a prompt, 385 rows
+        {10, 2, 128, 1900, 200, 0, 2100},   // deep: 33 tiles, 1000 rows
+        {10, 2, 128, 70, 37, 50, 90},       // range ends inside the chunk
+        {6, 2, 128, 16, 60, 30, 200},       // starts inside the chunk: tokens 0..13 see no cell
+        {8, 8, 128, 130, 20, 3, 140},       // G = 1, starts mid-tile
+    };
+    for (const Case& c : cases) {
+        const AttentionShape shape{c.n_head, c.n_head_kv, c.D, c.D, 1.0f / std::sqrt((float)c.D)};
+        const uint32_t n_total = std::max(c.end, c.pos0 + c.T);
+        const Layer L = random_layer(rng, shape, KvType::f16, KvType::f16, n_total);
+        const auto q = cuda_test::random_floats(rng, (size_t)c.T * c.n_head * c.D, 2.0f);  // peaked softmax
+        std::vector<float> ref, ref_lse;
+        reference_partial(shape, q, KvType::f16, KvType::f16, L, c.begin, c.end, c.pos0, c.T, ref, ref_lse);
+        const auto k_dev = cuda_test::to_device(L.k);
+        const auto v_dev = cuda_test::to_device(L.v);
+        const auto q_dev = cuda_test::to_device(q);
+        DeviceBuffer<float> out(ref.size()), lse(ref_lse.size());
+        for (int warpgroups : {2, 3}) {
+            cuda_test::poison(out);
+            cuda_test::poison(lse);
+            ASSERT_TRUE(prefill_attention_wgmma_cuda(shape, q_dev.data(), KvType::f16, k_dev.data() + c.begin * L.k_row,
+                                                     KvType::f16, v_dev.data() + c.begin * L.v_row, c.begin,
+                                                     c.end - c.begin, c.pos0, c.T, out.data(), lse.data(), warpgroups,
+                                                     nullptr));
+            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+            const std::string what = std::to_string(warpgroups) + " warpgroups, G " +
+                                     std::to_string(c.n_head / c.n_head_kv) + ", pos0 " + std::to_string(c.pos0) +
+                                     ", T " + std::to_string(c.T) + ", cells [" + std::to_string(c.begin) + ", " +
+                                     std::to_string(c.end) + ")";
+            EXPECT_LE(rel_error(cuda_test::to_host(out), ref), 4e-3) << what;
+            EXPECT_LE(lse_error(cuda_test::to_host(lse), ref_lse), 1e-2) << what;
+        }
+    }
+    // Not its tiers or head dim: refused, nothing launched.
+    const AttentionShape d64{8, 2, 64, 64, 0.125f}, d128{8, 2, 128, 128, 0.088f};
+    EXPECT_FALSE(prefill_attention_wgmma_cuda(d64, nullptr, KvType::f16, nullptr, KvType::f16, nullptr, 0, 1, 0, 1,
+                                              nullptr, nullptr, 2, nullptr));
+    EXPECT_FALSE(prefill_attention_wgmma_cuda(d128, nullptr, KvType::q8_0, nullptr, KvType::f16, nullptr, 0, 1, 0, 1,
+                                              nullptr, nullptr, 2, nullptr));
+    EXPECT_FALSE(prefill_attention_wgmma_cuda(d128, nullptr, KvType::f16, nullptr, KvType::f16, nullptr, 0, 1, 0, 1,
+                                              nullptr, nullptr, 4, nullptr));
 }
 
 // A pure function: no GPU needed.

@@ -1,0 +1,286 @@
+// Causal prefill attention on Hopper's warpgroup MMA (wgmma.mma_async), f16 K/V, head dim 128.
+//
+// Why: the mma.sync kernels (prefill_attention_m32.cu) reach ~300 TFLOP/s at 64k; mma.sync
+// on sm_90 issues at about half of the tensor cores' dense rate, and every K/V fragment passes
+// through registers via ldmatrix. wgmma reads B (K, then V) straight from shared memory and
+// runs 64 x N x 16 per instruction for a whole warpgroup.
+// Shape: a block holds 2 or 3 warpgroups of 64 query rows (rows = flattened (token, query head
+// of the GQA group) pairs of one KV head, as in the mma.sync kernels); tiles of 64 cells, K and
+// V each double-buffered through cp.async into 128-byte-swizzled shared memory
+// (wgmma_device.cuh). Per tile and warpgroup: S = Q Kᵀ as 8 m64n64k16 with Q in registers
+// (loaded once per block), the online softmax on S in registers (scores in base 2, Q
+// pre-scaled by scale * log2 e), then O += P V as 4 m64n128k16 with P (f16) in registers: the
+// accumulator layout of S is the A-register layout of the next wgmma, as with mma.sync.
+// Not here (measure first): warp specialization with TMA, overlapping one warpgroup's softmax
+// with the next tile's S (FlashAttention-3), quantized tiles, the cluster split.
+#include "engine/cuda/prefill_attention_wgmma.cuh"
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/error.h"
+#include "engine/cuda/cuda_check.h"
+#include "engine/cuda/kv_tile.cuh"
+#include "engine/cuda/prefill_mma_device.cuh"
+#include "engine/cuda/wgmma_device.cuh"
+
+namespace spillway {
+namespace {
+
+using kv_tile::cp_async_commit;
+using namespace prefill_mma;
+
+constexpr int kD = 128;
+constexpr uint32_t kHalfBytes = kCells * 128;     // 64 cells x 64 dims of f16, one swizzled tile
+constexpr uint32_t kTileBytes = 2 * kHalfBytes;   // 64 cells x 128 dims
+constexpr int kLdQ = row_halves<kD>();            // Q staging rows, padded for ldmatrix
+
+// Set where the kernel below is compiled for sm_90a (read by the host once).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ const int kWgmmaCompiled = 1;
+#else
+__device__ const int kWgmmaCompiled = 0;
+#endif
+
+template <int kWGs>
+struct WgLayout {
+    static constexpr int kRows = 64 * kWGs;
+    static constexpr uint32_t k_base = 0, v_base = 2 * kTileBytes, q_base = 4 * kTileBytes;
+    static constexpr uint32_t total = q_base + kRows * kLdQ * 2 + 1024;  // + alignment of the base
+};
+
+template <int kWGs>
+__global__ void __launch_bounds__(kWGs * 128, 1) prefill_attention_wgmma_kernel(Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using L = WgLayout<kWGs>;
+    constexpr int kThreads = kWGs * 128;
+    constexpr int kRows = L::kRows;
+    extern __shared__ uint8_t smem_raw[];
+    // The swizzle works on address bits: every tile starts 1024-byte aligned.
+    uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+    __half* sq = reinterpret_cast<__half*>(smem + L::q_base);
+
+    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const uint32_t gq = lane / 4, tq = lane % 4;
+    const uint32_t kv_head = blockIdx.y;
+    const uint32_t row_block = p.n_row_blocks - 1 - blockIdx.x;  // the longest rows start first
+    const uint32_t G = p.n_group;
+    const RowBlockSpan span = row_block_span<kRows>(p, row_block);
+    const uint32_t row0 = span.row0, cell_stop = span.cell_stop, full_end = span.full_end, n_tiles = span.n_tiles;
+
+    const uint8_t* k_src = p.k + (size_t)kv_head * kD * 2;
+    const uint8_t* v_src = p.v + (size_t)kv_head * kD * 2;
+    // Cells past the range are zeroed: a masked score (p = 0) never meets a NaN in V.
+    auto issue = [&](uint8_t* stage, const uint8_t* src, uint64_t row_bytes, uint32_t tile) {
+        const uint32_t count = min((uint32_t)kCells, cell_stop - p.cell_begin - tile * kCells);
+        src += (uint64_t)tile * kCells * row_bytes;
+        for (uint32_t i = threadIdx.x; i < kCells * 16; i += kThreads) {
+            const uint32_t c = i / 16, o = i % 16;
+            uint8_t* dst = stage + (o / 8) * kHalfBytes + wgmma::swizzled_offset(c, o % 8);
+            if (c < count) kv_tile::cp_async<16>(dst, src + c * row_bytes + o * 16);
+            else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+        }
+    };
+    auto k_stage = [&](uint32_t tile) { return smem + L::k_base + (tile % 2) * kTileBytes; };
+    auto v_stage = [&](uint32_t tile) { return smem + L::v_base + (tile % 2) * kTileBytes; };
+    if (n_tiles > 0) {
+        issue(k_stage(0), k_src, p.k_row, 0);
+        issue(v_stage(0), v_src, p.v_row, 0);
+    }
+    cp_async_commit();
+
+    // Q of the block's rows as f16 (rows past the chunk are zeros), while tile 0 lands.
+    for (uint32_t i = threadIdx.x; i < kRows * (kD / 8); i += kThreads) {
+        const uint32_t r = i / (kD / 8), j = i % (kD / 8), grow = row0 + r;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (grow < p.n_rows) {
+            const uint32_t t = grow / G, g = grow % G;
+            const float2* src =
+                reinterpret_cast<const float2*>(p.q + ((size_t)t * p.n_head + kv_head * G + g) * kD + 8 * j);
+            const float2 a = src[0], b = src[1], c = src[2], d = src[3];
+            const float s = p.q_scale;
+            v = make_uint4(pack_half2(a.x * s, a.y * s), pack_half2(b.x * s, b.y * s), pack_half2(c.x * s, c.y * s),
+                           pack_half2(d.x * s, d.y * s));
+        }
+        *reinterpret_cast<uint4*>(sq + r * kLdQ + 8 * j) = v;
+    }
+    __syncthreads();
+    // This warp's 16 rows of Q as the A operand of the 8 k-steps of S (32 registers).
+    uint32_t qa[kD / 16][4];
+    {
+        const __half* q_frag = sq + (warp * 16 + lane % 16) * kLdQ + (lane / 16) * 8;
+#pragma unroll
+        for (int ks = 0; ks < kD / 16; ++ks) ldmatrix_x4(qa[ks], q_frag + ks * 16);
+    }
+    const uint32_t my_row0 = row0 + warp * 16 + gq;  // and + 8
+
+    float o[kD / 8][4];
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[j][i] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    for (uint32_t tile = 0; tile < n_tiles; ++tile) {
+        const uint32_t c0 = p.cell_begin + tile * kCells;
+        cp_async_wait<0>();
+        wgmma::fence_proxy_async_smem();  // this thread's copies and zero stores, for the wgmma reads
+        __syncthreads();                  // ... of every thread; every warpgroup is done with tile - 1
+        if (tile + 1 < n_tiles) {
+            issue(k_stage(tile + 1), k_src, p.k_row, tile + 1);
+            issue(v_stage(tile + 1), v_src, p.v_row, tile + 1);
+        }
+        cp_async_commit();
+
+        // S = Q Kᵀ (64 rows x 64 cells per warpgroup). K is stored cell-major with dims
+        // contiguous: the K-major B operand; a 16-dim step moves 32 bytes inside a 128-byte row.
+        float s[kCells / 8][4];
+        const uint8_t* kt = k_stage(tile);
+        wgmma::fence();
+#pragma unroll
+        for (int ks = 0; ks < kD / 16; ++ks)
+            wgmma::mma_m64n64k16<0>(s, qa[ks], wgmma::smem_desc(kt + (ks / 4) * kHalfBytes + (ks % 4) * 32, 16, 1024),
+                                    ks > 0);
+        wgmma::commit();
+        wgmma::wait<0>();
+
+        // Mask (range end and causality), only on tiles that reach past what all rows see.
+        if (c0 + kCells > full_end) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const uint32_t limit = min(p.cell_end, p.pos0 + (my_row0 + 8 * h) / G + 1);
+#pragma unroll
+                for (int j = 0; j < kCells / 8; ++j)
+#pragma unroll
+                    for (int i = 0; i < 2; ++i)
+                        if (c0 + 8 * j + 2 * tq + i >= limit) s[j][2 * h + i] = -INFINITY;
+            }
+        }
+
+        // Online softmax per row; a row's 64 scores are spread over the 4 threads of a quad.
+        float alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < kCells / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m[h], mx);
+            const float ref = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: keep 0s, no NaN
+            alpha[h] = fast_exp2(m[h] - ref);
+            m[h] = m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < kCells / 8; ++j) {
+                s[j][2 * h] = fast_exp2(s[j][2 * h] - ref);
+                s[j][2 * h + 1] = fast_exp2(s[j][2 * h + 1] - ref);
+                sum += s[j][2 * h] + s[j][2 * h + 1];
+            }
+            l[h] = l[h] * alpha[h] + sum;  // this thread's part; the quad is summed at the end
+        }
+#pragma unroll
+        for (int j = 0; j < kD / 8; ++j) {
+            o[j][0] *= alpha[0];
+            o[j][1] *= alpha[0];
+            o[j][2] *= alpha[1];
+            o[j][3] *= alpha[1];
+        }
+        uint32_t pa[kCells / 16][4];
+#pragma unroll
+        for (int cs = 0; cs < kCells / 16; ++cs) {
+            pa[cs][0] = pack_half2(s[2 * cs][0], s[2 * cs][1]);
+            pa[cs][1] = pack_half2(s[2 * cs][2], s[2 * cs][3]);
+            pa[cs][2] = pack_half2(s[2 * cs + 1][0], s[2 * cs + 1][1]);
+            pa[cs][3] = pack_half2(s[2 * cs + 1][2], s[2 * cs + 1][3]);
+        }
+
+        // O += P V. V is stored cell-major with dims contiguous: the N-major B operand; its two
+        // 64-dim halves are 8 KB apart (leading offset), 8-cell groups 1 KB (stride offset).
+        const uint8_t* vt = v_stage(tile);
+        wgmma::fence();
+#pragma unroll
+        for (int cs = 0; cs < kCells / 16; ++cs)
+            wgmma::mma_m64n128k16<1>(o, pa[cs], wgmma::smem_desc(vt + cs * 16 * 128, kHalfBytes, 1024), true);
+        wgmma::commit();
+        wgmma::wait<0>();
+    }
+
+    // Normalise within the range and write the partial (natural-log lse).
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float sum = l[h];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const uint32_t r = my_row0 + 8 * h;
+        if (r >= p.n_rows) continue;
+        const uint32_t t = r / G, g = r % G;
+        const size_t head = (size_t)t * p.n_head + kv_head * G + g;
+        const bool seen = sum > 0.0f;
+        const float inv = seen ? 1.0f / sum : 0.0f;
+        float* dst = p.out + head * kD;
+#pragma unroll
+        for (int j = 0; j < kD / 8; ++j)
+            *reinterpret_cast<float2*>(dst + 8 * j + 2 * tq) = make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+        if (p.lse && tq == 0) p.lse[head] = seen ? (m[h] + log2f(sum)) * kLn2 : -INFINITY;
+    }
+#else
+    __trap();  // launched only where prefill_attention_wgmma_available() (sm_90a code present)
+#endif
+}
+
+template <int kWGs>
+void launch(Params p, uint32_t n_head_kv, cudaStream_t stream) {
+    using L = WgLayout<kWGs>;
+    static_assert(L::v_base == L::k_base + 2 * kTileBytes && L::total <= 227 * 1024, "two K and two V stages, then Q");
+    auto* kernel = prefill_attention_wgmma_kernel<kWGs>;
+    static bool configured = false;  // once per instance: opt in to > 48 KB of shared memory
+    if (!configured) {
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::total));
+        configured = true;
+    }
+    p.n_row_blocks = (p.n_rows + L::kRows - 1) / L::kRows;
+    kernel<<<dim3(p.n_row_blocks, n_head_kv), kWGs * 128, L::total, stream>>>(p);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+bool prefill_attention_wgmma_available() {
+    static const bool available = [] {
+        int dev = 0, major = 0, minor = 0, smem_optin = 0;
+        SPILLWAY_CUDA_CHECK(cudaGetDevice(&dev));
+        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        if (major != 9 || minor != 0 || smem_optin < (int)WgLayout<3>::total) return false;
+        int compiled = 0;
+        // Fails (no image for this device) when the build has no sm_90 code at all.
+        if (cudaMemcpyFromSymbol(&compiled, kWgmmaCompiled, sizeof compiled) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return false;
+        }
+        return compiled == 1;
+    }();
+    return available;
+}
+
+bool prefill_attention_wgmma_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
+                                  KvType v_type, const uint8_t* v_cells, uint32_t cell_begin, uint32_t n_cells,
+                                  uint32_t pos0, uint32_t n_tokens, float* out, float* lse, int warpgroups,
+                                  cudaStream_t stream) {
+    if (shape.head_dim_k != kD || shape.head_dim_v != kD || k_type != KvType::f16 || v_type != KvType::f16 ||
+        shape.n_head_kv == 0 || shape.n_head % shape.n_head_kv != 0 || shape.n_head / shape.n_head_kv > 16 ||
+        (warpgroups != 2 && warpgroups != 3) || !prefill_attention_wgmma_available())
+        return false;
+    if (n_tokens == 0) return true;
+    const Params p =
+        make_params(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens, out, lse);
+    if (warpgroups == 2) launch<2>(p, shape.n_head_kv, stream);
+    else launch<3>(p, shape.n_head_kv, stream);
+    return true;
+}
+
+}  // namespace spillway

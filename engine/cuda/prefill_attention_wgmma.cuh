@@ -1,0 +1,25 @@
+#pragma once
+// Causal prefill attention on Hopper's warpgroup MMA (wgmma), f16 K and V, head dim 128: see
+// prefill_attention_wgmma.cu. Same contract as prefill_attention_partial_cuda_with.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "engine/cpu/attention.h"
+#include "kv/kv_codec.h"
+
+namespace spillway {
+
+// True when this build holds the sm_90a kernel and the current GPU can run it (compute
+// capability 9.0, enough shared memory per block).
+bool prefill_attention_wgmma_available();
+
+// Runs the kernel with `warpgroups` (2 or 3) warpgroups of 64 query rows per block; false (and
+// nothing launched) when the kernel is not available or the shape / tiers are not its own:
+// head dim 128, f16 K and V, n_head / n_head_kv <= 16.
+bool prefill_attention_wgmma_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
+                                  KvType v_type, const uint8_t* v_cells, uint32_t cell_begin, uint32_t n_cells,
+                                  uint32_t pos0, uint32_t n_tokens, float* out, float* lse, int warpgroups,
+                                  cudaStream_t stream);
+
+}  // namespace spillway
