@@ -284,7 +284,6 @@ const char* prefill_attention_kernel_name(PrefillAttentionKernel kernel) {
         case PrefillAttentionKernel::tensor_core_m32_wide: return "tensor_core_m32_wide";
         case PrefillAttentionKernel::tensor_core_m32_unsplit: return "tensor_core_m32_unsplit";
         case PrefillAttentionKernel::tensor_core_wgmma: return "tensor_core_wgmma";
-        case PrefillAttentionKernel::tensor_core_wgmma_wide: return "tensor_core_wgmma_wide";
     }
     return "?";
 }
@@ -308,9 +307,9 @@ void prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const At
         fail("prefill_attention_cuda: unsupported shape");
     if ((uint64_t)cell_begin + n_cells > UINT32_MAX || (uint64_t)pos0 + n_tokens > UINT32_MAX)
         fail("prefill_attention_cuda: cell range overflows");
-    if (kernel == PrefillAttentionKernel::tensor_core_wgmma || kernel == PrefillAttentionKernel::tensor_core_wgmma_wide) {
+    if (kernel == PrefillAttentionKernel::tensor_core_wgmma) {
         if (prefill_attention_wgmma_cuda(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens,
-                                         out, lse, kernel == PrefillAttentionKernel::tensor_core_wgmma ? 2 : 3, stream))
+                                         out, lse, stream))
             return;
         kernel = PrefillAttentionKernel::tensor_core_m32;  // not its tiers / shape, or not an sm_90a build on an sm_90 GPU
     }
@@ -358,9 +357,13 @@ void prefill_attention_partial_cuda(const AttentionShape& shape, const float* q,
     const uint64_t stop = std::min<uint64_t>((uint64_t)cell_begin + n_cells, (uint64_t)pos0 + n_tokens);
     const uint32_t seen = stop > cell_begin ? (uint32_t)(stop - cell_begin) : 0;
     PrefillAttentionKernel kernel = prefill_attention_kernel_for(shape, k_type, v_type, n_tokens, seen);
-    // SPILLWAY_PREFILL_WGMMA=1 (lab, being measured): the wgmma kernel for f16 K/V.
-    static const bool wgmma = lab_knob("SPILLWAY_PREFILL_WGMMA", "1", "0");
-    if (wgmma && k_type == KvType::f16 && v_type == KvType::f16) kernel = PrefillAttentionKernel::tensor_core_wgmma;
+    // f16 K/V of head dim 128 on an sm_90 GPU (sm_90a build): the wgmma kernel, faster at every
+    // chunk and depth measured (64k / 2048: 413 vs 310 TFLOP/s; 8k / 512: 234 vs ~205).
+    // SPILLWAY_PREFILL_WGMMA=0 (lab): the mma.sync choice above, to measure the difference.
+    static const bool wgmma_off = lab_knob("SPILLWAY_PREFILL_WGMMA", "0", "1");
+    if (!wgmma_off && k_type == KvType::f16 && v_type == KvType::f16 && shape.head_dim_k == 128 &&
+        shape.head_dim_v == 128 && prefill_attention_wgmma_available())
+        kernel = PrefillAttentionKernel::tensor_core_wgmma;
     prefill_attention_partial_cuda_with(kernel, shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0,
                                         n_tokens, out, lse, stream);
 }

@@ -4,7 +4,7 @@
 // on sm_90 issues at about half of the tensor cores' dense rate, and every K/V fragment passes
 // through registers via ldmatrix. wgmma reads B (K, then V) straight from shared memory and
 // runs 64 x N x 16 per instruction for a whole warpgroup.
-// Shape: a block holds 2 or 3 warpgroups of 64 query rows (rows = flattened (token, query head
+// Shape: a block holds 2 warpgroups of 64 query rows (rows = flattened (token, query head
 // of the GQA group) pairs of one KV head, as in the mma.sync kernels); tiles of 64 cells, K and
 // V each double-buffered through cp.async into 128-byte-swizzled shared memory
 // (wgmma_device.cuh). Per tile and warpgroup: S = Q Kᵀ as 8 m64n64k16 with Q in registers
@@ -23,6 +23,7 @@
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/kv_tile.cuh"
+#include "engine/cuda/lab_knob.h"
 #include "engine/cuda/prefill_mma_device.cuh"
 #include "engine/cuda/wgmma_device.cuh"
 
@@ -44,23 +45,31 @@ __device__ const int kWgmmaCompiled = 1;
 __device__ const int kWgmmaCompiled = 0;
 #endif
 
-template <int kWGs>
-struct WgLayout {
-    static constexpr int kRows = 64 * kWGs;
-    static constexpr uint32_t k_base = 0, v_base = 2 * kTileBytes, q_base = 4 * kTileBytes;
-    static constexpr uint32_t total = q_base + kRows * kLdQ * 2 + 1024;  // + alignment of the base
-};
+// Two warpgroups: 128 rows per block, 256 threads of <= 255 registers, one block per SM. (Three
+// warpgroups leave 168 registers per thread: ptxas then serializes the wgmmas; measured slower.)
+constexpr int kThreads = 256;
+constexpr int kRows = 128;
+// Shared memory: K in two stages, V in three (a deferring warpgroup, below, still reads V of
+// tile j - 1 while tile j + 1 lands), then Q's staging.
+constexpr uint32_t kKBase = 0, kVBase = 2 * kTileBytes, kQBase = 5 * kTileBytes;
+constexpr uint32_t kSmemBytes = kQBase + kRows * kLdQ * 2 + 1024;  // + the base's alignment
+static_assert(kVBase == kKBase + 2 * kTileBytes && kQBase == kVBase + 3 * kTileBytes && kSmemBytes <= 227 * 1024,
+              "two K stages, three V stages, Q; one block per SM");
+// The tile copy: each thread moves one 16-byte chunk (of 16 per 256-byte row) of every 16th cell.
+constexpr uint32_t kCellsPerPass = kThreads / 16;
+static_assert(kCells % kCellsPerPass == 0, "whole passes per tile");
 
-template <int kWGs>
-__global__ void __launch_bounds__(kWGs * 128, 1) prefill_attention_wgmma_kernel(Params p) {
+// kSkew: odd warpgroups run O += P V of tile j at the start of tile j + 1, next to their
+// S of tile j + 1, so that one warpgroup's softmax falls on the other's MMAs; without it the
+// per-tile barrier keeps both in step: both multiply, then both exponentiate while the tensor
+// cores idle.
+template <bool kSkew>
+__global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using L = WgLayout<kWGs>;
-    constexpr int kThreads = kWGs * 128;
-    constexpr int kRows = L::kRows;
     extern __shared__ uint8_t smem_raw[];
     // The swizzle works on address bits: every tile starts 1024-byte aligned.
     uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-    __half* sq = reinterpret_cast<__half*>(smem + L::q_base);
+    __half* sq = reinterpret_cast<__half*>(smem + kQBase);
 
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const uint32_t gq = lane / 4, tq = lane % 4;
@@ -70,21 +79,31 @@ __global__ void __launch_bounds__(kWGs * 128, 1) prefill_attention_wgmma_kernel(
     const RowBlockSpan span = row_block_span<kRows>(p, row_block);
     const uint32_t row0 = span.row0, cell_stop = span.cell_stop, full_end = span.full_end, n_tiles = span.n_tiles;
 
-    const uint8_t* k_src = p.k + (size_t)kv_head * kD * 2;
-    const uint8_t* v_src = p.v + (size_t)kv_head * kD * 2;
+    // This thread's chunk: cells my_cell + 16 n of a tile, bytes 16 my_chunk.. of the head's row
+    // (the same swizzled column for every n, since 16 n keeps the cell's row within its 8-row group).
+    const uint32_t my_chunk = threadIdx.x % 16, my_cell = threadIdx.x / 16;
+    const uint32_t my_dst = (my_chunk / 8) * kHalfBytes + wgmma::swizzled_offset(my_cell, my_chunk % 8);
+    const uint8_t* k_src = p.k + (size_t)kv_head * kD * 2 + my_cell * p.k_row + my_chunk * 16;
+    const uint8_t* v_src = p.v + (size_t)kv_head * kD * 2 + my_cell * p.v_row + my_chunk * 16;
     // Cells past the range are zeroed: a masked score (p = 0) never meets a NaN in V.
     auto issue = [&](uint8_t* stage, const uint8_t* src, uint64_t row_bytes, uint32_t tile) {
         const uint32_t count = min((uint32_t)kCells, cell_stop - p.cell_begin - tile * kCells);
         src += (uint64_t)tile * kCells * row_bytes;
-        for (uint32_t i = threadIdx.x; i < kCells * 16; i += kThreads) {
-            const uint32_t c = i / 16, o = i % 16;
-            uint8_t* dst = stage + (o / 8) * kHalfBytes + wgmma::swizzled_offset(c, o % 8);
-            if (c < count) kv_tile::cp_async<16>(dst, src + c * row_bytes + o * 16);
-            else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+        uint8_t* dst = stage + my_dst;
+        const uint64_t step = kCellsPerPass * row_bytes;
+        if (count == kCells) {
+#pragma unroll
+            for (uint32_t n = 0; n < kCells / kCellsPerPass; ++n) kv_tile::cp_async<16>(dst + n * kCellsPerPass * 128, src + n * step);
+        } else {
+#pragma unroll
+            for (uint32_t n = 0; n < kCells / kCellsPerPass; ++n) {
+                if (my_cell + n * kCellsPerPass < count) kv_tile::cp_async<16>(dst + n * kCellsPerPass * 128, src + n * step);
+                else *reinterpret_cast<uint4*>(dst + n * kCellsPerPass * 128) = make_uint4(0, 0, 0, 0);
+            }
         }
     };
-    auto k_stage = [&](uint32_t tile) { return smem + L::k_base + (tile % 2) * kTileBytes; };
-    auto v_stage = [&](uint32_t tile) { return smem + L::v_base + (tile % 2) * kTileBytes; };
+    auto k_stage = [&](uint32_t tile) { return smem + kKBase + (tile % 2) * kTileBytes; };
+    auto v_stage = [&](uint32_t tile) { return smem + kVBase + (tile % 3) * kTileBytes; };
     if (n_tiles > 0) {
         issue(k_stage(0), k_src, p.k_row, 0);
         issue(v_stage(0), v_src, p.v_row, 0);
@@ -122,6 +141,18 @@ __global__ void __launch_bounds__(kWGs * 128, 1) prefill_attention_wgmma_kernel(
 #pragma unroll
         for (int i = 0; i < 4; ++i) o[j][i] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    const bool defer = kSkew && (warp / 4) % 2 == 1;  // uniform per warpgroup
+    uint32_t pa[kCells / 16][4];                       // P of the tile (a deferring warpgroup: of the last one)
+    // O += P V. V is stored cell-major with dims contiguous: the N-major B operand; its two
+    // 64-dim halves are 8 KB apart (leading offset), 8-cell groups 1 KB (stride offset).
+    auto multiply_pv = [&](uint32_t tile) {
+        const uint8_t* vt = v_stage(tile);
+        wgmma::fence();
+#pragma unroll
+        for (int cs = 0; cs < kCells / 16; ++cs)
+            wgmma::mma_m64n128k16<1>(o, pa[cs], wgmma::smem_desc(vt + cs * 16 * 128, kHalfBytes, 1024), true);
+        wgmma::commit();
+    };
 
     for (uint32_t tile = 0; tile < n_tiles; ++tile) {
         const uint32_t c0 = p.cell_begin + tile * kCells;
@@ -133,6 +164,7 @@ __global__ void __launch_bounds__(kWGs * 128, 1) prefill_attention_wgmma_kernel(
             issue(v_stage(tile + 1), v_src, p.v_row, tile + 1);
         }
         cp_async_commit();
+        if (defer && tile > 0) multiply_pv(tile - 1);  // completes with S below, before O is rescaled
 
         // S = Q Kᵀ (64 rows x 64 cells per warpgroup). K is stored cell-major with dims
         // contiguous: the K-major B operand; a 16-dim step moves 32 bytes inside a 128-byte row.
@@ -160,35 +192,56 @@ __global__ void __launch_bounds__(kWGs * 128, 1) prefill_attention_wgmma_kernel(
         }
 
         // Online softmax per row; a row's 64 scores are spread over the 4 threads of a quad.
+        // Max and sum run as 4 independent chains: with 2 warps per scheduler, one dependent
+        // chain of 16 steps is latency the other warp cannot cover.
         float alpha[2];
+        bool grew = false;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float mx = -INFINITY;
+            float mx4[4];
 #pragma unroll
-            for (int j = 0; j < kCells / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
+            for (int k = 0; k < 4; ++k) mx4[k] = fmaxf(s[2 * k][2 * h], s[2 * k][2 * h + 1]);
+#pragma unroll
+            for (int j = 1; j < kCells / 32; ++j)
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    mx4[k] = fmaxf(mx4[k], fmaxf(s[8 * j + 2 * k][2 * h], s[8 * j + 2 * k][2 * h + 1]));
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                mx4[k] = fmaxf(mx4[k], fmaxf(s[2 * k + 1][2 * h], s[2 * k + 1][2 * h + 1]));
+#pragma unroll
+            for (int j = 1; j < kCells / 32; ++j)
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    mx4[k] = fmaxf(mx4[k], fmaxf(s[8 * j + 2 * k + 1][2 * h], s[8 * j + 2 * k + 1][2 * h + 1]));
+            float mx = fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float m_new = fmaxf(m[h], mx);
+            grew |= m_new > m[h];
             const float ref = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: keep 0s, no NaN
             alpha[h] = fast_exp2(m[h] - ref);
             m[h] = m_new;
-            float sum = 0.0f;
+            float sum4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int j = 0; j < kCells / 8; ++j) {
                 s[j][2 * h] = fast_exp2(s[j][2 * h] - ref);
                 s[j][2 * h + 1] = fast_exp2(s[j][2 * h + 1] - ref);
-                sum += s[j][2 * h] + s[j][2 * h + 1];
+                sum4[j % 4] += s[j][2 * h] + s[j][2 * h + 1];
             }
-            l[h] = l[h] * alpha[h] + sum;  // this thread's part; the quad is summed at the end
+            l[h] = l[h] * alpha[h] + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));  // this thread's part
         }
+        // alpha is exactly 1 for a row whose maximum did not grow: skip the pass over O when
+        // that holds for every row of the warp (most tiles, deep in a long prompt).
+        if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-        for (int j = 0; j < kD / 8; ++j) {
-            o[j][0] *= alpha[0];
-            o[j][1] *= alpha[0];
-            o[j][2] *= alpha[1];
-            o[j][3] *= alpha[1];
+            for (int j = 0; j < kD / 8; ++j) {
+                o[j][0] *= alpha[0];
+                o[j][1] *= alpha[0];
+                o[j][2] *= alpha[1];
+                o[j][3] *= alpha[1];
+            }
         }
-        uint32_t pa[kCells / 16][4];
 #pragma unroll
         for (int cs = 0; cs < kCells / 16; ++cs) {
             pa[cs][0] = pack_half2(s[2 * cs][0], s[2 * cs][1]);
@@ -196,17 +249,12 @@ __global__ void __launch_bounds__(kWGs * 128, 1) prefill_attention_wgmma_kernel(
             pa[cs][2] = pack_half2(s[2 * cs + 1][0], s[2 * cs + 1][1]);
             pa[cs][3] = pack_half2(s[2 * cs + 1][2], s[2 * cs + 1][3]);
         }
-
-        // O += P V. V is stored cell-major with dims contiguous: the N-major B operand; its two
-        // 64-dim halves are 8 KB apart (leading offset), 8-cell groups 1 KB (stride offset).
-        const uint8_t* vt = v_stage(tile);
-        wgmma::fence();
-#pragma unroll
-        for (int cs = 0; cs < kCells / 16; ++cs)
-            wgmma::mma_m64n128k16<1>(o, pa[cs], wgmma::smem_desc(vt + cs * 16 * 128, kHalfBytes, 1024), true);
-        wgmma::commit();
-        wgmma::wait<0>();
+        // With the skew in flight until the next tile's S completes (O is not touched before).
+        if (!defer) multiply_pv(tile);
+        if constexpr (!kSkew) wgmma::wait<0>();
     }
+    if (defer && n_tiles > 0) multiply_pv(n_tiles - 1);
+    wgmma::wait<0>();
 
     // Normalise within the range and write the partial (natural-log lse).
 #pragma unroll
@@ -231,18 +279,16 @@ __global__ void __launch_bounds__(kWGs * 128, 1) prefill_attention_wgmma_kernel(
 #endif
 }
 
-template <int kWGs>
+template <bool kSkew>
 void launch(Params p, uint32_t n_head_kv, cudaStream_t stream) {
-    using L = WgLayout<kWGs>;
-    static_assert(L::v_base == L::k_base + 2 * kTileBytes && L::total <= 227 * 1024, "two K and two V stages, then Q");
-    auto* kernel = prefill_attention_wgmma_kernel<kWGs>;
+    auto* kernel = prefill_attention_wgmma_kernel<kSkew>;
     static bool configured = false;  // once per instance: opt in to > 48 KB of shared memory
     if (!configured) {
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::total));
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
         configured = true;
     }
-    p.n_row_blocks = (p.n_rows + L::kRows - 1) / L::kRows;
-    kernel<<<dim3(p.n_row_blocks, n_head_kv), kWGs * 128, L::total, stream>>>(p);
+    p.n_row_blocks = (p.n_rows + kRows - 1) / kRows;
+    kernel<<<dim3(p.n_row_blocks, n_head_kv), kThreads, kSmemBytes, stream>>>(p);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -255,7 +301,7 @@ bool prefill_attention_wgmma_available() {
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        if (major != 9 || minor != 0 || smem_optin < (int)WgLayout<3>::total) return false;
+        if (major != 9 || minor != 0 || smem_optin < (int)kSmemBytes) return false;
         int compiled = 0;
         // Fails (no image for this device) when the build has no sm_90 code at all.
         if (cudaMemcpyFromSymbol(&compiled, kWgmmaCompiled, sizeof compiled) != cudaSuccess) {
@@ -269,17 +315,18 @@ bool prefill_attention_wgmma_available() {
 
 bool prefill_attention_wgmma_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
                                   KvType v_type, const uint8_t* v_cells, uint32_t cell_begin, uint32_t n_cells,
-                                  uint32_t pos0, uint32_t n_tokens, float* out, float* lse, int warpgroups,
-                                  cudaStream_t stream) {
+                                  uint32_t pos0, uint32_t n_tokens, float* out, float* lse, cudaStream_t stream) {
     if (shape.head_dim_k != kD || shape.head_dim_v != kD || k_type != KvType::f16 || v_type != KvType::f16 ||
         shape.n_head_kv == 0 || shape.n_head % shape.n_head_kv != 0 || shape.n_head / shape.n_head_kv > 16 ||
-        (warpgroups != 2 && warpgroups != 3) || !prefill_attention_wgmma_available())
+        !prefill_attention_wgmma_available())
         return false;
     if (n_tokens == 0) return true;
     const Params p =
         make_params(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens, out, lse);
-    if (warpgroups == 2) launch<2>(p, shape.n_head_kv, stream);
-    else launch<3>(p, shape.n_head_kv, stream);
+    // SPILLWAY_WGMMA_SKEW=0 (lab): both warpgroups in step, to measure the skew.
+    static const bool skew = !lab_knob("SPILLWAY_WGMMA_SKEW", "0", "1");
+    if (skew) launch<true>(p, shape.n_head_kv, stream);
+    else launch<false>(p, shape.n_head_kv, stream);
     return true;
 }
 

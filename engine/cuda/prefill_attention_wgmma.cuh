@@ -14,12 +14,10 @@ namespace spillway {
 // capability 9.0, enough shared memory per block).
 bool prefill_attention_wgmma_available();
 
-// Runs the kernel with `warpgroups` (2 or 3) warpgroups of 64 query rows per block; false (and
-// nothing launched) when the kernel is not available or the shape / tiers are not its own:
-// head dim 128, f16 K and V, n_head / n_head_kv <= 16.
+// Runs the kernel; false (and nothing launched) when it is not available or the shape / tiers
+// are not its own: head dim 128, f16 K and V, n_head / n_head_kv <= 16.
 bool prefill_attention_wgmma_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
                                   KvType v_type, const uint8_t* v_cells, uint32_t cell_begin, uint32_t n_cells,
-                                  uint32_t pos0, uint32_t n_tokens, float* out, float* lse, int warpgroups,
-                                  cudaStream_t stream);
+                                  uint32_t pos0, uint32_t n_tokens, float* out, float* lse, cudaStream_t stream);
 
 }  // namespace spillway

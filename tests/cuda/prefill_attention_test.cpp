@@ -27,8 +27,7 @@ constexpr PrefillAttentionKernel kKernels[] = {PrefillAttentionKernel::simt, Pre
                                                PrefillAttentionKernel::tensor_core_m32,
                                                PrefillAttentionKernel::tensor_core_m32_wide,
                                                PrefillAttentionKernel::tensor_core_m32_unsplit,
-                                               PrefillAttentionKernel::tensor_core_wgmma,
-                                               PrefillAttentionKernel::tensor_core_wgmma_wide};
+                                               PrefillAttentionKernel::tensor_core_wgmma};
 
 // simt: f32 throughout (~1e-6). tensor_core: q and p rounded to f16 (2^-11 relative each),
 // quantized K/V dequantized to f16 (one more rounding): ~1e-3 relative, ~1e-3 absolute in lse.
@@ -294,15 +293,14 @@ TEST(CudaPrefillAttention, WgmmaKernelMatchesCpu) {
         const auto v_dev = cuda_test::to_device(L.v);
         const auto q_dev = cuda_test::to_device(q);
         DeviceBuffer<float> out(ref.size()), lse(ref_lse.size());
-        for (int warpgroups : {2, 3}) {
+        {
             cuda_test::poison(out);
             cuda_test::poison(lse);
             ASSERT_TRUE(prefill_attention_wgmma_cuda(shape, q_dev.data(), KvType::f16, k_dev.data() + c.begin * L.k_row,
                                                      KvType::f16, v_dev.data() + c.begin * L.v_row, c.begin,
-                                                     c.end - c.begin, c.pos0, c.T, out.data(), lse.data(), warpgroups,
-                                                     nullptr));
+                                                     c.end - c.begin, c.pos0, c.T, out.data(), lse.data(), nullptr));
             SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-            const std::string what = std::to_string(warpgroups) + " warpgroups, G " +
+            const std::string what = "G " +
                                      std::to_string(c.n_head / c.n_head_kv) + ", pos0 " + std::to_string(c.pos0) +
                                      ", T " + std::to_string(c.T) + ", cells [" + std::to_string(c.begin) + ", " +
                                      std::to_string(c.end) + ")";
@@ -313,11 +311,11 @@ TEST(CudaPrefillAttention, WgmmaKernelMatchesCpu) {
     // Not its tiers or head dim: refused, nothing launched.
     const AttentionShape d64{8, 2, 64, 64, 0.125f}, d128{8, 2, 128, 128, 0.088f};
     EXPECT_FALSE(prefill_attention_wgmma_cuda(d64, nullptr, KvType::f16, nullptr, KvType::f16, nullptr, 0, 1, 0, 1,
-                                              nullptr, nullptr, 2, nullptr));
+                                              nullptr, nullptr, nullptr));
     EXPECT_FALSE(prefill_attention_wgmma_cuda(d128, nullptr, KvType::q8_0, nullptr, KvType::f16, nullptr, 0, 1, 0, 1,
-                                              nullptr, nullptr, 2, nullptr));
-    EXPECT_FALSE(prefill_attention_wgmma_cuda(d128, nullptr, KvType::f16, nullptr, KvType::f16, nullptr, 0, 1, 0, 1,
-                                              nullptr, nullptr, 4, nullptr));
+                                              nullptr, nullptr, nullptr));
+    EXPECT_FALSE(prefill_attention_wgmma_cuda(d128, nullptr, KvType::f16, nullptr, KvType::q4_0, nullptr, 0, 1, 0, 1,
+                                              nullptr, nullptr, nullptr));
 }
 
 // A pure function: no GPU needed.
