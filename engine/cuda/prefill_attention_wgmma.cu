@@ -59,11 +59,14 @@ static_assert(kVBase == kKBase + 2 * kTileBytes && kQBase == kVBase + 3 * kTileB
 constexpr uint32_t kCellsPerPass = kThreads / 16;
 static_assert(kCells % kCellsPerPass == 0, "whole passes per tile");
 
-// kSkew: odd warpgroups run O += P V of tile j at the start of tile j + 1, next to their
-// S of tile j + 1, so that one warpgroup's softmax falls on the other's MMAs; without it the
-// per-tile barrier keeps both in step: both multiply, then both exponentiate while the tensor
-// cores idle.
-template <bool kSkew>
+// Schedules. skew: the odd warpgroup runs O += P V of tile j at the start of tile j + 1, next
+// to its S of tile j + 1, so that one warpgroup's softmax falls on the other's MMAs (with both
+// in step, the per-tile barrier has both multiply, then both exponentiate while the tensor
+// cores idle). pipelined: each warpgroup issues S of tile j + 1 before the softmax of tile j
+// (FlashAttention-3's intra-warpgroup overlap; two score register sets).
+enum class Schedule { skew, pipelined };
+
+template <Schedule kSchedule>
 __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ uint8_t smem_raw[];
@@ -141,43 +144,38 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
 #pragma unroll
         for (int i = 0; i < 4; ++i) o[j][i] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    const bool defer = kSkew && (warp / 4) % 2 == 1;  // uniform per warpgroup
+    const bool defer = kSchedule == Schedule::skew && (warp / 4) % 2 == 1;  // uniform per warpgroup
     uint32_t pa[kCells / 16][4];                       // P of the tile (a deferring warpgroup: of the last one)
     // O += P V. V is stored cell-major with dims contiguous: the N-major B operand; its two
     // 64-dim halves are 8 KB apart (leading offset), 8-cell groups 1 KB (stride offset).
+    // Descriptors are built once and moved by constant offsets (wgmma::desc_advance).
+    const uint64_t k_desc = wgmma::smem_desc(smem + kKBase, 16, 1024);
+    const uint64_t v_desc = wgmma::smem_desc(smem + kVBase, kHalfBytes, 1024);
     auto multiply_pv = [&](uint32_t tile) {
-        const uint8_t* vt = v_stage(tile);
+        const uint64_t vd = wgmma::desc_advance(v_desc, (tile % 3) * kTileBytes);
         wgmma::fence();
 #pragma unroll
         for (int cs = 0; cs < kCells / 16; ++cs)
-            wgmma::mma_m64n128k16<1>(o, pa[cs], wgmma::smem_desc(vt + cs * 16 * 128, kHalfBytes, 1024), true);
+            wgmma::mma_m64n128k16<1>(o, pa[cs], wgmma::desc_advance(vd, cs * 16 * 128), true);
         wgmma::commit();
     };
 
-    for (uint32_t tile = 0; tile < n_tiles; ++tile) {
-        const uint32_t c0 = p.cell_begin + tile * kCells;
-        cp_async_wait<0>();
-        wgmma::fence_proxy_async_smem();  // this thread's copies and zero stores, for the wgmma reads
-        __syncthreads();                  // ... of every thread; every warpgroup is done with tile - 1
-        if (tile + 1 < n_tiles) {
-            issue(k_stage(tile + 1), k_src, p.k_row, tile + 1);
-            issue(v_stage(tile + 1), v_src, p.v_row, tile + 1);
-        }
-        cp_async_commit();
-        if (defer && tile > 0) multiply_pv(tile - 1);  // completes with S below, before O is rescaled
-
-        // S = Q Kᵀ (64 rows x 64 cells per warpgroup). K is stored cell-major with dims
-        // contiguous: the K-major B operand; a 16-dim step moves 32 bytes inside a 128-byte row.
-        float s[kCells / 8][4];
-        const uint8_t* kt = k_stage(tile);
+    using Scores = float[kCells / 8][4];
+    // S = Q Kᵀ (64 rows x 64 cells per warpgroup), issued and committed, not waited for. K is
+    // stored cell-major with dims contiguous: the K-major B operand; a 16-dim step moves 32
+    // bytes inside a 128-byte row.
+    auto multiply_qk = [&](Scores& s, uint32_t tile) {
+        const uint64_t kd = wgmma::desc_advance(k_desc, (tile % 2) * kTileBytes);
         wgmma::fence();
 #pragma unroll
         for (int ks = 0; ks < kD / 16; ++ks)
-            wgmma::mma_m64n64k16<0>(s, qa[ks], wgmma::smem_desc(kt + (ks / 4) * kHalfBytes + (ks % 4) * 32, 16, 1024),
-                                    ks > 0);
+            wgmma::mma_m64n64k16<0>(s, qa[ks], wgmma::desc_advance(kd, (ks / 4) * kHalfBytes + (ks % 4) * 32), ks > 0);
         wgmma::commit();
-        wgmma::wait<0>();
-
+    };
+    // Scores of a finished S -> probabilities (in place), the running max and sum; alpha: the
+    // factor O must take, grew: whether any row of this thread got a new maximum.
+    auto softmax = [&](Scores& s, uint32_t tile, float (&alpha)[2], bool& grew) {
+        const uint32_t c0 = p.cell_begin + tile * kCells;
         // Mask (range end and causality), only on tiles that reach past what all rows see.
         if (c0 + kCells > full_end) {
 #pragma unroll
@@ -194,26 +192,14 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
         // Online softmax per row; a row's 64 scores are spread over the 4 threads of a quad.
         // Max and sum run as 4 independent chains: with 2 warps per scheduler, one dependent
         // chain of 16 steps is latency the other warp cannot cover.
-        float alpha[2];
-        bool grew = false;
+        grew = false;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float mx4[4];
 #pragma unroll
-            for (int k = 0; k < 4; ++k) mx4[k] = fmaxf(s[2 * k][2 * h], s[2 * k][2 * h + 1]);
+            for (int j = 0; j < 4; ++j) mx4[j] = fmaxf(s[j][2 * h], s[j][2 * h + 1]);
 #pragma unroll
-            for (int j = 1; j < kCells / 32; ++j)
-#pragma unroll
-                for (int k = 0; k < 4; ++k)
-                    mx4[k] = fmaxf(mx4[k], fmaxf(s[8 * j + 2 * k][2 * h], s[8 * j + 2 * k][2 * h + 1]));
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                mx4[k] = fmaxf(mx4[k], fmaxf(s[2 * k + 1][2 * h], s[2 * k + 1][2 * h + 1]));
-#pragma unroll
-            for (int j = 1; j < kCells / 32; ++j)
-#pragma unroll
-                for (int k = 0; k < 4; ++k)
-                    mx4[k] = fmaxf(mx4[k], fmaxf(s[8 * j + 2 * k + 1][2 * h], s[8 * j + 2 * k + 1][2 * h + 1]));
+            for (int j = 4; j < kCells / 8; ++j) mx4[j % 4] = fmaxf(mx4[j % 4], fmaxf(s[j][2 * h], s[j][2 * h + 1]));
             float mx = fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -231,6 +217,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
             }
             l[h] = l[h] * alpha[h] + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));  // this thread's part
         }
+    };
+    auto rescale_o = [&](const float (&alpha)[2], bool grew) {
         // alpha is exactly 1 for a row whose maximum did not grow: skip the pass over O when
         // that holds for every row of the warp (most tiles, deep in a long prompt).
         if (__any_sync(0xffffffffu, grew)) {
@@ -242,6 +230,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
                 o[j][3] *= alpha[1];
             }
         }
+    };
+    auto pack_p = [&](const Scores& s) {
 #pragma unroll
         for (int cs = 0; cs < kCells / 16; ++cs) {
             pa[cs][0] = pack_half2(s[2 * cs][0], s[2 * cs][1]);
@@ -249,11 +239,69 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
             pa[cs][2] = pack_half2(s[2 * cs + 1][0], s[2 * cs + 1][1]);
             pa[cs][3] = pack_half2(s[2 * cs + 1][2], s[2 * cs + 1][3]);
         }
-        // With the skew in flight until the next tile's S completes (O is not touched before).
-        if (!defer) multiply_pv(tile);
-        if constexpr (!kSkew) wgmma::wait<0>();
+    };
+
+    if constexpr (kSchedule == Schedule::skew) {
+        for (uint32_t tile = 0; tile < n_tiles; ++tile) {
+            cp_async_wait<0>();
+            wgmma::fence_proxy_async_smem();  // this thread's copies and zero stores, for the wgmma reads
+            __syncthreads();                  // ... of every thread; every warpgroup is done with tile - 1
+            if (tile + 1 < n_tiles) {
+                issue(k_stage(tile + 1), k_src, p.k_row, tile + 1);
+                issue(v_stage(tile + 1), v_src, p.v_row, tile + 1);
+            }
+            cp_async_commit();
+            if (defer && tile > 0) multiply_pv(tile - 1);  // completes with S below, before O is rescaled
+            Scores s;
+            multiply_qk(s, tile);
+            wgmma::wait<0>();
+            float alpha[2];
+            bool grew;
+            softmax(s, tile, alpha, grew);
+            rescale_o(alpha, grew);
+            pack_p(s);
+            // In flight until the next tile's S completes (O is not touched before).
+            if (!defer) multiply_pv(tile);
+        }
+        if (defer && n_tiles > 0) multiply_pv(n_tiles - 1);
+    } else {
+        // Pipelined: S of tile + 1 runs on the tensor cores while this warpgroup turns S of tile
+        // into probabilities. K is copied two tiles ahead, V one.
+        Scores s0, s1;
+        if (n_tiles > 1) issue(k_stage(1), k_src, p.k_row, 1);
+        cp_async_commit();
+        cp_async_wait<0>();
+        wgmma::fence_proxy_async_smem();
+        __syncthreads();
+        if (n_tiles > 0) multiply_qk(s0, 0);
+        wgmma::wait<0>();
+        auto step = [&](uint32_t tile, Scores& cur, Scores& next) {
+            cp_async_wait<0>();  // K(tile + 1) and V(tile)
+            wgmma::fence_proxy_async_smem();
+            __syncthreads();  // ... of every thread; every warpgroup is done with S(tile) (K's stage is free)
+            if (tile + 2 < n_tiles) issue(k_stage(tile + 2), k_src, p.k_row, tile + 2);
+            if (tile + 1 < n_tiles) issue(v_stage(tile + 1), v_src, p.v_row, tile + 1);
+            cp_async_commit();
+            const bool more = tile + 1 < n_tiles;
+            if (more) multiply_qk(next, tile + 1);
+            float alpha[2];
+            bool grew;
+            softmax(cur, tile, alpha, grew);
+            rescale_o(alpha, grew);
+            pack_p(cur);
+            multiply_pv(tile);
+            // Both done before the barrier frees S's K stage and the next softmax reads O's
+            // factor. (Leaving P V in flight across it, wait_group 1, made ptxas serialize
+            // every wgmma: it does not track which group a count-based wait covers.)
+            wgmma::wait<0>();
+        };
+        uint32_t tile = 0;
+        for (; tile + 1 < n_tiles; tile += 2) {
+            step(tile, s0, s1);
+            step(tile + 1, s1, s0);
+        }
+        if (tile < n_tiles) step(tile, s0, s1);
     }
-    if (defer && n_tiles > 0) multiply_pv(n_tiles - 1);
     wgmma::wait<0>();
 
     // Normalise within the range and write the partial (natural-log lse).
@@ -279,9 +327,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
 #endif
 }
 
-template <bool kSkew>
+template <Schedule kSchedule>
 void launch(Params p, uint32_t n_head_kv, cudaStream_t stream) {
-    auto* kernel = prefill_attention_wgmma_kernel<kSkew>;
+    auto* kernel = prefill_attention_wgmma_kernel<kSchedule>;
     static bool configured = false;  // once per instance: opt in to > 48 KB of shared memory
     if (!configured) {
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
@@ -323,10 +371,10 @@ bool prefill_attention_wgmma_cuda(const AttentionShape& shape, const float* q, K
     if (n_tokens == 0) return true;
     const Params p =
         make_params(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens, out, lse);
-    // SPILLWAY_WGMMA_SKEW=0 (lab): both warpgroups in step, to measure the skew.
-    static const bool skew = !lab_knob("SPILLWAY_WGMMA_SKEW", "0", "1");
-    if (skew) launch<true>(p, shape.n_head_kv, stream);
-    else launch<false>(p, shape.n_head_kv, stream);
+    // SPILLWAY_WGMMA_SCHEDULE=skew (lab, being measured): the skewed schedule.
+    static const bool skew = lab_knob("SPILLWAY_WGMMA_SCHEDULE", "skew", "pipelined");
+    if (skew) launch<Schedule::skew>(p, shape.n_head_kv, stream);
+    else launch<Schedule::pipelined>(p, shape.n_head_kv, stream);
     return true;
 }
 

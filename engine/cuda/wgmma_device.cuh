@@ -30,6 +30,11 @@ __device__ __forceinline__ uint64_t smem_desc(const void* start, uint32_t leadin
     return d;
 }
 
+// The descriptor of `desc`'s matrix moved by `bytes` (a multiple of 16): one add, since the
+// start address field (bits 0-13, in 16-byte units) holds every shared address below 256 KB
+// and so never carries into the offsets above it.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
 // Registers written by ordinary instructions (accumulators, A fragments) must be fenced before
 // a wgmma reads them; shared memory written by ordinary stores or cp.async must be made
 // visible to the async proxy the wgmma reads through.
