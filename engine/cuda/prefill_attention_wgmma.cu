@@ -5,14 +5,20 @@
 // through registers via ldmatrix. wgmma reads B (K, then V) straight from shared memory and
 // runs 64 x N x 16 per instruction for a whole warpgroup.
 // Shape: a block holds 2 warpgroups of 64 query rows (rows = flattened (token, query head
-// of the GQA group) pairs of one KV head, as in the mma.sync kernels); tiles of 64 cells, K and
-// V each double-buffered through cp.async into 128-byte-swizzled shared memory
-// (wgmma_device.cuh). Per tile and warpgroup: S = Q Kᵀ as 8 m64n64k16 with Q in registers
-// (loaded once per block), the online softmax on S in registers (scores in base 2, Q
-// pre-scaled by scale * log2 e), then O += P V as 4 m64n128k16 with P (f16) in registers: the
-// accumulator layout of S is the A-register layout of the next wgmma, as with mma.sync.
-// Not here (measure first): warp specialization with TMA, overlapping one warpgroup's softmax
-// with the next tile's S (FlashAttention-3), quantized tiles, the cluster split.
+// of the GQA group) pairs of one KV head, as in the mma.sync kernels); tiles of 128 cells (64
+// in the lab schedules), K in two and V in three stages of cp.async copies into 128-byte-
+// swizzled shared memory (wgmma_device.cuh), one block barrier per tile. Per tile and
+// warpgroup: S = Q Kᵀ as 8 m64n128k16 with Q in registers (loaded once per block), the
+// online softmax on S in registers (scores in base 2, Q pre-scaled by scale * log2 e), then
+// O += P V as 8 m64n128k16 with P (f16) in registers: the accumulator layout of S is the
+// A-register layout of the next wgmma, as with mma.sync. The two warpgroups are skewed by half
+// a tile (Schedule below) so that one's softmax runs beside the other's MMAs.
+// Measured (bench_prefill, 64k prompt / 2048-token chunks): m32 310 TFLOP/s; first wgmma
+// version 345; the skew, the copies' addresses computed once, four max / sum chains and the
+// skipped O rescale 413; 128-cell tiles 473 (Nsight on the 64-cell version: tensor pipe 47%
+// busy; stalls on fixed-latency dependencies and the per-tile barrier lead).
+// Not here (measure first): warp specialization with TMA and mbarriers instead of the block
+// barrier, quantized tiles, the cluster split.
 #include "engine/cuda/prefill_attention_wgmma.cuh"
 
 #include <cuda_fp16.h>
@@ -34,9 +40,7 @@ using kv_tile::cp_async_commit;
 using namespace prefill_mma;
 
 constexpr int kD = 128;
-constexpr uint32_t kHalfBytes = kCells * 128;     // 64 cells x 64 dims of f16, one swizzled tile
-constexpr uint32_t kTileBytes = 2 * kHalfBytes;   // 64 cells x 128 dims
-constexpr int kLdQ = row_halves<kD>();            // Q staging rows, padded for ldmatrix
+constexpr int kLdQ = row_halves<kD>();  // Q staging rows, padded for ldmatrix
 
 // Set where the kernel below is compiled for sm_90a (read by the host once).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -49,15 +53,20 @@ __device__ const int kWgmmaCompiled = 0;
 // warpgroups leave 168 registers per thread: ptxas then serializes the wgmmas; measured slower.)
 constexpr int kThreads = 256;
 constexpr int kRows = 128;
-// Shared memory: K in two stages, V in three (a deferring warpgroup, below, still reads V of
-// tile j - 1 while tile j + 1 lands), then Q's staging.
-constexpr uint32_t kKBase = 0, kVBase = 2 * kTileBytes, kQBase = 5 * kTileBytes;
-constexpr uint32_t kSmemBytes = kQBase + kRows * kLdQ * 2 + 1024;  // + the base's alignment
-static_assert(kVBase == kKBase + 2 * kTileBytes && kQBase == kVBase + 3 * kTileBytes && kSmemBytes <= 227 * 1024,
-              "two K stages, three V stages, Q; one block per SM");
 // The tile copy: each thread moves one 16-byte chunk (of 16 per 256-byte row) of every 16th cell.
 constexpr uint32_t kCellsPerPass = kThreads / 16;
-static_assert(kCells % kCellsPerPass == 0, "whole passes per tile");
+
+// Tiles of kTile cells (64 or 128). Shared memory: K in two stages, V in three (a deferring
+// warpgroup, below, still reads V of tile j - 1 while tile j + 1 lands), then Q's staging.
+template <int kTile>
+struct Tiling {
+    static constexpr uint32_t kHalfBytes = kTile * 128;  // kTile cells x 64 dims of f16, one swizzled tile
+    static constexpr uint32_t kTileBytes = 2 * kHalfBytes;
+    static constexpr uint32_t kKBase = 0, kVBase = 2 * kTileBytes, kQBase = 5 * kTileBytes;
+    static constexpr uint32_t kSmemBytes = kQBase + kRows * kLdQ * 2 + 1024;  // + the base's alignment
+    static_assert(kTile % kCellsPerPass == 0 && kVBase == kKBase + 2 * kTileBytes && kSmemBytes <= 227 * 1024,
+                  "whole copy passes; K, V, Q in order; one block per SM");
+};
 
 // Schedules. skew: the odd warpgroup runs O += P V of tile j at the start of tile j + 1, next
 // to its S of tile j + 1, so that one warpgroup's softmax falls on the other's MMAs (with both
@@ -66,9 +75,12 @@ static_assert(kCells % kCellsPerPass == 0, "whole passes per tile");
 // (FlashAttention-3's intra-warpgroup overlap; two score register sets).
 enum class Schedule { skew, pipelined };
 
-template <Schedule kSchedule>
+template <Schedule kSchedule, int kTile>
 __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using T = Tiling<kTile>;
+    constexpr uint32_t kHalfBytes = T::kHalfBytes, kTileBytes = T::kTileBytes;
+    constexpr uint32_t kKBase = T::kKBase, kVBase = T::kVBase, kQBase = T::kQBase;
     extern __shared__ uint8_t smem_raw[];
     // The swizzle works on address bits: every tile starts 1024-byte aligned.
     uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -80,7 +92,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
     const uint32_t row_block = p.n_row_blocks - 1 - blockIdx.x;  // the longest rows start first
     const uint32_t G = p.n_group;
     const RowBlockSpan span = row_block_span<kRows>(p, row_block);
-    const uint32_t row0 = span.row0, cell_stop = span.cell_stop, full_end = span.full_end, n_tiles = span.n_tiles;
+    const uint32_t row0 = span.row0, cell_stop = span.cell_stop, full_end = span.full_end;
+    const uint32_t n_tiles = cell_stop > p.cell_begin ? (cell_stop - p.cell_begin + kTile - 1) / kTile : 0;
 
     // This thread's chunk: cells my_cell + 16 n of a tile, bytes 16 my_chunk.. of the head's row
     // (the same swizzled column for every n, since 16 n keeps the cell's row within its 8-row group).
@@ -90,16 +103,16 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
     const uint8_t* v_src = p.v + (size_t)kv_head * kD * 2 + my_cell * p.v_row + my_chunk * 16;
     // Cells past the range are zeroed: a masked score (p = 0) never meets a NaN in V.
     auto issue = [&](uint8_t* stage, const uint8_t* src, uint64_t row_bytes, uint32_t tile) {
-        const uint32_t count = min((uint32_t)kCells, cell_stop - p.cell_begin - tile * kCells);
-        src += (uint64_t)tile * kCells * row_bytes;
+        const uint32_t count = min((uint32_t)kTile, cell_stop - p.cell_begin - tile * kTile);
+        src += (uint64_t)tile * kTile * row_bytes;
         uint8_t* dst = stage + my_dst;
         const uint64_t step = kCellsPerPass * row_bytes;
-        if (count == kCells) {
+        if (count == kTile) {
 #pragma unroll
-            for (uint32_t n = 0; n < kCells / kCellsPerPass; ++n) kv_tile::cp_async<16>(dst + n * kCellsPerPass * 128, src + n * step);
+            for (uint32_t n = 0; n < kTile / kCellsPerPass; ++n) kv_tile::cp_async<16>(dst + n * kCellsPerPass * 128, src + n * step);
         } else {
 #pragma unroll
-            for (uint32_t n = 0; n < kCells / kCellsPerPass; ++n) {
+            for (uint32_t n = 0; n < kTile / kCellsPerPass; ++n) {
                 if (my_cell + n * kCellsPerPass < count) kv_tile::cp_async<16>(dst + n * kCellsPerPass * 128, src + n * step);
                 else *reinterpret_cast<uint4*>(dst + n * kCellsPerPass * 128) = make_uint4(0, 0, 0, 0);
             }
@@ -145,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
         for (int i = 0; i < 4; ++i) o[j][i] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     const bool defer = kSchedule == Schedule::skew && (warp / 4) % 2 == 1;  // uniform per warpgroup
-    uint32_t pa[kCells / 16][4];                       // P of the tile (a deferring warpgroup: of the last one)
+    uint32_t pa[kTile / 16][4];                       // P of the tile (a deferring warpgroup: of the last one)
     // O += P V. V is stored cell-major with dims contiguous: the N-major B operand; its two
     // 64-dim halves are 8 KB apart (leading offset), 8-cell groups 1 KB (stride offset).
     // Descriptors are built once and moved by constant offsets (wgmma::desc_advance).
@@ -155,12 +168,12 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
         const uint64_t vd = wgmma::desc_advance(v_desc, (tile % 3) * kTileBytes);
         wgmma::fence();
 #pragma unroll
-        for (int cs = 0; cs < kCells / 16; ++cs)
+        for (int cs = 0; cs < kTile / 16; ++cs)
             wgmma::mma_m64n128k16<1>(o, pa[cs], wgmma::desc_advance(vd, cs * 16 * 128), true);
         wgmma::commit();
     };
 
-    using Scores = float[kCells / 8][4];
+    using Scores = float[kTile / 8][4];
     // S = Q Kᵀ (64 rows x 64 cells per warpgroup), issued and committed, not waited for. K is
     // stored cell-major with dims contiguous: the K-major B operand; a 16-dim step moves 32
     // bytes inside a 128-byte row.
@@ -169,20 +182,23 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
         wgmma::fence();
 #pragma unroll
         for (int ks = 0; ks < kD / 16; ++ks)
-            wgmma::mma_m64n64k16<0>(s, qa[ks], wgmma::desc_advance(kd, (ks / 4) * kHalfBytes + (ks % 4) * 32), ks > 0);
+            if constexpr (kTile == 64)
+                wgmma::mma_m64n64k16<0>(s, qa[ks], wgmma::desc_advance(kd, (ks / 4) * kHalfBytes + (ks % 4) * 32), ks > 0);
+            else
+                wgmma::mma_m64n128k16<0>(s, qa[ks], wgmma::desc_advance(kd, (ks / 4) * kHalfBytes + (ks % 4) * 32), ks > 0);
         wgmma::commit();
     };
     // Scores of a finished S -> probabilities (in place), the running max and sum; alpha: the
     // factor O must take, grew: whether any row of this thread got a new maximum.
     auto softmax = [&](Scores& s, uint32_t tile, float (&alpha)[2], bool& grew) {
-        const uint32_t c0 = p.cell_begin + tile * kCells;
+        const uint32_t c0 = p.cell_begin + tile * kTile;
         // Mask (range end and causality), only on tiles that reach past what all rows see.
-        if (c0 + kCells > full_end) {
+        if (c0 + kTile > full_end) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const uint32_t limit = min(p.cell_end, p.pos0 + (my_row0 + 8 * h) / G + 1);
 #pragma unroll
-                for (int j = 0; j < kCells / 8; ++j)
+                for (int j = 0; j < kTile / 8; ++j)
 #pragma unroll
                     for (int i = 0; i < 2; ++i)
                         if (c0 + 8 * j + 2 * tq + i >= limit) s[j][2 * h + i] = -INFINITY;
@@ -199,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
 #pragma unroll
             for (int j = 0; j < 4; ++j) mx4[j] = fmaxf(s[j][2 * h], s[j][2 * h + 1]);
 #pragma unroll
-            for (int j = 4; j < kCells / 8; ++j) mx4[j % 4] = fmaxf(mx4[j % 4], fmaxf(s[j][2 * h], s[j][2 * h + 1]));
+            for (int j = 4; j < kTile / 8; ++j) mx4[j % 4] = fmaxf(mx4[j % 4], fmaxf(s[j][2 * h], s[j][2 * h + 1]));
             float mx = fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -210,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
             m[h] = m_new;
             float sum4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int j = 0; j < kCells / 8; ++j) {
+            for (int j = 0; j < kTile / 8; ++j) {
                 s[j][2 * h] = fast_exp2(s[j][2 * h] - ref);
                 s[j][2 * h + 1] = fast_exp2(s[j][2 * h + 1] - ref);
                 sum4[j % 4] += s[j][2 * h] + s[j][2 * h + 1];
@@ -233,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
     };
     auto pack_p = [&](const Scores& s) {
 #pragma unroll
-        for (int cs = 0; cs < kCells / 16; ++cs) {
+        for (int cs = 0; cs < kTile / 16; ++cs) {
             pa[cs][0] = pack_half2(s[2 * cs][0], s[2 * cs][1]);
             pa[cs][1] = pack_half2(s[2 * cs][2], s[2 * cs][3]);
             pa[cs][2] = pack_half2(s[2 * cs + 1][0], s[2 * cs + 1][1]);
@@ -327,9 +343,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
 #endif
 }
 
-template <Schedule kSchedule>
+template <Schedule kSchedule, int kTile>
 void launch(Params p, uint32_t n_head_kv, cudaStream_t stream) {
-    auto* kernel = prefill_attention_wgmma_kernel<kSchedule>;
+    constexpr uint32_t kSmemBytes = Tiling<kTile>::kSmemBytes;
+    auto* kernel = prefill_attention_wgmma_kernel<kSchedule, kTile>;
     static bool configured = false;  // once per instance: opt in to > 48 KB of shared memory
     if (!configured) {
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
@@ -349,7 +366,7 @@ bool prefill_attention_wgmma_available() {
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        if (major != 9 || minor != 0 || smem_optin < (int)kSmemBytes) return false;
+        if (major != 9 || minor != 0 || smem_optin < (int)Tiling<128>::kSmemBytes) return false;
         int compiled = 0;
         // Fails (no image for this device) when the build has no sm_90 code at all.
         if (cudaMemcpyFromSymbol(&compiled, kWgmmaCompiled, sizeof compiled) != cudaSuccess) {
@@ -363,7 +380,8 @@ bool prefill_attention_wgmma_available() {
 
 bool prefill_attention_wgmma_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
                                   KvType v_type, const uint8_t* v_cells, uint32_t cell_begin, uint32_t n_cells,
-                                  uint32_t pos0, uint32_t n_tokens, float* out, float* lse, cudaStream_t stream) {
+                                  uint32_t pos0, uint32_t n_tokens, float* out, float* lse, cudaStream_t stream,
+                                  WgmmaSchedule schedule) {
     if (shape.head_dim_k != kD || shape.head_dim_v != kD || k_type != KvType::f16 || v_type != KvType::f16 ||
         shape.n_head_kv == 0 || shape.n_head % shape.n_head_kv != 0 || shape.n_head / shape.n_head_kv > 16 ||
         !prefill_attention_wgmma_available())
@@ -371,10 +389,21 @@ bool prefill_attention_wgmma_cuda(const AttentionShape& shape, const float* q, K
     if (n_tokens == 0) return true;
     const Params p =
         make_params(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens, out, lse);
-    // SPILLWAY_WGMMA_SCHEDULE=skew (lab, being measured): the skewed schedule.
-    static const bool skew = lab_knob("SPILLWAY_WGMMA_SCHEDULE", "skew", "pipelined");
-    if (skew) launch<Schedule::skew>(p, shape.n_head_kv, stream);
-    else launch<Schedule::pipelined>(p, shape.n_head_kv, stream);
+    // Default skew128 (64k / 2048: 473 TFLOP/s; pipelined 431, skew 420, same call).
+    // SPILLWAY_WGMMA_SCHEDULE=pipelined|skew (lab): the 64-cell-tile schedules, to measure.
+    // (Two 128-cell score sets do not fit the registers: there is no pipelined128.)
+    static const WgmmaSchedule configured = [] {
+        const char* e = std::getenv("SPILLWAY_WGMMA_SCHEDULE");
+        const std::string v = e ? e : "";
+        if (v.empty() || v == "skew128") return WgmmaSchedule::skew128;
+        if (v == "skew") return WgmmaSchedule::skew;
+        if (v == "pipelined") return WgmmaSchedule::pipelined;
+        fail("SPILLWAY_WGMMA_SCHEDULE must be 'pipelined', 'skew' or 'skew128', got '" + v + "'");
+    }();
+    if (schedule == WgmmaSchedule::automatic) schedule = configured;
+    if (schedule == WgmmaSchedule::skew) launch<Schedule::skew, 64>(p, shape.n_head_kv, stream);
+    else if (schedule == WgmmaSchedule::skew128) launch<Schedule::skew, 128>(p, shape.n_head_kv, stream);
+    else launch<Schedule::pipelined, 64>(p, shape.n_head_kv, stream);
     return true;
 }
 

@@ -14,10 +14,15 @@ namespace spillway {
 // capability 9.0, enough shared memory per block).
 bool prefill_attention_wgmma_available();
 
+// How the two warpgroups of a block overlap their MMAs with their softmax (the .cu file says
+// more). automatic: skew128, or what SPILLWAY_WGMMA_SCHEDULE names (lab).
+enum class WgmmaSchedule { automatic, pipelined, skew, skew128 };
+
 // Runs the kernel; false (and nothing launched) when it is not available or the shape / tiers
 // are not its own: head dim 128, f16 K and V, n_head / n_head_kv <= 16.
 bool prefill_attention_wgmma_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
                                   KvType v_type, const uint8_t* v_cells, uint32_t cell_begin, uint32_t n_cells,
-                                  uint32_t pos0, uint32_t n_tokens, float* out, float* lse, cudaStream_t stream);
+                                  uint32_t pos0, uint32_t n_tokens, float* out, float* lse, cudaStream_t stream,
+                                  WgmmaSchedule schedule = WgmmaSchedule::automatic);
 
 }  // namespace spillway

@@ -293,14 +293,16 @@ TEST(CudaPrefillAttention, WgmmaKernelMatchesCpu) {
         const auto v_dev = cuda_test::to_device(L.v);
         const auto q_dev = cuda_test::to_device(q);
         DeviceBuffer<float> out(ref.size()), lse(ref_lse.size());
-        {
+        for (WgmmaSchedule schedule : {WgmmaSchedule::pipelined, WgmmaSchedule::skew, WgmmaSchedule::skew128}) {
             cuda_test::poison(out);
             cuda_test::poison(lse);
             ASSERT_TRUE(prefill_attention_wgmma_cuda(shape, q_dev.data(), KvType::f16, k_dev.data() + c.begin * L.k_row,
                                                      KvType::f16, v_dev.data() + c.begin * L.v_row, c.begin,
-                                                     c.end - c.begin, c.pos0, c.T, out.data(), lse.data(), nullptr));
+                                                     c.end - c.begin, c.pos0, c.T, out.data(), lse.data(), nullptr,
+                                                     schedule));
             SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-            const std::string what = "G " +
+            const char* names[] = {"automatic", "pipelined", "skew", "skew128"};
+            const std::string what = std::string(names[(int)schedule]) + ", G " +
                                      std::to_string(c.n_head / c.n_head_kv) + ", pos0 " + std::to_string(c.pos0) +
                                      ", T " + std::to_string(c.T) + ", cells [" + std::to_string(c.begin) + ", " +
                                      std::to_string(c.end) + ")";
