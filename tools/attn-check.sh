@@ -35,7 +35,7 @@ targets=(bench_kernels)
 [ "$engine" = 1 ] && targets+=(spillway)
 if [ -n "$prebuilt" ]; then
   el "build skipped: $prebuilt"
-elif ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_CUDA_ARCHS=90 "${prefix_args[@]}" &&
+elif ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_CUDA_ARCHS=90a "${prefix_args[@]}" &&
        cmake --build "$build" -j16 --target "${targets[@]}"; } >"$out/build.log" 2>&1; then
   el "BUILD FAILED"; grep -E "error|FAILED" "$out/build.log" | head -20; exit 1
 else

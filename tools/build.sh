@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Configures and builds spillway. Usage: tools/build.sh [BUILD_DIR] [extra cmake args...]
-# CUDA is built when nvcc is found; SPILLWAY_CUDA_ARCHS=90 narrows the architectures.
+# CUDA is built when nvcc is found; SPILLWAY_CUDA_ARCHS=90a narrows the architectures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${1:-build}

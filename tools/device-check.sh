@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine: build the CUDA tests and kernel benchmarks for sm_90 only, run the
+# On the GPU machine: build the CUDA tests and kernel benchmarks for sm_90a only, run the
 # `cuda` test label, run the kernel benchmarks, and print a short table last.
 # Through the device tool: run(command="tools/device-check.sh", carry=[".dev/deps"], timeout_s=600)
 #   .dev/deps (optional) holds gtest / nlohmann-json headers, libs and CMake configs copied
@@ -46,7 +46,7 @@ bin="$build/bin"
 if [ -n "$prebuilt" ]; then
   bin="$prebuilt"
   echo "build: skipped, running binaries from $bin"
-elif { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_CUDA_ARCHS=90 "${prefix_args[@]}" &&
+elif { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_CUDA_ARCHS=90a "${prefix_args[@]}" &&
        cmake --build "$build" -j16 --target test_cuda bench_kernels; } >"$out/build.log" 2>&1; then
   echo "build: $(( $(date +%s) - start )) s"
 else
@@ -121,6 +121,13 @@ if [ -z "$bench_only" ]; then
       env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 0,8192,65536 \
         -ctk f16 >"$out/engine-ab-${knob%%=*}.log" 2>&1
       echo "engine A/B $knob rc=$?: $(grep -E '^\| f16' "$out/engine-ab-${knob%%=*}.log" | awk -F'|' '{printf "d=%s %s tok/s  ", $5, $6}')"
+    done
+    # The quantized decode attention's copy fast path (session 13), 64k, q8_0 and q4_0 KV.
+    for knob in default SPILLWAY_ATTN_FAST_COPY=0; do
+      if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
+      env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 65536 \
+        -ctk q8_0,q4_0 -ctv q8_0,q4_0 >"$out/engine-ab-fast-copy.log" 2>&1
+      echo "engine A/B $knob rc=$?: $(grep -E '^\| q' "$out/engine-ab-fast-copy.log" | awk -F'|' '{printf "%s d=%s %s tok/s  ", $2, $5, $6}')"
     done
     # The streamed KV spill (issue 6), short sweep: spilled decode at 8k and 64k against the
     # serial and overlap drop models' predictions (terms measured in the same run). Spills
@@ -204,7 +211,8 @@ if [ "$hf" = 1 ]; then
   # then where an 8k prefill's GPU time goes (SPILLWAY_OP_TIMES=1; ms over warm-up + timed run).
   echo
   echo "== prefill A/B, 8k tokens -b 2048 (tok/s)"
-  for knob in default SPILLWAY_PREFILL_FUSED=0 SPILLWAY_ROPE_TABLE=0 SPILLWAY_PREFILL_OVERLAP=0 SPILLWAY_PREFILL_TILES=greedy; do
+  for knob in default SPILLWAY_PREFILL_WGMMA=0 SPILLWAY_WGMMA_SCHEDULE=pipelined SPILLWAY_PREFILL_FUSED=0 SPILLWAY_ROPE_TABLE=0 \
+              SPILLWAY_PREFILL_OVERLAP=0 SPILLWAY_PREFILL_TILES=greedy SPILLWAY_QKV_POST_TOKEN_BLOCKS=0 SPILLWAY_RMSNORM_MANY_ROWS=0; do
     if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
     env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 8192 -n 0 -b 2048 -ctk f16 \
       >"$out/prefill-ab.log" 2>&1

@@ -37,7 +37,7 @@ start=$(date +%s)
 if [ -n "$prebuilt" ]; then
   bin="$prebuilt"
   echo "build: skipped, running binaries from $bin"
-elif { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_CUDA_ARCHS=90 "${prefix_args[@]}" &&
+elif { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_CUDA_ARCHS=90a "${prefix_args[@]}" &&
        cmake --build "$build" -j16 --target "${targets[@]}"; } >"$out/build.log" 2>&1; then
   echo "build: $(( $(date +%s) - start )) s"
 else
