@@ -126,8 +126,8 @@ if [ -z "$bench_only" ]; then
     for knob in default SPILLWAY_ATTN_FAST_COPY=0; do
       if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
       env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 65536 \
-        -ctk q8_0,q4_0 -ctv q8_0,q4_0 >"$out/engine-ab-fast-copy.log" 2>&1
-      echo "engine A/B $knob rc=$?: $(grep -E '^\| q' "$out/engine-ab-fast-copy.log" | awk -F'|' '{printf "%s d=%s %s tok/s  ", $2, $5, $6}')"
+        -ctk q8_0,q4_0 -ctv q8_0,q4_0 >"$out/engine-ab-fast-copy-${knob%%=*}.log" 2>&1
+      echo "engine A/B $knob rc=$?: $(grep -E '^\| q' "$out/engine-ab-fast-copy-${knob%%=*}.log" | awk -F'|' '{printf "%s d=%s %s tok/s  ", $2, $5, $6}')"
     done
     # The streamed KV spill (issue 6), short sweep: spilled decode at 8k and 64k against the
     # serial and overlap drop models' predictions (terms measured in the same run). Spills
