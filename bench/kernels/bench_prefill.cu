@@ -256,9 +256,11 @@ int main(int argc, char** argv) {
         bench_attention(o, K::tensor_core_m32_wide, f16, f16, 65536, 2048);
         for (KvType t : {q8, q4}) bench_attention(o, K::tensor_core_m32_wide, t, t, 65536, 2048);
         bench_attention(o, K::tensor_core_m32_wide, q8, q4, 65536, 2048);
-        // Hopper wgmma (f16 only; other GPUs / builds run tensor_core_m32 under this name).
+        // Hopper wgmma (other GPUs / builds run tensor_core_m32 under this name).
         for (uint32_t chunk : {512u, 2048u}) bench_attention(o, K::tensor_core_wgmma, f16, f16, 8192, chunk);
         for (uint32_t chunk : {2048u, 4096u}) bench_attention(o, K::tensor_core_wgmma, f16, f16, 65536, chunk);
+        for (KvType t : {q8, q4}) bench_attention(o, K::tensor_core_wgmma, t, t, 65536, 2048);
+        bench_attention(o, K::tensor_core_wgmma, q8, q4, 65536, 2048);
         cublasHandle_t cublas = nullptr;
         SPILLWAY_CUDA_CHECK(cublasCreate(&cublas));
         bench_gemm_sequence(o, cublas);

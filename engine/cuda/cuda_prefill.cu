@@ -357,12 +357,11 @@ void prefill_attention_partial_cuda(const AttentionShape& shape, const float* q,
     const uint64_t stop = std::min<uint64_t>((uint64_t)cell_begin + n_cells, (uint64_t)pos0 + n_tokens);
     const uint32_t seen = stop > cell_begin ? (uint32_t)(stop - cell_begin) : 0;
     PrefillAttentionKernel kernel = prefill_attention_kernel_for(shape, k_type, v_type, n_tokens, seen);
-    // f16 K/V of head dim 128 on an sm_90 GPU (sm_90a build): the wgmma kernel, faster at every
-    // chunk and depth measured (64k / 2048: 413 vs 310 TFLOP/s; 8k / 512: 234 vs ~205).
+    // Head dim 128 on an sm_90 GPU (sm_90a build): the wgmma kernel, faster at every chunk and
+    // depth measured (f16, 64k / 2048: 480 vs 304 TFLOP/s; 8k / 512: 279 vs 204).
     // SPILLWAY_PREFILL_WGMMA=0 (lab): the mma.sync choice above, to measure the difference.
     static const bool wgmma_off = lab_knob("SPILLWAY_PREFILL_WGMMA", "0", "1");
-    if (!wgmma_off && k_type == KvType::f16 && v_type == KvType::f16 && shape.head_dim_k == 128 &&
-        shape.head_dim_v == 128 && prefill_attention_wgmma_available())
+    if (!wgmma_off && shape.head_dim_k == 128 && shape.head_dim_v == 128 && prefill_attention_wgmma_available())
         kernel = PrefillAttentionKernel::tensor_core_wgmma;
     prefill_attention_partial_cuda_with(kernel, shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0,
                                         n_tokens, out, lse, stream);

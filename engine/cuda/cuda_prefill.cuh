@@ -83,7 +83,7 @@ enum class PrefillAttentionKernel {
     tensor_core_m32,
     tensor_core_m32_wide,
     tensor_core_m32_unsplit,
-    tensor_core_wgmma  // Hopper wgmma (f16 K/V, head dim 128, sm_90a build; else as tensor_core_m32)
+    tensor_core_wgmma  // Hopper wgmma (head dim 128, sm_90a build on an sm_90 GPU; else as tensor_core_m32)
 };
 const char* prefill_attention_kernel_name(PrefillAttentionKernel kernel);
 // The default choice, a pure function of the shape, the tiers, the chunk and n_cells (the cells

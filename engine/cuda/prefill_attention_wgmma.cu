@@ -1,4 +1,5 @@
-// Causal prefill attention on Hopper's warpgroup MMA (wgmma.mma_async), f16 K/V, head dim 128.
+// Causal prefill attention on Hopper's warpgroup MMA (wgmma.mma_async), head dim 128, any K/V
+// tiers (q8_0 / q4_0 tiles are copied raw and dequantized to f16 in shared memory).
 //
 // Why: the mma.sync kernels (prefill_attention_m32.cu) reach ~300 TFLOP/s at 64k; mma.sync
 // on sm_90 issues at about half of the tensor cores' dense rate, and every K/V fragment passes
@@ -18,7 +19,7 @@
 // skipped O rescale 413; 128-cell tiles 473 (Nsight on the 64-cell version: tensor pipe 47%
 // busy; stalls on fixed-latency dependencies and the per-tile barrier lead).
 // Not here (measure first): warp specialization with TMA and mbarriers instead of the block
-// barrier, quantized tiles, the cluster split.
+// barrier, the cluster split.
 #include "engine/cuda/prefill_attention_wgmma.cuh"
 
 #include <cuda_fp16.h>
@@ -56,16 +57,33 @@ constexpr int kRows = 128;
 // The tile copy: each thread moves one 16-byte chunk (of 16 per 256-byte row) of every 16th cell.
 constexpr uint32_t kCellsPerPass = kThreads / 16;
 
-// Tiles of kTile cells (64 or 128). Shared memory: K in two stages, V in three (a deferring
-// warpgroup, below, still reads V of tile j - 1 while tile j + 1 lands), then Q's staging.
-template <int kTile>
-struct Tiling {
+constexpr uint32_t align1024(uint32_t n) { return (n + 1023) / 1024 * 1024; }
+
+// One operand (K or V) of type T in tiles of kTile cells. f16 is copied straight into its
+// swizzled tiles, in kStages stages; q8_0 / q4_0 are copied raw (two stages) and dequantized
+// into kStages - 1 swizzled f16 tiles once landed. K needs 2 stages, V 3: a deferring warpgroup
+// (below) still reads V of tile j - 1 while tile j + 1 lands.
+template <KvType T, int kTile, int kStages>
+struct OperandLayout {
+    static constexpr bool kDirect = T == KvType::f16;
     static constexpr uint32_t kHalfBytes = kTile * 128;  // kTile cells x 64 dims of f16, one swizzled tile
     static constexpr uint32_t kTileBytes = 2 * kHalfBytes;
-    static constexpr uint32_t kKBase = 0, kVBase = 2 * kTileBytes, kQBase = 5 * kTileBytes;
+    static constexpr uint32_t kSlice = kv_tile::slice_bytes(T, kD);  // bytes of one cell's head
+    static constexpr uint32_t kF16Tiles = kDirect ? kStages : kStages - 1;
+    static constexpr uint32_t kRawBase = kF16Tiles * kTileBytes, kRawBytes = align1024(kTile * kSlice);
+    static constexpr uint32_t kBytes = kRawBase + (kDirect ? 0 : 2 * kRawBytes);
+    static constexpr __device__ uint32_t f16_tile(uint32_t tile) { return (tile % kF16Tiles) * kTileBytes; }
+    static constexpr __device__ uint32_t raw(uint32_t tile) { return kRawBase + (tile % 2) * kRawBytes; }
+};
+
+// Shared memory: K, V, then Q's staging; every region 1024-byte aligned.
+template <int kTile, KvType KT, KvType VT>
+struct Tiling {
+    using K = OperandLayout<KT, kTile, 2>;
+    using V = OperandLayout<VT, kTile, 3>;
+    static constexpr uint32_t kVBase = K::kBytes, kQBase = kVBase + V::kBytes;  // K at 0
     static constexpr uint32_t kSmemBytes = kQBase + kRows * kLdQ * 2 + 1024;  // + the base's alignment
-    static_assert(kTile % kCellsPerPass == 0 && kVBase == kKBase + 2 * kTileBytes && kSmemBytes <= 227 * 1024,
-                  "whole copy passes; K, V, Q in order; one block per SM");
+    static_assert(kTile % kCellsPerPass == 0 && kSmemBytes <= 227 * 1024, "whole copy passes; one block per SM");
 };
 
 // Schedules. skew: the odd warpgroup runs O += P V of tile j at the start of tile j + 1, next
@@ -75,12 +93,15 @@ struct Tiling {
 // (FlashAttention-3's intra-warpgroup overlap; two score register sets).
 enum class Schedule { skew, pipelined };
 
-template <Schedule kSchedule, int kTile>
+template <Schedule kSchedule, int kTile, KvType KT, KvType VT>
 __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using T = Tiling<kTile>;
-    constexpr uint32_t kHalfBytes = T::kHalfBytes, kTileBytes = T::kTileBytes;
-    constexpr uint32_t kKBase = T::kKBase, kVBase = T::kVBase, kQBase = T::kQBase;
+    using T = Tiling<kTile, KT, VT>;
+    using LK = typename T::K;
+    using LV = typename T::V;
+    static_assert(kSchedule == Schedule::skew || (LK::kDirect && LV::kDirect), "pipelined: f16 K and V only");
+    constexpr uint32_t kHalfBytes = LK::kHalfBytes;
+    constexpr uint32_t kKBase = 0, kVBase = T::kVBase, kQBase = T::kQBase;
     extern __shared__ uint8_t smem_raw[];
     // The swizzle works on address bits: every tile starts 1024-byte aligned.
     uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -101,9 +122,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
     const uint32_t my_dst = (my_chunk / 8) * kHalfBytes + wgmma::swizzled_offset(my_cell, my_chunk % 8);
     const uint8_t* k_src = p.k + (size_t)kv_head * kD * 2 + my_cell * p.k_row + my_chunk * 16;
     const uint8_t* v_src = p.v + (size_t)kv_head * kD * 2 + my_cell * p.v_row + my_chunk * 16;
+    auto tile_count = [&](uint32_t tile) { return min((uint32_t)kTile, cell_stop - p.cell_begin - tile * kTile); };
     // Cells past the range are zeroed: a masked score (p = 0) never meets a NaN in V.
-    auto issue = [&](uint8_t* stage, const uint8_t* src, uint64_t row_bytes, uint32_t tile) {
-        const uint32_t count = min((uint32_t)kTile, cell_stop - p.cell_begin - tile * kTile);
+    auto issue_f16 = [&](uint8_t* stage, const uint8_t* src, uint64_t row_bytes, uint32_t tile) {
+        const uint32_t count = tile_count(tile);
         src += (uint64_t)tile * kTile * row_bytes;
         uint8_t* dst = stage + my_dst;
         const uint64_t step = kCellsPerPass * row_bytes;
@@ -118,11 +140,54 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
             }
         }
     };
-    auto k_stage = [&](uint32_t tile) { return smem + kKBase + (tile % 2) * kTileBytes; };
-    auto v_stage = [&](uint32_t tile) { return smem + kVBase + (tile % 3) * kTileBytes; };
+    // A quantized operand's cells of the tile, raw, in the widest chunks that tile a head's slice.
+    auto issue_raw = [&](uint8_t* stage, const uint8_t* head, uint64_t row_bytes, uint32_t slice, uint32_t tile) {
+        const uint32_t count = tile_count(tile);
+        const uint8_t* src = head + (uint64_t)tile * kTile * row_bytes;
+        if (slice % 16 == 0) {
+            for (uint32_t i = threadIdx.x; i < count * (slice / 16); i += kThreads) {
+                const uint32_t c = i / (slice / 16), o = i % (slice / 16) * 16;
+                kv_tile::cp_async<16>(stage + c * slice + o, src + c * row_bytes + o);
+            }
+        } else {
+            for (uint32_t i = threadIdx.x; i < count * (slice / 8); i += kThreads) {
+                const uint32_t c = i / (slice / 8), o = i % (slice / 8) * 8;
+                kv_tile::cp_async<8>(stage + c * slice + o, src + c * row_bytes + o);
+            }
+        }
+    };
+    auto issue_k = [&](uint32_t tile) {
+        if constexpr (LK::kDirect) issue_f16(smem + kKBase + LK::f16_tile(tile), k_src, p.k_row, tile);
+        else issue_raw(smem + kKBase + LK::raw(tile), p.k + (size_t)kv_head * LK::kSlice, p.k_row, LK::kSlice, tile);
+    };
+    auto issue_v = [&](uint32_t tile) {
+        if constexpr (LV::kDirect) issue_f16(smem + kVBase + LV::f16_tile(tile), v_src, p.v_row, tile);
+        else issue_raw(smem + kVBase + LV::raw(tile), p.v + (size_t)kv_head * LV::kSlice, p.v_row, LV::kSlice, tile);
+    };
+    // Landed raw cells -> the operand's f16 tile (cells past the range as zeros).
+    auto dequantize = [&]<typename L, KvType Q>(uint8_t* base, uint32_t tile) {
+        const uint32_t count = tile_count(tile);
+        const uint8_t* raw = base + L::raw(tile);
+        uint8_t* f16 = base + L::f16_tile(tile);
+        for (uint32_t i = threadIdx.x; i < kTile * 16; i += kThreads) {
+            const uint32_t c = i / 16, j = i % 16;
+            const uint4 v = c < count ? kv_tile::dequant8_quantized<Q>(raw + c * L::kSlice, (int)j) : make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4*>(f16 + (j / 8) * kHalfBytes + wgmma::swizzled_offset(c, j % 8)) = v;
+        }
+    };
+    // Makes tile `tile` readable by the wgmmas: dequantizes what is quantized (its raw cells
+    // landed and are visible to every thread: the caller's barrier), then fences and syncs.
+    auto prepare = [&](uint32_t tile) {
+        if constexpr (!LK::kDirect || !LV::kDirect) {
+            if constexpr (!LK::kDirect) dequantize.template operator()<LK, KT>(smem + kKBase, tile);
+            if constexpr (!LV::kDirect) dequantize.template operator()<LV, VT>(smem + kVBase, tile);
+            wgmma::fence_proxy_async_smem();
+            __syncthreads();
+        }
+    };
     if (n_tiles > 0) {
-        issue(k_stage(0), k_src, p.k_row, 0);
-        issue(v_stage(0), v_src, p.v_row, 0);
+        issue_k(0);
+        issue_v(0);
     }
     cp_async_commit();
 
@@ -164,8 +229,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
     // Descriptors are built once and moved by constant offsets (wgmma::desc_advance).
     const uint64_t k_desc = wgmma::smem_desc(smem + kKBase, 16, 1024);
     const uint64_t v_desc = wgmma::smem_desc(smem + kVBase, kHalfBytes, 1024);
+    static_assert(LK::kHalfBytes == kHalfBytes && LV::kHalfBytes == kHalfBytes, "one tile geometry");
     auto multiply_pv = [&](uint32_t tile) {
-        const uint64_t vd = wgmma::desc_advance(v_desc, (tile % 3) * kTileBytes);
+        const uint64_t vd = wgmma::desc_advance(v_desc, LV::f16_tile(tile));
         wgmma::fence();
 #pragma unroll
         for (int cs = 0; cs < kTile / 16; ++cs)
@@ -178,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
     // stored cell-major with dims contiguous: the K-major B operand; a 16-dim step moves 32
     // bytes inside a 128-byte row.
     auto multiply_qk = [&](Scores& s, uint32_t tile) {
-        const uint64_t kd = wgmma::desc_advance(k_desc, (tile % 2) * kTileBytes);
+        const uint64_t kd = wgmma::desc_advance(k_desc, LK::f16_tile(tile));
         wgmma::fence();
 #pragma unroll
         for (int ks = 0; ks < kD / 16; ++ks)
@@ -262,11 +328,12 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
             cp_async_wait<0>();
             wgmma::fence_proxy_async_smem();  // this thread's copies and zero stores, for the wgmma reads
             __syncthreads();                  // ... of every thread; every warpgroup is done with tile - 1
-            if (tile + 1 < n_tiles) {
-                issue(k_stage(tile + 1), k_src, p.k_row, tile + 1);
-                issue(v_stage(tile + 1), v_src, p.v_row, tile + 1);
+            if (tile + 1 < n_tiles) {         // into stages whose last readers finished before the barrier
+                issue_k(tile + 1);
+                issue_v(tile + 1);
             }
             cp_async_commit();
+            prepare(tile);
             if (defer && tile > 0) multiply_pv(tile - 1);  // completes with S below, before O is rescaled
             Scores s;
             multiply_qk(s, tile);
@@ -284,7 +351,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
         // Pipelined: S of tile + 1 runs on the tensor cores while this warpgroup turns S of tile
         // into probabilities. K is copied two tiles ahead, V one.
         Scores s0, s1;
-        if (n_tiles > 1) issue(k_stage(1), k_src, p.k_row, 1);
+        if (n_tiles > 1) issue_k(1);
         cp_async_commit();
         cp_async_wait<0>();
         wgmma::fence_proxy_async_smem();
@@ -295,8 +362,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
             cp_async_wait<0>();  // K(tile + 1) and V(tile)
             wgmma::fence_proxy_async_smem();
             __syncthreads();  // ... of every thread; every warpgroup is done with S(tile) (K's stage is free)
-            if (tile + 2 < n_tiles) issue(k_stage(tile + 2), k_src, p.k_row, tile + 2);
-            if (tile + 1 < n_tiles) issue(v_stage(tile + 1), v_src, p.v_row, tile + 1);
+            if (tile + 2 < n_tiles) issue_k(tile + 2);
+            if (tile + 1 < n_tiles) issue_v(tile + 1);
             cp_async_commit();
             const bool more = tile + 1 < n_tiles;
             if (more) multiply_qk(next, tile + 1);
@@ -343,10 +410,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
 #endif
 }
 
-template <Schedule kSchedule, int kTile>
+template <Schedule kSchedule, int kTile, KvType KT, KvType VT>
 void launch(Params p, uint32_t n_head_kv, cudaStream_t stream) {
-    constexpr uint32_t kSmemBytes = Tiling<kTile>::kSmemBytes;
-    auto* kernel = prefill_attention_wgmma_kernel<kSchedule, kTile>;
+    constexpr uint32_t kSmemBytes = Tiling<kTile, KT, VT>::kSmemBytes;
+    auto* kernel = prefill_attention_wgmma_kernel<kSchedule, kTile, KT, VT>;
     static bool configured = false;  // once per instance: opt in to > 48 KB of shared memory
     if (!configured) {
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
@@ -366,7 +433,10 @@ bool prefill_attention_wgmma_available() {
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        if (major != 9 || minor != 0 || smem_optin < (int)Tiling<128>::kSmemBytes) return false;
+        const uint32_t most = std::max({Tiling<128, KvType::f16, KvType::f16>::kSmemBytes,
+                                        Tiling<128, KvType::q8_0, KvType::q8_0>::kSmemBytes,
+                                        Tiling<128, KvType::f16, KvType::q8_0>::kSmemBytes});
+        if (major != 9 || minor != 0 || smem_optin < (int)most) return false;
         int compiled = 0;
         // Fails (no image for this device) when the build has no sm_90 code at all.
         if (cudaMemcpyFromSymbol(&compiled, kWgmmaCompiled, sizeof compiled) != cudaSuccess) {
@@ -382,8 +452,7 @@ bool prefill_attention_wgmma_cuda(const AttentionShape& shape, const float* q, K
                                   KvType v_type, const uint8_t* v_cells, uint32_t cell_begin, uint32_t n_cells,
                                   uint32_t pos0, uint32_t n_tokens, float* out, float* lse, cudaStream_t stream,
                                   WgmmaSchedule schedule) {
-    if (shape.head_dim_k != kD || shape.head_dim_v != kD || k_type != KvType::f16 || v_type != KvType::f16 ||
-        shape.n_head_kv == 0 || shape.n_head % shape.n_head_kv != 0 || shape.n_head / shape.n_head_kv > 16 ||
+    if (shape.head_dim_k != kD || shape.head_dim_v != kD || shape.n_head_kv == 0 || shape.n_head % shape.n_head_kv != 0 || shape.n_head / shape.n_head_kv > 16 ||
         !prefill_attention_wgmma_available())
         return false;
     if (n_tokens == 0) return true;
@@ -401,9 +470,27 @@ bool prefill_attention_wgmma_cuda(const AttentionShape& shape, const float* q, K
         fail("SPILLWAY_WGMMA_SCHEDULE must be 'pipelined', 'skew' or 'skew128', got '" + v + "'");
     }();
     if (schedule == WgmmaSchedule::automatic) schedule = configured;
-    if (schedule == WgmmaSchedule::skew) launch<Schedule::skew, 64>(p, shape.n_head_kv, stream);
-    else if (schedule == WgmmaSchedule::skew128) launch<Schedule::skew, 128>(p, shape.n_head_kv, stream);
-    else launch<Schedule::pipelined, 64>(p, shape.n_head_kv, stream);
+    if (k_type == KvType::f16 && v_type == KvType::f16) {
+        if (schedule == WgmmaSchedule::skew) launch<Schedule::skew, 64, KvType::f16, KvType::f16>(p, shape.n_head_kv, stream);
+        else if (schedule == WgmmaSchedule::pipelined)
+            launch<Schedule::pipelined, 64, KvType::f16, KvType::f16>(p, shape.n_head_kv, stream);
+        else launch<Schedule::skew, 128, KvType::f16, KvType::f16>(p, shape.n_head_kv, stream);
+        return true;
+    }
+    // Quantized K or V: skew128 whatever the schedule asked for (the lab schedules are f16 only).
+    auto with_v = [&]<KvType KT>() {
+        switch (v_type) {
+            case KvType::f16: launch<Schedule::skew, 128, KT, KvType::f16>(p, shape.n_head_kv, stream); return;
+            case KvType::q8_0: launch<Schedule::skew, 128, KT, KvType::q8_0>(p, shape.n_head_kv, stream); return;
+            case KvType::q4_0: launch<Schedule::skew, 128, KT, KvType::q4_0>(p, shape.n_head_kv, stream); return;
+        }
+        fail("prefill attention (wgmma): unknown V type");
+    };
+    switch (k_type) {
+        case KvType::f16: with_v.template operator()<KvType::f16>(); break;
+        case KvType::q8_0: with_v.template operator()<KvType::q8_0>(); break;
+        case KvType::q4_0: with_v.template operator()<KvType::q4_0>(); break;
+    }
     return true;
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// Causal prefill attention on Hopper's warpgroup MMA (wgmma), f16 K and V, head dim 128: see
+// Causal prefill attention on Hopper's warpgroup MMA (wgmma), any K/V tiers, head dim 128: see
 // prefill_attention_wgmma.cu. Same contract as prefill_attention_partial_cuda_with.
 #include <cuda_runtime.h>
 
@@ -15,11 +15,12 @@ namespace spillway {
 bool prefill_attention_wgmma_available();
 
 // How the two warpgroups of a block overlap their MMAs with their softmax (the .cu file says
-// more). automatic: skew128, or what SPILLWAY_WGMMA_SCHEDULE names (lab).
+// more). automatic: skew128, or what SPILLWAY_WGMMA_SCHEDULE names (lab). The 64-cell lab
+// schedules (pipelined, skew) exist for f16 K and V only; quantized tiers always run skew128.
 enum class WgmmaSchedule { automatic, pipelined, skew, skew128 };
 
-// Runs the kernel; false (and nothing launched) when it is not available or the shape / tiers
-// are not its own: head dim 128, f16 K and V, n_head / n_head_kv <= 16.
+// Runs the kernel; false (and nothing launched) when it is not available or the shape is not
+// its own: head dim 128, n_head / n_head_kv <= 16.
 bool prefill_attention_wgmma_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
                                   KvType v_type, const uint8_t* v_cells, uint32_t cell_begin, uint32_t n_cells,
                                   uint32_t pos0, uint32_t n_tokens, float* out, float* lse, cudaStream_t stream,

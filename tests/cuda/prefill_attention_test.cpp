@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -258,10 +259,10 @@ TEST(CudaPrefillAttention, ClusterSplitMatchesCpu) {
 }
 
 // The wgmma kernel itself (the kernel list above falls back to m32 where it does not apply):
-// it must run on an sm_90 GPU in a build with sm_90a code, and match the CPU over blocks of
-// 128 / 192 rows that cross token boundaries (G = 5 and 3), partial last tiles, ranges that
-// start inside the chunk (rows that see nothing: out 0, lse -inf) and many tiles (the two
-// stages alternate). Everything else is refused without a launch.
+// it must run on an sm_90 GPU in a build with sm_90a code, and match the CPU for f16 (every
+// schedule) and quantized tiers over 128-row blocks that cross token boundaries (G = 5, 3, 1),
+// partial last tiles, ranges that start inside the chunk (rows that see nothing: out 0, lse
+// -inf) and many tiles (the stages alternate). Other head dims are refused without a launch.
 TEST(CudaPrefillAttention, WgmmaKernelMatchesCpu) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     int dev = 0, major = 0, minor = 0;
@@ -282,41 +283,45 @@ TEST(CudaPrefillAttention, WgmmaKernelMatchesCpu) {
         {6, 2, 128, 16, 60, 30, 200},       // starts inside the chunk: tokens 0..13 see no cell
         {8, 8, 128, 130, 20, 3, 140},       // G = 1, starts mid-tile
     };
-    for (const Case& c : cases) {
-        const AttentionShape shape{c.n_head, c.n_head_kv, c.D, c.D, 1.0f / std::sqrt((float)c.D)};
-        const uint32_t n_total = std::max(c.end, c.pos0 + c.T);
-        const Layer L = random_layer(rng, shape, KvType::f16, KvType::f16, n_total);
-        const auto q = cuda_test::random_floats(rng, (size_t)c.T * c.n_head * c.D, 2.0f);  // peaked softmax
-        std::vector<float> ref, ref_lse;
-        reference_partial(shape, q, KvType::f16, KvType::f16, L, c.begin, c.end, c.pos0, c.T, ref, ref_lse);
-        const auto k_dev = cuda_test::to_device(L.k);
-        const auto v_dev = cuda_test::to_device(L.v);
-        const auto q_dev = cuda_test::to_device(q);
-        DeviceBuffer<float> out(ref.size()), lse(ref_lse.size());
-        for (WgmmaSchedule schedule : {WgmmaSchedule::pipelined, WgmmaSchedule::skew, WgmmaSchedule::skew128}) {
-            cuda_test::poison(out);
-            cuda_test::poison(lse);
-            ASSERT_TRUE(prefill_attention_wgmma_cuda(shape, q_dev.data(), KvType::f16, k_dev.data() + c.begin * L.k_row,
-                                                     KvType::f16, v_dev.data() + c.begin * L.v_row, c.begin,
-                                                     c.end - c.begin, c.pos0, c.T, out.data(), lse.data(), nullptr,
-                                                     schedule));
-            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-            const char* names[] = {"automatic", "pipelined", "skew", "skew128"};
-            const std::string what = std::string(names[(int)schedule]) + ", G " +
-                                     std::to_string(c.n_head / c.n_head_kv) + ", pos0 " + std::to_string(c.pos0) +
-                                     ", T " + std::to_string(c.T) + ", cells [" + std::to_string(c.begin) + ", " +
-                                     std::to_string(c.end) + ")";
-            EXPECT_LE(rel_error(cuda_test::to_host(out), ref), 4e-3) << what;
-            EXPECT_LE(lse_error(cuda_test::to_host(lse), ref_lse), 1e-2) << what;
+    const std::pair<KvType, KvType> tiers[] = {
+        {KvType::f16, KvType::f16},   {KvType::q8_0, KvType::q8_0}, {KvType::q4_0, KvType::q4_0},
+        {KvType::q8_0, KvType::q4_0}, {KvType::f16, KvType::q8_0}, {KvType::q4_0, KvType::f16}};
+    for (const Case& c : cases)
+        for (const auto& [kt, vt] : tiers) {
+            const AttentionShape shape{c.n_head, c.n_head_kv, c.D, c.D, 1.0f / std::sqrt((float)c.D)};
+            const uint32_t n_total = std::max(c.end, c.pos0 + c.T);
+            const Layer L = random_layer(rng, shape, kt, vt, n_total);
+            const auto q = cuda_test::random_floats(rng, (size_t)c.T * c.n_head * c.D, 2.0f);  // peaked softmax
+            std::vector<float> ref, ref_lse;
+            reference_partial(shape, q, kt, vt, L, c.begin, c.end, c.pos0, c.T, ref, ref_lse);
+            const auto k_dev = cuda_test::to_device(L.k);
+            const auto v_dev = cuda_test::to_device(L.v);
+            const auto q_dev = cuda_test::to_device(q);
+            DeviceBuffer<float> out(ref.size()), lse(ref_lse.size());
+            // Every schedule for f16 (the quantized tiers run skew128 whatever is asked).
+            for (WgmmaSchedule schedule : {WgmmaSchedule::pipelined, WgmmaSchedule::skew, WgmmaSchedule::skew128}) {
+                if (kt != KvType::f16 || vt != KvType::f16) schedule = WgmmaSchedule::automatic;
+                cuda_test::poison(out);
+                cuda_test::poison(lse);
+                ASSERT_TRUE(prefill_attention_wgmma_cuda(shape, q_dev.data(), kt, k_dev.data() + c.begin * L.k_row, vt,
+                                                         v_dev.data() + c.begin * L.v_row, c.begin, c.end - c.begin,
+                                                         c.pos0, c.T, out.data(), lse.data(), nullptr, schedule));
+                SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+                const char* names[] = {"automatic", "pipelined", "skew", "skew128"};
+                const std::string what = std::string(names[(int)schedule]) + ", " + kv_type_name(kt) + "/" +
+                                         kv_type_name(vt) + ", G " + std::to_string(c.n_head / c.n_head_kv) +
+                                         ", pos0 " + std::to_string(c.pos0) + ", T " + std::to_string(c.T) +
+                                         ", cells [" + std::to_string(c.begin) + ", " + std::to_string(c.end) + ")";
+                EXPECT_LE(rel_error(cuda_test::to_host(out), ref), 4e-3) << what;
+                EXPECT_LE(lse_error(cuda_test::to_host(lse), ref_lse), 1e-2) << what;
+                if (schedule == WgmmaSchedule::automatic) break;
+            }
         }
-    }
-    // Not its tiers or head dim: refused, nothing launched.
-    const AttentionShape d64{8, 2, 64, 64, 0.125f}, d128{8, 2, 128, 128, 0.088f};
+    // Not its head dim or group size: refused, nothing launched.
+    const AttentionShape d64{8, 2, 64, 64, 0.125f}, g32{32, 1, 128, 128, 0.088f};
     EXPECT_FALSE(prefill_attention_wgmma_cuda(d64, nullptr, KvType::f16, nullptr, KvType::f16, nullptr, 0, 1, 0, 1,
                                               nullptr, nullptr, nullptr));
-    EXPECT_FALSE(prefill_attention_wgmma_cuda(d128, nullptr, KvType::q8_0, nullptr, KvType::f16, nullptr, 0, 1, 0, 1,
-                                              nullptr, nullptr, nullptr));
-    EXPECT_FALSE(prefill_attention_wgmma_cuda(d128, nullptr, KvType::f16, nullptr, KvType::q4_0, nullptr, 0, 1, 0, 1,
+    EXPECT_FALSE(prefill_attention_wgmma_cuda(g32, nullptr, KvType::q8_0, nullptr, KvType::f16, nullptr, 0, 1, 0, 1,
                                               nullptr, nullptr, nullptr));
 }
 
