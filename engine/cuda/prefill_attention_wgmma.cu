@@ -8,7 +8,8 @@
 // Shape: a block holds 2 warpgroups of 64 query rows (rows = flattened (token, query head
 // of the GQA group) pairs of one KV head, as in the mma.sync kernels); tiles of 128 cells (64
 // in the lab schedules), K in two and V in three stages of cp.async copies into 128-byte-
-// swizzled shared memory (wgmma_device.cuh), one block barrier per tile. Per tile and
+// swizzled shared memory (wgmma_device.cuh), one block barrier per tile (two for quantized
+// tiers: raw tiles are dequantized into f16 tiles in between). Per tile and
 // warpgroup: S = Q Kᵀ as 8 m64n128k16 with Q in registers (loaded once per block), the
 // online softmax on S in registers (scores in base 2, Q pre-scaled by scale * log2 e), then
 // O += P V as 8 m64n128k16 with P (f16) in registers: the accumulator layout of S is the
@@ -225,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
     const bool defer = kSchedule == Schedule::skew && (warp / 4) % 2 == 1;  // uniform per warpgroup
     uint32_t pa[kTile / 16][4];                       // P of the tile (a deferring warpgroup: of the last one)
     // O += P V. V is stored cell-major with dims contiguous: the N-major B operand; its two
-    // 64-dim halves are 8 KB apart (leading offset), 8-cell groups 1 KB (stride offset).
+    // 64-dim halves are kHalfBytes apart (leading offset), 8-cell groups 1 KB (stride offset).
     // Descriptors are built once and moved by constant offsets (wgmma::desc_advance).
     const uint64_t k_desc = wgmma::smem_desc(smem + kKBase, 16, 1024);
     const uint64_t v_desc = wgmma::smem_desc(smem + kVBase, kHalfBytes, 1024);
@@ -240,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
     };
 
     using Scores = float[kTile / 8][4];
-    // S = Q Kᵀ (64 rows x 64 cells per warpgroup), issued and committed, not waited for. K is
+    // S = Q Kᵀ (64 rows x kTile cells per warpgroup), issued and committed, not waited for. K is
     // stored cell-major with dims contiguous: the K-major B operand; a 16-dim step moves 32
     // bytes inside a 128-byte row.
     auto multiply_qk = [&](Scores& s, uint32_t tile) {
@@ -271,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
             }
         }
 
-        // Online softmax per row; a row's 64 scores are spread over the 4 threads of a quad.
+        // Online softmax per row; a row's kTile scores are spread over the 4 threads of a quad.
         // Max and sum run as 4 independent chains: with 2 warps per scheduler, one dependent
         // chain of 16 steps is latency the other warp cannot cover.
         grew = false;
@@ -327,7 +328,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
         for (uint32_t tile = 0; tile < n_tiles; ++tile) {
             cp_async_wait<0>();
             wgmma::fence_proxy_async_smem();  // this thread's copies and zero stores, for the wgmma reads
-            __syncthreads();                  // ... of every thread; every warpgroup is done with tile - 1
+            __syncthreads();                  // ... of every thread; S of tile - 1 is done everywhere (P V of
+                                              // tile - 1 may still run: V has a third stage)
             if (tile + 1 < n_tiles) {         // into stages whose last readers finished before the barrier
                 issue_k(tile + 1);
                 issue_v(tile + 1);
@@ -438,7 +440,8 @@ bool prefill_attention_wgmma_available() {
                                         Tiling<128, KvType::f16, KvType::q8_0>::kSmemBytes});
         if (major != 9 || minor != 0 || smem_optin < (int)most) return false;
         int compiled = 0;
-        // Fails (no image for this device) when the build has no sm_90 code at all.
+        // 0 where the sm_90 image lacks the kernel (a plain 90 build, or PTX JIT-compiled from
+        // an older architecture); an error is treated the same.
         if (cudaMemcpyFromSymbol(&compiled, kWgmmaCompiled, sizeof compiled) != cudaSuccess) {
             (void)cudaGetLastError();
             return false;
@@ -456,20 +459,25 @@ bool prefill_attention_wgmma_cuda(const AttentionShape& shape, const float* q, K
         !prefill_attention_wgmma_available())
         return false;
     if (n_tokens == 0) return true;
+    // The kernel's cell and position arithmetic is 32-bit.
+    if ((uint64_t)cell_begin + n_cells > UINT32_MAX || (uint64_t)pos0 + n_tokens > UINT32_MAX)
+        fail("prefill_attention_wgmma_cuda: cell range overflows");
     const Params p =
         make_params(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens, out, lse);
-    // Default skew128 (64k / 2048: 473 TFLOP/s; pipelined 431, skew 420, same call).
-    // SPILLWAY_WGMMA_SCHEDULE=pipelined|skew (lab): the 64-cell-tile schedules, to measure.
-    // (Two 128-cell score sets do not fit the registers: there is no pipelined128.)
-    static const WgmmaSchedule configured = [] {
-        const char* e = std::getenv("SPILLWAY_WGMMA_SCHEDULE");
-        const std::string v = e ? e : "";
-        if (v.empty() || v == "skew128") return WgmmaSchedule::skew128;
-        if (v == "skew") return WgmmaSchedule::skew;
-        if (v == "pipelined") return WgmmaSchedule::pipelined;
-        fail("SPILLWAY_WGMMA_SCHEDULE must be 'pipelined', 'skew' or 'skew128', got '" + v + "'");
-    }();
-    if (schedule == WgmmaSchedule::automatic) schedule = configured;
+    // Default skew128 (64k / 2048: 473-484 TFLOP/s; pipelined 431, skew 420 in one call).
+    // SPILLWAY_WGMMA_SCHEDULE=pipelined|skew|skew128 (lab): the 64-cell-tile schedules, to
+    // measure. (Two 128-cell score sets do not fit the registers: there is no pipelined128.)
+    if (schedule == WgmmaSchedule::automatic) {
+        static const WgmmaSchedule configured = [] {
+            const char* e = std::getenv("SPILLWAY_WGMMA_SCHEDULE");
+            const std::string v = e ? e : "";
+            if (v.empty() || v == "skew128") return WgmmaSchedule::skew128;
+            if (v == "skew") return WgmmaSchedule::skew;
+            if (v == "pipelined") return WgmmaSchedule::pipelined;
+            fail("SPILLWAY_WGMMA_SCHEDULE must be 'pipelined', 'skew' or 'skew128', got '" + v + "'");
+        }();
+        schedule = configured;
+    }
     if (k_type == KvType::f16 && v_type == KvType::f16) {
         if (schedule == WgmmaSchedule::skew) launch<Schedule::skew, 64, KvType::f16, KvType::f16>(p, shape.n_head_kv, stream);
         else if (schedule == WgmmaSchedule::pipelined)

@@ -1,6 +1,7 @@
 #pragma once
 // Device helpers shared by the tensor-core prefill attention kernels (prefill_attention_mma.cu,
-// prefill_attention_m32.cu): the mma.sync / ldmatrix wrappers, base-2 exponentials, and the
+// prefill_attention_m32.cu; prefill_attention_wgmma.cu uses Params, the span and the small
+// helpers with tiles of its own size): the mma.sync / ldmatrix wrappers, base-2 exponentials, and the
 // staging of one 64-cell tile of K or V in shared memory (f16 rows padded to D + 8 halves;
 // q8_0 / q4_0 copied raw, then dequantized to f16 by integer tricks). Internal to engine/cuda.
 #include <cuda_fp16.h>
@@ -102,7 +103,7 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 // first row, and the cells up to its last token's position; cells below `full_end` are seen
 // by every row, so tiles before it need no mask.
 struct RowBlockSpan {
-    uint32_t row0, cell_stop, full_end, n_tiles;
+    uint32_t row0, cell_stop, full_end, n_tiles;  // n_tiles: of kCells (64) cells
 };
 template <int kRows>
 __device__ __forceinline__ RowBlockSpan row_block_span(const Params& p, uint32_t row_block) {

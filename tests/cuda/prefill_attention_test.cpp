@@ -282,6 +282,8 @@ TEST(CudaPrefillAttention, WgmmaKernelMatchesCpu) {
         {10, 2, 128, 70, 37, 50, 90},       // range ends inside the chunk
         {6, 2, 128, 16, 60, 30, 200},       // starts inside the chunk: tokens 0..13 see no cell
         {8, 8, 128, 130, 20, 3, 140},       // G = 1, starts mid-tile
+        {16, 2, 128, 300, 50, 0, 350},      // G = 8
+        {10, 2, 128, 0, 100, 90, 100},      // the first blocks' rows see no cell of the range (no tile)
     };
     const std::pair<KvType, KvType> tiers[] = {
         {KvType::f16, KvType::f16},   {KvType::q8_0, KvType::q8_0}, {KvType::q4_0, KvType::q4_0},
