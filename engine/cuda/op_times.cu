@@ -1,6 +1,7 @@
 #include "engine/cuda/op_times.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -20,6 +21,12 @@ struct OpTimes {
     std::vector<const char*> labels;          // label of the interval ending at event i (i >= 1)
     cudaStream_t timed = nullptr;             // the stream of the forward being timed
     std::map<std::string, std::pair<double, uint64_t>> totals;  // ms, intervals
+    // Mode 2 only: host time from the previous mark's wait to this mark, per label (ms). The
+    // GPU idles meanwhile, so an interval is this plus the op's GPU time: a large share here
+    // means the op is bound by its host-side enqueue (e.g. a library's heuristics).
+    std::vector<double> host_ms;
+    std::map<std::string, double> host_totals;
+    std::chrono::steady_clock::time_point last_wait{};
     uint64_t forwards = 0;
 
     ~OpTimes() {
@@ -30,10 +37,15 @@ struct OpTimes {
         std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
         std::fprintf(stderr, "\nop times (SPILLWAY_OP_TIMES), %llu prefill forwards, %.1f ms of GPU time:\n",
                      (unsigned long long)forwards, all);
-        std::fprintf(stderr, "| op | ms | share | count |\n|---|---:|---:|---:|\n");
-        for (const auto& [label, t] : rows)
-            std::fprintf(stderr, "| %s | %.2f | %.1f%% | %llu |\n", label.c_str(), t.first, 100.0 * t.first / all,
+        const bool host = !host_totals.empty();
+        std::fprintf(stderr, host ? "| op | ms | share | count | host enqueue ms |\n|---|---:|---:|---:|---:|\n"
+                                  : "| op | ms | share | count |\n|---|---:|---:|---:|\n");
+        for (const auto& [label, t] : rows) {
+            std::fprintf(stderr, "| %s | %.2f | %.1f%% | %llu |", label.c_str(), t.first, 100.0 * t.first / all,
                          (unsigned long long)t.second);
+            if (host) std::fprintf(stderr, " %.2f |", host_totals[label]);
+            std::fprintf(stderr, "\n");
+        }
         // Events are not destroyed: the CUDA context may already be gone at exit.
     }
 };
@@ -68,12 +80,17 @@ void op_times_begin(cudaStream_t stream) {
     // One timed forward at a time: a second stream's forward (another thread) is not timed.
     if (!t.labels.empty() && t.timed != stream) return;
     t.labels.assign(1, nullptr);
+    t.host_ms.assign(1, 0.0);
     t.timed = stream;
     if (t.pool.empty()) {
         t.pool.push_back(nullptr);
         SPILLWAY_CUDA_CHECK(cudaEventCreate(&t.pool.back()));
     }
     SPILLWAY_CUDA_CHECK(cudaEventRecord(t.pool[0], stream));
+    if (op_times_mode() == 2) {
+        SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(stream));
+        t.last_wait = std::chrono::steady_clock::now();
+    }
 }
 
 void op_times_mark(const char* label, cudaStream_t stream) {
@@ -88,9 +105,14 @@ void op_times_mark(const char* label, cudaStream_t stream) {
         t.pool.push_back(nullptr);
         SPILLWAY_CUDA_CHECK(cudaEventCreate(&t.pool.back()));
     }
+    const auto enqueued = std::chrono::steady_clock::now();
     SPILLWAY_CUDA_CHECK(cudaEventRecord(t.pool[i], stream));
     t.labels.push_back(label);
-    if (op_times_mode() == 2) SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (op_times_mode() == 2) {
+        t.host_ms.push_back(std::chrono::duration<double, std::milli>(enqueued - t.last_wait).count());
+        SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(stream));
+        t.last_wait = std::chrono::steady_clock::now();
+    }
 }
 
 void op_times_end(cudaStream_t stream) {
@@ -105,6 +127,7 @@ void op_times_end(cudaStream_t stream) {
         auto& total = t.totals[t.labels[i]];
         total.first += ms;
         total.second += 1;
+        if (i < t.host_ms.size()) t.host_totals[t.labels[i]] += t.host_ms[i];
     }
     t.labels.clear();
     t.forwards += 1;
