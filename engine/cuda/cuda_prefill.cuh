@@ -75,7 +75,9 @@ void prefill_attention_partial_cuda(const AttentionShape& shape, const float* q,
 // `tensor_core_m32_unsplit` (the 4-warp one never split). All take every K/V tier pair;
 // results differ by f16 rounding only. The m32 kernels need 104 / 139 KB of shared memory
 // per block at D = 128: on GPUs that grant less (sm_86 / sm_89: 99 KB) they run as
-// `tensor_core_wide`.
+// `tensor_core_wide`. `tensor_core_wgmma` (prefill_attention_wgmma.cuh): Hopper's warpgroup
+// MMA, 128 rows per block on two warpgroups, 128-cell tiles; head dim 128 only, and only in an
+// sm_90a build on an sm_90 GPU (else it runs as `tensor_core_m32`).
 enum class PrefillAttentionKernel {
     simt,
     tensor_core,
@@ -92,6 +94,8 @@ const char* prefill_attention_kernel_name(PrefillAttentionKernel kernel);
 // (8k prompt in 512-token chunks: 205 vs 180 TFLOP/s unsplit m32, run P-2), `tensor_core_m32`
 // otherwise (64k / 2048: 301 vs 264 for the wide 16-row kernel; 64k / 512: 253); quantized K
 // or V: `tensor_core_m32_wide` (64k / 2048, q8_0 / q4_0: 230 / 237 vs 185 / 197).
+// prefill_attention_partial_cuda takes `tensor_core_wgmma` instead wherever it is available
+// (head dim 128; faster at every chunk, depth and tier measured; SPILLWAY_PREFILL_WGMMA=0).
 PrefillAttentionKernel prefill_attention_kernel_for(const AttentionShape& shape, KvType k_type, KvType v_type,
                                                     uint32_t n_tokens, uint32_t n_cells);
 void prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const AttentionShape& shape, const float* q,
