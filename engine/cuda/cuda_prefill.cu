@@ -289,7 +289,8 @@ const char* prefill_attention_kernel_name(PrefillAttentionKernel kernel) {
 }
 
 PrefillAttentionKernel prefill_attention_kernel_for(const AttentionShape& shape, KvType k_type, KvType v_type,
-                                                    uint32_t n_tokens, uint32_t n_cells) {
+                                                    uint32_t n_tokens, uint32_t n_cells, bool wgmma) {
+    if (wgmma && shape.head_dim_k == 128 && shape.head_dim_v == 128) return PrefillAttentionKernel::tensor_core_wgmma;
     if (k_type != KvType::f16 || v_type != KvType::f16) return PrefillAttentionKernel::tensor_core_m32_wide;
     const uint64_t rows_per_kv_head = (uint64_t)n_tokens * (shape.n_head / std::max(1u, shape.n_head_kv));
     if (rows_per_kv_head <= 2560 && n_cells < 8192) return PrefillAttentionKernel::tensor_core;
@@ -356,13 +357,9 @@ void prefill_attention_partial_cuda(const AttentionShape& shape, const float* q,
     // Cells the chunk's last token sees in the range.
     const uint64_t stop = std::min<uint64_t>((uint64_t)cell_begin + n_cells, (uint64_t)pos0 + n_tokens);
     const uint32_t seen = stop > cell_begin ? (uint32_t)(stop - cell_begin) : 0;
-    PrefillAttentionKernel kernel = prefill_attention_kernel_for(shape, k_type, v_type, n_tokens, seen);
-    // Head dim 128 on an sm_90 GPU (sm_90a build): the wgmma kernel, faster at every chunk and
-    // depth measured (f16, 64k / 2048: 480 vs 304 TFLOP/s; 8k / 512: 279 vs 204).
-    // SPILLWAY_PREFILL_WGMMA=0 (lab): the mma.sync choice above, to measure the difference.
-    static const bool wgmma_off = lab_knob("SPILLWAY_PREFILL_WGMMA", "0", "1");
-    if (!wgmma_off && shape.head_dim_k == 128 && shape.head_dim_v == 128 && prefill_attention_wgmma_available())
-        kernel = PrefillAttentionKernel::tensor_core_wgmma;
+    // SPILLWAY_PREFILL_WGMMA=0 (lab): the mma.sync choice, to measure the difference.
+    static const bool wgmma = !lab_knob("SPILLWAY_PREFILL_WGMMA", "0", "1") && prefill_attention_wgmma_available();
+    const PrefillAttentionKernel kernel = prefill_attention_kernel_for(shape, k_type, v_type, n_tokens, seen, wgmma);
     prefill_attention_partial_cuda_with(kernel, shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0,
                                         n_tokens, out, lse, stream);
 }

@@ -93,11 +93,12 @@ const char* prefill_attention_kernel_name(PrefillAttentionKernel kernel);
 // most 2560 query rows per KV head (512 tokens of the 14B shape) over fewer than 8192 cells
 // (8k prompt in 512-token chunks: 205 vs 180 TFLOP/s unsplit m32, run P-2), `tensor_core_m32`
 // otherwise (64k / 2048: 301 vs 264 for the wide 16-row kernel; 64k / 512: 253); quantized K
-// or V: `tensor_core_m32_wide` (64k / 2048, q8_0 / q4_0: 230 / 237 vs 185 / 197).
-// prefill_attention_partial_cuda takes `tensor_core_wgmma` instead wherever it is available
-// (head dim 128; faster at every chunk, depth and tier measured; SPILLWAY_PREFILL_WGMMA=0).
+// or V: `tensor_core_m32_wide` (64k / 2048, q8_0 / q4_0: 230 / 237 vs 185 / 197). With `wgmma`
+// (the kernel is available: prefill_attention_wgmma_available) and head dim 128, every tier
+// pair takes `tensor_core_wgmma`, faster at every chunk, depth and tier measured (f16 64k /
+// 2048: 480 vs 304 TFLOP/s; 8k / 512: 279 vs 204; q4_0 262 vs 238; q8_0 230 vs 230).
 PrefillAttentionKernel prefill_attention_kernel_for(const AttentionShape& shape, KvType k_type, KvType v_type,
-                                                    uint32_t n_tokens, uint32_t n_cells);
+                                                    uint32_t n_tokens, uint32_t n_cells, bool wgmma = false);
 void prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const AttentionShape& shape, const float* q,
                                          KvType k_type, const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                                          uint32_t cell_begin, uint32_t n_cells, uint32_t pos0, uint32_t n_tokens,

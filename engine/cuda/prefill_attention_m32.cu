@@ -110,20 +110,7 @@ __global__ void __launch_bounds__(kWarps * 32, 8 / kWarps) prefill_attention_m32
     cp_async_commit();
 
     // Q of the block's rows as f16 (rows past the chunk are zeros), while K/V tile 0 lands.
-    for (uint32_t i = threadIdx.x; i < kRows * (D / 8); i += kThreads) {
-        const uint32_t r = i / (D / 8), j = i % (D / 8), grow = row0 + r;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (grow < p.n_rows) {
-            const uint32_t t = grow / G, g = grow % G;
-            const float2* src =
-                reinterpret_cast<const float2*>(p.q + ((size_t)t * p.n_head + kv_head * G + g) * D + 8 * j);
-            const float2 a = src[0], b = src[1], c = src[2], d = src[3];
-            const float s = p.q_scale;
-            v = make_uint4(pack_half2(a.x * s, a.y * s), pack_half2(b.x * s, b.y * s), pack_half2(c.x * s, c.y * s),
-                           pack_half2(d.x * s, d.y * s));
-        }
-        *reinterpret_cast<uint4*>(sq + r * kLd + 8 * j) = v;
-    }
+    stage_q_f16<D, kRows, kThreads>(p, row0, kv_head, sq, kLd);
 
     // This thread's four rows: gq and gq + 8 of each of the warp's two 16-row MMA tiles.
     const uint32_t my_row0 = row0 + warp * 32 + gq;  // + 16 mt + 8 h

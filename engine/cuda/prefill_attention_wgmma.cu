@@ -141,29 +141,17 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
             }
         }
     };
-    // A quantized operand's cells of the tile, raw, in the widest chunks that tile a head's slice.
-    auto issue_raw = [&](uint8_t* stage, const uint8_t* head, uint64_t row_bytes, uint32_t slice, uint32_t tile) {
-        const uint32_t count = tile_count(tile);
-        const uint8_t* src = head + (uint64_t)tile * kTile * row_bytes;
-        if (slice % 16 == 0) {
-            for (uint32_t i = threadIdx.x; i < count * (slice / 16); i += kThreads) {
-                const uint32_t c = i / (slice / 16), o = i % (slice / 16) * 16;
-                kv_tile::cp_async<16>(stage + c * slice + o, src + c * row_bytes + o);
-            }
-        } else {
-            for (uint32_t i = threadIdx.x; i < count * (slice / 8); i += kThreads) {
-                const uint32_t c = i / (slice / 8), o = i % (slice / 8) * 8;
-                kv_tile::cp_async<8>(stage + c * slice + o, src + c * row_bytes + o);
-            }
-        }
+    // A quantized operand's cells of the tile, raw (issue_operand's quantized path).
+    auto issue_raw = [&]<KvType Q>(uint8_t* stage, const uint8_t* head, uint64_t row_bytes, uint32_t tile) {
+        issue_operand<kD, Q, kThreads>(stage, head + (uint64_t)tile * kTile * row_bytes, row_bytes, tile_count(tile));
     };
     auto issue_k = [&](uint32_t tile) {
         if constexpr (LK::kDirect) issue_f16(smem + kKBase + LK::f16_tile(tile), k_src, p.k_row, tile);
-        else issue_raw(smem + kKBase + LK::raw(tile), p.k + (size_t)kv_head * LK::kSlice, p.k_row, LK::kSlice, tile);
+        else issue_raw.template operator()<KT>(smem + kKBase + LK::raw(tile), p.k + (size_t)kv_head * LK::kSlice, p.k_row, tile);
     };
     auto issue_v = [&](uint32_t tile) {
         if constexpr (LV::kDirect) issue_f16(smem + kVBase + LV::f16_tile(tile), v_src, p.v_row, tile);
-        else issue_raw(smem + kVBase + LV::raw(tile), p.v + (size_t)kv_head * LV::kSlice, p.v_row, LV::kSlice, tile);
+        else issue_raw.template operator()<VT>(smem + kVBase + LV::raw(tile), p.v + (size_t)kv_head * LV::kSlice, p.v_row, tile);
     };
     // Landed raw cells -> the operand's f16 tile (cells past the range as zeros).
     auto dequantize = [&]<typename L, KvType Q>(uint8_t* base, uint32_t tile) {
@@ -193,20 +181,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
     cp_async_commit();
 
     // Q of the block's rows as f16 (rows past the chunk are zeros), while tile 0 lands.
-    for (uint32_t i = threadIdx.x; i < kRows * (kD / 8); i += kThreads) {
-        const uint32_t r = i / (kD / 8), j = i % (kD / 8), grow = row0 + r;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (grow < p.n_rows) {
-            const uint32_t t = grow / G, g = grow % G;
-            const float2* src =
-                reinterpret_cast<const float2*>(p.q + ((size_t)t * p.n_head + kv_head * G + g) * kD + 8 * j);
-            const float2 a = src[0], b = src[1], c = src[2], d = src[3];
-            const float s = p.q_scale;
-            v = make_uint4(pack_half2(a.x * s, a.y * s), pack_half2(b.x * s, b.y * s), pack_half2(c.x * s, c.y * s),
-                           pack_half2(d.x * s, d.y * s));
-        }
-        *reinterpret_cast<uint4*>(sq + r * kLdQ + 8 * j) = v;
-    }
+    stage_q_f16<kD, kRows, kThreads>(p, row0, kv_head, sq, kLdQ);
     __syncthreads();
     // This warp's 16 rows of Q as the A operand of the 8 k-steps of S (32 registers).
     uint32_t qa[kD / 16][4];

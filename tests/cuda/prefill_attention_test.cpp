@@ -91,6 +91,30 @@ struct Case {
     uint32_t pos0, T, begin, end;  // the range [begin, end) of cells
 };
 
+// One case's random layer and queries (scale: their amplitude), the CPU partial over its range,
+// and device copies; k / v point at the range's first cell.
+struct RangeData {
+    AttentionShape shape;
+    std::vector<float> ref, ref_lse;
+    DeviceBuffer<uint8_t> k_dev, v_dev;
+    DeviceBuffer<float> q_dev;
+    const uint8_t* k = nullptr;
+    const uint8_t* v = nullptr;
+};
+RangeData make_range_data(std::mt19937& rng, const Case& c, KvType kt, KvType vt, float scale = 1.0f) {
+    RangeData d;
+    d.shape = AttentionShape{c.n_head, c.n_head_kv, c.D, c.D, 1.0f / std::sqrt((float)c.D)};
+    const Layer L = random_layer(rng, d.shape, kt, vt, std::max(c.end, c.pos0 + c.T));
+    const auto q = cuda_test::random_floats(rng, (size_t)c.T * c.n_head * c.D, scale);
+    reference_partial(d.shape, q, kt, vt, L, c.begin, c.end, c.pos0, c.T, d.ref, d.ref_lse);
+    d.k_dev = cuda_test::to_device(L.k);
+    d.v_dev = cuda_test::to_device(L.v);
+    d.q_dev = cuda_test::to_device(q);
+    d.k = d.k_dev.data() + c.begin * L.k_row;
+    d.v = d.v_dev.data() + c.begin * L.v_row;
+    return d;
+}
+
 TEST(CudaPrefillAttention, RangePartialMatchesCpuForEveryTierAndKernel) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     const uint32_t seed = cuda_test::fresh_seed();
@@ -106,24 +130,17 @@ TEST(CudaPrefillAttention, RangePartialMatchesCpuForEveryTierAndKernel) {
         {4, 4, 128, 130, 20, 3, 140},   // G = 1, starts mid-tile
     };
     for (const Case& c : cases) {
-        const AttentionShape shape{c.n_head, c.n_head_kv, c.D, c.D, 1.0f / std::sqrt((float)c.D)};
-        const uint32_t n_total = std::max(c.end, c.pos0 + c.T);
         for (KvType kt : {KvType::f16, KvType::q8_0, KvType::q4_0})
             for (KvType vt : {KvType::f16, KvType::q8_0, KvType::q4_0}) {
-                const Layer L = random_layer(rng, shape, kt, vt, n_total);
-                const auto q = cuda_test::random_floats(rng, (size_t)c.T * c.n_head * c.D);
-                std::vector<float> ref, ref_lse;
-                reference_partial(shape, q, kt, vt, L, c.begin, c.end, c.pos0, c.T, ref, ref_lse);
-                const auto k_dev = cuda_test::to_device(L.k);
-                const auto v_dev = cuda_test::to_device(L.v);
-                const auto q_dev = cuda_test::to_device(q);
+                const RangeData d = make_range_data(rng, c, kt, vt);
+                const std::vector<float>& ref = d.ref;
+                const std::vector<float>& ref_lse = d.ref_lse;
                 DeviceBuffer<float> out(ref.size()), lse(ref_lse.size());
                 for (PrefillAttentionKernel kernel : kKernels) {
                     cuda_test::poison(out);
                     cuda_test::poison(lse);
-                    prefill_attention_partial_cuda_with(kernel, shape, q_dev.data(), kt, k_dev.data() + c.begin * L.k_row,
-                                                        vt, v_dev.data() + c.begin * L.v_row, c.begin, c.end - c.begin,
-                                                        c.pos0, c.T, out.data(), lse.data(), nullptr);
+                    prefill_attention_partial_cuda_with(kernel, d.shape, d.q_dev.data(), kt, d.k, vt, d.v, c.begin,
+                                                        c.end - c.begin, c.pos0, c.T, out.data(), lse.data(), nullptr);
                     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
                     const std::string what = std::string(prefill_attention_kernel_name(kernel)) + " D " +
                                              std::to_string(c.D) + " G " + std::to_string(c.n_head / c.n_head_kv) +
@@ -290,32 +307,24 @@ TEST(CudaPrefillAttention, WgmmaKernelMatchesCpu) {
         {KvType::q8_0, KvType::q4_0}, {KvType::f16, KvType::q8_0}, {KvType::q4_0, KvType::f16}};
     for (const Case& c : cases)
         for (const auto& [kt, vt] : tiers) {
-            const AttentionShape shape{c.n_head, c.n_head_kv, c.D, c.D, 1.0f / std::sqrt((float)c.D)};
-            const uint32_t n_total = std::max(c.end, c.pos0 + c.T);
-            const Layer L = random_layer(rng, shape, kt, vt, n_total);
-            const auto q = cuda_test::random_floats(rng, (size_t)c.T * c.n_head * c.D, 2.0f);  // peaked softmax
-            std::vector<float> ref, ref_lse;
-            reference_partial(shape, q, kt, vt, L, c.begin, c.end, c.pos0, c.T, ref, ref_lse);
-            const auto k_dev = cuda_test::to_device(L.k);
-            const auto v_dev = cuda_test::to_device(L.v);
-            const auto q_dev = cuda_test::to_device(q);
-            DeviceBuffer<float> out(ref.size()), lse(ref_lse.size());
+            const RangeData d = make_range_data(rng, c, kt, vt, 2.0f);  // peaked softmax
+            DeviceBuffer<float> out(d.ref.size()), lse(d.ref_lse.size());
             // Every schedule for f16 (the quantized tiers run skew128 whatever is asked).
             for (WgmmaSchedule schedule : {WgmmaSchedule::pipelined, WgmmaSchedule::skew, WgmmaSchedule::skew128}) {
                 if (kt != KvType::f16 || vt != KvType::f16) schedule = WgmmaSchedule::automatic;
                 cuda_test::poison(out);
                 cuda_test::poison(lse);
-                ASSERT_TRUE(prefill_attention_wgmma_cuda(shape, q_dev.data(), kt, k_dev.data() + c.begin * L.k_row, vt,
-                                                         v_dev.data() + c.begin * L.v_row, c.begin, c.end - c.begin,
-                                                         c.pos0, c.T, out.data(), lse.data(), nullptr, schedule));
+                ASSERT_TRUE(prefill_attention_wgmma_cuda(d.shape, d.q_dev.data(), kt, d.k, vt, d.v, c.begin,
+                                                         c.end - c.begin, c.pos0, c.T, out.data(), lse.data(), nullptr,
+                                                         schedule));
                 SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
                 const char* names[] = {"automatic", "pipelined", "skew", "skew128"};
                 const std::string what = std::string(names[(int)schedule]) + ", " + kv_type_name(kt) + "/" +
                                          kv_type_name(vt) + ", G " + std::to_string(c.n_head / c.n_head_kv) +
                                          ", pos0 " + std::to_string(c.pos0) + ", T " + std::to_string(c.T) +
                                          ", cells [" + std::to_string(c.begin) + ", " + std::to_string(c.end) + ")";
-                EXPECT_LE(rel_error(cuda_test::to_host(out), ref), 4e-3) << what;
-                EXPECT_LE(lse_error(cuda_test::to_host(lse), ref_lse), 1e-2) << what;
+                EXPECT_LE(rel_error(cuda_test::to_host(out), d.ref), 4e-3) << what;
+                EXPECT_LE(lse_error(cuda_test::to_host(lse), d.ref_lse), 1e-2) << what;
                 if (schedule == WgmmaSchedule::automatic) break;
             }
         }
@@ -344,6 +353,14 @@ TEST(CudaPrefillAttention, KernelChoiceFollowsChunkDepthAndTiers) {
     EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::q8_0, KvType::q8_0, 64, 64), K::tensor_core_m32_wide);
     EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::f16, KvType::q4_0, 2048, 65536), K::tensor_core_m32_wide);
     EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::q4_0, KvType::f16, 512, 100), K::tensor_core_m32_wide);
+    // Where the wgmma kernel is available: every tier pair of head dim 128; head dim 64 as before.
+    for (KvType t : {KvType::f16, KvType::q8_0, KvType::q4_0})
+        EXPECT_EQ(prefill_attention_kernel_for(qwen14b, t, KvType::f16, 512, 100, true), K::tensor_core_wgmma);
+    EXPECT_EQ(prefill_attention_kernel_for(qwen14b, KvType::f16, KvType::q8_0, 2048, 65536, true),
+              K::tensor_core_wgmma);
+    const AttentionShape d64{8, 2, 64, 64, 0.125f};
+    EXPECT_EQ(prefill_attention_kernel_for(d64, KvType::f16, KvType::f16, 512, 100, true), K::tensor_core);
+    EXPECT_EQ(prefill_attention_kernel_for(d64, KvType::q8_0, KvType::q8_0, 512, 100, true), K::tensor_core_m32_wide);
 }
 
 // A pure function: no GPU needed. H200: 132 SMs x 2 blocks of the 4-warp m32 kernel = 264 slots.
