@@ -21,6 +21,9 @@ struct OpTimes {
     std::vector<const char*> labels;          // label of the interval ending at event i (i >= 1)
     cudaStream_t timed = nullptr;             // the stream of the forward being timed
     std::map<std::string, std::pair<double, uint64_t>> totals;  // ms, intervals
+    // Largest single interval per label (ms): a one-time cost (the first forward's library
+    // initialisation, lazy module loading) shows here instead of hiding in the average.
+    std::map<std::string, double> largest;
     // Mode 2 only: host time from the previous mark's wait to this mark, per label (ms). The
     // GPU idles meanwhile, so an interval is this plus the op's GPU time: a large share here
     // means the op is bound by its host-side enqueue (e.g. a library's heuristics).
@@ -38,11 +41,11 @@ struct OpTimes {
         std::fprintf(stderr, "\nop times (SPILLWAY_OP_TIMES), %llu prefill forwards, %.1f ms of GPU time:\n",
                      (unsigned long long)forwards, all);
         const bool host = !host_totals.empty();
-        std::fprintf(stderr, host ? "| op | ms | share | count | host enqueue ms |\n|---|---:|---:|---:|---:|\n"
-                                  : "| op | ms | share | count |\n|---|---:|---:|---:|\n");
+        std::fprintf(stderr, host ? "| op | ms | share | count | largest ms | host enqueue ms |\n|---|---:|---:|---:|---:|---:|\n"
+                                  : "| op | ms | share | count | largest ms |\n|---|---:|---:|---:|---:|\n");
         for (const auto& [label, t] : rows) {
-            std::fprintf(stderr, "| %s | %.2f | %.1f%% | %llu |", label.c_str(), t.first, 100.0 * t.first / all,
-                         (unsigned long long)t.second);
+            std::fprintf(stderr, "| %s | %.2f | %.1f%% | %llu | %.3f |", label.c_str(), t.first, 100.0 * t.first / all,
+                         (unsigned long long)t.second, largest[label]);
             if (host) std::fprintf(stderr, " %.2f |", host_totals[label]);
             std::fprintf(stderr, "\n");
         }
@@ -127,6 +130,8 @@ void op_times_end(cudaStream_t stream) {
         auto& total = t.totals[t.labels[i]];
         total.first += ms;
         total.second += 1;
+        double& big = t.largest[t.labels[i]];
+        big = std::max(big, (double)ms);
         if (i < t.host_ms.size()) t.host_totals[t.labels[i]] += t.host_ms[i];
     }
     t.labels.clear();
