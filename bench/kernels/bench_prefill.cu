@@ -121,6 +121,35 @@ void bench_attention(const Options& o, PrefillAttentionKernel kernel, KvType kt,
     row(name, std::to_string(n_prompt / 1024) + "k prompt, chunk " + std::to_string(chunk), flops, ms);
 }
 
+// The engine's path for a quantized cache: prefill_attention_cuda with f16 pieces (each
+// piece dequantized once, then the default f16 kernel; partials merged).
+void bench_attention_pieces(const Options& o, KvType kt, KvType vt, uint32_t n_prompt, uint32_t chunk) {
+    const std::string name = std::string("prefill attention dequantized pieces ") + kv_type_name(kt) + "/" +
+                             kv_type_name(vt);
+    if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
+    const AttentionShape s{40, 8, 128, 128, 1.0f / std::sqrt(128.0f)};
+    const uint64_t k_row = kv_row_bytes(kt, 8 * 128), v_row = kv_row_bytes(vt, 8 * 128);
+    DeviceBuffer<uint8_t> k(k_row * n_prompt), v(v_row * n_prompt);
+    fill(ggml_of(kt), k.data(), k.bytes(), 11);
+    fill(ggml_of(vt), v.data(), v.bytes(), 12);
+    DeviceBuffer<float> q((size_t)chunk * 40 * 128), out((size_t)chunk * 40 * 128);
+    fill_f32_kernel<<<1024, 256>>>(q.data(), q.size(), 13);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    const uint32_t piece = prefill_kv_f16_piece_cells(8 * 128);
+    DeviceBuffer<__half> kf((size_t)piece * 8 * 128), vf((size_t)piece * 8 * 128);
+    DeviceBuffer<float> piece_out(out.size()), piece_lse((size_t)chunk * 40), lse((size_t)chunk * 40);
+    const PrefillKvF16Scratch scratch{kf.data(), vf.data(), piece, piece_out.data(), piece_lse.data(), lse.data()};
+    const double ms = median_ms([&] {
+        for (uint32_t pos0 = 0; pos0 < n_prompt; pos0 += chunk)
+            prefill_attention_cuda(s, q.data(), kt, k.data(), vt, v.data(), pos0, std::min(chunk, n_prompt - pos0),
+                                   out.data(), nullptr, &scratch);
+    }, o.reps);
+    const double flops = 4.0 * 128 * 40 * ((double)n_prompt * (n_prompt + 1) / 2);
+    row(name, std::to_string(n_prompt / 1024) + "k prompt, chunk " + std::to_string(chunk) + ", pieces of " +
+                  std::to_string(piece),
+        flops, ms);
+}
+
 void bench_gemm(const Options& o, cublasHandle_t cublas, uint32_t n_in, uint32_t n_out, uint32_t T) {
     const std::string shape = std::to_string(n_out) + "x" + std::to_string(n_in) + ", T " + std::to_string(T);
     if (!o.only.empty() && std::string("gemm").find(o.only) == std::string::npos) return;
@@ -261,6 +290,9 @@ int main(int argc, char** argv) {
         for (uint32_t chunk : {2048u, 4096u}) bench_attention(o, K::tensor_core_wgmma, f16, f16, 65536, chunk);
         for (KvType t : {q8, q4}) bench_attention(o, K::tensor_core_wgmma, t, t, 65536, 2048);
         bench_attention(o, K::tensor_core_wgmma, q8, q4, 65536, 2048);
+        for (KvType t : {q8, q4}) bench_attention_pieces(o, t, t, 65536, 2048);
+        bench_attention_pieces(o, q8, q4, 65536, 2048);
+        bench_attention_pieces(o, q8, q8, 8192, 2048);
         cublasHandle_t cublas = nullptr;
         SPILLWAY_CUDA_CHECK(cublasCreate(&cublas));
         bench_gemm_sequence(o, cublas);

@@ -313,7 +313,8 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                 op_times_mark("kv write", stream);
             }
             prefill_attention_cuda(shape, q, cache.k_type, cache.k[il], cache.v_type, cache.v[il], pos0, T,
-                                   st.attn.data(), stream);
+                                   st.attn.data(), stream,
+                                   st.prefill_kv_f16.piece_cells > 0 ? &st.prefill_kv_f16 : nullptr);
             op_times_mark("attention", stream);
         }
         if (takes_q16(L.wo, T)) {
@@ -534,7 +535,9 @@ uint64_t cuda_forward_scratch_bytes(const CudaForwardState& st) {
            st.w_f16_next.bytes() + st.tokens.bytes() + st.positions.bytes() + st.rope_cs.bytes() +
            st.next_token.bytes() + st.act_q16.bytes() +
            st.act_q16_scale.bytes() + st.spill_lse.bytes() + st.spill_tail_out.bytes() + st.spill_tail_lse.bytes() +
-           st.spill_chunk_out.bytes() + st.spill_chunk_lse.bytes() + st.spill_workspace.bytes();
+           st.spill_chunk_out.bytes() + st.spill_chunk_lse.bytes() + st.spill_workspace.bytes() +
+           st.prefill_k_f16.bytes() + st.prefill_v_f16.bytes() + st.prefill_piece_out.bytes() +
+           st.prefill_piece_lse.bytes() + st.prefill_lse.bytes();
 }
 
 // Spill scratch is allocated on the first forward over a spilled cache: an unspilled engine
@@ -551,9 +554,35 @@ static void reserve_spill_scratch(const CudaModel& m, const CudaKvCache& cache, 
     st.spill_workspace = DeviceBuffer<uint8_t>(st.attn_workspace.size());
 }
 
+// The f16 pieces of a prefill over a quantized cache, on the first prefill forward (never
+// under graph capture: decode steps are one token).
+static void reserve_prefill_kv_f16(const CudaModel& m, const CudaKvCache& cache, CudaForwardState& st,
+                                   uint32_t n_tokens) {
+    if (n_tokens < 2 || st.prefill_kv_f16.piece_cells > 0) return;
+    if (cache.k_type == KvType::f16 && cache.v_type == KvType::f16) return;
+    static const bool off = lab_knob("SPILLWAY_PREFILL_KV_F16", "0", "1");
+    if (off) return;
+    const ModelSpec& s = m.spec;
+    const uint32_t k_values = m.n_head_kv * s.head_dim_k, v_values = m.n_head_kv * s.head_dim_v;
+    const uint32_t piece =
+        std::min(std::max(prefill_kv_f16_piece_cells(std::max(k_values, v_values)), 1u), std::max(cache.n_ctx, 1u));
+    if (cache.k_type != KvType::f16) st.prefill_k_f16 = DeviceBuffer<__half>((size_t)piece * k_values);
+    if (cache.v_type != KvType::f16) st.prefill_v_f16 = DeviceBuffer<__half>((size_t)piece * v_values);
+    st.prefill_piece_out = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head * s.head_dim_v);
+    st.prefill_piece_lse = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head);
+    st.prefill_lse = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head);
+    st.prefill_kv_f16 = PrefillKvF16Scratch{st.prefill_k_f16.size() ? st.prefill_k_f16.data() : nullptr,
+                                            st.prefill_v_f16.size() ? st.prefill_v_f16.data() : nullptr,
+                                            piece,
+                                            st.prefill_piece_out.data(),
+                                            st.prefill_piece_lse.data(),
+                                            st.prefill_lse.data()};
+}
+
 void forward_cuda(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, uint32_t n_tokens, uint32_t pos0) {
     if (n_tokens == 0) return;
     reserve_spill_scratch(m, cache, st);
+    reserve_prefill_kv_f16(m, cache, st, n_tokens);
     if (n_tokens > st.max_tokens) fail("forward_cuda: chunk larger than the state was made for");
     if ((uint64_t)pos0 + n_tokens > cache.n_ctx)
         fail("forward_cuda: positions up to " + std::to_string(pos0 + n_tokens) + " exceed the context of " +

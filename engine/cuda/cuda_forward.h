@@ -90,6 +90,12 @@ struct CudaForwardState {
     // ([T][n_head*dv] + lse [T][n_head] each).
     DeviceBuffer<float> spill_lse, spill_tail_out, spill_tail_lse, spill_chunk_out, spill_chunk_lse;
     DeviceBuffer<uint8_t> spill_workspace;  // the tail branch's attention split workspace
+    // Prefill over a quantized cache: f16 pieces of the layer's K / V and a piece's partial
+    // (cuda_prefill.cuh, PrefillKvF16Scratch), allocated on the first prefill forward over such
+    // a cache (SPILLWAY_PREFILL_KV_F16=0, lab: none; the kernels read the quantized cells).
+    DeviceBuffer<__half> prefill_k_f16, prefill_v_f16;
+    DeviceBuffer<float> prefill_piece_out, prefill_piece_lse, prefill_lse;
+    PrefillKvF16Scratch prefill_kv_f16;
     PinnedBuffer host_token;                // int32: the sampled token, read by the host
     // Decode graphs: two executables alternate (see the header comment).
     cudaGraphExec_t graph_exec[2] = {nullptr, nullptr};

@@ -5,7 +5,9 @@
 #include <string>
 
 #include "common/error.h"
+#include "engine/cuda/attention.cuh"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/kv_tile.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/op_times.h"
 #include "engine/cuda/prefill_attention_m32.cuh"
@@ -34,6 +36,20 @@ __device__ __forceinline__ uint32_t q8_pair_to_half2(uint32_t biased, int sel, _
     const uint32_t a = __byte_perm(biased, 0x64646464u, sel);  // halves 1024 + (q + 128), exact
     const __half2 h = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&a), bias), d);
     return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// One thread per 8 values of a quantized cache row (kv_tile::dequant8_quantized, the tile
+// dequantization of the attention kernels), one 16-byte store.
+template <KvType T>
+__global__ void kv_rows_to_f16_kernel(const uint8_t* rows, uint64_t row_bytes, uint32_t n_rows, uint32_t row_values,
+                                      __half* out) {
+    const uint32_t units_per_row = row_values / 8;
+    const uint64_t n = (uint64_t)n_rows * units_per_row;
+    for (uint64_t u = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; u < n; u += (uint64_t)gridDim.x * blockDim.x) {
+        const uint64_t row = u / units_per_row;
+        const uint32_t j = (uint32_t)(u % units_per_row);
+        reinterpret_cast<uint4*>(out + row * row_values)[j] = kv_tile::dequant8_quantized<T>(rows + row * row_bytes, j);
+    }
 }
 
 __global__ void dequantize_rows_kernel(int type, const uint8_t* src, uint64_t row_bytes, uint32_t n_in,
@@ -364,11 +380,62 @@ void prefill_attention_partial_cuda(const AttentionShape& shape, const float* q,
                                         n_tokens, out, lse, stream);
 }
 
+void kv_rows_to_f16_cuda(KvType type, const uint8_t* rows, uint64_t row_bytes, uint32_t n_rows, uint32_t row_values,
+                         __half* out, cudaStream_t stream) {
+    if (type != KvType::q8_0 && type != KvType::q4_0) fail("kv_rows_to_f16_cuda: q8_0 or q4_0 rows only");
+    if (row_values % 32 != 0 || row_bytes < kv_row_bytes(type, row_values))
+        fail("kv_rows_to_f16_cuda: rows must hold whole 32-value blocks");
+    if (reinterpret_cast<uintptr_t>(out) % 16 != 0) fail("kv_rows_to_f16_cuda: out must be 16-byte aligned");
+    const uint64_t n_units = (uint64_t)n_rows * (row_values / 8);
+    if (n_units == 0) return;
+    if (type == KvType::q8_0)
+        kv_rows_to_f16_kernel<KvType::q8_0><<<grid_for(n_units, 256), 256, 0, stream>>>(rows, row_bytes, n_rows,
+                                                                                        row_values, out);
+    else
+        kv_rows_to_f16_kernel<KvType::q4_0><<<grid_for(n_units, 256), 256, 0, stream>>>(rows, row_bytes, n_rows,
+                                                                                        row_values, out);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+uint32_t prefill_kv_f16_piece_cells(uint32_t row_values) {
+    const uint64_t fit = (32ull << 20) / (2ull * std::max(1u, row_values));
+    return (uint32_t)std::clamp<uint64_t>(fit / 128 * 128, 1024, 65536);
+}
+
 void prefill_attention_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
                             KvType v_type, const uint8_t* v_cells, uint32_t pos0, uint32_t n_tokens, float* out,
-                            cudaStream_t stream) {
-    prefill_attention_partial_cuda(shape, q, k_type, k_cells, v_type, v_cells, 0, pos0 + n_tokens, pos0, n_tokens,
-                                   out, nullptr, stream);
+                            cudaStream_t stream, const PrefillKvF16Scratch* f16) {
+    const uint32_t n_cells = pos0 + n_tokens;
+    const bool k_quant = k_type != KvType::f16, v_quant = v_type != KvType::f16;
+    if (f16 == nullptr || (!k_quant && !v_quant)) {
+        prefill_attention_partial_cuda(shape, q, k_type, k_cells, v_type, v_cells, 0, n_cells, pos0, n_tokens, out,
+                                       nullptr, stream);
+        return;
+    }
+    if (f16->piece_cells == 0 || (k_quant && !f16->k) || (v_quant && !f16->v) || !f16->piece_out ||
+        !f16->piece_lse || !f16->lse)
+        fail("prefill_attention_cuda: incomplete f16 piece scratch");
+    const uint32_t k_values = shape.n_head_kv * shape.head_dim_k, v_values = shape.n_head_kv * shape.head_dim_v;
+    const uint64_t k_row = kv_row_bytes(k_type, k_values), v_row = kv_row_bytes(v_type, v_values);
+    for (uint32_t c0 = 0; c0 < n_cells; c0 += f16->piece_cells) {
+        const uint32_t n = std::min(f16->piece_cells, n_cells - c0);
+        const uint8_t* k = k_cells + c0 * k_row;
+        const uint8_t* v = v_cells + c0 * v_row;
+        if (k_quant) {
+            kv_rows_to_f16_cuda(k_type, k, k_row, n, k_values, f16->k, stream);
+            k = reinterpret_cast<const uint8_t*>(f16->k);
+        }
+        if (v_quant) {
+            kv_rows_to_f16_cuda(v_type, v, v_row, n, v_values, f16->v, stream);
+            v = reinterpret_cast<const uint8_t*>(f16->v);
+        }
+        const bool first = c0 == 0;
+        prefill_attention_partial_cuda(shape, q, KvType::f16, k, KvType::f16, v, c0, n, pos0, n_tokens,
+                                       first ? out : f16->piece_out, first ? f16->lse : f16->piece_lse, stream);
+        if (!first)
+            attention_merge_cuda(shape.n_head * n_tokens, shape.head_dim_v, out, f16->lse, f16->piece_out,
+                                 f16->piece_lse, stream);
+    }
 }
 
 }  // namespace spillway

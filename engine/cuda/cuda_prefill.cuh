@@ -104,12 +104,37 @@ void prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const At
                                          uint32_t cell_begin, uint32_t n_cells, uint32_t pos0, uint32_t n_tokens,
                                          float* out, float* lse, cudaStream_t stream);
 
+// Rows [0, n_rows) of a quantized (q8_0 / q4_0) cache layer as f16 rows of row_values
+// halves: each value d * q rounded once to f16, as the attention kernels dequantize their
+// tiles. row_values % 32 == 0; out 16-byte aligned.
+void kv_rows_to_f16_cuda(KvType type, const uint8_t* rows, uint64_t row_bytes, uint32_t n_rows, uint32_t row_values,
+                         __half* out, cudaStream_t stream);
+
+// Scratch of prefill_attention_cuda's path for quantized K or V: the layer's cells are
+// dequantized piece by piece into f16 rows and each piece is attended by the f16 kernel, its
+// partial merged into the output. Every prefill attention kernel is faster on f16 tiles than
+// on quantized ones, which each of a KV head's ~80 row blocks dequantizes again (64k / 2048:
+// wgmma f16 480 TFLOP/s, q8_0 230); one pass per piece costs a few percent of that.
+struct PrefillKvF16Scratch {
+    __half* k = nullptr;  // piece_cells rows of n_head_kv * head_dim_k halves (K quantized)
+    __half* v = nullptr;  // the same for V (V quantized)
+    uint32_t piece_cells = 0;
+    float* piece_out = nullptr;  // [n_tokens][n_head][dv]: a later piece's partial
+    float* piece_lse = nullptr;  // [n_tokens][n_head]
+    float* lse = nullptr;        // [n_tokens][n_head]: the running partial's
+};
+// Cells per piece for rows of row_values halves: 32 MiB of f16 per operand, a multiple of
+// 128 in [1024, 65536].
+uint32_t prefill_kv_f16_piece_cells(uint32_t row_values);
+
 // Causal attention for query tokens at positions pos0 .. pos0 + n_tokens - 1, whose K/V
 // are already in the cache: token t attends to cells [0, pos0 + t]. q: [n_tokens][n_head][dk]
 // f32; out: [n_tokens][n_head][dv] f32; k_cells / v_cells: the layer's cells from cell 0.
 // Head dims 64 or 128, dk == dv, n_head / n_head_kv <= 16. = the partial over [0, pos0 + T).
+// f16: with quantized K or V, dequantized pieces (above); its buffers must hold the pieces
+// and n_tokens' partials. nullptr: the kernels read the quantized cells themselves.
 void prefill_attention_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
                             KvType v_type, const uint8_t* v_cells, uint32_t pos0, uint32_t n_tokens, float* out,
-                            cudaStream_t stream);
+                            cudaStream_t stream, const PrefillKvF16Scratch* f16 = nullptr);
 
 }  // namespace spillway

@@ -189,6 +189,78 @@ TEST(CudaPrefillAttention, TwoMergedRangesEqualOnePass) {
     }
 }
 
+// The quantized cache's rows as f16: every value is the CPU codec's d * q rounded once to
+// f16, bit for bit (an odd row count and a row of 3 x 32 values: blocks cross 16-byte lines).
+TEST(CudaPrefillAttention, KvRowsToF16EqualTheRoundedCodec) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    for (KvType t : {KvType::q8_0, KvType::q4_0})
+        for (const auto& [n_rows, values] : {std::pair{37u, 96u}, std::pair{300u, 1024u}}) {
+            const uint64_t row = kv_row_bytes(t, values);
+            std::vector<uint8_t> rows(row * n_rows);
+            std::vector<float> want((size_t)n_rows * values);
+            for (uint32_t r = 0; r < n_rows; ++r) {
+                const auto x = cuda_test::random_floats(rng, values, 3.0f);
+                kv_store_row(t, x.data(), rows.data() + r * row, values);
+                kv_load_row(t, rows.data() + r * row, want.data() + (size_t)r * values, values);
+            }
+            const auto rows_dev = cuda_test::to_device(rows);
+            DeviceBuffer<__half> out((size_t)n_rows * values);
+            cuda_test::poison(out);
+            kv_rows_to_f16_cuda(t, rows_dev.data(), row, n_rows, values, out.data(), nullptr);
+            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+            const auto got = cuda_test::to_host(out);
+            size_t wrong = 0;
+            for (size_t i = 0; i < want.size(); ++i)
+                wrong += __half2float(got[i]) != __half2float(__float2half_rn(want[i]));
+            EXPECT_EQ(wrong, 0u) << kv_type_name(t) << " " << n_rows << " x " << values;
+        }
+    std::vector<uint8_t> bad(64);
+    const auto bad_dev = cuda_test::to_device(bad);
+    DeviceBuffer<__half> out(64);
+    EXPECT_THROW(kv_rows_to_f16_cuda(KvType::f16, bad_dev.data(), 64, 1, 32, out.data(), nullptr), Error);
+    EXPECT_THROW(kv_rows_to_f16_cuda(KvType::q8_0, bad_dev.data(), 34, 1, 48, out.data(), nullptr), Error);
+}
+
+// A chunk's attention over a quantized cache through f16 pieces (what the engine's prefill
+// does) against the CPU reference: pieces smaller than the chunk, a piece boundary inside the
+// chunk (its early tokens see nothing of the later pieces), f16 K with quantized V, and one
+// piece covering everything.
+TEST(CudaPrefillAttention, DequantizedPiecesMatchCpu) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const AttentionShape shape{10, 2, 128, 128, 1.0f / std::sqrt(128.0f)};
+    const uint32_t pos0 = 230, T = 150, n_cells = pos0 + T;
+    for (const auto& [kt, vt] : {std::pair{KvType::q8_0, KvType::q8_0}, std::pair{KvType::q4_0, KvType::q4_0},
+                                 std::pair{KvType::f16, KvType::q4_0}, std::pair{KvType::q8_0, KvType::f16}})
+        for (uint32_t piece : {64u, 100u, 1024u}) {
+            const Layer L = random_layer(rng, shape, kt, vt, n_cells);
+            const auto q = cuda_test::random_floats(rng, (size_t)T * shape.n_head * 128, 2.0f);
+            std::vector<float> ref, ref_lse;
+            reference_partial(shape, q, kt, vt, L, 0, n_cells, pos0, T, ref, ref_lse);
+            const auto k_dev = cuda_test::to_device(L.k);
+            const auto v_dev = cuda_test::to_device(L.v);
+            const auto q_dev = cuda_test::to_device(q);
+            const uint32_t values = shape.n_head_kv * 128;
+            DeviceBuffer<__half> kf((size_t)piece * values), vf((size_t)piece * values);
+            DeviceBuffer<float> out(ref.size()), piece_out(ref.size()), piece_lse(ref_lse.size()), lse(ref_lse.size());
+            for (auto* b : {&out, &piece_out, &piece_lse, &lse}) cuda_test::poison(*b);
+            const PrefillKvF16Scratch scratch{kf.data(), vf.data(), piece, piece_out.data(), piece_lse.data(),
+                                              lse.data()};
+            prefill_attention_cuda(shape, q_dev.data(), kt, k_dev.data(), vt, v_dev.data(), pos0, T, out.data(),
+                                   nullptr, &scratch);
+            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+            const std::string what = std::string(kv_type_name(kt)) + "/" + kv_type_name(vt) + " pieces of " +
+                                     std::to_string(piece);
+            EXPECT_LE(rel_error(cuda_test::to_host(out), ref), 4e-3) << what;
+            EXPECT_LE(lse_error(cuda_test::to_host(lse), ref_lse), 1e-2) << what;
+        }
+}
+
 TEST(CudaPrefillAttention, LongDepthChunkMatchesCpu) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     const uint32_t seed = cuda_test::fresh_seed();
