@@ -218,6 +218,13 @@ if [ "$hf" = 1 ]; then
       >"$out/prefill-ab.log" 2>&1
     echo "prefill A/B $knob rc=$?: $(grep -E '^\| f16 \| f16 \| pp' "$out/prefill-ab.log" | awk -F'|' '{print $6}') tok/s"
   done
+  # A quantized cache's prefill: dequantized f16 pieces vs the kernels on the raw cells (session 14).
+  for knob in default SPILLWAY_PREFILL_KV_F16=0; do
+    if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
+    env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 8192 -n 0 -b 2048 -ctk q8_0 \
+      >"$out/prefill-ab.log" 2>&1
+    echo "prefill A/B q8_0 KV $knob rc=$?: $(grep -E '^\| q8_0 \| q8_0 \| pp' "$out/prefill-ab.log" | awk -F'|' '{print $6}') tok/s"
+  done
   SPILLWAY_OP_TIMES=1 "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 8192 -n 0 -b 2048 -ctk f16 \
     >/dev/null 2>"$out/prefill-op-times.log"
   sed -n '/^op times/,$p' "$out/prefill-op-times.log"
