@@ -137,6 +137,33 @@ __device__ __forceinline__ void copy_windows(uint8_t* dst, const uint8_t* src0, 
     }
 }
 
+// copy_windows' fast path with the lane's part hoisted out of the loop: src_lane is this
+// lane's first chunk of the step's first cell (its lead already subtracted), dst_lane its
+// place in the stage, pass the bytes between the cells one instruction covers. Whole 16-byte
+// chunks: with rows a multiple of 16 bytes a window never passes its row's end (the bytes
+// past the slice belong to the next head and are ignored).
+template <uint32_t kWin, uint32_t kLanes>
+__device__ __forceinline__ void copy_windows_hoisted(uint32_t dst_lane, const uint8_t* src_lane, uint32_t pass) {
+    constexpr uint32_t kCellsPerPass = 32 / kLanes;
+#pragma unroll
+    for (uint32_t r = 0; r < kStep / kCellsPerPass; ++r)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst_lane + r * kCellsPerPass * kWin),
+                     "l"(src_lane + (size_t)r * pass));
+}
+template <uint32_t kWin>
+__host__ __device__ constexpr uint32_t copy_lanes() {
+    constexpr uint32_t kPer = kWin / 16;
+    return kPer <= 4 ? 4 : kPer <= 8 ? 8 : kPer <= 16 ? 16 : 32;
+}
+
+// exp2 on the special-function unit alone: exp2f adds a range fix-up for results below
+// 2^-126, softmax weights that small are zero here anyway.
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // N words from a 2-byte-aligned shared-memory address (funnel shifts realign them).
 template <int N>
 __device__ __forceinline__ void lds_words(const uint8_t* p, uint32_t (&w)[N]) {
@@ -306,12 +333,36 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     const uint32_t v_row16 = (uint32_t)(p.v_row_bytes & 15), v_head16 = (uint32_t)(v_head_off & 15);
 
     // Local step i of this warp is chunk warp + kWarps * i of the split.
+    // Rows a multiple of 16 bytes (every tier with 8 KV heads of dim 128): each lane's copy
+    // addresses are one offset from the step's first row, computed once here (the per-step
+    // arithmetic was ~130 instructions of a q8_0 step's ~700, Nsight, session 14).
+    constexpr uint32_t kLanesK = copy_lanes<L::kWinK>(), kLanesV = copy_lanes<L::kWinV>();
+    const bool hoisted = fast_copy && k_row16 == 0 && v_row16 == 0;
+    const bool k_lane_on = lane % kLanesK < L::kWinK / 16, v_lane_on = lane % kLanesV < L::kWinV / 16;
+    const uint64_t k_lane_src = (uint64_t)(lane / kLanesK) * p.k_row_bytes + k_head_off - k_head16 + 16 * (lane % kLanesK);
+    const uint64_t v_lane_src = (uint64_t)(lane / kLanesV) * p.v_row_bytes + v_head_off - v_head16 + 16 * (lane % kLanesV);
+    const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
+    const uint32_t k_lane_dst = ring_s + (lane / kLanesK) * L::kWinK + 16 * (lane % kLanesK);
+    const uint32_t v_lane_dst = ring_s + kStep * L::kWinK + (lane / kLanesV) * L::kWinV + 16 * (lane % kLanesV);
+    const uint32_t k_pass = (32 / kLanesK) * (uint32_t)p.k_row_bytes, v_pass = (32 / kLanesV) * (uint32_t)p.v_row_bytes;
+
     auto issue = [&](uint32_t i) {
         const uint32_t chunk = warp + kWarps * i;
         if (chunk < n_chunks) {
-            uint8_t* sk = ring + (i % L::kStages) * L::stage;
+            const uint32_t slot = i % L::kStages;
+            uint8_t* sk = ring + slot * L::stage;
             const uint32_t first = cell_begin + chunk * kStep;
             const uint32_t count = min((uint32_t)kStep, cell_end - first);
+            if (hoisted && count == kStep) {
+                if (k_lane_on)
+                    copy_windows_hoisted<L::kWinK, kLanesK>(k_lane_dst + slot * (uint32_t)L::stage,
+                                                            p.k + (uint64_t)first * p.k_row_bytes + k_lane_src, k_pass);
+                if (v_lane_on)
+                    copy_windows_hoisted<L::kWinV, kLanesV>(v_lane_dst + slot * (uint32_t)L::stage,
+                                                            p.v + (uint64_t)first * p.v_row_bytes + v_lane_src, v_pass);
+                cp_async_commit();
+                return;
+            }
             copy_windows<L::kSliceK, L::kWinK>(sk, p.k + first * p.k_row_bytes + k_head_off, (uint32_t)p.k_row_bytes,
                                                count, lane, fast_copy);
             copy_windows<L::kSliceV, L::kWinV>(sk + kStep * L::kWinK, p.v + first * p.v_row_bytes + v_head_off,
@@ -377,6 +428,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
         if (g >= valid) s[0] = s[1] = -INFINITY;
         if (g + 8 >= valid) s[2] = s[3] = -INFINITY;
         float alpha[2], e[4];
+        bool grew = false;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float mx = fmaxf(s[h], s[2 + h]);
@@ -384,15 +436,20 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));  // finite: cell 0 is valid
             const float m_new = fmaxf(m_run[h], mx);
-            alpha[h] = exp2f(m_run[h] - m_new);  // 0 on the first step
-            e[h] = exp2f(s[h] - m_new);
-            e[2 + h] = exp2f(s[2 + h] - m_new);
+            grew |= m_new > m_run[h];
+            alpha[h] = exp2_ftz(m_run[h] - m_new);  // 0 on the first step, 1 when no max grew
+            e[h] = exp2_ftz(s[h] - m_new);
+            e[2 + h] = exp2_ftz(s[2 + h] - m_new);
             l_run[h] = l_run[h] * alpha[h] + (e[h] + e[2 + h]);
             m_run[h] = m_new;
         }
+        // Once the running maxima settle, most steps leave them unchanged: alpha = 1 exactly
+        // for every head of the warp, and the 32 multiplies are skipped.
+        if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-        for (int mt = 0; mt < 8; ++mt) {
-            acc[mt][0] *= alpha[0], acc[mt][1] *= alpha[1], acc[mt][2] *= alpha[0], acc[mt][3] *= alpha[1];
+            for (int mt = 0; mt < 8; ++mt) {
+                acc[mt][0] *= alpha[0], acc[mt][1] *= alpha[1], acc[mt][2] *= alpha[0], acc[mt][3] *= alpha[1];
+            }
         }
         // P^T tiles (cells x heads) transposed into PV's B operand (k = cells 2t, 2t+1 and
         // 2t+8, 2t+9; n = head g).
