@@ -164,12 +164,13 @@ __device__ __forceinline__ float exp2_ftz(float x) {
     return y;
 }
 
-// N words from a 2-byte-aligned shared-memory address (funnel shifts realign them).
+// N words from byte offset off (2-byte aligned) of a 16-byte-aligned shared-memory stage
+// (funnel shifts realign them). The misalignment comes from off alone, so when off is the
+// same in every step (rows of whole 16-byte chunks) the compiler computes it once.
 template <int N>
-__device__ __forceinline__ void lds_words(const uint8_t* p, uint32_t (&w)[N]) {
-    // Stepping back from p (not masking a cast integer) keeps the loads in the shared space.
-    const uint32_t mis = (uint32_t)__cvta_generic_to_shared(p) & 3;
-    const uint32_t* a = reinterpret_cast<const uint32_t*>(p - mis);
+__device__ __forceinline__ void lds_words(const uint8_t* base16, uint32_t off, uint32_t (&w)[N]) {
+    const uint32_t mis = off & 3;
+    const uint32_t* a = reinterpret_cast<const uint32_t*>(base16 + (off - mis));
     const uint32_t sh = mis * 8;
     uint32_t r[N + 1];
 #pragma unroll
@@ -214,11 +215,12 @@ struct KWords {
     __half2 scale;
 };
 
+// The slice starts at byte off of the 16-byte-aligned stage base16.
 template <KvType KT>
-__device__ __forceinline__ KWords<KT> k_words(const uint8_t* slice, uint32_t t) {
+__device__ __forceinline__ KWords<KT> k_words(const uint8_t* base16, uint32_t off, uint32_t t) {
     KWords<KT> r;
     if constexpr (KT == KvType::f16) {
-        const uint4* p = reinterpret_cast<const uint4*>(slice + 64 * t);
+        const uint4* p = reinterpret_cast<const uint4*>(base16 + off + 64 * t);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const uint4 u = p[i];
@@ -226,9 +228,9 @@ __device__ __forceinline__ KWords<KT> k_words(const uint8_t* slice, uint32_t t) 
         }
     } else {
         constexpr int kBlock = KT == KvType::q8_0 ? 34 : 18;
-        const uint8_t* blk = slice + kBlock * t;
-        r.scale = __half2half2(*reinterpret_cast<const __half*>(blk));
-        lds_words<KWords<KT>::kN>(blk + 2, r.w);
+        const uint32_t blk = off + kBlock * t;
+        r.scale = __half2half2(*reinterpret_cast<const __half*>(base16 + blk));
+        lds_words<KWords<KT>::kN>(base16, blk + 2, r.w);
     }
     return r;
 }
@@ -263,10 +265,10 @@ struct VWords {
 };
 
 template <KvType VT>
-__device__ __forceinline__ VWords<VT> v_words(const uint8_t* slice, uint32_t g, bool valid) {
+__device__ __forceinline__ VWords<VT> v_words(const uint8_t* base16, uint32_t off, uint32_t g, bool valid) {
     VWords<VT> r;
     if constexpr (VT == KvType::f16) {
-        const uint4* p = reinterpret_cast<const uint4*>(slice + 32 * g);
+        const uint4* p = reinterpret_cast<const uint4*>(base16 + off + 32 * g);
         const uint4 a = p[0], b = p[1];
         r.w[0] = a.x, r.w[1] = a.y, r.w[2] = a.z, r.w[3] = a.w, r.w[4] = b.x, r.w[5] = b.y, r.w[6] = b.z, r.w[7] = b.w;
         if (!valid)  // stale ring bytes may be NaN; 0 * NaN would poison the product
@@ -274,19 +276,19 @@ __device__ __forceinline__ VWords<VT> v_words(const uint8_t* slice, uint32_t g, 
             for (int i = 0; i < 8; ++i) r.w[i] = 0;
         r.scale = __float2half(1.0f);
     } else if constexpr (VT == KvType::q8_0) {
-        const uint8_t* blk = slice + 34 * (g / 2);
-        lds_words<4>(blk + 2 + 16 * (g % 2), r.w);
+        const uint32_t blk = off + 34 * (g / 2);
+        lds_words<4>(base16, blk + 2 + 16 * (g % 2), r.w);
 #pragma unroll
         for (int i = 0; i < 4; ++i) r.w[i] ^= 0x80808080u;
         // Codes are always finite; a zero scale silences invalid cells.
-        r.scale = valid ? *reinterpret_cast<const __half*>(blk) : __float2half(0.0f);
+        r.scale = valid ? *reinterpret_cast<const __half*>(base16 + blk) : __float2half(0.0f);
     } else {
-        const uint8_t* blk = slice + 18 * (g / 2);
-        lds_words<4>(blk + 2, r.w);
+        const uint32_t blk = off + 18 * (g / 2);
+        lds_words<4>(base16, blk + 2, r.w);
         const uint32_t sh = 4 * (g % 2);
 #pragma unroll
         for (int i = 0; i < 4; ++i) r.w[i] = (r.w[i] >> sh) & 0x0F0F0F0Fu;
-        r.scale = valid ? *reinterpret_cast<const __half*>(blk) : __float2half(0.0f);
+        r.scale = valid ? *reinterpret_cast<const __half*>(base16 + blk) : __float2half(0.0f);
     }
     return r;
 }
@@ -314,7 +316,11 @@ __device__ __forceinline__ void v_pair_fragments(const VWords<VT>& a, const VWor
     }
 }
 
-template <KvType KT, KvType VT>
+// kUniform: K and V rows are whole 16-byte chunks (every tier with 8 KV heads of dim 128), so
+// every cell of this head has the same lead: copy addresses and shared-memory offsets are the
+// same in every step and are computed once (the launch picks it; SPILLWAY_ATTN_FAST_COPY=0
+// never does).
+template <KvType KT, KvType VT, bool kUniform>
 __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kernel(Params p, bool fast_copy) {
     using L = Layout<KT, VT>;
     extern __shared__ __align__(128) uint8_t smem[];
@@ -332,12 +338,11 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     const uint32_t k_row16 = (uint32_t)(p.k_row_bytes & 15), k_head16 = (uint32_t)(k_head_off & 15);
     const uint32_t v_row16 = (uint32_t)(p.v_row_bytes & 15), v_head16 = (uint32_t)(v_head_off & 15);
 
-    // Local step i of this warp is chunk warp + kWarps * i of the split.
-    // Rows a multiple of 16 bytes (every tier with 8 KV heads of dim 128): each lane's copy
-    // addresses are one offset from the step's first row, computed once here (the per-step
-    // arithmetic was ~130 instructions of a q8_0 step's ~700, Nsight, session 14).
+    // kUniform: each lane's copy addresses are one offset from the step's first row, computed
+    // once here (the per-step arithmetic was ~130 instructions of a q8_0 step's ~700, Nsight,
+    // session 14).
     constexpr uint32_t kLanesK = copy_lanes<L::kWinK>(), kLanesV = copy_lanes<L::kWinV>();
-    const bool hoisted = fast_copy && k_row16 == 0 && v_row16 == 0;
+    constexpr bool hoisted = kUniform;
     const bool k_lane_on = lane % kLanesK < L::kWinK / 16, v_lane_on = lane % kLanesV < L::kWinV / 16;
     const uint64_t k_lane_src = (uint64_t)(lane / kLanesK) * p.k_row_bytes + k_head_off - k_head16 + 16 * (lane % kLanesK);
     const uint64_t v_lane_src = (uint64_t)(lane / kLanesV) * p.v_row_bytes + v_head_off - v_head16 + 16 * (lane % kLanesV);
@@ -346,6 +351,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     const uint32_t v_lane_dst = ring_s + kStep * L::kWinK + (lane / kLanesV) * L::kWinV + 16 * (lane % kLanesV);
     const uint32_t k_pass = (32 / kLanesK) * (uint32_t)p.k_row_bytes, v_pass = (32 / kLanesV) * (uint32_t)p.v_row_bytes;
 
+    // Local step i of this warp is chunk warp + kWarps * i of the split.
     auto issue = [&](uint32_t i) {
         const uint32_t chunk = warp + kWarps * i;
         if (chunk < n_chunks) {
@@ -407,8 +413,13 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
         // S^T[cell][head] = K Q^T: A rows = cells g and g+8 (this lane's), k = dims.
         float s[4];
         {
-            auto k_slice = [&](uint32_t c) { return sk + c * L::kWinK + (((first + c) * k_row16 + k_head16) & 15); };
-            const KWords<KT> k0 = k_words<KT>(k_slice(g), t), k1 = k_words<KT>(k_slice(g + 8), t);
+            // A cell's slice: its window in the stage plus its lead (the same for every cell
+            // when rows are whole 16-byte chunks).
+            auto k_slice = [&](uint32_t c) {
+                if constexpr (kUniform) return c * L::kWinK + k_head16;
+                else return c * L::kWinK + (((first + c) * k_row16 + k_head16) & 15);
+            };
+            const KWords<KT> k0 = k_words<KT>(sk, k_slice(g), t), k1 = k_words<KT>(sk, k_slice(g + 8), t);
             // Two accumulator chains of 4 MMAs instead of one of 8: half the dependent latency.
             float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             s[0] = s[1] = s[2] = s[3] = 0.0f;
@@ -457,12 +468,15 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
 
         // O^T[dim][head] += V^T P^T: A rows = dims (m-tile mt: 16g + 2mt and +1), k = cells.
         {
-            auto v_slice = [&](uint32_t c) { return sv + c * L::kWinV + (((first + c) * v_row16 + v_head16) & 15); };
+            auto v_slice = [&](uint32_t c) {
+                if constexpr (kUniform) return c * L::kWinV + v_head16;
+                else return c * L::kWinV + (((first + c) * v_row16 + v_head16) & 15);
+            };
             const uint32_t c0 = 2 * t;
-            const VWords<VT> w0 = v_words<VT>(v_slice(c0), g, c0 < valid);
-            const VWords<VT> w1 = v_words<VT>(v_slice(c0 + 1), g, c0 + 1 < valid);
-            const VWords<VT> w2 = v_words<VT>(v_slice(c0 + 8), g, c0 + 8 < valid);
-            const VWords<VT> w3 = v_words<VT>(v_slice(c0 + 9), g, c0 + 9 < valid);
+            const VWords<VT> w0 = v_words<VT>(sv, v_slice(c0), g, c0 < valid);
+            const VWords<VT> w1 = v_words<VT>(sv, v_slice(c0 + 1), g, c0 + 1 < valid);
+            const VWords<VT> w2 = v_words<VT>(sv, v_slice(c0 + 8), g, c0 + 8 < valid);
+            const VWords<VT> w3 = v_words<VT>(sv, v_slice(c0 + 9), g, c0 + 9 < valid);
 #pragma unroll
             for (int part = 0; part < 4; ++part) {
                 uint32_t lo[4], hi[4];  // dims 16g + 4part + 0..3; cells (2t, 2t+1) and (2t+8, 2t+9)
@@ -534,23 +548,35 @@ Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     return {(n_cells + per - 1) / per, per};
 }
 
-template <KvType KT, KvType VT>
-void launch_for(const Params& p, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
-    constexpr size_t smem = Layout<KT, VT>::total;
+template <KvType KT, KvType VT, bool kUniform>
+void configure_once() {
     static const bool configured = [] {
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 (int)Layout<KT, VT>::total));
         // All of the unified L1/shared memory as shared: the split count assumes
         // Layout::blocks_per_sm blocks fit at once (a smaller carveout makes a second wave).
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT>,
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform>,
                                                  cudaFuncAttributePreferredSharedMemoryCarveout,
                                                  (int)cudaSharedmemCarveoutMaxShared));
         return true;
     }();
     (void)configured;
+}
+
+template <KvType KT, KvType VT>
+void launch_for(const Params& p, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
+    constexpr size_t smem = Layout<KT, VT>::total;
     // SPILLWAY_ATTN_FAST_COPY=0 (lab): every step through the generic per-cell copy.
     static const bool fast_copy = !lab_knob("SPILLWAY_ATTN_FAST_COPY", "0", "1");
-    attention_mma_kernel<KT, VT><<<dim3(n_head_kv, n_splits), kThreads, smem, stream>>>(p, fast_copy);
+    const dim3 grid(n_head_kv, n_splits);
+    if (fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0) {
+        configure_once<KT, VT, true>();
+        attention_mma_kernel<KT, VT, true><<<grid, kThreads, smem, stream>>>(p, fast_copy);
+    } else {
+        configure_once<KT, VT, false>();
+        attention_mma_kernel<KT, VT, false><<<grid, kThreads, smem, stream>>>(p, fast_copy);
+    }
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
