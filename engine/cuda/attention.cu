@@ -30,7 +30,6 @@
 #include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/kv_tile.cuh"
-#include "engine/cuda/lab_knob.h"
 
 namespace spillway {
 namespace {
@@ -349,61 +348,6 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const float
         out[(size_t)head * head_dim + d] = o;
         if (d == 0) lse[head] = m == -INFINITY ? -INFINITY : m + logf(sum_w);
         // Warp w of the group holds dims 32w..32w+31: one int16 block of the quantized out.
-        const size_t first = (size_t)head * head_dim + (d & ~31u);
-        if (out_q != nullptr) quantize_act_q16_warp(o, lane, out_q + first, out_d + first / 32);
-    }
-}
-
-// The same merge in one pass: each thread runs an online softmax over its group's splits
-// (lse and partial loaded together, so their L2 round trips overlap; the two-pass kernel
-// above waits for every lse, reduces the maximum over the block, then loads the partials),
-// and the groups are combined once through shared memory in a fixed order (deterministic).
-__global__ void __launch_bounds__(kMergeThreads) merge_splits_online_kernel(const float* part_out,
-                                                                            const float* part_lse, uint32_t n_splits,
-                                                                            uint32_t n_head, uint32_t head_dim,
-                                                                            float* out, float* lse, int16_t* out_q,
-                                                                            float* out_d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    cudaTriggerProgrammaticLaunchCompletion();  // as merge_splits_kernel
-#endif
-    constexpr uint32_t kMaxGroups = kMergeThreads / 64;
-    __shared__ float group_m[kMaxGroups], group_l[kMaxGroups];
-    __shared__ float group_acc[kMergeThreads];
-    const uint32_t head = blockIdx.x, tid = threadIdx.x, lane = tid % 32;
-    const uint32_t groups = blockDim.x / head_dim, g = tid / head_dim, d = tid % head_dim;
-    float m = -INFINITY, l = 0.0f, acc = 0.0f;
-#pragma unroll 8
-    for (uint32_t s = g; s < n_splits; s += groups) {
-        const float ls = part_lse[(size_t)s * n_head + head];
-        const float v = part_out[((size_t)s * n_head + head) * head_dim + d];
-        if (ls == -INFINITY) continue;  // a split that saw no cell
-        if (ls > m) {
-            const float r = __expf(m - ls);  // 0 on the first live split
-            acc *= r;
-            l *= r;
-            m = ls;
-        }
-        const float w = __expf(ls - m);
-        acc += w * v;
-        l += w;
-    }
-    group_acc[tid] = acc;
-    if (d == 0) group_m[g] = m, group_l[g] = l;
-    __syncthreads();
-    if (g == 0) {  // whole warps: head_dim is 64 or 128
-        float mx = -INFINITY;
-        for (uint32_t k = 0; k < groups; ++k) mx = fmaxf(mx, group_m[k]);
-        float total = 0.0f, sum_w = 0.0f;
-        if (mx != -INFINITY)
-            for (uint32_t k = 0; k < groups; ++k) {
-                if (group_m[k] == -INFINITY) continue;
-                const float r = __expf(group_m[k] - mx);
-                total += r * group_acc[k * head_dim + d];
-                sum_w += r * group_l[k];
-            }
-        const float o = mx == -INFINITY ? 0.0f : total / sum_w;
-        out[(size_t)head * head_dim + d] = o;
-        if (d == 0) lse[head] = mx == -INFINITY ? -INFINITY : mx + logf(sum_w);
         const size_t first = (size_t)head * head_dim + (d & ~31u);
         if (out_q != nullptr) quantize_act_q16_warp(o, lane, out_q + first, out_d + first / 32);
     }
@@ -977,16 +921,8 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     if (plan.n_splits > 1) {
         if (plan.n_splits > kMergeMaxSplits) fail("attention_partial_cuda: more splits than the merge kernel holds");
         if (kMergeThreads % shape.head_dim_v != 0) fail("attention_partial_cuda: head dim must divide 512");
-        // SPILLWAY_ATTN_MERGE=two_pass (lab): the two-pass merge (maximum first, then the sum).
-        static const bool two_pass = lab_knob("SPILLWAY_ATTN_MERGE", "two_pass", "online");
-        const uint32_t threads = kMergeThreads / shape.head_dim_v * shape.head_dim_v;
-        if (two_pass)
-            merge_splits_kernel<<<shape.n_head, threads, 0, stream>>>(p.part_out, p.part_lse, plan.n_splits, shape.n_head,
-                                                                      shape.head_dim_v, out, lse, out_q16.q, out_q16.d);
-        else
-            merge_splits_online_kernel<<<shape.n_head, threads, 0, stream>>>(p.part_out, p.part_lse, plan.n_splits,
-                                                                             shape.n_head, shape.head_dim_v, out, lse,
-                                                                             out_q16.q, out_q16.d);
+        merge_splits_kernel<<<shape.n_head, kMergeThreads / shape.head_dim_v * shape.head_dim_v, 0, stream>>>(
+            p.part_out, p.part_lse, plan.n_splits, shape.n_head, shape.head_dim_v, out, lse, out_q16.q, out_q16.d);
         SPILLWAY_CUDA_CHECK(cudaGetLastError());
     } else if (out_q16) {
         quantize_act_q16_cuda(out, n_values, 1, out_q16, stream);
