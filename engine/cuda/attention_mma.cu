@@ -448,7 +448,9 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));  // finite: cell 0 is valid
             const float m_new = fmaxf(m_run[h], mx);
             grew |= m_new > m_run[h];
-            alpha[h] = exp2_ftz(m_run[h] - m_new);  // 0 on the first step, 1 when no max grew
+            // 0 on the first step; exactly 1 when the max did not grow (the skipped rescale below
+            // relies on it).
+            alpha[h] = m_new > m_run[h] ? exp2_ftz(m_run[h] - m_new) : 1.0f;
             e[h] = exp2_ftz(s[h] - m_new);
             e[2 + h] = exp2_ftz(s[2 + h] - m_new);
             l_run[h] = l_run[h] * alpha[h] + (e[h] + e[2 + h]);

@@ -554,29 +554,34 @@ static void reserve_spill_scratch(const CudaModel& m, const CudaKvCache& cache, 
     st.spill_workspace = DeviceBuffer<uint8_t>(st.attn_workspace.size());
 }
 
-// The f16 pieces of a prefill over a quantized cache, on the first prefill forward (never
-// under graph capture: decode steps are one token).
+// The f16 pieces of a prefill over a quantized cache, reserved on a prefill forward (never
+// under graph capture: decode steps are one token) for what this cache needs: one state may
+// serve caches of several tier pairs and sizes in turn (`spillway bench -ctk f16,q8_0`), so a
+// missing operand's buffer or a piece shorter than a larger cache wants is (re)allocated. A
+// cache that fits one piece needs no partial of its own to merge.
 static void reserve_prefill_kv_f16(const CudaModel& m, const CudaKvCache& cache, CudaForwardState& st,
                                    uint32_t n_tokens) {
-    if (n_tokens < 2 || st.prefill_kv_f16.piece_cells > 0) return;
-    if (cache.k_type == KvType::f16 && cache.v_type == KvType::f16) return;
+    if (n_tokens < 2 || (cache.k_type == KvType::f16 && cache.v_type == KvType::f16)) return;
     static const bool off = lab_knob("SPILLWAY_PREFILL_KV_F16", "0", "1");
     if (off) return;
     const ModelSpec& s = m.spec;
     const uint32_t k_values = m.n_head_kv * s.head_dim_k, v_values = m.n_head_kv * s.head_dim_v;
-    const uint32_t piece =
-        std::min(std::max(prefill_kv_f16_piece_cells(std::max(k_values, v_values)), 1u), std::max(cache.n_ctx, 1u));
-    if (cache.k_type != KvType::f16) st.prefill_k_f16 = DeviceBuffer<__half>((size_t)piece * k_values);
-    if (cache.v_type != KvType::f16) st.prefill_v_f16 = DeviceBuffer<__half>((size_t)piece * v_values);
-    st.prefill_piece_out = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head * s.head_dim_v);
-    st.prefill_piece_lse = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head);
-    st.prefill_lse = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head);
-    st.prefill_kv_f16 = PrefillKvF16Scratch{st.prefill_k_f16.size() ? st.prefill_k_f16.data() : nullptr,
-                                            st.prefill_v_f16.size() ? st.prefill_v_f16.data() : nullptr,
+    const uint32_t full = prefill_kv_f16_piece_cells(std::max(k_values, v_values));
+    const uint32_t piece = std::max(st.prefill_kv_f16.piece_cells, std::min(full, std::max(cache.n_ctx, 1u)));
+    if (cache.k_type != KvType::f16 && st.prefill_k_f16.size() < (size_t)piece * k_values)
+        st.prefill_k_f16 = DeviceBuffer<__half>((size_t)piece * k_values);
+    if (cache.v_type != KvType::f16 && st.prefill_v_f16.size() < (size_t)piece * v_values)
+        st.prefill_v_f16 = DeviceBuffer<__half>((size_t)piece * v_values);
+    if (cache.n_ctx > piece && st.prefill_lse.size() == 0) {
+        st.prefill_piece_out = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head * s.head_dim_v);
+        st.prefill_piece_lse = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head);
+        st.prefill_lse = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head);
+    }
+    auto data_or_null = [](auto& b) { return b.size() ? b.data() : nullptr; };
+    st.prefill_kv_f16 = PrefillKvF16Scratch{data_or_null(st.prefill_k_f16),     data_or_null(st.prefill_v_f16),
                                             piece,
-                                            st.prefill_piece_out.data(),
-                                            st.prefill_piece_lse.data(),
-                                            st.prefill_lse.data()};
+                                            data_or_null(st.prefill_piece_out), data_or_null(st.prefill_piece_lse),
+                                            data_or_null(st.prefill_lse)};
 }
 
 void forward_cuda(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, uint32_t n_tokens, uint32_t pos0) {

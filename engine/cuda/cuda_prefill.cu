@@ -412,8 +412,9 @@ void prefill_attention_cuda(const AttentionShape& shape, const float* q, KvType 
                                        nullptr, stream);
         return;
     }
-    if (f16->piece_cells == 0 || (k_quant && !f16->k) || (v_quant && !f16->v) || !f16->piece_out ||
-        !f16->piece_lse || !f16->lse)
+    const bool merged = n_cells > f16->piece_cells;  // more than one piece: partials to merge
+    if (f16->piece_cells == 0 || (k_quant && !f16->k) || (v_quant && !f16->v) ||
+        (merged && (!f16->piece_out || !f16->piece_lse || !f16->lse)))
         fail("prefill_attention_cuda: incomplete f16 piece scratch");
     const uint32_t k_values = shape.n_head_kv * shape.head_dim_k, v_values = shape.n_head_kv * shape.head_dim_v;
     const uint64_t k_row = kv_row_bytes(k_type, k_values), v_row = kv_row_bytes(v_type, v_values);
@@ -431,7 +432,8 @@ void prefill_attention_cuda(const AttentionShape& shape, const float* q, KvType 
         }
         const bool first = c0 == 0;
         prefill_attention_partial_cuda(shape, q, KvType::f16, k, KvType::f16, v, c0, n, pos0, n_tokens,
-                                       first ? out : f16->piece_out, first ? f16->lse : f16->piece_lse, stream);
+                                       first ? out : f16->piece_out,
+                                       first ? (merged ? f16->lse : nullptr) : f16->piece_lse, stream);
         if (!first)
             attention_merge_cuda(shape.n_head * n_tokens, shape.head_dim_v, out, f16->lse, f16->piece_out,
                                  f16->piece_lse, stream);

@@ -119,6 +119,7 @@ struct PrefillKvF16Scratch {
     __half* k = nullptr;  // piece_cells rows of n_head_kv * head_dim_k halves (K quantized)
     __half* v = nullptr;  // the same for V (V quantized)
     uint32_t piece_cells = 0;
+    // Only needed when the cells span more than one piece:
     float* piece_out = nullptr;  // [n_tokens][n_head][dv]: a later piece's partial
     float* piece_lse = nullptr;  // [n_tokens][n_head]
     float* lse = nullptr;        // [n_tokens][n_head]: the running partial's

@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -118,6 +119,41 @@ TEST(CudaForward, LogitsMatchCpuForEveryKvTier) {
         const double tol = any_q4 ? 1.5e-1 : any_q8 ? 2e-2 : 5e-3;
         EXPECT_LE(pre, tol) << kv_type_name(kt) << "/" << kv_type_name(vt);
         EXPECT_LE(dec, tol) << kv_type_name(kt) << "/" << kv_type_name(vt);
+    }
+}
+
+// One forward state serves caches of several tier pairs and sizes in turn (as `spillway bench
+// -ctk f16,q8_0 -ctv q8_0` does): the prefill's f16 piece scratch follows what each cache
+// needs (K, V or both quantized; a larger cache's longer piece), and every prefill's logits
+// equal those of a fresh state's.
+TEST(CudaForward, OneStateServesCachesOfSeveralTiers) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    std::mt19937 rng(cuda_test::fresh_seed());
+    Tiny& t = tiny(GgmlType::Q8_0);
+    const uint32_t V = t.cpu.spec.n_vocab;
+    const auto prompt = random_tokens(rng, 37, V);
+    const uint32_t T = (uint32_t)prompt.size();
+    auto prefill_logits = [&](CudaForwardState& st, KvType kt, KvType vt, uint32_t n_ctx) {
+        CudaKvCache cache = make_cuda_kv_cache(*t.gpu, n_ctx, kt, vt);
+        forward_cuda_tokens(*t.gpu, cache, st, prompt.data(), T, 0);
+        std::vector<float> out((size_t)T * V);
+        SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(out.data(), st.logits.data(), out.size() * 4, cudaMemcpyDeviceToHost,
+                                            st.stream));
+        SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(st.stream));
+        return out;
+    };
+    CudaForwardState shared;
+    init_cuda_forward_state(shared, *t.gpu, T, true, 300);
+    const std::tuple<KvType, KvType, uint32_t> caches[] = {{KvType::f16, KvType::q8_0, 64},
+                                                           {KvType::q8_0, KvType::q8_0, 64},
+                                                           {KvType::f16, KvType::f16, 64},
+                                                           {KvType::q4_0, KvType::f16, 300}};
+    for (const auto& [kt, vt, n_ctx] : caches) {
+        const auto got = prefill_logits(shared, kt, vt, n_ctx);
+        CudaForwardState fresh;
+        init_cuda_forward_state(fresh, *t.gpu, T, true, 300);
+        const auto want = prefill_logits(fresh, kt, vt, n_ctx);
+        EXPECT_EQ(got, want) << kv_type_name(kt) << "/" << kv_type_name(vt) << " over " << n_ctx << " cells";
     }
 }
 
