@@ -433,7 +433,7 @@ void prefill_attention_cuda(const AttentionShape& shape, const float* q, KvType 
         const bool first = c0 == 0;
         prefill_attention_partial_cuda(shape, q, KvType::f16, k, KvType::f16, v, c0, n, pos0, n_tokens,
                                        first ? out : f16->piece_out,
-                                       first ? (merged ? f16->lse : nullptr) : f16->piece_lse, stream);
+                                       first ? f16->lse : f16->piece_lse, stream);
         if (!first)
             attention_merge_cuda(shape.n_head * n_tokens, shape.head_dim_v, out, f16->lse, f16->piece_out,
                                  f16->piece_lse, stream);
