@@ -342,7 +342,6 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     // once here (the per-step arithmetic was ~130 instructions of a q8_0 step's ~700, Nsight,
     // session 14).
     constexpr uint32_t kLanesK = copy_lanes<L::kWinK>(), kLanesV = copy_lanes<L::kWinV>();
-    constexpr bool hoisted = kUniform;
     const bool k_lane_on = lane % kLanesK < L::kWinK / 16, v_lane_on = lane % kLanesV < L::kWinV / 16;
     const uint64_t k_lane_src = (uint64_t)(lane / kLanesK) * p.k_row_bytes + k_head_off - k_head16 + 16 * (lane % kLanesK);
     const uint64_t v_lane_src = (uint64_t)(lane / kLanesV) * p.v_row_bytes + v_head_off - v_head16 + 16 * (lane % kLanesV);
@@ -359,7 +358,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
             uint8_t* sk = ring + slot * L::stage;
             const uint32_t first = cell_begin + chunk * kStep;
             const uint32_t count = min((uint32_t)kStep, cell_end - first);
-            if (hoisted && count == kStep) {
+            if (kUniform && count == kStep) {
                 if (k_lane_on)
                     copy_windows_hoisted<L::kWinK, kLanesK>(k_lane_dst + slot * (uint32_t)L::stage,
                                                             p.k + (uint64_t)first * p.k_row_bytes + k_lane_src, k_pass);
