@@ -233,32 +233,36 @@ TEST(CudaPrefillAttention, DequantizedPiecesMatchCpu) {
     const uint32_t seed = cuda_test::fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
-    const AttentionShape shape{10, 2, 128, 128, 1.0f / std::sqrt(128.0f)};
     const uint32_t pos0 = 230, T = 150, n_cells = pos0 + T;
-    for (const auto& [kt, vt] : {std::pair{KvType::q8_0, KvType::q8_0}, std::pair{KvType::q4_0, KvType::q4_0},
-                                 std::pair{KvType::f16, KvType::q4_0}, std::pair{KvType::q8_0, KvType::f16}})
-        for (uint32_t piece : {64u, 100u, 1024u}) {
-            const Layer L = random_layer(rng, shape, kt, vt, n_cells);
-            const auto q = cuda_test::random_floats(rng, (size_t)T * shape.n_head * 128, 2.0f);
-            std::vector<float> ref, ref_lse;
-            reference_partial(shape, q, kt, vt, L, 0, n_cells, pos0, T, ref, ref_lse);
-            const auto k_dev = cuda_test::to_device(L.k);
-            const auto v_dev = cuda_test::to_device(L.v);
-            const auto q_dev = cuda_test::to_device(q);
-            const uint32_t values = shape.n_head_kv * 128;
-            DeviceBuffer<__half> kf((size_t)piece * values), vf((size_t)piece * values);
-            DeviceBuffer<float> out(ref.size()), piece_out(ref.size()), piece_lse(ref_lse.size()), lse(ref_lse.size());
-            for (auto* b : {&out, &piece_out, &piece_lse, &lse}) cuda_test::poison(*b);
-            const PrefillKvF16Scratch scratch{kf.data(), vf.data(), piece, piece_out.data(), piece_lse.data(),
-                                              lse.data()};
-            prefill_attention_cuda(shape, q_dev.data(), kt, k_dev.data(), vt, v_dev.data(), pos0, T, out.data(),
-                                   nullptr, &scratch);
-            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-            const std::string what = std::string(kv_type_name(kt)) + "/" + kv_type_name(vt) + " pieces of " +
-                                     std::to_string(piece);
-            EXPECT_LE(rel_error(cuda_test::to_host(out), ref), 4e-3) << what;
-            EXPECT_LE(lse_error(cuda_test::to_host(lse), ref_lse), 1e-2) << what;
-        }
+    // Head dim 128 (the wgmma / m32 kernels) and 64 (G = 4: the 16-row kernels).
+    for (const AttentionShape& shape : {AttentionShape{10, 2, 128, 128, 1.0f / std::sqrt(128.0f)},
+                                        AttentionShape{8, 2, 64, 64, 1.0f / std::sqrt(64.0f)}}) {
+        for (const auto& [kt, vt] : {std::pair{KvType::q8_0, KvType::q8_0}, std::pair{KvType::q4_0, KvType::q4_0},
+                                     std::pair{KvType::f16, KvType::q4_0}, std::pair{KvType::q8_0, KvType::f16}})
+            for (uint32_t piece : {64u, 100u, 1024u}) {
+                const uint32_t D = shape.head_dim_k;
+                const Layer L = random_layer(rng, shape, kt, vt, n_cells);
+                const auto q = cuda_test::random_floats(rng, (size_t)T * shape.n_head * D, 2.0f);
+                std::vector<float> ref, ref_lse;
+                reference_partial(shape, q, kt, vt, L, 0, n_cells, pos0, T, ref, ref_lse);
+                const auto k_dev = cuda_test::to_device(L.k);
+                const auto v_dev = cuda_test::to_device(L.v);
+                const auto q_dev = cuda_test::to_device(q);
+                const uint32_t values = shape.n_head_kv * D;
+                DeviceBuffer<__half> kf((size_t)piece * values), vf((size_t)piece * values);
+                DeviceBuffer<float> out(ref.size()), piece_out(ref.size()), piece_lse(ref_lse.size()), lse(ref_lse.size());
+                for (auto* b : {&out, &piece_out, &piece_lse, &lse}) cuda_test::poison(*b);
+                const PrefillKvF16Scratch scratch{kf.data(), vf.data(), piece, piece_out.data(), piece_lse.data(),
+                                                  lse.data()};
+                prefill_attention_cuda(shape, q_dev.data(), kt, k_dev.data(), vt, v_dev.data(), pos0, T, out.data(),
+                                       nullptr, &scratch);
+                SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+                const std::string what = std::string(kv_type_name(kt)) + "/" + kv_type_name(vt) + " D " +
+                                         std::to_string(D) + " pieces of " + std::to_string(piece);
+                EXPECT_LE(rel_error(cuda_test::to_host(out), ref), 4e-3) << what;
+                EXPECT_LE(lse_error(cuda_test::to_host(lse), ref_lse), 1e-2) << what;
+            }
+    }
 }
 
 TEST(CudaPrefillAttention, LongDepthChunkMatchesCpu) {
