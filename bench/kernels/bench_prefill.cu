@@ -97,12 +97,12 @@ void row(const std::string& what, const std::string& shape, double flops, double
     std::fflush(stdout);
 }
 
-// One layer's attention over a whole prompt of n_prompt tokens in chunks of `chunk`.
-void bench_attention(const Options& o, PrefillAttentionKernel kernel, KvType kt, KvType vt, uint32_t n_prompt,
-                     uint32_t chunk) {
-    const std::string name = std::string("prefill attention ") + prefill_attention_kernel_name(kernel) + " " +
-                             kv_type_name(kt) + "/" + kv_type_name(vt);
-    if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
+// One layer's attention (14B shape, random K/V of the tiers and random q) over a whole prompt
+// of n_prompt tokens in chunks of `chunk`, timed and printed as a row; attend(s, q, k, v,
+// pos0, n_tokens, out) runs one chunk.
+template <typename Attend>
+void time_prompt_attention(const Options& o, const std::string& name, const std::string& shape_note, KvType kt,
+                           KvType vt, uint32_t n_prompt, uint32_t chunk, Attend&& attend) {
     const AttentionShape s{40, 8, 128, 128, 1.0f / std::sqrt(128.0f)};
     const uint64_t k_row = kv_row_bytes(kt, 8 * 128), v_row = kv_row_bytes(vt, 8 * 128);
     DeviceBuffer<uint8_t> k(k_row * n_prompt), v(v_row * n_prompt);
@@ -113,12 +113,25 @@ void bench_attention(const Options& o, PrefillAttentionKernel kernel, KvType kt,
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
     const double ms = median_ms([&] {
         for (uint32_t pos0 = 0; pos0 < n_prompt; pos0 += chunk)
-            prefill_attention_partial_cuda_with(kernel, s, q.data(), kt, k.data(), vt, v.data(), 0, pos0 + chunk, pos0,
-                                                std::min(chunk, n_prompt - pos0), out.data(), nullptr, nullptr);
+            attend(s, q.data(), k.data(), v.data(), pos0, std::min(chunk, n_prompt - pos0), out.data());
     }, o.reps);
     // Query token p sees p + 1 cells: sum = n (n + 1) / 2 per query head.
     const double flops = 4.0 * 128 * 40 * ((double)n_prompt * (n_prompt + 1) / 2);
-    row(name, std::to_string(n_prompt / 1024) + "k prompt, chunk " + std::to_string(chunk), flops, ms);
+    row(name, std::to_string(n_prompt / 1024) + "k prompt, chunk " + std::to_string(chunk) + shape_note, flops, ms);
+}
+
+// One kernel on the cells as they are in the cache.
+void bench_attention(const Options& o, PrefillAttentionKernel kernel, KvType kt, KvType vt, uint32_t n_prompt,
+                     uint32_t chunk) {
+    const std::string name = std::string("prefill attention ") + prefill_attention_kernel_name(kernel) + " " +
+                             kv_type_name(kt) + "/" + kv_type_name(vt);
+    if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
+    time_prompt_attention(o, name, "", kt, vt, n_prompt, chunk,
+                          [&](const AttentionShape& s, const float* q, const uint8_t* k, const uint8_t* v, uint32_t pos0,
+                              uint32_t n_tokens, float* out) {
+                              prefill_attention_partial_cuda_with(kernel, s, q, kt, k, vt, v, 0, pos0 + chunk, pos0,
+                                                                  n_tokens, out, nullptr, nullptr);
+                          });
 }
 
 // The engine's path for a quantized cache: prefill_attention_cuda with f16 pieces (each
@@ -127,27 +140,15 @@ void bench_attention_pieces(const Options& o, KvType kt, KvType vt, uint32_t n_p
     const std::string name = std::string("prefill attention dequantized pieces ") + kv_type_name(kt) + "/" +
                              kv_type_name(vt);
     if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
-    const AttentionShape s{40, 8, 128, 128, 1.0f / std::sqrt(128.0f)};
-    const uint64_t k_row = kv_row_bytes(kt, 8 * 128), v_row = kv_row_bytes(vt, 8 * 128);
-    DeviceBuffer<uint8_t> k(k_row * n_prompt), v(v_row * n_prompt);
-    fill(ggml_of(kt), k.data(), k.bytes(), 11);
-    fill(ggml_of(vt), v.data(), v.bytes(), 12);
-    DeviceBuffer<float> q((size_t)chunk * 40 * 128), out((size_t)chunk * 40 * 128);
-    fill_f32_kernel<<<1024, 256>>>(q.data(), q.size(), 13);
-    SPILLWAY_CUDA_CHECK(cudaGetLastError());
     const uint32_t piece = prefill_kv_f16_piece_cells(8 * 128);
     DeviceBuffer<__half> kf((size_t)piece * 8 * 128), vf((size_t)piece * 8 * 128);
-    DeviceBuffer<float> piece_out(out.size()), piece_lse((size_t)chunk * 40), lse((size_t)chunk * 40);
+    DeviceBuffer<float> piece_out((size_t)chunk * 40 * 128), piece_lse((size_t)chunk * 40), lse((size_t)chunk * 40);
     const PrefillKvF16Scratch scratch{kf.data(), vf.data(), piece, piece_out.data(), piece_lse.data(), lse.data()};
-    const double ms = median_ms([&] {
-        for (uint32_t pos0 = 0; pos0 < n_prompt; pos0 += chunk)
-            prefill_attention_cuda(s, q.data(), kt, k.data(), vt, v.data(), pos0, std::min(chunk, n_prompt - pos0),
-                                   out.data(), nullptr, &scratch);
-    }, o.reps);
-    const double flops = 4.0 * 128 * 40 * ((double)n_prompt * (n_prompt + 1) / 2);
-    row(name, std::to_string(n_prompt / 1024) + "k prompt, chunk " + std::to_string(chunk) + ", pieces of " +
-                  std::to_string(piece),
-        flops, ms);
+    time_prompt_attention(o, name, ", pieces of " + std::to_string(piece), kt, vt, n_prompt, chunk,
+                          [&](const AttentionShape& s, const float* q, const uint8_t* k, const uint8_t* v, uint32_t pos0,
+                              uint32_t n_tokens, float* out) {
+                              prefill_attention_cuda(s, q, kt, k, vt, v, pos0, n_tokens, out, nullptr, &scratch);
+                          });
 }
 
 void bench_gemm(const Options& o, cublasHandle_t cublas, uint32_t n_in, uint32_t n_out, uint32_t T) {

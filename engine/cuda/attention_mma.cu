@@ -99,32 +99,18 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // few 128-byte lines. (Measured: two lanes per cell, each on every other chunk of its
 // window, spread one instruction over 16 rows and made f16 and q8_0 ~25% slower; a
 // lane-strided loop with a divide per chunk cost ~3x the instructions.)
-// The base is 16-byte aligned, so an address's low bits are its lead.
-// Fast path (a full step whose rows are a multiple of 16 bytes, e.g. every tier with 8 KV
-// heads of dim 128): every cell has the first one's lead, so a lane's chunk offset and size
-// are the same for all its cells and the pass is a strided copy without guards (~5
-// instructions per cell instead of ~20 with the per-cell lead and the count check).
+// The base is 16-byte aligned, so an address's low bits are its lead. This is the general
+// copy (per-cell lead, partial steps); full steps of rows that are whole 16-byte chunks take
+// copy_windows_hoisted below.
 template <uint32_t kSlice, uint32_t kWin>
 __device__ __forceinline__ void copy_windows(uint8_t* dst, const uint8_t* src0, uint32_t row_bytes, uint32_t count,
-                                             uint32_t lane, bool fast_copy) {
+                                             uint32_t lane) {
     constexpr uint32_t kPer = kWin / 16;
     constexpr uint32_t kLanes = kPer <= 4 ? 4 : kPer <= 8 ? 8 : kPer <= 16 ? 16 : 32;
     static_assert(kPer <= 32, "a window is at most 32 chunks");
     constexpr uint32_t kCellsPerPass = 32 / kLanes;
     const uint32_t k = lane % kLanes, c0 = lane / kLanes;
     if (k >= kPer) return;
-    if (fast_copy && count == kStep && row_bytes % 16 == 0) {
-        const uint32_t lead = (uint32_t)reinterpret_cast<uintptr_t>(src0) & 15;
-        const uint32_t left = lead + kSlice - 16 * k;
-        const uint32_t size = left < 16 ? left : 16;
-        const uint8_t* src = src0 - lead + 16 * k + (size_t)c0 * row_bytes;
-        uint8_t* d = dst + c0 * kWin + 16 * k;
-        const size_t src_step = (size_t)kCellsPerPass * row_bytes;
-#pragma unroll
-        for (uint32_t r = 0; r < kStep / kCellsPerPass; ++r)
-            cp_async16_zfill(d + r * kCellsPerPass * kWin, src + r * src_step, size);
-        return;
-    }
 #pragma unroll
     for (uint32_t r = 0; r < kStep / kCellsPerPass; ++r) {
         const uint32_t c = c0 + r * kCellsPerPass;
@@ -137,11 +123,13 @@ __device__ __forceinline__ void copy_windows(uint8_t* dst, const uint8_t* src0, 
     }
 }
 
-// copy_windows' fast path with the lane's part hoisted out of the loop: src_lane is this
-// lane's first chunk of the step's first cell (its lead already subtracted), dst_lane its
-// place in the stage, pass the bytes between the cells one instruction covers. Whole 16-byte
-// chunks: with rows a multiple of 16 bytes a window never passes its row's end (the bytes
-// past the slice belong to the next head and are ignored).
+// A full step of rows that are whole 16-byte chunks (every tier with 8 KV heads of dim 128):
+// every cell has the first one's lead, so a lane's chunk offset is the same for all its cells
+// and the pass is a strided copy without guards. src_lane is this lane's first chunk of the
+// step's first cell (its lead already subtracted), dst_lane its place in the stage, pass the
+// bytes between the cells one instruction covers. Whole 16-byte chunks: with such rows a
+// window never passes its row's end (the bytes past the slice belong to the next head and
+// are ignored).
 template <uint32_t kWin, uint32_t kLanes>
 __device__ __forceinline__ void copy_windows_hoisted(uint32_t dst_lane, const uint8_t* src_lane, uint32_t pass) {
     constexpr uint32_t kCellsPerPass = 32 / kLanes;
@@ -321,7 +309,7 @@ __device__ __forceinline__ void v_pair_fragments(const VWords<VT>& a, const VWor
 // same in every step and are computed once (the launch picks it; SPILLWAY_ATTN_FAST_COPY=0
 // never does).
 template <KvType KT, KvType VT, bool kUniform>
-__global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kernel(Params p, bool fast_copy) {
+__global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kernel(Params p) {
     using L = Layout<KT, VT>;
     extern __shared__ __align__(128) uint8_t smem[];
     const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -369,9 +357,9 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
                 return;
             }
             copy_windows<L::kSliceK, L::kWinK>(sk, p.k + first * p.k_row_bytes + k_head_off, (uint32_t)p.k_row_bytes,
-                                               count, lane, fast_copy);
+                                               count, lane);
             copy_windows<L::kSliceV, L::kWinV>(sk + kStep * L::kWinK, p.v + first * p.v_row_bytes + v_head_off,
-                                               (uint32_t)p.v_row_bytes, count, lane, fast_copy);
+                                               (uint32_t)p.v_row_bytes, count, lane);
         }
         cp_async_commit();  // empty groups keep the wait count uniform
     };
@@ -573,10 +561,10 @@ void launch_for(const Params& p, uint32_t n_head_kv, uint32_t n_splits, cudaStre
     const dim3 grid(n_head_kv, n_splits);
     if (fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0) {
         configure_once<KT, VT, true>();
-        attention_mma_kernel<KT, VT, true><<<grid, kThreads, smem, stream>>>(p, fast_copy);
+        attention_mma_kernel<KT, VT, true><<<grid, kThreads, smem, stream>>>(p);
     } else {
         configure_once<KT, VT, false>();
-        attention_mma_kernel<KT, VT, false><<<grid, kThreads, smem, stream>>>(p, fast_copy);
+        attention_mma_kernel<KT, VT, false><<<grid, kThreads, smem, stream>>>(p);
     }
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }

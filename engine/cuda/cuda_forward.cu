@@ -587,11 +587,11 @@ static void reserve_prefill_kv_f16(const CudaModel& m, const CudaKvCache& cache,
 void forward_cuda(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, uint32_t n_tokens, uint32_t pos0) {
     if (n_tokens == 0) return;
     reserve_spill_scratch(m, cache, st);
-    reserve_prefill_kv_f16(m, cache, st, n_tokens);
     if (n_tokens > st.max_tokens) fail("forward_cuda: chunk larger than the state was made for");
     if ((uint64_t)pos0 + n_tokens > cache.n_ctx)
         fail("forward_cuda: positions up to " + std::to_string(pos0 + n_tokens) + " exceed the context of " +
              std::to_string(cache.n_ctx));
+    reserve_prefill_kv_f16(m, cache, st, n_tokens);  // checked input only: a bad call allocates nothing
     // SPILLWAY_OP_TIMES=1 (op_times.h): a prefill chunk's op groups timed.
     const bool timed = n_tokens > 1 && op_times_enabled();
     if (timed) op_times_begin(st.stream);

@@ -125,7 +125,7 @@ TEST(CudaForward, LogitsMatchCpuForEveryKvTier) {
 // One forward state serves caches of several tier pairs and sizes in turn (as `spillway bench
 // -ctk f16,q8_0 -ctv q8_0` does): the prefill's f16 piece scratch follows what each cache
 // needs (K, V or both quantized; a larger cache's longer piece), and every prefill's logits
-// equal those of a fresh state's.
+// equal those of a fresh state's and match the CPU engine (tolerances of the test above).
 TEST(CudaForward, OneStateServesCachesOfSeveralTiers) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     std::mt19937 rng(cuda_test::fresh_seed());
@@ -135,6 +135,7 @@ TEST(CudaForward, OneStateServesCachesOfSeveralTiers) {
     const uint32_t T = (uint32_t)prompt.size();
     auto prefill_logits = [&](CudaForwardState& st, KvType kt, KvType vt, uint32_t n_ctx) {
         CudaKvCache cache = make_cuda_kv_cache(*t.gpu, n_ctx, kt, vt);
+        cuda_test::poison(st.logits);
         forward_cuda_tokens(*t.gpu, cache, st, prompt.data(), T, 0);
         std::vector<float> out((size_t)T * V);
         SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(out.data(), st.logits.data(), out.size() * 4, cudaMemcpyDeviceToHost,
@@ -153,7 +154,13 @@ TEST(CudaForward, OneStateServesCachesOfSeveralTiers) {
         CudaForwardState fresh;
         init_cuda_forward_state(fresh, *t.gpu, T, true, 300);
         const auto want = prefill_logits(fresh, kt, vt, n_ctx);
-        EXPECT_EQ(got, want) << kv_type_name(kt) << "/" << kv_type_name(vt) << " over " << n_ctx << " cells";
+        const std::string what = std::string(kv_type_name(kt)) + "/" + kv_type_name(vt) + " over " +
+                                 std::to_string(n_ctx) + " cells";
+        EXPECT_EQ(got, want) << what;
+        const auto ref = cpu_logits(t.cpu, prompt, {}, kt, vt);
+        const bool any_q4 = kt == KvType::q4_0 || vt == KvType::q4_0;
+        const bool any_q8 = kt == KvType::q8_0 || vt == KvType::q8_0;
+        EXPECT_LE(worst_row(got, ref, V, 0, T), any_q4 ? 1.5e-1 : any_q8 ? 2e-2 : 5e-3) << what;
     }
 }
 
