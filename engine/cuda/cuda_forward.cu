@@ -567,10 +567,37 @@ static void reserve_prefill_kv_f16(const CudaModel& m, const CudaKvCache& cache,
     const ModelSpec& s = m.spec;
     const uint32_t k_values = m.n_head_kv * s.head_dim_k, v_values = m.n_head_kv * s.head_dim_v;
     const uint32_t full = prefill_kv_f16_piece_cells(std::max(k_values, v_values));
-    const uint32_t piece = std::max(st.prefill_kv_f16.piece_cells, std::min(full, std::max(cache.n_ctx, 1u)));
-    if (cache.k_type != KvType::f16 && st.prefill_k_f16.size() < (size_t)piece * k_values)
+    uint32_t piece = std::max(st.prefill_kv_f16.piece_cells, std::min(full, std::max(cache.n_ctx, 1u)));
+    const bool k_quant = cache.k_type != KvType::f16, v_quant = cache.v_type != KvType::f16;
+    // The FFN's gate|up rows are dead from the down projection of one layer to the gate / up
+    // projections of the next, so attention can keep its pieces and partials there (stream
+    // order: nothing else touches them meanwhile). 2048-token chunks of the 14B shape: 216 MiB
+    // of gate|up hold the 64 MiB of pieces and 41 MiB of partials, and a quantized cache's
+    // prefill needs no scratch of its own. Pieces shrink (to >= 1024 cells) to fit; a state
+    // too small for that gets buffers of its own.
+    const size_t merge_floats = (size_t)st.max_tokens * s.n_head * (s.head_dim_v + 2);
+    const size_t halves_per_cell = (k_quant ? k_values : 0) + (v_quant ? v_values : 0);
+    const size_t avail_bytes = st.gate_up.bytes() > 4 * merge_floats + 256 ? st.gate_up.bytes() - 4 * merge_floats - 256 : 0;
+    const uint64_t fit = avail_bytes / (2 * halves_per_cell) / 128 * 128;
+    const uint32_t aliased_piece = (uint32_t)std::min<uint64_t>(piece, fit);
+    if (aliased_piece >= std::min<uint32_t>(piece, 1024)) {
+        piece = aliased_piece;
+        // Layout inside gate|up: partial out, partial lse, running lse (floats), then the K and
+        // V pieces (16-byte aligned halves).
+        float* base = st.gate_up.data();
+        float* piece_out = base;
+        float* piece_lse = piece_out + (size_t)st.max_tokens * s.n_head * s.head_dim_v;
+        float* lse = piece_lse + (size_t)st.max_tokens * s.n_head;
+        const uintptr_t halves_at = (reinterpret_cast<uintptr_t>(lse + (size_t)st.max_tokens * s.n_head) + 15) & ~uintptr_t(15);
+        __half* k = reinterpret_cast<__half*>(halves_at);
+        __half* v = k + (k_quant ? (size_t)piece * k_values : 0);
+        st.prefill_kv_f16 = PrefillKvF16Scratch{k_quant ? k : nullptr, v_quant ? v : nullptr, piece, piece_out,
+                                                piece_lse, lse};
+        return;
+    }
+    if (k_quant && st.prefill_k_f16.size() < (size_t)piece * k_values)
         st.prefill_k_f16 = DeviceBuffer<__half>((size_t)piece * k_values);
-    if (cache.v_type != KvType::f16 && st.prefill_v_f16.size() < (size_t)piece * v_values)
+    if (v_quant && st.prefill_v_f16.size() < (size_t)piece * v_values)
         st.prefill_v_f16 = DeviceBuffer<__half>((size_t)piece * v_values);
     if (cache.n_ctx > piece && st.prefill_lse.size() == 0) {
         st.prefill_piece_out = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head * s.head_dim_v);
