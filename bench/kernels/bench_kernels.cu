@@ -21,6 +21,7 @@
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/kv_write.cuh"
 #include "engine/cuda/act_quant.cuh"
+#include "engine/cuda/decode_layer.cuh"
 #include "engine/cuda/matvec.cuh"
 #include "engine/cuda/qkv_post.cuh"
 #include "engine/cuda/rmsnorm.cuh"
@@ -284,6 +285,55 @@ void bench_q16x_layer_chain(Report& r, const Options& o) {
     r.add(name, shape, (double)layer_bytes, us);
 }
 
+// The same layer as the chain above through the persistent layer kernel (decode_layer.cuh):
+// wo, gate|up, down, the next q|k|v in one launch, with the residual adds, the two RMSNorms
+// and SwiGLU that the chain row leaves out done inside it.
+void bench_decode_layer(Report& r, const Options& o) {
+    const std::string name = "decode layer kernel";
+    const std::string shape = "wo, gate|up, down, qkv";
+    if (!o.only.empty() && (name + " " + shape).find(o.only) == std::string::npos) return;
+    if (!decode_layer_supported()) {
+        std::printf("  %-28s skipped: needs sm_90\n", name.c_str());
+        return;
+    }
+    const std::vector<std::pair<uint32_t, uint32_t>> shapes{{5120, 5120}, {27648, 5120}, {5120, 13824}, {7168, 5120}};
+    size_t layer_bytes = 0;
+    for (const auto& [rows, cols] : shapes) layer_bytes += *ggml_row_bytes(GgmlType::Q8_0, cols) * rows;
+    const size_t n_sets = rotation_count(layer_bytes);
+    std::vector<std::vector<DeviceBuffer<uint8_t>>> w(n_sets);
+    for (size_t i = 0; i < n_sets; ++i)
+        for (size_t j = 0; j < shapes.size(); ++j) {
+            const size_t bytes = *ggml_row_bytes(GgmlType::Q8_0, shapes[j].second) * shapes[j].first;
+            w[i].emplace_back(bytes);
+            fill_type(GgmlType::Q8_0, w[i].back().data(), bytes, 700 + 10 * i + j);
+        }
+    DeviceBuffer<float> x(5120), stream(5120), norm_w(5120), gate_up(27648), qkv(7168);
+    DeviceBuffer<int16_t> xq(5120);
+    DeviceBuffer<float> xd(5120 / 32);
+    DeviceBuffer<uint32_t> barrier(kDecodeBarrierWords);
+    SPILLWAY_CUDA_CHECK(cudaMemset(barrier.data(), 0, barrier.bytes()));
+    fill_f32<<<256, 256>>>(x.data(), x.size(), 7);
+    fill_f32<<<256, 256>>>(stream.data(), stream.size(), 8);
+    fill_f32<<<256, 256>>>(norm_w.data(), norm_w.size(), 9);
+    quantize_act_q16_cuda(x.data(), 5120, 1, ActQ16{xq.data(), xd.data()}, nullptr);
+    const double us = median_us([&](cudaStream_t st, int i) {
+        const auto& ws = w[i % n_sets];
+        DecodeLayerArgs a;
+        a.stream = stream.data();
+        a.x_q16 = ActQ16{xq.data(), xd.data()};
+        a.phases[0] = DecodeGemvPhase{ws[0].data(), 5120, 5120, DecodeX::act_q16, DecodeY::add_to_stream};
+        a.phases[1] = DecodeGemvPhase{ws[1].data(), 27648, 5120, DecodeX::stream_rmsnorm, DecodeY::store, norm_w.data(),
+                                      nullptr, gate_up.data()};
+        a.phases[2] = DecodeGemvPhase{ws[2].data(), 5120, 13824, DecodeX::swiglu, DecodeY::add_to_stream, nullptr,
+                                      gate_up.data()};
+        a.phases[3] = DecodeGemvPhase{ws[3].data(), 7168, 5120, DecodeX::stream_rmsnorm, DecodeY::store, norm_w.data(),
+                                      nullptr, qkv.data()};
+        a.n_phases = 4;
+        decode_layer_cuda(a, barrier.data(), st);
+    }, o.iters);
+    r.add(name, shape, (double)layer_bytes, us);
+}
+
 // kernel == nullptr: attention_partial_cuda's default choice; otherwise that kernel, named.
 void bench_attention(Report& r, const Options& o, KvType kt, KvType vt, uint32_t n_cells, int sms,
                      const AttentionKernel* kernel = nullptr) {
@@ -408,6 +458,7 @@ int main(int argc, char** argv) {
                 bench_matvec_q16x(r, o, rows, cols, k);
         }
         bench_q16x_layer_chain(r, o);
+        bench_decode_layer(r, o);
         bench_matvec(r, o, GgmlType::Q8_0, 896, 896, 1);  // 0.5B shape: unaligned rows, launch-bound
         for (uint32_t n : {2u, 4u, 8u}) bench_matvec(r, o, GgmlType::Q8_0, 13824, 5120, n);
         for (uint32_t n : {4u, 8u}) bench_matvec(r, o, GgmlType::F16, 13824, 5120, n);

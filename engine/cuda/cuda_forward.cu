@@ -15,6 +15,7 @@
 #include "engine/cuda/cuda_prefill.cuh"
 #include "engine/cuda/kv_write.cuh"
 #include "engine/cuda/lab_knob.h"
+#include "engine/cuda/decode_layer.cuh"
 #include "engine/cuda/matvec.cuh"
 #include "engine/cuda/op_times.h"
 #include "engine/cuda/qkv_post.cuh"
@@ -200,6 +201,53 @@ bool separate_attention_quant() {
     return separate;
 }
 
+// One token's wo, gate|up, down and the next layer's q|k|v as one persistent kernel
+// (decode_layer.cuh) when every layer has Q8_0 weights of shapes it takes, gate|up and q|k|v
+// stored back to back, and the GPU runs it. SPILLWAY_DECODE_LAYER=0 (lab): the separate
+// GEMVs and small kernels, to A/B.
+bool uses_decode_layer(const CudaModel& m) {
+    static const bool enabled = !lab_knob("SPILLWAY_DECODE_LAYER", "0", "1");
+    if (!enabled || !decode_layer_supported()) return false;
+    const ModelSpec& s = m.spec;
+    const auto fits = [](const CudaMatrix& w, uint32_t rows) {
+        return takes_q16(w, 1) && decode_layer_phase_fits(rows, w.n_in);
+    };
+    const uint32_t qkv_rows = s.n_head * s.head_dim_k + m.n_head_kv * (s.head_dim_k + s.head_dim_v);
+    for (const CudaLayerWeights& L : m.layers) {
+        if (!L.fused_qkv || !L.fused_gate_up || L.wo.n_out != s.n_embd || L.ffn_down.n_out != s.n_embd) return false;
+        if (!fits(L.wq, qkv_rows) || !fits(L.wo, s.n_embd) || !fits(L.ffn_gate, 2 * s.n_ff) || !fits(L.ffn_down, s.n_embd))
+            return false;
+    }
+    return true;
+}
+
+// Layer il's wo (x: the quantized attention output), gate|up (x: RMSNorm of the stream after
+// wo's residual add), down (x: SwiGLU) and, unless il is the last layer, layer il + 1's
+// q|k|v (x: its attention RMSNorm of the stream after down's add).
+void enqueue_decode_layer(const CudaModel& m, CudaForwardState& st, uint32_t il) {
+    const ModelSpec& s = m.spec;
+    const CudaLayerWeights& L = m.layers[il];
+    DecodeLayerArgs a;
+    a.stream = st.x.data();
+    a.x_q16 = act_q16(st);
+    a.eps = s.norm_eps;
+    float* gate_up = st.gate_up.data();
+    a.phases[0] = DecodeGemvPhase{L.wo.data, s.n_embd, L.wo.n_in, DecodeX::act_q16, DecodeY::add_to_stream};
+    a.phases[1] = DecodeGemvPhase{L.ffn_gate.data, 2 * s.n_ff, L.ffn_gate.n_in, DecodeX::stream_rmsnorm, DecodeY::store,
+                                  L.ffn_norm, nullptr, gate_up};
+    a.phases[2] = DecodeGemvPhase{L.ffn_down.data, s.n_embd, L.ffn_down.n_in, DecodeX::swiglu, DecodeY::add_to_stream,
+                                  nullptr, gate_up};
+    a.n_phases = 3;
+    if (il + 1 < s.n_layer) {
+        const CudaLayerWeights& next = m.layers[il + 1];
+        const uint32_t qkv_rows = s.n_head * s.head_dim_k + m.n_head_kv * (s.head_dim_k + s.head_dim_v);
+        a.phases[3] = DecodeGemvPhase{next.wq.data, qkv_rows, next.wq.n_in, DecodeX::stream_rmsnorm, DecodeY::store,
+                                      next.attn_norm, nullptr, st.qkv.data()};
+        a.n_phases = 4;
+    }
+    decode_layer_cuda(a, st.decode_barrier.data(), st.stream);
+}
+
 // The whole forward of n tokens at pos0..; token ids from token_src (device) when given,
 // else already in st.tokens.
 void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, uint32_t T, uint32_t pos0,
@@ -239,15 +287,21 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     const bool fused_prefill = T > 1 && st.fused_prefill;
     SpillCursor spill_cursor;
     if (spilled) spill_forward_begin(*cache.spill, spill_cursor, s.n_layer, pos0, T, stream);
+    // One token through the persistent layer kernel: from wo to the next layer's q|k|v in one
+    // launch, residual adds into x inside it (so proj is not used).
+    const bool decode_layer = T == 1 && st.decode_barrier.size() > 0;
     for (uint32_t il = 0; il < s.n_layer; ++il) {
         const CudaLayerWeights& L = m.layers[il];
         // The previous layer's FFN output joins the residual stream inside the norm. A prefill
         // chunk's norm writes only the f16 input of the GEMMs.
-        rmsnorm_cuda(x, il == 0 ? nullptr : proj, L.attn_norm, fused_prefill ? nullptr : xn, T, E, s.norm_eps, stream,
-                     takes_q16(L.wq, T) || takes_q16(L.wk, T) || takes_q16(L.wv, T) ? act_q16(st) : ActQ16{},
-                     fused_prefill ? st.act_f16.data() : nullptr);
+        if (!decode_layer || il == 0)
+            rmsnorm_cuda(x, il == 0 ? nullptr : proj, L.attn_norm, fused_prefill ? nullptr : xn, T, E, s.norm_eps,
+                         stream, takes_q16(L.wq, T) || takes_q16(L.wk, T) || takes_q16(L.wv, T) ? act_q16(st) : ActQ16{},
+                         fused_prefill ? st.act_f16.data() : nullptr);
         op_times_mark("rmsnorm", stream);
-        if (T == 1 && L.fused_qkv) {
+        if (decode_layer && il > 0) {
+            // q|k|v came out of the previous layer's kernel.
+        } else if (T == 1 && L.fused_qkv) {
             matvec_decode(st, L.wq, qd + kd + vd, xn, q);  // q|k|v contiguous
         } else if (T == 1) {
             matvec_decode(st, L.wq, qd, xn, q);
@@ -322,6 +376,11 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             // path merges partials afterwards, so it quantizes here.
             if (spilled || separate_attention_quant())
                 quantize_act_q16_cuda(st.attn.data(), L.wo.n_in, 1, act_q16(st), stream);
+            if (decode_layer) {
+                enqueue_decode_layer(m, st, il);
+                op_times_mark("decode layer (wo .. next q|k|v)", stream);
+                continue;
+            }
             matvec_decode(st, L.wo, L.wo.n_out, st.attn.data(), proj);
         } else {
             matmul(st, L.wo, st.attn.data(), T, proj, "gemm o");
@@ -357,7 +416,8 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     // logits are wanted are normed (the stream is dead after this).
     const uint32_t first = st.all_logits ? 0 : T - 1;
     const uint32_t n_out = T - first;
-    rmsnorm_cuda(x + (size_t)first * E, proj + (size_t)first * E, m.output_norm, xn, n_out, E, s.norm_eps, stream,
+    rmsnorm_cuda(x + (size_t)first * E, decode_layer ? nullptr : proj + (size_t)first * E, m.output_norm, xn, n_out, E,
+                 s.norm_eps, stream,
                  takes_q16(m.output, T) ? act_q16(st) : ActQ16{});
     if (takes_q16(m.output, T)) matvec_decode(st, m.output, m.output.n_out, xn, st.logits.data());
     else matmul(st, m.output, xn, n_out, st.logits.data(), "head");
@@ -525,6 +585,10 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
         st.act_q16 = DeviceBuffer<int16_t>(widest_in);
         st.act_q16_scale = DeviceBuffer<float>(std::max<size_t>(4, widest_in / 32));
     }
+    if (uses_decode_layer(m)) {
+        st.decode_barrier = DeviceBuffer<uint32_t>(kDecodeBarrierWords);
+        SPILLWAY_CUDA_CHECK(cudaMemset(st.decode_barrier.data(), 0, st.decode_barrier.bytes()));
+    }
     st.host_token = PinnedBuffer(sizeof(int32_t));
     for (auto& e : st.graph_done) SPILLWAY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
@@ -537,7 +601,7 @@ uint64_t cuda_forward_scratch_bytes(const CudaForwardState& st) {
            st.act_q16_scale.bytes() + st.spill_lse.bytes() + st.spill_tail_out.bytes() + st.spill_tail_lse.bytes() +
            st.spill_chunk_out.bytes() + st.spill_chunk_lse.bytes() + st.spill_workspace.bytes() +
            st.prefill_k_f16.bytes() + st.prefill_v_f16.bytes() + st.prefill_piece_out.bytes() +
-           st.prefill_piece_lse.bytes() + st.prefill_lse.bytes();
+           st.prefill_piece_lse.bytes() + st.prefill_lse.bytes() + st.decode_barrier.bytes();
 }
 
 // Spill scratch is allocated on the first forward over a spilled cache: an unspilled engine

@@ -85,6 +85,10 @@ struct CudaForwardState {
     // [widest matvec input] values and one scale per 32.
     DeviceBuffer<int16_t> act_q16;
     DeviceBuffer<float> act_q16_scale;
+    // Decode through the persistent layer kernel (decode_layer.cuh): its grid barrier's two
+    // words (zeroed here; the kernel leaves them zeroed). Empty when the model or the GPU does
+    // not take that path (cuda_forward.cu, uses_decode_layer) or SPILLWAY_DECODE_LAYER=0.
+    DeviceBuffer<uint32_t> decode_barrier;
     // Spill scratch, allocated on the first forward over a spilled cache: the accumulated lse
     // [T][n_head], the tail's accumulated partial and one later chunk's partial
     // ([T][n_head*dv] + lse [T][n_head] each).

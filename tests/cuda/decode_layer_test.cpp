@@ -1,0 +1,189 @@
+// The persistent decode layer kernel (decode_layer.cuh) against a CPU reference of the same
+// chain: wo -> residual add -> RMSNorm -> gate|up -> SwiGLU -> down -> residual add -> RMSNorm
+// -> q|k|v, each x quantized to int16 blocks by the host twin of the kernel's rounding.
+// Reference products in double over the dequantized weights. The GPU's intermediate values
+// differ from the reference's by f32 summation error, which can move a quantized x value by one
+// step (~3e-5 of its block's max): tolerance 2e-4 relative (norm-wise) on every output.
+#include "engine/cuda/decode_layer.cuh"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "act_q16_ref.h"
+#include "cuda_test_util.h"
+#include "common/error.h"
+#include "gguf/quants.h"
+
+namespace spillway {
+namespace {
+
+using namespace cuda_test;
+
+struct Q8Matrix {
+    std::vector<uint8_t> bytes;
+    std::vector<float> values;
+    uint32_t rows = 0, cols = 0;
+};
+
+Q8Matrix random_q8(std::mt19937& rng, uint32_t rows, uint32_t cols) {
+    const std::vector<float> w = random_floats(rng, (size_t)rows * cols, 0.05f);
+    const uint64_t row_bytes = *ggml_row_bytes(GgmlType::Q8_0, cols);
+    Q8Matrix m{std::vector<uint8_t>(row_bytes * rows), std::vector<float>((size_t)rows * cols), rows, cols};
+    for (uint32_t r = 0; r < rows; ++r) {
+        quantize_row(GgmlType::Q8_0, w.data() + (size_t)r * cols, m.bytes.data() + r * row_bytes, cols);
+        dequantize_row(GgmlType::Q8_0, m.bytes.data() + r * row_bytes, m.values.data() + (size_t)r * cols, cols);
+    }
+    return m;
+}
+
+// W times x quantized by the host twin, in double.
+std::vector<float> product(const Q8Matrix& m, const std::vector<float>& x) {
+    const std::vector<float> xq = dequantize_act_q16_host(quantize_act_q16_host(x));
+    std::vector<float> y(m.rows);
+    for (uint32_t r = 0; r < m.rows; ++r) {
+        double s = 0.0;
+        for (uint32_t c = 0; c < m.cols; ++c) s += (double)m.values[(size_t)r * m.cols + c] * xq[c];
+        y[r] = (float)s;
+    }
+    return y;
+}
+
+std::vector<float> rmsnorm(const std::vector<float>& h, const std::vector<float>& w, float eps) {
+    double ss = 0.0;
+    for (float v : h) ss += (double)v * v;
+    const float inv = 1.0f / std::sqrt((float)(ss / h.size()) + eps);
+    std::vector<float> out(h.size());
+    for (size_t i = 0; i < h.size(); ++i) out[i] = h[i] * inv * w[i];
+    return out;
+}
+
+struct LayerCase {
+    uint32_t embd, ff, qkv_rows;
+    bool with_qkv;
+};
+
+void check_decode_layer(const LayerCase& c) {
+    const uint32_t seed = fresh_seed();
+    SCOPED_TRACE("embd=" + std::to_string(c.embd) + " ff=" + std::to_string(c.ff) + " qkv=" + std::to_string(c.qkv_rows) +
+                 " seed=" + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const float eps = 1e-6f;
+    const Q8Matrix wo = random_q8(rng, c.embd, c.embd), gu = random_q8(rng, 2 * c.ff, c.embd),
+                   down = random_q8(rng, c.embd, c.ff), qkv = random_q8(rng, c.qkv_rows, c.embd);
+    const std::vector<float> attn = random_floats(rng, c.embd), h0 = random_floats(rng, c.embd);
+    std::vector<float> ffn_w = random_floats(rng, c.embd, 0.1f), attn_w = random_floats(rng, c.embd, 0.1f);
+    for (float& v : ffn_w) v += 1.0f;
+    for (float& v : attn_w) v += 1.0f;
+
+    // Reference.
+    std::vector<float> h1 = h0;
+    const std::vector<float> y_o = product(wo, attn);
+    for (uint32_t i = 0; i < c.embd; ++i) h1[i] += y_o[i];
+    const std::vector<float> ref_gu = product(gu, rmsnorm(h1, ffn_w, eps));
+    std::vector<float> act(c.ff);
+    for (uint32_t i = 0; i < c.ff; ++i) {
+        const float g = ref_gu[i], u = ref_gu[c.ff + i];
+        act[i] = g / (1.0f + std::exp(-g)) * u;
+    }
+    std::vector<float> ref_h2 = h1;
+    const std::vector<float> y_d = product(down, act);
+    for (uint32_t i = 0; i < c.embd; ++i) ref_h2[i] += y_d[i];
+    const std::vector<float> ref_qkv = c.with_qkv ? product(qkv, rmsnorm(ref_h2, attn_w, eps)) : std::vector<float>{};
+
+    // GPU.
+    const HostActQ16 attn_q = quantize_act_q16_host(attn);
+    DeviceBuffer<uint8_t> d_wo = to_device(wo.bytes), d_gu = to_device(gu.bytes), d_down = to_device(down.bytes),
+                          d_qkv = to_device(qkv.bytes);
+    DeviceBuffer<int16_t> d_xq = to_device(attn_q.q);
+    DeviceBuffer<float> d_xd = to_device(attn_q.d), d_ffn_w = to_device(ffn_w), d_attn_w = to_device(attn_w);
+    DeviceBuffer<float> d_stream(c.embd), d_gate_up(2 * c.ff), d_out(c.qkv_rows);
+    DeviceBuffer<uint32_t> barrier(kDecodeBarrierWords);
+    SPILLWAY_CUDA_CHECK(cudaMemset(barrier.data(), 0, barrier.bytes()));
+
+    DecodeLayerArgs a;
+    a.stream = d_stream.data();
+    a.x_q16 = ActQ16{d_xq.data(), d_xd.data()};
+    a.eps = eps;
+    a.phases[0] = DecodeGemvPhase{d_wo.data(), c.embd, c.embd, DecodeX::act_q16, DecodeY::add_to_stream};
+    a.phases[1] = DecodeGemvPhase{d_gu.data(), 2 * c.ff, c.embd, DecodeX::stream_rmsnorm, DecodeY::store, d_ffn_w.data(),
+                                  nullptr, d_gate_up.data()};
+    a.phases[2] = DecodeGemvPhase{d_down.data(), c.embd, c.ff, DecodeX::swiglu, DecodeY::add_to_stream, nullptr,
+                                  d_gate_up.data()};
+    a.phases[3] = DecodeGemvPhase{d_qkv.data(), c.qkv_rows, c.embd, DecodeX::stream_rmsnorm, DecodeY::store,
+                                  d_attn_w.data(), nullptr, d_out.data()};
+    a.n_phases = c.with_qkv ? 4 : 3;
+
+    // Two launches from the same inputs (the second finds the barrier words the first left):
+    // outputs poisoned before each, and bit-identical between them.
+    std::vector<float> first_stream, first_gu, first_out;
+    for (int run = 0; run < 2; ++run) {
+        SPILLWAY_CUDA_CHECK(cudaMemcpy(d_stream.data(), h0.data(), h0.size() * 4, cudaMemcpyHostToDevice));
+        poison(d_gate_up);
+        poison(d_out);
+        decode_layer_cuda(a, barrier.data(), nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> got_stream = to_host(d_stream), got_gu = to_host(d_gate_up), got_out = to_host(d_out);
+        EXPECT_LT(rel_error(got_gu, ref_gu), 2e-4) << "gate|up, run " << run;
+        EXPECT_LT(rel_error(got_stream, ref_h2), 2e-4) << "stream after down, run " << run;
+        if (c.with_qkv) {
+            EXPECT_LT(rel_error(got_out, ref_qkv), 2e-4) << "q|k|v, run " << run;
+        } else {
+            EXPECT_EQ(count_nan(got_out), got_out.size()) << "a 3-phase launch wrote the 4th phase's output";
+        }
+        if (run == 0) {
+            first_stream = got_stream;
+            first_gu = got_gu;
+            first_out = got_out;
+        } else {
+            EXPECT_EQ(std::memcmp(first_stream.data(), got_stream.data(), got_stream.size() * 4), 0) << "not deterministic";
+            EXPECT_EQ(std::memcmp(first_gu.data(), got_gu.data(), got_gu.size() * 4), 0) << "not deterministic";
+            if (c.with_qkv) EXPECT_EQ(std::memcmp(first_out.data(), got_out.data(), got_out.size() * 4), 0);
+        }
+    }
+    const uint32_t zero[2] = {0, 0};
+    uint32_t words[2];
+    SPILLWAY_CUDA_CHECK(cudaMemcpy(words, barrier.data(), sizeof(words), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(words[0], zero[0]) << "the barrier's arrival count must be back to zero after a launch";
+}
+
+TEST(CudaDecodeLayer, MatchesCpuChain) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    if (!decode_layer_supported()) GTEST_SKIP() << "the persistent decode layer kernel needs sm_90";
+    // The tiny preset (fewer rows than blocks: some blocks own no rows of a phase), an odd
+    // mid-size shape (partial last stage), and the Qwen2.5-14B layer (2 rows per stage for
+    // down, 6 for the others; several stages per block).
+    check_decode_layer({256, 768, 512, true});
+    check_decode_layer({1280, 3328, 1792, false});
+    check_decode_layer({5120, 13824, 7168, true});
+}
+
+TEST(CudaDecodeLayer, RejectsUnsupportedInputs) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    if (!decode_layer_supported()) GTEST_SKIP() << "the persistent decode layer kernel needs sm_90";
+    EXPECT_FALSE(decode_layer_phase_fits(256, 896));
+    EXPECT_FALSE(decode_layer_phase_fits(256, 32768));
+    EXPECT_FALSE(decode_layer_phase_fits(0, 256));
+    EXPECT_TRUE(decode_layer_phase_fits(1, 16384));
+    DeviceBuffer<uint8_t> w(*ggml_row_bytes(GgmlType::Q8_0, 512) * 512);
+    DeviceBuffer<float> stream(512), out(512);
+    DeviceBuffer<uint32_t> barrier(kDecodeBarrierWords);
+    DecodeLayerArgs a;
+    a.stream = stream.data();
+    a.n_phases = 1;
+    a.phases[0] = DecodeGemvPhase{w.data(), 512, 512, DecodeX::stream_rmsnorm, DecodeY::add_to_stream, stream.data()};
+    EXPECT_THROW(decode_layer_cuda(a, barrier.data(), nullptr), Error);  // reads and adds to the stream
+    a.phases[0] = DecodeGemvPhase{w.data(), 512, 512, DecodeX::act_q16, DecodeY::store, nullptr, nullptr, out.data()};
+    EXPECT_THROW(decode_layer_cuda(a, barrier.data(), nullptr), Error);  // no x_q16
+    a.phases[0] = DecodeGemvPhase{w.data(), 512, 500, DecodeX::stream_rmsnorm, DecodeY::store, stream.data(), nullptr,
+                                  out.data()};
+    EXPECT_THROW(decode_layer_cuda(a, barrier.data(), nullptr), Error);  // cols not a multiple of 256
+    a.phases[0].cols = 512;
+    a.n_phases = 0;
+    EXPECT_THROW(decode_layer_cuda(a, barrier.data(), nullptr), Error);
+    a.n_phases = 1;
+    EXPECT_THROW(decode_layer_cuda(a, nullptr, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace spillway
