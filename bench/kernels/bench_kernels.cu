@@ -316,6 +316,9 @@ void bench_decode_layer(Report& r, const Options& o) {
     fill_f32<<<256, 256>>>(stream.data(), stream.size(), 8);
     fill_f32<<<256, 256>>>(norm_w.data(), norm_w.size(), 9);
     quantize_act_q16_cuda(x.data(), 5120, 1, ActQ16{xq.data(), xd.data()}, nullptr);
+    // The timed launches run on a non-blocking stream, which does not wait for the legacy
+    // stream's zeroing of the barrier words above.
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
     const double us = median_us([&](cudaStream_t st, int i) {
         const auto& ws = w[i % n_sets];
         DecodeLayerArgs a;

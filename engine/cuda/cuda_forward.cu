@@ -588,6 +588,7 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     if (uses_decode_layer(m)) {
         st.decode_barrier = DeviceBuffer<uint32_t>(kDecodeBarrierWords);
         SPILLWAY_CUDA_CHECK(cudaMemset(st.decode_barrier.data(), 0, st.decode_barrier.bytes()));
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());  // the legacy stream's memset before st.stream's first launch
     }
     st.host_token = PinnedBuffer(sizeof(int32_t));
     for (auto& e : st.graph_done) SPILLWAY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));

@@ -5,14 +5,18 @@
 // integer MACs (dp2a) -> far below any compute rate. The separate launches take ~88 us of
 // GEMVs + ~12 us of small kernels per layer (perf-notes, session 11).
 //
-// Block layout: 16 consumer warps + 1 producer warp (one thread issues the bulk copies).
-// Ring: kStages stages of kStageBytes, each holding whole rows of one phase (up to 16 rows):
-// 5 x 32 KB = 160 KB in flight per SM, 21 MB on 132 SMs, ~4.7 us of HBM time: enough to keep
-// HBM busy through a grid barrier plus the next phase's x prologue (~2-3 us).
-// A stage's work is split into units of 256 columns (4 block pairs of 68 bytes; 8 lanes per
-// pair, the q16x matvec's inner step); unit u of the stage goes to warp u % 16. Each warp's
-// partial sum per row lands in shared memory, and after a consumer barrier one thread per
-// row adds the 16 partials in warp order (deterministic) and applies the phase's output.
+// Block layout: 16 consumer warps in 4 groups of 4 + 1 producer warp (one thread issues the
+// bulk copies). Ring: 4 x 3 stages of 16 KB (one ring per group), each holding whole rows of
+// one phase (up to 8 rows): 192 KB per SM, 25 MB on 132 SMs, ~5.5 us of HBM time: enough to
+// keep HBM busy through a grid barrier plus the next phase's x prologue (~2-3 us).
+// Stage k goes to group k % 4, so four stages are consumed at once and a group's barrier
+// (128 threads) is the only synchronization per stage. Inside a group, warp w takes the
+// 256-column units w, w + 4, ... of every row of the stage (units: 4 block pairs of 68 bytes,
+// 8 lanes per pair, the q16x matvec's inner step), so one x load serves all the stage's rows.
+// Each warp's per-row sums land in shared memory; after the group barrier one lane per row
+// adds the 4 partials in warp order (deterministic) and applies the phase's output.
+// (First version, measured: all 16 warps on one 32 KB stage with a block barrier per stage
+// and a unit index divided per step: 2x slower than the separate kernels, issue-bound.)
 #include "engine/cuda/decode_layer.cuh"
 
 #include <cuda/atomic>
@@ -30,19 +34,22 @@ namespace {
 constexpr int kConsumerWarps = 16;
 constexpr int kConsumers = kConsumerWarps * 32;
 constexpr int kThreads = kConsumers + 32;  // + the producer warp
-constexpr int kStages = 5;
-constexpr uint32_t kStageBytes = 32768;
-constexpr uint32_t kMaxStageRows = 16;
-constexpr uint32_t kMaxCols = 16384;
+constexpr int kGroups = 4;
+constexpr int kGroupWarps = kConsumerWarps / kGroups;
+constexpr int kGroupStages = 3;  // ring slots per group
+constexpr int kStages = kGroups * kGroupStages;
+constexpr uint32_t kStageBytes = 16384;
+constexpr uint32_t kMaxStageRows = 8;
+constexpr uint32_t kMaxCols = 14336;
 constexpr uint32_t kUnitCols = 256;
 constexpr uint32_t kMaxValuesPerThread = kMaxCols / kConsumers;  // prologue registers
 
-// Shared memory: ring | x q (int16) | x d (f32) | partials [2][rows][warps] | reduce | mbarriers.
+// Shared memory: ring | x q (int16) | x d (f32) | partials [group][2][rows][warps] | reduce | mbarriers.
 constexpr size_t kRingOffset = 0;
 constexpr size_t kXqOffset = kRingOffset + (size_t)kStages * kStageBytes;
 constexpr size_t kXdOffset = kXqOffset + (size_t)kMaxCols * 2;
 constexpr size_t kPartOffset = kXdOffset + (size_t)kMaxCols / 32 * 4;
-constexpr size_t kRedOffset = kPartOffset + 2 * (size_t)kMaxStageRows * kConsumerWarps * 4;
+constexpr size_t kRedOffset = kPartOffset + (size_t)kGroups * 2 * kMaxStageRows * kGroupWarps * 4;
 constexpr size_t kBarOffset = kRedOffset + 32 * 4;
 constexpr size_t kSmemBytes = kBarOffset + 2 * (size_t)kStages * 8;
 
@@ -82,8 +89,12 @@ __device__ __forceinline__ void bulk_copy_to_smem(void* dst, const void* src, ui
         "l"(src), "r"(bytes), "r"(smem_addr(bar))
         : "memory");
 }
-// The 512 consumer threads only (the producer warp never joins): named barrier 1.
+// The 512 consumer threads only (the producer warp never joins): named barrier 1; a group's
+// 128 threads: barriers 2..5.
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory"); }
+__device__ __forceinline__ void group_sync(uint32_t group) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(2 + group), "n"(kGroupWarps * 32) : "memory");
+}
 #endif
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -179,6 +190,71 @@ __device__ void load_x(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, int1
 }
 #endif
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// One warp's share of a stage of kRows rows: the units gw, gw + 4, ... of every row, one x
+// load per unit for all rows; per-row warp sums into part[row][gw]. Lane roles inside a
+// 256-column unit as in the q16x matvec: 8 lanes per 68-byte block pair, lanes 0-3 on block
+// A's 32 weights, 4-7 on block B's (realigned by a byte permute: every load is a whole word).
+template <int kRows>
+__device__ __forceinline__ void stage_partials(const uint32_t* stage, uint32_t row_words, uint32_t upr, uint32_t gw,
+                                               uint32_t lane, const int16_t* xq, const float* xd, float* part) {
+    const uint32_t sub = lane / 8, t = lane % 8;
+    const bool in_a = t < 4;
+    const uint32_t col_in_pair = (in_a ? 0 : 32) + (t % 4) * 8;
+    const uint32_t realign = in_a ? 0x5432u : 0x7654u;
+    const uint32_t scale_shift = in_a ? 0 : 16;
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+#pragma unroll 1
+    for (uint32_t cu = gw; cu < upr; cu += kGroupWarps) {
+        const uint32_t pair = cu * 4 + sub;
+        const uint32_t col = pair * 64 + col_in_pair;
+        const uint4 xv = *reinterpret_cast<const uint4*>(xq + col);
+        const float xs = xd[col / 32];
+        const uint32_t* pw = stage + pair * 17;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            const uint32_t* pr = pw + r * row_words;
+            const uint32_t w0 = pr[2 * t], w1 = pr[2 * t + 1], w2 = pr[2 * t + 2];
+            const uint32_t dw = pr[in_a ? 0 : 8];
+            const int q0 = (int)__byte_perm(w0, w1, realign);
+            const int q1 = (int)__byte_perm(w1, w2, realign);
+            const float d = __half2float(__ushort_as_half((unsigned short)(dw >> scale_shift)));
+            int isum = __dp2a_lo((int)xv.x, q0, 0);
+            isum = __dp2a_hi((int)xv.y, q0, isum);
+            isum = __dp2a_lo((int)xv.z, q1, isum);
+            isum = __dp2a_hi((int)xv.w, q1, isum);
+            acc[r] = fmaf(d * xs, (float)isum, acc[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0) part[r * kGroupWarps + gw] = v;
+    }
+}
+
+// The producer's wait for a free ring slot: it sleeps between polls so that its spinning
+// does not take issue slots from the consumers (measured: 8% of all instructions without).
+__device__ __forceinline__ void mbar_wait_sleeping(uint64_t* bar, uint32_t parity) {
+    uint32_t done = 0;
+    while (true) {
+        asm volatile(
+            "{\n"
+            ".reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n"
+            "}\n"
+            : "=r"(done)
+            : "r"(smem_addr(bar)), "r"(parity)
+            : "memory");
+        if (done) return;
+        __nanosleep(64);
+    }
+}
+#endif
+
 __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeLayerArgs a, uint32_t* barrier) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) uint8_t smem[];
@@ -203,17 +279,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
     if (warp == kConsumerWarps) {
         // Producer: every phase's rows of this block, stage after stage, as fast as the ring
         // frees up. Weights never depend on the previous kernel, so no dependency wait here.
-        if (lane == 0) {
-            uint32_t k = 0;
+        // One lane per group, each filling only its group's ring, so that a group slow on one
+        // stage never holds back the others' copies (measured with one in-order ring shared
+        // by the four groups: the producer waited on a slow group's slot while the other
+        // groups starved).
+        if (lane < (uint32_t)kGroups) {
+            const uint32_t g = lane;
+            uint32_t j = 0;  // this group's stage count, across phases
             for (uint32_t p = 0; p < a.n_phases; ++p) {
                 const DecodeGemvPhase& ph = a.phases[p];
                 const uint32_t row_bytes = q8_row_bytes(ph.cols), n = stage_rows(ph.cols);
                 uint32_t r0, r1;
                 block_rows(ph.rows, blockIdx.x, gridDim.x, r0, r1);
                 const uint8_t* w = static_cast<const uint8_t*>(ph.w);
-                for (uint32_t r = r0; r < r1; r += n, ++k) {
-                    const uint32_t slot = k % kStages;
-                    if (k >= (uint32_t)kStages) mbar_wait(&empty[slot], ((k / kStages) + 1) & 1);
+                for (uint32_t r = r0 + g * n; r < r1; r += kGroups * n, ++j) {
+                    const uint32_t slot = g * kGroupStages + j % kGroupStages;
+                    if (j >= (uint32_t)kGroupStages) mbar_wait_sleeping(&empty[slot], ((j / kGroupStages) + 1) & 1);
                     const uint32_t bytes = min(n, r1 - r) * row_bytes;
                     mbar_arrive_expect_tx(&full[slot], bytes);
                     bulk_copy_to_smem(ring + (size_t)slot * kStageBytes, w + (size_t)r * row_bytes, bytes, &full[slot]);
@@ -223,15 +304,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
         return;
     }
 
-    // Consumers. Lane roles inside a 256-column unit, as in the q16x matvec: 8 lanes per
-    // 68-byte block pair, lanes 0-3 on block A's 32 weights, 4-7 on block B's.
-    const uint32_t sub = lane / 8, t = lane % 8;
-    const bool in_a = t < 4;
-    const uint32_t col_in_pair = (in_a ? 0 : 32) + (t % 4) * 8;
-    const uint32_t realign = in_a ? 0x5432u : 0x7654u;
-    const uint32_t scale_shift = in_a ? 0 : 16;
-
-    uint32_t k = 0;
+    const uint32_t group = warp / kGroupWarps, gw = warp % kGroupWarps;
+    uint32_t j = 0;  // this group's stage count, across phases (the producer lane's order)
     for (uint32_t p = 0; p < a.n_phases; ++p) {
         const DecodeGemvPhase& ph = a.phases[p];
         if (p == 0) {
@@ -242,55 +316,38 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
         load_x(a, ph, xq, xd, red);
         consumer_sync();
         const uint32_t row_bytes = q8_row_bytes(ph.cols), n = stage_rows(ph.cols), upr = ph.cols / kUnitCols;
+        const uint32_t row_words = row_bytes / 4;
         uint32_t r0, r1;
         block_rows(ph.rows, blockIdx.x, gridDim.x, r0, r1);
-        for (uint32_t r = r0; r < r1; r += n, ++k) {
-            const uint32_t slot = k % kStages, nr = min(n, r1 - r);
-            float* part = part_base + (k & 1) * kMaxStageRows * kConsumerWarps;
-            if (lane < nr) part[lane * kConsumerWarps + warp] = 0.0f;  // rows this warp gets no unit of
-            __syncwarp();  // before lane 0 overwrites some of them below
-            mbar_wait(&full[slot], (k / kStages) & 1);
-            const uint8_t* stage = ring + (size_t)slot * kStageBytes;
-            int cur = -1;
-            float acc = 0.0f;
-            for (uint32_t u = warp; u < nr * upr; u += kConsumerWarps) {
-                const uint32_t row = u / upr, pair = (u - row * upr) * 4 + sub;
-                if ((int)row != cur) {  // warp-uniform
-                    if (cur >= 0) {
-                        const float s = warp_sum(acc);
-                        if (lane == 0) part[cur * kConsumerWarps + warp] = s;
-                    }
-                    cur = (int)row;
-                    acc = 0.0f;
-                }
-                const uint32_t* pw = reinterpret_cast<const uint32_t*>(stage + (size_t)row * row_bytes) + pair * 17;
-                const uint32_t col = pair * 64 + col_in_pair;
-                const uint4 xv = *reinterpret_cast<const uint4*>(xq + col);
-                const float xs = xd[col / 32];
-                const uint32_t w0 = pw[2 * t], w1 = pw[2 * t + 1], w2 = pw[2 * t + 2];
-                const uint32_t dw = pw[in_a ? 0 : 8];
-                const int q0 = (int)__byte_perm(w0, w1, realign);
-                const int q1 = (int)__byte_perm(w1, w2, realign);
-                const float d = __half2float(__ushort_as_half((unsigned short)(dw >> scale_shift)));
-                int isum = __dp2a_lo((int)xv.x, q0, 0);
-                isum = __dp2a_hi((int)xv.y, q0, isum);
-                isum = __dp2a_lo((int)xv.z, q1, isum);
-                isum = __dp2a_hi((int)xv.w, q1, isum);
-                acc = fmaf(d * xs, (float)isum, acc);
+        const uint32_t n_stages = (r1 - r0 + n - 1) / n;
+        for (uint32_t st = group; st < n_stages; st += kGroups, ++j) {
+            const uint32_t slot = group * kGroupStages + j % kGroupStages, r = r0 + st * n, nr = min(n, r1 - r);
+            mbar_wait(&full[slot], (j / kGroupStages) & 1);
+            const uint32_t* stage = reinterpret_cast<const uint32_t*>(ring + (size_t)slot * kStageBytes);
+            // Partials double-buffered per group: the reducing lanes of stage st read one
+            // buffer while the group's other warps may already fill the other (stage st + 4).
+            float* part = part_base + (size_t)((group * 2 + (j & 1)) * kMaxStageRows) * kGroupWarps;
+            switch (nr) {  // the row count as a constant: no per-row guards in the inner loop
+                case 1: stage_partials<1>(stage, row_words, upr, gw, lane, xq, xd, part); break;
+                case 2: stage_partials<2>(stage, row_words, upr, gw, lane, xq, xd, part); break;
+                case 3: stage_partials<3>(stage, row_words, upr, gw, lane, xq, xd, part); break;
+                case 4: stage_partials<4>(stage, row_words, upr, gw, lane, xq, xd, part); break;
+                case 5: stage_partials<5>(stage, row_words, upr, gw, lane, xq, xd, part); break;
+                case 6: stage_partials<6>(stage, row_words, upr, gw, lane, xq, xd, part); break;
+                case 7: stage_partials<7>(stage, row_words, upr, gw, lane, xq, xd, part); break;
+                default: stage_partials<8>(stage, row_words, upr, gw, lane, xq, xd, part); break;
             }
-            if (cur >= 0) {
-                const float s = warp_sum(acc);
-                if (lane == 0) part[cur * kConsumerWarps + warp] = s;
-            }
-            consumer_sync();  // every warp is done with the stage and has written its partials
-            if (tid == 0) mbar_arrive(&empty[slot]);
-            if (tid < nr) {
-                float total = 0.0f;
+            group_sync(group);  // the group is done with the stage and has written its partials
+            if (gw == 0) {
+                if (lane == 0) mbar_arrive(&empty[slot]);
+                if (lane < nr) {
+                    float total = 0.0f;
 #pragma unroll
-                for (int w = 0; w < kConsumerWarps; ++w) total += part[tid * kConsumerWarps + w];
-                const uint32_t row = r + tid;
-                if (ph.y == DecodeY::add_to_stream) a.stream[row] = __ldcg(a.stream + row) + total;
-                else ph.out[row] = total;
+                    for (int w = 0; w < kGroupWarps; ++w) total += part[lane * kGroupWarps + w];
+                    const uint32_t row = r + lane;
+                    if (ph.y == DecodeY::add_to_stream) a.stream[row] = __ldcg(a.stream + row) + total;
+                    else ph.out[row] = total;
+                }
             }
         }
     }
@@ -338,7 +395,7 @@ void decode_layer_cuda(const DecodeLayerArgs& args, uint32_t* barrier, cudaStrea
         if (ph.w == nullptr || reinterpret_cast<uintptr_t>(ph.w) % 16 != 0) fail(at + "weights missing or not 16-byte aligned");
         if (!decode_layer_phase_fits(ph.rows, ph.cols))
             fail(at + "shape " + std::to_string(ph.rows) + "x" + std::to_string(ph.cols) +
-                 " unsupported (cols a multiple of 256, at most 16384)");
+                 " unsupported (cols a multiple of 256, at most 14336)");
         switch (ph.x) {
             case DecodeX::act_q16:
                 if (!args.x_q16 || args.x_q16.d == nullptr || reinterpret_cast<uintptr_t>(args.x_q16.q) % 16 != 0 ||

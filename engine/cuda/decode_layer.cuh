@@ -59,7 +59,7 @@ struct DecodeLayerArgs {
 };
 
 // Whether this device runs the kernel (sm_90+ with room for its shared memory), and whether
-// a phase's shape fits it (cols % 256 == 0, cols <= 16384, rows >= 1).
+// a phase's shape fits it (cols % 256 == 0, cols <= 14336, rows >= 1).
 bool decode_layer_supported();
 bool decode_layer_phase_fits(uint32_t rows, uint32_t cols);
 

@@ -61,6 +61,7 @@ std::vector<float> rmsnorm(const std::vector<float>& h, const std::vector<float>
 struct LayerCase {
     uint32_t embd, ff, qkv_rows;
     bool with_qkv;
+    int runs = 2;  // launches from the same inputs, all bit-identical
 };
 
 void check_decode_layer(const LayerCase& c) {
@@ -114,10 +115,11 @@ void check_decode_layer(const LayerCase& c) {
                                   d_attn_w.data(), nullptr, d_out.data()};
     a.n_phases = c.with_qkv ? 4 : 3;
 
-    // Two launches from the same inputs (the second finds the barrier words the first left):
-    // outputs poisoned before each, and bit-identical between them.
+    // Several launches from the same inputs (each finds the barrier words the last one left):
+    // outputs poisoned before each, and bit-identical between them. Repeats matter: a ring
+    // protocol error shows up as a wrong stage read only when some consumer runs ahead.
     std::vector<float> first_stream, first_gu, first_out;
-    for (int run = 0; run < 2; ++run) {
+    for (int run = 0; run < c.runs; ++run) {
         SPILLWAY_CUDA_CHECK(cudaMemcpy(d_stream.data(), h0.data(), h0.size() * 4, cudaMemcpyHostToDevice));
         poison(d_gate_up);
         poison(d_out);
@@ -155,7 +157,7 @@ TEST(CudaDecodeLayer, MatchesCpuChain) {
     // down, 6 for the others; several stages per block).
     check_decode_layer({256, 768, 512, true});
     check_decode_layer({1280, 3328, 1792, false});
-    check_decode_layer({5120, 13824, 7168, true});
+    check_decode_layer({5120, 13824, 7168, true, 8});
 }
 
 TEST(CudaDecodeLayer, RejectsUnsupportedInputs) {
@@ -164,7 +166,8 @@ TEST(CudaDecodeLayer, RejectsUnsupportedInputs) {
     EXPECT_FALSE(decode_layer_phase_fits(256, 896));
     EXPECT_FALSE(decode_layer_phase_fits(256, 32768));
     EXPECT_FALSE(decode_layer_phase_fits(0, 256));
-    EXPECT_TRUE(decode_layer_phase_fits(1, 16384));
+    EXPECT_TRUE(decode_layer_phase_fits(1, 14336));
+    EXPECT_FALSE(decode_layer_phase_fits(1, 14592));
     DeviceBuffer<uint8_t> w(*ggml_row_bytes(GgmlType::Q8_0, 512) * 512);
     DeviceBuffer<float> stream(512), out(512);
     DeviceBuffer<uint32_t> barrier(kDecodeBarrierWords);
