@@ -310,7 +310,7 @@ void bench_decode_layer(Report& r, const Options& o) {
     DeviceBuffer<float> x(5120), stream(5120), norm_w(5120), gate_up(27648), qkv(7168);
     DeviceBuffer<int16_t> xq(5120);
     DeviceBuffer<float> xd(5120 / 32);
-    DeviceBuffer<uint32_t> barrier(kDecodeBarrierWords);
+    DeviceBuffer<uint8_t> barrier(decode_layer_scratch_bytes());
     SPILLWAY_CUDA_CHECK(cudaMemset(barrier.data(), 0, barrier.bytes()));
     fill_f32<<<256, 256>>>(x.data(), x.size(), 7);
     fill_f32<<<256, 256>>>(stream.data(), stream.size(), 8);
@@ -335,6 +335,54 @@ void bench_decode_layer(Report& r, const Options& o) {
         decode_layer_cuda(a, barrier.data(), st);
     }, o.iters);
     r.add(name, shape, (double)layer_bytes, us);
+
+    // Where a launch's time goes (lab timeline, globaltimer stamps per block): per phase the
+    // x prologue, the weight loop, and the wait at the grid barrier, averaged over blocks and
+    // launches; "span" is first start to last block done.
+    const uint32_t blocks = decode_layer_grid_blocks();
+    constexpr int kLaunches = 8;
+    DeviceBuffer<uint64_t> timeline((size_t)blocks * kDecodeTimelineSlots);
+    double prologue[4] = {}, loop[4] = {}, wait[4] = {}, span = 0, start_skew = 0, dep_wait = 0;
+    for (int l = 0; l < kLaunches; ++l) {
+        DecodeLayerArgs a;
+        a.stream = stream.data();
+        a.x_q16 = ActQ16{xq.data(), xd.data()};
+        const auto& ws = w[l % n_sets];
+        a.phases[0] = DecodeGemvPhase{ws[0].data(), 5120, 5120, DecodeX::act_q16, DecodeY::add_to_stream};
+        a.phases[1] = DecodeGemvPhase{ws[1].data(), 27648, 5120, DecodeX::stream_rmsnorm, DecodeY::store, norm_w.data(),
+                                      nullptr, gate_up.data()};
+        a.phases[2] = DecodeGemvPhase{ws[2].data(), 5120, 13824, DecodeX::swiglu, DecodeY::add_to_stream, nullptr,
+                                      gate_up.data()};
+        a.phases[3] = DecodeGemvPhase{ws[3].data(), 7168, 5120, DecodeX::stream_rmsnorm, DecodeY::store, norm_w.data(),
+                                      nullptr, qkv.data()};
+        a.n_phases = 4;
+        decode_layer_cuda(a, barrier.data(), nullptr, timeline.data());
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint64_t> t((size_t)blocks * kDecodeTimelineSlots);
+        SPILLWAY_CUDA_CHECK(cudaMemcpy(t.data(), timeline.data(), t.size() * 8, cudaMemcpyDeviceToHost));
+        uint64_t first = UINT64_MAX, last = 0;
+        for (uint32_t b = 0; b < blocks; ++b) first = std::min(first, t[(size_t)b * kDecodeTimelineSlots]);
+        for (uint32_t b = 0; b < blocks; ++b) {
+            const uint64_t* tb = t.data() + (size_t)b * kDecodeTimelineSlots;
+            start_skew += (double)(tb[0] - first);
+            dep_wait += (double)(tb[1] - tb[0]);
+            for (int p = 0; p < 4; ++p) {
+                const uint64_t begin = p == 0 ? tb[1] : tb[4 + 3 * (p - 1)];
+                prologue[p] += (double)(tb[2 + 3 * p] - begin);
+                loop[p] += (double)(tb[3 + 3 * p] - tb[2 + 3 * p]);
+                if (p < 3) wait[p] += (double)(tb[4 + 3 * p] - tb[3 + 3 * p]);
+            }
+            last = std::max(last, tb[3 + 3 * 3]);
+        }
+        span += (double)(last - first);
+    }
+    const double n = (double)blocks * kLaunches / 1000.0;  // ns -> us, averaged
+    std::printf("  decode layer timeline (us, mean over %u blocks x %d launches, not graph-timed): start skew %.2f, "
+                "dependency wait %.2f, span %.2f\n", blocks, kLaunches, start_skew / n, dep_wait / n, span / kLaunches / 1000.0);
+    const char* const names[] = {"wo", "gate|up", "down", "qkv"};
+    for (int p = 0; p < 4; ++p)
+        std::printf("    %-8s x prologue %6.2f  weight loop %7.2f  barrier wait %6.2f\n", names[p], prologue[p] / n,
+                    loop[p] / n, p < 3 ? wait[p] / n : 0.0);
 }
 
 // kernel == nullptr: attention_partial_cuda's default choice; otherwise that kernel, named.

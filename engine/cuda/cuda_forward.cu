@@ -201,13 +201,11 @@ bool separate_attention_quant() {
     return separate;
 }
 
-// One token's wo, gate|up, down and the next layer's q|k|v as one persistent kernel
-// (decode_layer.cuh) when every layer has Q8_0 weights of shapes it takes, gate|up and q|k|v
-// stored back to back, and the GPU runs it. SPILLWAY_DECODE_LAYER=0 (lab): the separate
-// GEMVs and small kernels, to A/B.
-bool uses_decode_layer(const CudaModel& m) {
-    static const bool enabled = !lab_knob("SPILLWAY_DECODE_LAYER", "0", "1");
-    if (!enabled || !decode_layer_supported()) return false;
+// Whether one token's wo, gate|up, down and the next layer's q|k|v can run as one persistent
+// kernel (decode_layer.cuh): every layer has Q8_0 weights of shapes it takes, gate|up and
+// q|k|v stored back to back, and the GPU runs it.
+bool decode_layer_fits(const CudaModel& m) {
+    if (!decode_layer_supported()) return false;
     const ModelSpec& s = m.spec;
     const auto fits = [](const CudaMatrix& w, uint32_t rows) {
         return takes_q16(w, 1) && decode_layer_phase_fits(rows, w.n_in);
@@ -215,6 +213,8 @@ bool uses_decode_layer(const CudaModel& m) {
     const uint32_t qkv_rows = s.n_head * s.head_dim_k + m.n_head_kv * (s.head_dim_k + s.head_dim_v);
     for (const CudaLayerWeights& L : m.layers) {
         if (!L.fused_qkv || !L.fused_gate_up || L.wo.n_out != s.n_embd || L.ffn_down.n_out != s.n_embd) return false;
+        if (reinterpret_cast<uintptr_t>(L.attn_norm) % 16 != 0 || reinterpret_cast<uintptr_t>(L.ffn_norm) % 16 != 0)
+            return false;  // the kernel stages them with 16-byte copies
         if (!fits(L.wq, qkv_rows) || !fits(L.wo, s.n_embd) || !fits(L.ffn_gate, 2 * s.n_ff) || !fits(L.ffn_down, s.n_embd))
             return false;
     }
@@ -245,7 +245,7 @@ void enqueue_decode_layer(const CudaModel& m, CudaForwardState& st, uint32_t il)
                                       next.attn_norm, nullptr, st.qkv.data()};
         a.n_phases = 4;
     }
-    decode_layer_cuda(a, st.decode_barrier.data(), st.stream);
+    decode_layer_cuda(a, st.decode_scratch.data(), st.stream);
 }
 
 // The whole forward of n tokens at pos0..; token ids from token_src (device) when given,
@@ -289,7 +289,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     if (spilled) spill_forward_begin(*cache.spill, spill_cursor, s.n_layer, pos0, T, stream);
     // One token through the persistent layer kernel: from wo to the next layer's q|k|v in one
     // launch, residual adds into x inside it (so proj is not used).
-    const bool decode_layer = T == 1 && st.decode_barrier.size() > 0;
+    const bool decode_layer = T == 1 && st.decode_scratch.size() > 0;
     for (uint32_t il = 0; il < s.n_layer; ++il) {
         const CudaLayerWeights& L = m.layers[il];
         // The previous layer's FFN output joins the residual stream inside the norm. A prefill
@@ -585,13 +585,27 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
         st.act_q16 = DeviceBuffer<int16_t>(widest_in);
         st.act_q16_scale = DeviceBuffer<float>(std::max<size_t>(4, widest_in / 32));
     }
-    if (uses_decode_layer(m)) {
-        st.decode_barrier = DeviceBuffer<uint32_t>(kDecodeBarrierWords);
-        SPILLWAY_CUDA_CHECK(cudaMemset(st.decode_barrier.data(), 0, st.decode_barrier.bytes()));
-        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());  // the legacy stream's memset before st.stream's first launch
-    }
+    // SPILLWAY_DECODE_LAYER=1 (lab): the persistent layer kernel; off by default (session 15:
+    // 180 vs 191 tok/s at d=0, docs/perf-notes.md).
+    static const bool decode_layer_on = lab_knob("SPILLWAY_DECODE_LAYER", "1", "0");
+    set_cuda_decode_layer(st, m, decode_layer_on);
     st.host_token = PinnedBuffer(sizeof(int32_t));
     for (auto& e : st.graph_done) SPILLWAY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
+bool set_cuda_decode_layer(CudaForwardState& st, const CudaModel& m, bool on) {
+    if (st.graph_exec[0] != nullptr || st.graph_exec[1] != nullptr)
+        fail("set_cuda_decode_layer: the state already has decode graphs");
+    if (!on || !decode_layer_fits(m)) {
+        st.decode_scratch = DeviceBuffer<uint8_t>();
+        return false;
+    }
+    if (st.decode_scratch.size() == 0) {
+        st.decode_scratch = DeviceBuffer<uint8_t>(decode_layer_scratch_bytes());
+        SPILLWAY_CUDA_CHECK(cudaMemset(st.decode_scratch.data(), 0, st.decode_scratch.bytes()));
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());  // the legacy stream's memset before st.stream's first launch
+    }
+    return true;
 }
 
 uint64_t cuda_forward_scratch_bytes(const CudaForwardState& st) {
@@ -602,7 +616,7 @@ uint64_t cuda_forward_scratch_bytes(const CudaForwardState& st) {
            st.act_q16_scale.bytes() + st.spill_lse.bytes() + st.spill_tail_out.bytes() + st.spill_tail_lse.bytes() +
            st.spill_chunk_out.bytes() + st.spill_chunk_lse.bytes() + st.spill_workspace.bytes() +
            st.prefill_k_f16.bytes() + st.prefill_v_f16.bytes() + st.prefill_piece_out.bytes() +
-           st.prefill_piece_lse.bytes() + st.prefill_lse.bytes() + st.decode_barrier.bytes();
+           st.prefill_piece_lse.bytes() + st.prefill_lse.bytes() + st.decode_scratch.bytes();
 }
 
 // Spill scratch is allocated on the first forward over a spilled cache: an unspilled engine

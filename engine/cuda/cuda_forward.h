@@ -85,10 +85,10 @@ struct CudaForwardState {
     // [widest matvec input] values and one scale per 32.
     DeviceBuffer<int16_t> act_q16;
     DeviceBuffer<float> act_q16_scale;
-    // Decode through the persistent layer kernel (decode_layer.cuh): its grid barrier's two
-    // words (zeroed here; the kernel leaves them zeroed). Empty when the model or the GPU does
-    // not take that path (cuda_forward.cu, uses_decode_layer) or SPILLWAY_DECODE_LAYER=0.
-    DeviceBuffer<uint32_t> decode_barrier;
+    // Decode through the persistent layer kernel (decode_layer.cuh): its scratch (zeroed here;
+    // the kernel leaves it zeroed). Empty when the model or the GPU does not take that path
+    // (cuda_forward.cu, uses_decode_layer) or SPILLWAY_DECODE_LAYER=0.
+    DeviceBuffer<uint8_t> decode_scratch;
     // Spill scratch, allocated on the first forward over a spilled cache: the accumulated lse
     // [T][n_head], the tail's accumulated partial and one later chunk's partial
     // ([T][n_head*dv] + lse [T][n_head] each).
@@ -121,6 +121,11 @@ struct CudaForwardState {
 // The state owns its own non-blocking stream and cuBLAS handle.
 void init_cuda_forward_state(CudaForwardState& state, const CudaModel& model, uint32_t max_tokens,
                              bool all_logits, uint32_t n_ctx);
+// Decode through the persistent layer kernel (decode_layer.cuh) or the separate kernels. The
+// default comes from SPILLWAY_DECODE_LAYER (lab, 1 = on; off by default: slower, measured in
+// docs/perf-notes.md, session 15); tests set it per state. Returns whether the kernel is on
+// (false when the model or the GPU does not take it). Before the state's first decode graph.
+bool set_cuda_decode_layer(CudaForwardState& state, const CudaModel& model, bool on);
 // Scratch bytes the state holds (everything except the graphs).
 uint64_t cuda_forward_scratch_bytes(const CudaForwardState& state);
 

@@ -5,23 +5,23 @@
 // integer MACs (dp2a) -> far below any compute rate. The separate launches take ~88 us of
 // GEMVs + ~12 us of small kernels per layer (perf-notes, session 11).
 //
-// Block layout: 16 consumer warps in 4 groups of 4 + 1 producer warp (one thread issues the
-// bulk copies). Ring: 4 x 3 stages of 16 KB (one ring per group), each holding whole rows of
-// one phase (up to 8 rows): 192 KB per SM, 25 MB on 132 SMs, ~5.5 us of HBM time: enough to
-// keep HBM busy through a grid barrier plus the next phase's x prologue (~2-3 us).
-// Stage k goes to group k % 4, so four stages are consumed at once and a group's barrier
-// (128 threads) is the only synchronization per stage. Inside a group, warp w takes the
-// 256-column units w, w + 4, ... of every row of the stage (units: 4 block pairs of 68 bytes,
-// 8 lanes per pair, the q16x matvec's inner step), so one x load serves all the stage's rows.
-// Each warp's per-row sums land in shared memory; after the group barrier one lane per row
-// adds the 4 partials in warp order (deterministic) and applies the phase's output.
-// (First version, measured: all 16 warps on one 32 KB stage with a block barrier per stage
-// and a unit index divided per step: 2x slower than the separate kernels, issue-bound.)
+// Block: 16 warps, one block per SM. Each warp streams its range of each phase's chunks
+// (32 block pairs of two rows, 2 x 2176 bytes) through a 2-stage cp.async ring, exactly the
+// q16x matvec's loop (matvec.cu) with x in shared memory; the ring runs two chunks ahead
+// across phase boundaries. Between phases: a grid barrier, then the block builds the next x
+// in shared memory (RMSNorm of the stream or SwiGLU of gate|up, quantized to int16 blocks).
+//
+// Tried first and measured slower (docs/perf-notes.md, session 15): one TMA producer thread
+// per block feeding 16 consumer warps through a bulk-copy ring of 16-32 KB stages, with a
+// block or warp-group barrier per stage: 119-152 us per layer against 88 for the separate
+// GEMVs; the consumers issued 2x the instructions per byte of this loop (per-stage
+// synchronization, partial sums across warps, one row per stage for 13824 columns).
 #include "engine/cuda/decode_layer.cuh"
 
 #include <cuda/atomic>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <string>
 
 #include "common/error.h"
@@ -31,71 +31,74 @@
 namespace spillway {
 namespace {
 
-constexpr int kConsumerWarps = 16;
-constexpr int kConsumers = kConsumerWarps * 32;
-constexpr int kThreads = kConsumers + 32;  // + the producer warp
-constexpr int kGroups = 4;
-constexpr int kGroupWarps = kConsumerWarps / kGroups;
-constexpr int kGroupStages = 3;  // ring slots per group
-constexpr int kStages = kGroups * kGroupStages;
-constexpr uint32_t kStageBytes = 16384;
-constexpr uint32_t kMaxStageRows = 8;
+constexpr int kWarps = 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kStages = 2;                    // ring stages per warp
+constexpr int kRows = 2;                      // rows per warp unit (one x load serves both)
+constexpr uint32_t kChunkPairs = 32;          // block pairs per row per chunk
+constexpr uint32_t kChunkBytes = kChunkPairs * 68;
 constexpr uint32_t kMaxCols = 14336;
-constexpr uint32_t kUnitCols = 256;
-constexpr uint32_t kMaxValuesPerThread = kMaxCols / kConsumers;  // prologue registers
+constexpr uint32_t kUnitCols = 256;  // columns of one warp step (4 block pairs)
 
-// Shared memory: ring | x q (int16) | x d (f32) | partials [group][2][rows][warps] | reduce | mbarriers.
-constexpr size_t kRingOffset = 0;
-constexpr size_t kXqOffset = kRingOffset + (size_t)kStages * kStageBytes;
+// Shared memory: rings [warp][stage][row][chunk] | x q (int16) | x d (f32) | reduce | shares.
+constexpr size_t kRingBytes = (size_t)kWarps * kStages * kRows * kChunkBytes;
+constexpr size_t kXqOffset = kRingBytes;
 constexpr size_t kXdOffset = kXqOffset + (size_t)kMaxCols * 2;
-constexpr size_t kPartOffset = kXdOffset + (size_t)kMaxCols / 32 * 4;
-constexpr size_t kRedOffset = kPartOffset + (size_t)kGroups * 2 * kMaxStageRows * kGroupWarps * 4;
-constexpr size_t kBarOffset = kRedOffset + 32 * 4;
-constexpr size_t kSmemBytes = kBarOffset + 2 * (size_t)kStages * 8;
+constexpr size_t kRedOffset = kXdOffset + (size_t)kMaxCols / 32 * 4;
+constexpr size_t kShareOffset = kRedOffset + 32 * 4;  // [warp][phase] WarpShare, computed once
+constexpr size_t kSmemBytes = kShareOffset + (size_t)kWarps * kDecodeMaxPhases * 32;
+static_assert(2 * kMaxCols * sizeof(float) <= kRingBytes, "the x prologue stages two f32 inputs in the ring");
 
-__host__ __device__ constexpr uint32_t q8_row_bytes(uint32_t cols) { return cols / 32 * 34; }
-__host__ __device__ constexpr uint32_t stage_rows(uint32_t cols) {
-    return kStageBytes / q8_row_bytes(cols) < kMaxStageRows ? kStageBytes / q8_row_bytes(cols) : kMaxStageRows;
-}
+// One warp's share of a phase: chunks [c0, c1) of the phase's row pairs x chunks, split as
+// the q16x matvec splits (by chunks when that shortens the busiest warp and no row pair
+// spans three warps, else by whole row pairs).
+struct WarpShare {
+    uint32_t ppr, cpr, row_bytes, c0, c1;
+    bool starts_cut, ends_cut;
+};
+static_assert(sizeof(WarpShare) <= 32, "kSmemBytes reserves 32 bytes per share");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT;\n"
-        "}\n" ::"r"(smem_addr(bar)),
-        "r"(parity)
-        : "memory");
-}
-// bytes % 16 == 0, both addresses 16-byte aligned; completion counted on bar's transaction count.
-__device__ __forceinline__ void bulk_copy_to_smem(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-            smem_addr(dst)),
-        "l"(src), "r"(bytes), "r"(smem_addr(bar))
-        : "memory");
-}
-// The 512 consumer threads only (the producer warp never joins): named barrier 1; a group's
-// 128 threads: barriers 2..5.
-__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory"); }
-__device__ __forceinline__ void group_sync(uint32_t group) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(2 + group), "n"(kGroupWarps * 32) : "memory");
+__device__ __forceinline__ bool phase_splits_by_chunks(uint32_t rows, uint32_t cols, uint32_t n_warps) {
+    const uint64_t n_pairs = (rows + kRows - 1) / kRows, cpr = (cols / 64 + kChunkPairs - 1) / kChunkPairs;
+    const uint64_t busiest_by_pairs = (n_pairs + n_warps - 1) / n_warps * cpr;
+    const uint64_t busiest_by_chunks = (n_pairs * cpr + n_warps - 1) / n_warps;
+    return busiest_by_chunks < busiest_by_pairs && n_pairs * cpr / n_warps >= cpr;
 }
 #endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ WarpShare warp_share(const DecodeGemvPhase& ph, uint32_t gw, uint32_t n_warps) {
+    WarpShare s;
+    s.ppr = ph.cols / 64;
+    s.cpr = (s.ppr + kChunkPairs - 1) / kChunkPairs;
+    s.row_bytes = s.ppr * 68;
+    const uint32_t n_pairs = (ph.rows + kRows - 1) / kRows, total = n_pairs * s.cpr;
+    if (phase_splits_by_chunks(ph.rows, ph.cols, n_warps)) {
+        s.c0 = (uint32_t)((uint64_t)gw * total / n_warps);
+        s.c1 = (uint32_t)((uint64_t)(gw + 1) * total / n_warps);
+    } else {
+        s.c0 = (uint32_t)((uint64_t)gw * n_pairs / n_warps) * s.cpr;
+        s.c1 = (uint32_t)((uint64_t)(gw + 1) * n_pairs / n_warps) * s.cpr;
+    }
+    s.starts_cut = s.c0 % s.cpr != 0 && s.c1 > s.c0;
+    s.ends_cut = s.c1 % s.cpr != 0 && s.c1 > s.c0;
+    return s;
+}
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -103,21 +106,12 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-
-// Rows [r0, r1) of `rows` owned by block b of n.
-__device__ __forceinline__ void block_rows(uint32_t rows, uint32_t b, uint32_t n, uint32_t& r0, uint32_t& r1) {
-    r0 = (uint32_t)((uint64_t)b * rows / n);
-    r1 = (uint32_t)((uint64_t)(b + 1) * rows / n);
-}
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // All blocks of the grid (all resident: one per SM). words[0] counts arrivals, words[1] is
 // the generation; the last arrival resets the count and bumps the generation, so the words
 // are ready for the next barrier and the next launch. The fences publish every consumer's
 // global writes before the arrival (the pattern of cooperative groups' grid sync).
 __device__ void grid_barrier(uint32_t* words, uint32_t n_blocks) {
-    consumer_sync();
+    __syncthreads();
     if (threadIdx.x == 0) {
         cuda::atomic_ref<uint32_t, cuda::thread_scope_device> count(words[0]), gen(words[1]);
         const uint32_t g = gen.load(cuda::memory_order_relaxed);  // can only move after our arrival
@@ -131,229 +125,239 @@ __device__ void grid_barrier(uint32_t* words, uint32_t n_blocks) {
         }
         __threadfence();
     }
-    consumer_sync();
+    __syncthreads();
 }
 
-// x of phase p into shared memory (q int16, d f32 per 32 values), by the 512 consumers.
-// Data written earlier in this launch by other blocks is read through L2 (__ldcg): L1 is not
-// coherent across SMs.
-__device__ void load_x(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, int16_t* xq, float* xd, float* red) {
+// x of phase p into shared memory (q int16, d f32 per 32 values), by the whole block.
+// RMSNorm and SwiGLU read their f32 inputs in ONE round trip: cp.async of the whole inputs
+// into `stage` (the block's weight ring, idle between phases), then computed from shared
+// memory. (Measured first with per-warp batches of L2 loads: 5 us per RMSNorm prologue and
+// 11 us for SwiGLU's 110 KB, several dependent round trips each.) cp.async.cg reads L2, which
+// is coherent with the other SMs' writes before the grid barrier.
+__device__ void load_x(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, int16_t* xq, float* xd, float* red,
+                       float* stage) {
     const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const uint32_t cols = ph.cols, n_blocks = cols / 32;
     if (ph.x == DecodeX::act_q16) {
         const uint32_t q_vecs = cols * 2 / 16, d_vecs = n_blocks * 4 / 16;  // cols % 256 == 0
-        for (uint32_t i = tid; i < q_vecs; i += kConsumers)
+        for (uint32_t i = tid; i < q_vecs; i += kThreads)
             reinterpret_cast<uint4*>(xq)[i] = __ldcg(reinterpret_cast<const uint4*>(a.x_q16.q) + i);
-        for (uint32_t i = tid; i < d_vecs; i += kConsumers)
+        for (uint32_t i = tid; i < d_vecs; i += kThreads)
             reinterpret_cast<uint4*>(xd)[i] = __ldcg(reinterpret_cast<const uint4*>(a.x_q16.d) + i);
         return;
     }
-    // Warp w quantizes the 32-value blocks w, w + 16, ...; lane l holds value l of each.
-    float v[kMaxValuesPerThread];
+    const float* first = ph.x == DecodeX::swiglu ? ph.gate_up : a.stream;
+    const float* second = ph.x == DecodeX::swiglu ? ph.gate_up + cols : ph.norm_weight;
+    const uint32_t vecs = cols / 4;
+    for (uint32_t i = tid; i < vecs; i += kThreads) {
+        cp_async16(stage + 4 * i, first + 4 * i);
+        cp_async16(stage + cols + 4 * i, second + 4 * i);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    // Each warp quantizes 4 blocks at a time, 8 lanes per block with 4 values each (the
+    // rounding of act_quant.cuh): a quarter of the dependent shuffle chains of one block per
+    // warp, which made SwiGLU's prologue 10 us (432 blocks, 27 per warp, one after another).
+    const uint32_t group_block = lane / 8, in_block = 4 * (lane % 8);
     if (ph.x == DecodeX::swiglu) {
-#pragma unroll
-        for (uint32_t j = 0; j < kMaxValuesPerThread; ++j) {
-            const uint32_t b = j * kConsumerWarps + warp;
-            if (b < n_blocks) {
-                const uint32_t i = b * 32 + lane;
-                v[j] = silu_times(__ldcg(ph.gate_up + i), __ldcg(ph.gate_up + cols + i));
-                quantize_act_q16_warp(v[j], lane, xq + b * 32, xd + b);
+        for (uint32_t b = warp * 4 + group_block; b - group_block < n_blocks; b += kWarps * 4) {
+            if (b < n_blocks) {  // whole 8-lane groups in or out
+                const uint32_t i = b * 32 + in_block;
+                const float4 g = *reinterpret_cast<const float4*>(stage + i);
+                const float4 u = *reinterpret_cast<const float4*>(stage + cols + i);
+                const float4 v = make_float4(silu_times(g.x, u.x), silu_times(g.y, u.y), silu_times(g.z, u.z),
+                                             silu_times(g.w, u.w));
+                quantize_act_q16_group(v, lane, xq + i, xd + b);
             }
         }
         return;
     }
     // stream_rmsnorm: out = (x * inv_rms) * w, inv_rms = 1 / sqrt(mean(x^2) + eps), as rmsnorm.cu.
     float sum = 0.0f;
-#pragma unroll
-    for (uint32_t j = 0; j < kMaxValuesPerThread; ++j) {
-        const uint32_t b = j * kConsumerWarps + warp;
-        if (b < n_blocks) {
-            v[j] = __ldcg(a.stream + b * 32 + lane);
-            sum = fmaf(v[j], v[j], sum);
-        }
+    for (uint32_t i = 4 * tid; i < cols; i += 4 * kThreads) {
+        const float4 v = *reinterpret_cast<const float4*>(stage + i);
+        sum = fmaf(v.x, v.x, sum);
+        sum = fmaf(v.y, v.y, sum);
+        sum = fmaf(v.z, v.z, sum);
+        sum = fmaf(v.w, v.w, sum);
     }
     sum = warp_sum(sum);
     if (lane == 0) red[warp] = sum;
-    consumer_sync();
+    __syncthreads();
     float total = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kConsumerWarps; ++w) total += red[w];  // the same order in every thread
+    for (int w = 0; w < kWarps; ++w) total += red[w];  // the same order in every thread
     const float inv_rms = rsqrtf(total / (float)cols + a.eps);
-#pragma unroll
-    for (uint32_t j = 0; j < kMaxValuesPerThread; ++j) {
-        const uint32_t b = j * kConsumerWarps + warp;
+    for (uint32_t b = warp * 4 + group_block; b - group_block < n_blocks; b += kWarps * 4) {
         if (b < n_blocks) {
-            const uint32_t i = b * 32 + lane;
-            quantize_act_q16_warp(v[j] * inv_rms * __ldg(ph.norm_weight + i), lane, xq + b * 32, xd + b);
+            const uint32_t i = b * 32 + in_block;
+            const float4 x = *reinterpret_cast<const float4*>(stage + i);
+            const float4 w = *reinterpret_cast<const float4*>(stage + cols + i);
+            quantize_act_q16_group(make_float4(x.x * inv_rms * w.x, x.y * inv_rms * w.y, x.z * inv_rms * w.z,
+                                               x.w * inv_rms * w.w),
+                                   lane, xq + i, xd + b);
         }
     }
 }
 #endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// One warp's share of a stage of kRows rows: the units gw, gw + 4, ... of every row, one x
-// load per unit for all rows; per-row warp sums into part[row][gw]. Lane roles inside a
-// 256-column unit as in the q16x matvec: 8 lanes per 68-byte block pair, lanes 0-3 on block
-// A's 32 weights, 4-7 on block B's (realigned by a byte permute: every load is a whole word).
-template <int kRows>
-__device__ __forceinline__ void stage_partials(const uint32_t* stage, uint32_t row_words, uint32_t upr, uint32_t gw,
-                                               uint32_t lane, const int16_t* xq, const float* xd, float* part) {
+// Chunk i of this warp's share of a phase into ring slot `dst`; past the share's end, an
+// empty group (the wait counts stay uniform).
+__device__ __forceinline__ void issue_chunk(const DecodeGemvPhase& ph, const WarpShare& s, uint32_t lane, uint8_t* dst,
+                                            uint32_t i) {
+    if (s.c0 + i < s.c1) {
+        const uint32_t rp = (s.c0 + i) / s.cpr, ci = (s.c0 + i) % s.cpr;
+        const uint32_t vecs = min(kChunkPairs, s.ppr - ci * kChunkPairs) * 68 / 16;
+        const uint8_t* w = static_cast<const uint8_t*>(ph.w);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            const uint8_t* src = w + (size_t)min(kRows * rp + r, ph.rows - 1) * s.row_bytes + (size_t)ci * kChunkBytes;
+            for (uint32_t v = lane; v < vecs; v += 32) cp_async16(dst + r * kChunkBytes + 16 * v, src + 16 * v);
+        }
+    }
+    cp_async_commit();
+}
+
+// A row pair's total: stored, added to the stream, or (second part of a pair cut between
+// warps) handed to the previous warp through its slot.
+__device__ __forceinline__ void row_out(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, uint32_t row, float total) {
+    if (row >= ph.rows) return;
+    if (ph.y == DecodeY::add_to_stream) a.stream[row] = __ldcg(a.stream + row) + total;
+    else ph.out[row] = total;
+}
+
+__device__ __forceinline__ uint64_t global_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+
+__global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeLayerArgs a, uint32_t* barrier,
+                                                                  unsigned long long* carry, uint64_t* timeline) {
+    // timeline (lab): per block, kDecodeTimelineSlots timestamps (decode_layer.cuh).
+    uint64_t* tl = timeline != nullptr ? timeline + (size_t)blockIdx.x * kDecodeTimelineSlots : nullptr;
+    if (tl != nullptr && threadIdx.x == 0) tl[0] = global_ns();
+    extern __shared__ __align__(128) uint8_t smem[];
+    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const uint32_t gw = blockIdx.x * kWarps + warp, n_warps = gridDim.x * kWarps;
+    uint8_t* ring = smem + (size_t)warp * kStages * kRows * kChunkBytes;
+    int16_t* xq = reinterpret_cast<int16_t*>(smem + kXqOffset);
+    float* xd = reinterpret_cast<float*>(smem + kXdOffset);
+    float* red = reinterpret_cast<float*>(smem + kRedOffset);
+    WarpShare* shares = reinterpret_cast<WarpShare*>(smem + kShareOffset) + (size_t)warp * kDecodeMaxPhases;
+    if (lane < a.n_phases) shares[lane] = warp_share(a.phases[lane], gw, n_warps);
+    __syncwarp();
+
+    // Lane roles, as in the q16x matvec: 8 lanes per 68-byte block pair (4 pairs = 256 columns
+    // per step), lanes 0-3 on block A's 32 weights, 4-7 on block B's.
     const uint32_t sub = lane / 8, t = lane % 8;
     const bool in_a = t < 4;
     const uint32_t col_in_pair = (in_a ? 0 : 32) + (t % 4) * 8;
     const uint32_t realign = in_a ? 0x5432u : 0x7654u;
     const uint32_t scale_shift = in_a ? 0 : 16;
-    float acc[kRows];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-#pragma unroll 1
-    for (uint32_t cu = gw; cu < upr; cu += kGroupWarps) {
-        const uint32_t pair = cu * 4 + sub;
-        const uint32_t col = pair * 64 + col_in_pair;
-        const uint4 xv = *reinterpret_cast<const uint4*>(xq + col);
-        const float xs = xd[col / 32];
-        const uint32_t* pw = stage + pair * 17;
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-            const uint32_t* pr = pw + r * row_words;
-            const uint32_t w0 = pr[2 * t], w1 = pr[2 * t + 1], w2 = pr[2 * t + 2];
-            const uint32_t dw = pr[in_a ? 0 : 8];
-            const int q0 = (int)__byte_perm(w0, w1, realign);
-            const int q1 = (int)__byte_perm(w1, w2, realign);
-            const float d = __half2float(__ushort_as_half((unsigned short)(dw >> scale_shift)));
-            int isum = __dp2a_lo((int)xv.x, q0, 0);
-            isum = __dp2a_hi((int)xv.y, q0, isum);
-            isum = __dp2a_lo((int)xv.z, q1, isum);
-            isum = __dp2a_hi((int)xv.w, q1, isum);
-            acc[r] = fmaf(d * xs, (float)isum, acc[r]);
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-        const float v = warp_sum(acc[r]);
-        if (lane == 0) part[r * kGroupWarps + gw] = v;
-    }
-}
 
-// The producer's wait for a free ring slot: it sleeps between polls so that its spinning
-// does not take issue slots from the consumers (measured: 8% of all instructions without).
-__device__ __forceinline__ void mbar_wait_sleeping(uint64_t* bar, uint32_t parity) {
-    uint32_t done = 0;
-    while (true) {
-        asm volatile(
-            "{\n"
-            ".reg .pred p;\n"
-            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, p;\n"
-            "}\n"
-            : "=r"(done)
-            : "r"(smem_addr(bar)), "r"(parity)
-            : "memory");
-        if (done) return;
-        __nanosleep(64);
-    }
-}
-#endif
+    // Weights never depend on earlier kernels: phase 0's first chunk goes out before the wait.
+    // Later phases issue theirs only after their x is built: weight chunks in flight delay the
+    // grid barrier's atomics and the x loads queued behind them (measured with two chunks
+    // per warp issued across each barrier: 18 MB ahead, x prologues 3.6-11.4 us, barrier
+    // waits 4-5 us; docs/perf-notes.md, session 15).
+    // (Only when phase 0's x does not use the ring as its staging area.)
+    const bool early_chunk = a.phases[0].x == DecodeX::act_q16;
+    if (early_chunk) issue_chunk(a.phases[0], shares[0], lane, ring, 0);
+    cudaGridDependencySynchronize();  // x_q16 and the stream come from earlier kernels
+    if (tl != nullptr && threadIdx.x == 0) tl[1] = global_ns();
 
-__global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeLayerArgs a, uint32_t* barrier) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    extern __shared__ __align__(128) uint8_t smem[];
-    uint8_t* ring = smem + kRingOffset;
-    int16_t* xq = reinterpret_cast<int16_t*>(smem + kXqOffset);
-    float* xd = reinterpret_cast<float*>(smem + kXdOffset);
-    float* part_base = reinterpret_cast<float*>(smem + kPartOffset);
-    float* red = reinterpret_cast<float*>(smem + kRedOffset);
-    uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOffset);
-    uint64_t* empty = full + kStages;
-    const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-
-    if (tid == 0) {
-        for (int s = 0; s < kStages; ++s) {
-            mbar_init(&full[s], 1);   // the producer's arrive (with the transaction bytes)
-            mbar_init(&empty[s], 1);  // one consumer's arrive after the consumers' barrier
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warp == kConsumerWarps) {
-        // Producer: every phase's rows of this block, stage after stage, as fast as the ring
-        // frees up. Weights never depend on the previous kernel, so no dependency wait here.
-        // One lane per group, each filling only its group's ring, so that a group slow on one
-        // stage never holds back the others' copies (measured with one in-order ring shared
-        // by the four groups: the producer waited on a slow group's slot while the other
-        // groups starved).
-        if (lane < (uint32_t)kGroups) {
-            const uint32_t g = lane;
-            uint32_t j = 0;  // this group's stage count, across phases
-            for (uint32_t p = 0; p < a.n_phases; ++p) {
-                const DecodeGemvPhase& ph = a.phases[p];
-                const uint32_t row_bytes = q8_row_bytes(ph.cols), n = stage_rows(ph.cols);
-                uint32_t r0, r1;
-                block_rows(ph.rows, blockIdx.x, gridDim.x, r0, r1);
-                const uint8_t* w = static_cast<const uint8_t*>(ph.w);
-                for (uint32_t r = r0 + g * n; r < r1; r += kGroups * n, ++j) {
-                    const uint32_t slot = g * kGroupStages + j % kGroupStages;
-                    if (j >= (uint32_t)kGroupStages) mbar_wait_sleeping(&empty[slot], ((j / kGroupStages) + 1) & 1);
-                    const uint32_t bytes = min(n, r1 - r) * row_bytes;
-                    mbar_arrive_expect_tx(&full[slot], bytes);
-                    bulk_copy_to_smem(ring + (size_t)slot * kStageBytes, w + (size_t)r * row_bytes, bytes, &full[slot]);
-                }
-            }
-        }
-        return;
-    }
-
-    const uint32_t group = warp / kGroupWarps, gw = warp % kGroupWarps;
-    uint32_t j = 0;  // this group's stage count, across phases (the producer lane's order)
     for (uint32_t p = 0; p < a.n_phases; ++p) {
         const DecodeGemvPhase& ph = a.phases[p];
-        if (p == 0) {
-            cudaGridDependencySynchronize();  // x_q16 and the stream come from earlier kernels
-        } else {
-            grid_barrier(barrier, gridDim.x);  // the previous phase's outputs, from every block
-        }
-        load_x(a, ph, xq, xd, red);
-        consumer_sync();
-        const uint32_t row_bytes = q8_row_bytes(ph.cols), n = stage_rows(ph.cols), upr = ph.cols / kUnitCols;
-        const uint32_t row_words = row_bytes / 4;
-        uint32_t r0, r1;
-        block_rows(ph.rows, blockIdx.x, gridDim.x, r0, r1);
-        const uint32_t n_stages = (r1 - r0 + n - 1) / n;
-        for (uint32_t st = group; st < n_stages; st += kGroups, ++j) {
-            const uint32_t slot = group * kGroupStages + j % kGroupStages, r = r0 + st * n, nr = min(n, r1 - r);
-            mbar_wait(&full[slot], (j / kGroupStages) & 1);
-            const uint32_t* stage = reinterpret_cast<const uint32_t*>(ring + (size_t)slot * kStageBytes);
-            // Partials double-buffered per group: the reducing lanes of stage st read one
-            // buffer while the group's other warps may already fill the other (stage st + 4).
-            float* part = part_base + (size_t)((group * 2 + (j & 1)) * kMaxStageRows) * kGroupWarps;
-            switch (nr) {  // the row count as a constant: no per-row guards in the inner loop
-                case 1: stage_partials<1>(stage, row_words, upr, gw, lane, xq, xd, part); break;
-                case 2: stage_partials<2>(stage, row_words, upr, gw, lane, xq, xd, part); break;
-                case 3: stage_partials<3>(stage, row_words, upr, gw, lane, xq, xd, part); break;
-                case 4: stage_partials<4>(stage, row_words, upr, gw, lane, xq, xd, part); break;
-                case 5: stage_partials<5>(stage, row_words, upr, gw, lane, xq, xd, part); break;
-                case 6: stage_partials<6>(stage, row_words, upr, gw, lane, xq, xd, part); break;
-                case 7: stage_partials<7>(stage, row_words, upr, gw, lane, xq, xd, part); break;
-                default: stage_partials<8>(stage, row_words, upr, gw, lane, xq, xd, part); break;
+        if (p > 0) {
+            if (tl != nullptr) {
+                __syncthreads();
+                if (threadIdx.x == 0) tl[2 + 3 * (p - 1) + 1] = global_ns();  // the block's warps are done
             }
-            group_sync(group);  // the group is done with the stage and has written its partials
-            if (gw == 0) {
-                if (lane == 0) mbar_arrive(&empty[slot]);
-                if (lane < nr) {
-                    float total = 0.0f;
+            grid_barrier(barrier, gridDim.x);  // the previous phase's outputs, from every block
+            if (tl != nullptr && threadIdx.x == 0) tl[2 + 3 * (p - 1) + 2] = global_ns();  // barrier passed
+        }
+        load_x(a, ph, xq, xd, red, reinterpret_cast<float*>(smem));
+        __syncthreads();
+        if (tl != nullptr && threadIdx.x == 0) tl[2 + 3 * p] = global_ns();  // x ready
+        const WarpShare s = shares[p];
+        for (uint32_t i = p == 0 && early_chunk ? 1 : 0; i < (uint32_t)kStages; ++i)
+            issue_chunk(ph, s, lane, ring + i * kRows * kChunkBytes, i);
+        float acc[kRows] = {};
+        for (uint32_t k = s.c0; k < s.c1; ++k) {
+            const uint32_t i = k - s.c0;
+            cp_async_wait<kStages - 1>();  // chunk i has landed (i + 1 may still be in flight)
+            __syncwarp();
+            const uint32_t ci = k % s.cpr;
+            const uint32_t pairs = min(kChunkPairs, s.ppr - ci * kChunkPairs);
+            const uint32_t* buf = reinterpret_cast<const uint32_t*>(ring + (i % kStages) * kRows * kChunkBytes);
 #pragma unroll
-                    for (int w = 0; w < kGroupWarps; ++w) total += part[lane * kGroupWarps + w];
-                    const uint32_t row = r + lane;
-                    if (ph.y == DecodeY::add_to_stream) a.stream[row] = __ldcg(a.stream + row) + total;
-                    else ph.out[row] = total;
+            for (uint32_t j = 0; j < kChunkPairs / 4; ++j) {
+                const uint32_t pp = 4 * j + sub;
+                if (4 * j >= pairs) break;
+                const uint32_t col = (ci * kChunkPairs + pp) * 64 + col_in_pair;
+                const uint4 xv = *reinterpret_cast<const uint4*>(xq + col);
+                const float xs = xd[col / 32];
+#pragma unroll
+                for (int r = 0; r < kRows; ++r) {
+                    const uint32_t* pw = buf + r * (kChunkBytes / 4) + pp * 17;
+                    const uint32_t w0 = pw[2 * t], w1 = pw[2 * t + 1], w2 = pw[2 * t + 2];
+                    const uint32_t dw = pw[in_a ? 0 : 8];
+                    const int q0 = (int)__byte_perm(w0, w1, realign);
+                    const int q1 = (int)__byte_perm(w1, w2, realign);
+                    const float d = __half2float(__ushort_as_half((unsigned short)(dw >> scale_shift)));
+                    int isum = __dp2a_lo((int)xv.x, q0, 0);
+                    isum = __dp2a_hi((int)xv.y, q0, isum);
+                    isum = __dp2a_lo((int)xv.z, q1, isum);
+                    isum = __dp2a_hi((int)xv.w, q1, isum);
+                    acc[r] = fmaf(d * xs, (float)isum, acc[r]);
+                }
+            }
+            __syncwarp();  // the slot is free: refill it two chunks ahead
+            issue_chunk(ph, s, lane, ring + (i % kStages) * kRows * kChunkBytes, i + kStages);
+            if (ci == s.cpr - 1) {
+                const uint32_t rp = k / s.cpr;
+                const bool publish = s.starts_cut && rp == s.c0 / s.cpr;  // the second part of a cut pair
+#pragma unroll
+                for (int r = 0; r < kRows; ++r) {
+                    const float total = warp_sum(acc[r]);
+                    if (lane == 0 && publish) {
+                        cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(carry[(size_t)gw * kRows + r]);
+                        slot.store((1ull << 32) | __float_as_uint(total), cuda::memory_order_relaxed);
+                    } else if (lane == 0) {
+                        row_out(a, ph, kRows * rp + r, total);
+                    }
+                    acc[r] = 0.0f;
+                }
+            }
+        }
+        cp_async_wait<0>();  // the empty groups past the share's end
+        if (s.ends_cut) {  // the first part of pair c1 / cpr: add the next warp's second part
+            const uint32_t rp = s.c1 / s.cpr;
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+                const float total = warp_sum(acc[r]);
+                if (lane == 0) {
+                    cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(carry[(size_t)(gw + 1) * kRows + r]);
+                    unsigned long long v;
+                    while (((v = slot.load(cuda::memory_order_relaxed)) >> 32) == 0) __nanosleep(32);
+                    slot.store(0ull, cuda::memory_order_relaxed);
+                    row_out(a, ph, kRows * rp + r, total + __uint_as_float((uint32_t)v));
                 }
             }
         }
     }
-    // The last stage's outputs are written by the time the grid completes; nothing else to do.
-#endif
+    cp_async_wait<0>();  // no copy in flight into shared memory of an exiting block
+    if (tl != nullptr) {
+        __syncthreads();
+        if (threadIdx.x == 0) tl[2 + 3 * (a.n_phases - 1) + 1] = global_ns();
+    }
 }
+#else
+__global__ void decode_layer_kernel(const DecodeLayerArgs, uint32_t*, unsigned long long*, uint64_t*) {}
+#endif
 
 int device_sm_count() {
     int device = 0, n = 0;
@@ -384,11 +388,21 @@ bool decode_layer_phase_fits(uint32_t rows, uint32_t cols) {
     return rows >= 1 && cols >= kUnitCols && cols % kUnitCols == 0 && cols <= kMaxCols;
 }
 
-void decode_layer_cuda(const DecodeLayerArgs& args, uint32_t* barrier, cudaStream_t stream) {
+uint32_t decode_layer_grid_blocks() {
+    static const int sms = device_sm_count();
+    return (uint32_t)sms;
+}
+
+size_t decode_layer_scratch_bytes() {
+    static const int sms = device_sm_count();
+    return 16 + (size_t)sms * kWarps * kRows * sizeof(unsigned long long);  // barrier words, then the slots
+}
+
+void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, uint64_t* timeline) {
     const std::string where = "decode_layer_cuda: ";
     if (!decode_layer_supported()) fail(where + "needs an sm_90+ GPU with " + std::to_string(kSmemBytes) + " bytes of shared memory per block");
     if (args.n_phases < 1 || args.n_phases > kDecodeMaxPhases) fail(where + "1 to 4 phases");
-    if (barrier == nullptr) fail(where + "no barrier words");
+    if (scratch == nullptr) fail(where + "no scratch");
     for (uint32_t p = 0; p < args.n_phases; ++p) {
         const DecodeGemvPhase& ph = args.phases[p];
         const std::string at = where + "phase " + std::to_string(p) + ": ";
@@ -404,10 +418,13 @@ void decode_layer_cuda(const DecodeLayerArgs& args, uint32_t* barrier, cudaStrea
                 break;
             case DecodeX::stream_rmsnorm:
                 if (args.stream == nullptr || ph.norm_weight == nullptr) fail(at + "RMSNorm needs the stream and a norm weight");
+                if (reinterpret_cast<uintptr_t>(args.stream) % 16 != 0 || reinterpret_cast<uintptr_t>(ph.norm_weight) % 16 != 0)
+                    fail(at + "the stream and the norm weight must be 16-byte aligned");
                 if (ph.y == DecodeY::add_to_stream) fail(at + "cannot read the stream (RMSNorm) and add to it in one phase");
                 break;
             case DecodeX::swiglu:
-                if (ph.gate_up == nullptr) fail(at + "SwiGLU needs gate_up");
+                if (ph.gate_up == nullptr || reinterpret_cast<uintptr_t>(ph.gate_up) % 16 != 0)
+                    fail(at + "SwiGLU needs gate_up, 16-byte aligned");
                 if (ph.y == DecodeY::store && ph.out != nullptr && ph.out < ph.gate_up + 2 * (size_t)ph.cols &&
                     ph.gate_up < ph.out + ph.rows)
                     fail(at + "out overlaps the phase's own gate_up");
@@ -428,7 +445,9 @@ void decode_layer_cuda(const DecodeLayerArgs& args, uint32_t* barrier, cudaStrea
     attr.val.programmaticStreamSerializationAllowed = 1;
     config.attrs = &attr;
     config.numAttrs = 1;
-    SPILLWAY_CUDA_CHECK(cudaLaunchKernelEx(&config, decode_layer_kernel, args, barrier));
+    uint32_t* barrier = static_cast<uint32_t*>(scratch);
+    unsigned long long* carry = reinterpret_cast<unsigned long long*>(static_cast<uint8_t*>(scratch) + 16);
+    SPILLWAY_CUDA_CHECK(cudaLaunchKernelEx(&config, decode_layer_kernel, args, barrier, carry, timeline));
 }
 
 }  // namespace spillway

@@ -6,18 +6,19 @@
 // Why: separate launches lose ~5 us per GEMV to the ramp (the first weight bytes arrive ~1-2
 // us after a launch) and the tail (the last warps stream alone), and the small kernels
 // between them are time in which HBM idles (docs/perf-notes.md, sessions 9-11: the four
-// GEMVs of a 14B layer take ~88 us for a 65 us floor). Here one producer thread per block
-// streams its rows of every phase's weight matrix into a shared-memory ring with bulk copies
-// (TMA), without waiting for anything but ring space: weights do not depend on activations,
-// so while the consumers wait at the grid-wide barrier between two phases, the next phase's
-// weights are already in flight. The activations are tiny (a 5120-value x is 20 KB, read
-// from L2 by every block).
+// GEMVs of a 14B layer take ~88 us for a 65 us floor). Here every warp streams its share of
+// each phase's weights through its own small cp.async ring (the q16x matvec's loop), and the
+// ring runs on across phase boundaries: weights do not depend on activations, so while a warp
+// waits at the grid-wide barrier between two phases, its first chunks of the next phase are
+// already in flight. The activations are tiny (a 5120-value x is 20 KB, read from L2 by every
+// block).
 //
 // Each phase: y = W x with W [rows][cols] Q8_0 rows, x quantized to int16 blocks of 32 with
 // the rounding of act_quant.cuh (so the products are those of matvec_q8_0_q16x_cuda on the
 // same x). The grid is one block per SM, all resident (the barrier needs every block to run);
-// a block owns a contiguous range of each phase's rows, so every output is written by
-// exactly one thread, with a fixed summation order: results are deterministic.
+// the work of a phase is split over all warps as the q16x matvec splits it (by chunks, a row
+// cut between two warps handed over through a slot), so every output is written by exactly
+// one thread, with a fixed summation order: results are deterministic.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -63,16 +64,22 @@ struct DecodeLayerArgs {
 bool decode_layer_supported();
 bool decode_layer_phase_fits(uint32_t rows, uint32_t cols);
 
-// The grid barrier's state: two uint32 words, zero before the first launch; the kernel leaves
-// them ready for the next one. One per stream that launches (two launches running at once
-// must not share it). `barrier` must be device memory.
-constexpr size_t kDecodeBarrierWords = 2;
+// The kernel's state between launches: the grid barrier's two words and the slots in which
+// warps hand over the partial sums of rows split between them. `decode_layer_scratch_bytes()`
+// bytes of device memory, zero before the first launch; every launch leaves it zero again.
+// One per stream that launches (two launches running at once must not share it).
+size_t decode_layer_scratch_bytes();
 
 // Runs the phases in order (each phase's x may depend on every earlier phase's output).
 // Launched with programmatic dependent launch on sm_90: the weight stream starts before the
 // previous kernel on the stream has finished; x_q16 and the stream are read only after it.
 // Fails (throws) on an unsupported device, shape or argument, or aliasing the kernel cannot
 // honour (a phase may not write what its own x is read from).
-void decode_layer_cuda(const DecodeLayerArgs& args, uint32_t* barrier, cudaStream_t stream);
+// timeline (lab; null in the engine): decode_layer_grid_blocks() x kDecodeTimelineSlots
+// globaltimer stamps per launch: [0] start, [1] after the dependency wait, then per phase p
+// [2 + 3p] x ready, [3 + 3p] the block's warps done, [4 + 3p] grid barrier passed (p < last).
+constexpr uint32_t kDecodeTimelineSlots = 2 + 3 * kDecodeMaxPhases;
+uint32_t decode_layer_grid_blocks();
+void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, uint64_t* timeline = nullptr);
 
 }  // namespace spillway

@@ -6,6 +6,7 @@
 // step (~3e-5 of its block's max): tolerance 2e-4 relative (norm-wise) on every output.
 #include "engine/cuda/decode_layer.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -99,7 +100,7 @@ void check_decode_layer(const LayerCase& c) {
     DeviceBuffer<int16_t> d_xq = to_device(attn_q.q);
     DeviceBuffer<float> d_xd = to_device(attn_q.d), d_ffn_w = to_device(ffn_w), d_attn_w = to_device(attn_w);
     DeviceBuffer<float> d_stream(c.embd), d_gate_up(2 * c.ff), d_out(c.qkv_rows);
-    DeviceBuffer<uint32_t> barrier(kDecodeBarrierWords);
+    DeviceBuffer<uint8_t> barrier(decode_layer_scratch_bytes());
     SPILLWAY_CUDA_CHECK(cudaMemset(barrier.data(), 0, barrier.bytes()));
 
     DecodeLayerArgs a;
@@ -143,10 +144,15 @@ void check_decode_layer(const LayerCase& c) {
             if (c.with_qkv) EXPECT_EQ(std::memcmp(first_out.data(), got_out.data(), got_out.size() * 4), 0);
         }
     }
-    const uint32_t zero[2] = {0, 0};
-    uint32_t words[2];
-    SPILLWAY_CUDA_CHECK(cudaMemcpy(words, barrier.data(), sizeof(words), cudaMemcpyDeviceToHost));
-    EXPECT_EQ(words[0], zero[0]) << "the barrier's arrival count must be back to zero after a launch";
+    // The scratch is left ready for the next launch: arrival count zero, every hand-over slot
+    // zero (a stale slot would add an old partial sum to a cut row). Word 1 is the barrier's
+    // generation, which only grows.
+    const std::vector<uint8_t> scratch = to_host(barrier);
+    uint32_t count = 0;
+    std::memcpy(&count, scratch.data(), 4);
+    EXPECT_EQ(count, 0u) << "the barrier's arrival count must be back to zero after a launch";
+    EXPECT_EQ(std::count(scratch.begin() + 16, scratch.end(), 0), (long)(scratch.size() - 16))
+        << "hand-over slots left set";
 }
 
 TEST(CudaDecodeLayer, MatchesCpuChain) {
@@ -170,7 +176,7 @@ TEST(CudaDecodeLayer, RejectsUnsupportedInputs) {
     EXPECT_FALSE(decode_layer_phase_fits(1, 14592));
     DeviceBuffer<uint8_t> w(*ggml_row_bytes(GgmlType::Q8_0, 512) * 512);
     DeviceBuffer<float> stream(512), out(512);
-    DeviceBuffer<uint32_t> barrier(kDecodeBarrierWords);
+    DeviceBuffer<uint8_t> barrier(decode_layer_scratch_bytes());
     DecodeLayerArgs a;
     a.stream = stream.data();
     a.n_phases = 1;

@@ -21,6 +21,7 @@
 #include "engine/cuda/cuda_forward.h"
 #include "engine/cuda/cuda_generate.h"
 #include "engine/cuda/cuda_model.h"
+#include "engine/cuda/decode_layer.cuh"
 #include "model/make_model.h"
 #include "cuda_test_models.h"
 
@@ -58,12 +59,14 @@ std::vector<float> cpu_logits(const CpuModel& m, const std::vector<int32_t>& pro
 
 // GPU: the same, decode through the graph path or direct launches.
 std::vector<float> gpu_logits(const CudaModel& m, const std::vector<int32_t>& prompt,
-                              const std::vector<int32_t>& decode, KvType kt, KvType vt, bool use_graph) {
+                              const std::vector<int32_t>& decode, KvType kt, KvType vt, bool use_graph,
+                              bool decode_layer = false) {
     const uint32_t V = m.spec.n_vocab, n_ctx = (uint32_t)(prompt.size() + decode.size());
     CudaKvCache cache = make_cuda_kv_cache(m, n_ctx, kt, vt);
     SPILLWAY_CUDA_CHECK(cudaMemset(cache.arena.data(), 0xFF, cache.arena.bytes()));  // poison: NaN halves
     CudaForwardState st;
     init_cuda_forward_state(st, m, (uint32_t)prompt.size(), true, n_ctx);
+    EXPECT_EQ(set_cuda_decode_layer(st, m, decode_layer), decode_layer) << "the persistent layer kernel was refused";
     std::vector<float> out((prompt.size() + decode.size()) * V);
     forward_cuda_tokens(m, cache, st, prompt.data(), (uint32_t)prompt.size(), 0);
     SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(out.data(), st.logits.data(), prompt.size() * V * 4, cudaMemcpyDeviceToHost,
@@ -119,6 +122,40 @@ TEST(CudaForward, LogitsMatchCpuForEveryKvTier) {
         const double tol = any_q4 ? 1.5e-1 : any_q8 ? 2e-2 : 5e-3;
         EXPECT_LE(pre, tol) << kv_type_name(kt) << "/" << kv_type_name(vt);
         EXPECT_LE(dec, tol) << kv_type_name(kt) << "/" << kv_type_name(vt);
+    }
+}
+
+// Decode through the persistent layer kernel (decode_layer.cuh; the lab path
+// SPILLWAY_DECODE_LAYER=1) against the separate kernels and the CPU engine. The two GPU paths
+// differ only in how x is normalized and rounded to int16 (sum order), so their logits agree
+// far inside the CPU tolerance; graph and direct launches of the kernel are bit-identical.
+TEST(CudaForward, DecodeLayerKernelMatchesSeparateKernels) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    if (!decode_layer_supported()) GTEST_SKIP() << "the persistent decode layer kernel needs sm_90";
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    Tiny& t = tiny(GgmlType::Q8_0);
+    const uint32_t V = t.cpu.spec.n_vocab;
+    const auto prompt = random_tokens(rng, 21, V);
+    const auto decode = random_tokens(rng, 70, V);
+    for (const auto& [kt, vt] : {kTiers[0], kTiers[1], kTiers[2]}) {
+        const auto ref = cpu_logits(t.cpu, prompt, decode, kt, vt);
+        const auto separate = gpu_logits(*t.gpu, prompt, decode, kt, vt, true, false);
+        const auto layer = gpu_logits(*t.gpu, prompt, decode, kt, vt, true, true);
+        const auto layer_direct = gpu_logits(*t.gpu, prompt, decode, kt, vt, false, true);
+        ASSERT_EQ(cuda_test::count_nan(layer), 0u);
+        const size_t d0 = prompt.size(), d1 = prompt.size() + decode.size();
+        const double vs_separate = worst_row(layer, separate, V, d0, d1), vs_cpu = worst_row(layer, ref, V, d0, d1);
+        std::printf("[ tier %s/%s ] decode layer kernel, worst decode row: vs separate kernels %.2e, vs CPU %.2e\n",
+                    kv_type_name(kt), kv_type_name(vt), vs_separate, vs_cpu);
+        const bool any_q4 = kt == KvType::q4_0 || vt == KvType::q4_0;
+        const bool any_q8 = kt == KvType::q8_0 || vt == KvType::q8_0;
+        EXPECT_LE(vs_cpu, any_q4 ? 1.5e-1 : any_q8 ? 2e-2 : 5e-3);
+        // int16 x differs by at most a rounding step here and there (~3e-5 of a block's max);
+        // quantized K/V may flip a rounding of their own as well.
+        EXPECT_LE(vs_separate, any_q4 ? 5e-2 : any_q8 ? 1e-2 : 1e-3);
+        EXPECT_EQ(rel_error(layer, layer_direct), 0.0) << "graph and direct decode differ";
     }
 }
 
