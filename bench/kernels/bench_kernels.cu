@@ -325,10 +325,10 @@ void bench_decode_layer(Report& r, const Options& o) {
         a.stream = stream.data();
         a.x_q16 = ActQ16{xq.data(), xd.data()};
         a.phases[0] = DecodeGemvPhase{ws[0].data(), 5120, 5120, DecodeX::act_q16, DecodeY::add_to_stream};
-        a.phases[1] = DecodeGemvPhase{ws[1].data(), 27648, 5120, DecodeX::stream_rmsnorm, DecodeY::store, norm_w.data(),
-                                      nullptr, gate_up.data()};
-        a.phases[2] = DecodeGemvPhase{ws[2].data(), 5120, 13824, DecodeX::swiglu, DecodeY::add_to_stream, nullptr,
-                                      gate_up.data()};
+        a.phases[1] = DecodeGemvPhase{ws[1].data(), 27648, 5120, DecodeX::stream_rmsnorm, DecodeY::swiglu_pairs,
+                                      norm_w.data(), nullptr, gate_up.data()};
+        a.phases[2] = DecodeGemvPhase{ws[2].data(), 5120, 13824, DecodeX::f32, DecodeY::add_to_stream, nullptr,
+                                      nullptr, nullptr, gate_up.data()};
         a.phases[3] = DecodeGemvPhase{ws[3].data(), 7168, 5120, DecodeX::stream_rmsnorm, DecodeY::store, norm_w.data(),
                                       nullptr, qkv.data()};
         a.n_phases = 4;
@@ -349,10 +349,10 @@ void bench_decode_layer(Report& r, const Options& o) {
         a.x_q16 = ActQ16{xq.data(), xd.data()};
         const auto& ws = w[l % n_sets];
         a.phases[0] = DecodeGemvPhase{ws[0].data(), 5120, 5120, DecodeX::act_q16, DecodeY::add_to_stream};
-        a.phases[1] = DecodeGemvPhase{ws[1].data(), 27648, 5120, DecodeX::stream_rmsnorm, DecodeY::store, norm_w.data(),
-                                      nullptr, gate_up.data()};
-        a.phases[2] = DecodeGemvPhase{ws[2].data(), 5120, 13824, DecodeX::swiglu, DecodeY::add_to_stream, nullptr,
-                                      gate_up.data()};
+        a.phases[1] = DecodeGemvPhase{ws[1].data(), 27648, 5120, DecodeX::stream_rmsnorm, DecodeY::swiglu_pairs,
+                                      norm_w.data(), nullptr, gate_up.data()};
+        a.phases[2] = DecodeGemvPhase{ws[2].data(), 5120, 13824, DecodeX::f32, DecodeY::add_to_stream, nullptr,
+                                      nullptr, nullptr, gate_up.data()};
         a.phases[3] = DecodeGemvPhase{ws[3].data(), 7168, 5120, DecodeX::stream_rmsnorm, DecodeY::store, norm_w.data(),
                                       nullptr, qkv.data()};
         a.n_phases = 4;

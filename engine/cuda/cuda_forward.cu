@@ -233,10 +233,11 @@ void enqueue_decode_layer(const CudaModel& m, CudaForwardState& st, uint32_t il)
     a.eps = s.norm_eps;
     float* gate_up = st.gate_up.data();
     a.phases[0] = DecodeGemvPhase{L.wo.data, s.n_embd, L.wo.n_in, DecodeX::act_q16, DecodeY::add_to_stream};
-    a.phases[1] = DecodeGemvPhase{L.ffn_gate.data, 2 * s.n_ff, L.ffn_gate.n_in, DecodeX::stream_rmsnorm, DecodeY::store,
-                                  L.ffn_norm, nullptr, gate_up};
-    a.phases[2] = DecodeGemvPhase{L.ffn_down.data, s.n_embd, L.ffn_down.n_in, DecodeX::swiglu, DecodeY::add_to_stream,
-                                  nullptr, gate_up};
+    // gate|up computes gate row j and up row j together and writes silu(gate) * up (F values).
+    a.phases[1] = DecodeGemvPhase{L.ffn_gate.data, 2 * s.n_ff, L.ffn_gate.n_in, DecodeX::stream_rmsnorm,
+                                  DecodeY::swiglu_pairs, L.ffn_norm, nullptr, gate_up};
+    a.phases[2] = DecodeGemvPhase{L.ffn_down.data, s.n_embd, L.ffn_down.n_in, DecodeX::f32, DecodeY::add_to_stream,
+                                  nullptr, nullptr, nullptr, gate_up};
     a.n_phases = 3;
     if (il + 1 < s.n_layer) {
         const CudaLayerWeights& next = m.layers[il + 1];

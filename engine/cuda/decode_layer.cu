@@ -73,7 +73,7 @@ __device__ __forceinline__ WarpShare warp_share(const DecodeGemvPhase& ph, uint3
     s.ppr = ph.cols / 64;
     s.cpr = (s.ppr + kChunkPairs - 1) / kChunkPairs;
     s.row_bytes = s.ppr * 68;
-    const uint32_t n_pairs = (ph.rows + kRows - 1) / kRows, total = n_pairs * s.cpr;
+    const uint32_t n_pairs = (ph.rows + kRows - 1) / kRows, total = n_pairs * s.cpr;  // swiglu_pairs: rows even
     if (phase_splits_by_chunks(ph.rows, ph.cols, n_warps)) {
         s.c0 = (uint32_t)((uint64_t)gw * total / n_warps);
         s.c1 = (uint32_t)((uint64_t)(gw + 1) * total / n_warps);
@@ -146,12 +146,13 @@ __device__ void load_x(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, int1
             reinterpret_cast<uint4*>(xd)[i] = __ldcg(reinterpret_cast<const uint4*>(a.x_q16.d) + i);
         return;
     }
-    const float* first = ph.x == DecodeX::swiglu ? ph.gate_up : a.stream;
+    const bool one_input = ph.x == DecodeX::f32;
+    const float* first = ph.x == DecodeX::swiglu ? ph.gate_up : one_input ? ph.x_f32 : a.stream;
     const float* second = ph.x == DecodeX::swiglu ? ph.gate_up + cols : ph.norm_weight;
     const uint32_t vecs = cols / 4;
     for (uint32_t i = tid; i < vecs; i += kThreads) {
         cp_async16(stage + 4 * i, first + 4 * i);
-        cp_async16(stage + cols + 4 * i, second + 4 * i);
+        if (!one_input) cp_async16(stage + cols + 4 * i, second + 4 * i);
     }
     cp_async_commit();
     cp_async_wait<0>();
@@ -160,14 +161,15 @@ __device__ void load_x(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, int1
     // rounding of act_quant.cuh): a quarter of the dependent shuffle chains of one block per
     // warp, which made SwiGLU's prologue 10 us (432 blocks, 27 per warp, one after another).
     const uint32_t group_block = lane / 8, in_block = 4 * (lane % 8);
-    if (ph.x == DecodeX::swiglu) {
+    if (ph.x == DecodeX::swiglu || one_input) {
         for (uint32_t b = warp * 4 + group_block; b - group_block < n_blocks; b += kWarps * 4) {
             if (b < n_blocks) {  // whole 8-lane groups in or out
                 const uint32_t i = b * 32 + in_block;
-                const float4 g = *reinterpret_cast<const float4*>(stage + i);
-                const float4 u = *reinterpret_cast<const float4*>(stage + cols + i);
-                const float4 v = make_float4(silu_times(g.x, u.x), silu_times(g.y, u.y), silu_times(g.z, u.z),
-                                             silu_times(g.w, u.w));
+                float4 v = *reinterpret_cast<const float4*>(stage + i);
+                if (!one_input) {
+                    const float4 u = *reinterpret_cast<const float4*>(stage + cols + i);
+                    v = make_float4(silu_times(v.x, u.x), silu_times(v.y, u.y), silu_times(v.z, u.z), silu_times(v.w, u.w));
+                }
                 quantize_act_q16_group(v, lane, xq + i, xd + b);
             }
         }
@@ -203,6 +205,12 @@ __device__ void load_x(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, int1
 #endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Row r of the phase's row pair rp: consecutive rows, or gate row rp and up row n + rp.
+__device__ __forceinline__ uint32_t unit_row(const DecodeGemvPhase& ph, uint32_t rp, int r) {
+    if (ph.y == DecodeY::swiglu_pairs) return r == 0 ? rp : ph.rows / 2 + rp;
+    return min(kRows * rp + r, ph.rows - 1);
+}
+
 // Chunk i of this warp's share of a phase into ring slot `dst`; past the share's end, an
 // empty group (the wait counts stay uniform).
 __device__ __forceinline__ void issue_chunk(const DecodeGemvPhase& ph, const WarpShare& s, uint32_t lane, uint8_t* dst,
@@ -213,19 +221,27 @@ __device__ __forceinline__ void issue_chunk(const DecodeGemvPhase& ph, const War
         const uint8_t* w = static_cast<const uint8_t*>(ph.w);
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-            const uint8_t* src = w + (size_t)min(kRows * rp + r, ph.rows - 1) * s.row_bytes + (size_t)ci * kChunkBytes;
+            const uint8_t* src = w + (size_t)unit_row(ph, rp, r) * s.row_bytes + (size_t)ci * kChunkBytes;
             for (uint32_t v = lane; v < vecs; v += 32) cp_async16(dst + r * kChunkBytes + 16 * v, src + 16 * v);
         }
     }
     cp_async_commit();
 }
 
-// A row pair's total: stored, added to the stream, or (second part of a pair cut between
-// warps) handed to the previous warp through its slot.
-__device__ __forceinline__ void row_out(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, uint32_t row, float total) {
-    if (row >= ph.rows) return;
-    if (ph.y == DecodeY::add_to_stream) a.stream[row] = __ldcg(a.stream + row) + total;
-    else ph.out[row] = total;
+// A row pair's totals: stored, added to the stream, or combined by SwiGLU.
+__device__ __forceinline__ void pair_out(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, uint32_t rp,
+                                         const float (&total)[kRows]) {
+    if (ph.y == DecodeY::swiglu_pairs) {
+        ph.out[rp] = silu_times(total[0], total[1]);
+        return;
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+        const uint32_t row = kRows * rp + r;
+        if (row >= ph.rows) continue;
+        if (ph.y == DecodeY::add_to_stream) a.stream[row] = __ldcg(a.stream + row) + total[r];
+        else ph.out[row] = total[r];
+    }
 }
 
 __device__ __forceinline__ uint64_t global_ns() {
@@ -320,33 +336,35 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
             if (ci == s.cpr - 1) {
                 const uint32_t rp = k / s.cpr;
                 const bool publish = s.starts_cut && rp == s.c0 / s.cpr;  // the second part of a cut pair
+                float total[kRows];
 #pragma unroll
                 for (int r = 0; r < kRows; ++r) {
-                    const float total = warp_sum(acc[r]);
+                    total[r] = warp_sum(acc[r]);
+                    acc[r] = 0.0f;
                     if (lane == 0 && publish) {
                         cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(carry[(size_t)gw * kRows + r]);
-                        slot.store((1ull << 32) | __float_as_uint(total), cuda::memory_order_relaxed);
-                    } else if (lane == 0) {
-                        row_out(a, ph, kRows * rp + r, total);
+                        slot.store((1ull << 32) | __float_as_uint(total[r]), cuda::memory_order_relaxed);
                     }
-                    acc[r] = 0.0f;
                 }
+                if (lane == 0 && !publish) pair_out(a, ph, rp, total);
             }
         }
         cp_async_wait<0>();  // the empty groups past the share's end
         if (s.ends_cut) {  // the first part of pair c1 / cpr: add the next warp's second part
             const uint32_t rp = s.c1 / s.cpr;
+            float total[kRows];
 #pragma unroll
             for (int r = 0; r < kRows; ++r) {
-                const float total = warp_sum(acc[r]);
+                total[r] = warp_sum(acc[r]);
                 if (lane == 0) {
                     cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(carry[(size_t)(gw + 1) * kRows + r]);
                     unsigned long long v;
                     while (((v = slot.load(cuda::memory_order_relaxed)) >> 32) == 0) __nanosleep(32);
                     slot.store(0ull, cuda::memory_order_relaxed);
-                    row_out(a, ph, kRows * rp + r, total + __uint_as_float((uint32_t)v));
+                    total[r] += __uint_as_float((uint32_t)v);
                 }
             }
+            if (lane == 0) pair_out(a, ph, rp, total);
         }
     }
     cp_async_wait<0>();  // no copy in flight into shared memory of an exiting block
@@ -429,9 +447,16 @@ void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t 
                     ph.gate_up < ph.out + ph.rows)
                     fail(at + "out overlaps the phase's own gate_up");
                 break;
+            case DecodeX::f32:
+                if (ph.x_f32 == nullptr || reinterpret_cast<uintptr_t>(ph.x_f32) % 16 != 0)
+                    fail(at + "x_f32 missing or not 16-byte aligned");
+                break;
             default: fail(at + "unknown x source");
         }
-        if (ph.y == DecodeY::store && ph.out == nullptr) fail(at + "no output");
+        if ((ph.y == DecodeY::store || ph.y == DecodeY::swiglu_pairs) && ph.out == nullptr) fail(at + "no output");
+        if (ph.y == DecodeY::swiglu_pairs && ph.rows % 2 != 0) fail(at + "swiglu_pairs needs gate and up rows, an even count");
+        if (ph.y == DecodeY::swiglu_pairs && ph.x == DecodeX::f32 && ph.out < ph.x_f32 + ph.cols && ph.x_f32 < ph.out + ph.rows / 2)
+            fail(at + "out overlaps the phase's own x_f32");
         if (ph.y == DecodeY::add_to_stream && args.stream == nullptr) fail(at + "no stream to add to");
     }
     static const int sms = device_sm_count();

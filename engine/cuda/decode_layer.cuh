@@ -32,11 +32,15 @@ enum class DecodeX : uint32_t {
     act_q16,         // DecodeLayerArgs::x_q16, written before the launch (e.g. by the attention merge)
     stream_rmsnorm,  // RMSNorm of the residual stream times norm_weight, quantized by every block
     swiglu,          // silu(gate) * up from gate_up ([cols] gate values, then [cols] up values)
+    f32,             // the f32 vector x_f32 (e.g. the previous phase's swiglu_pairs output)
 };
 // Where its y goes.
 enum class DecodeY : uint32_t {
     store,          // out[row] = y
     add_to_stream,  // stream[row] += y (the residual add; rows == the stream's length)
+    swiglu_pairs,   // rows = 2n (gate rows, then up rows): out[j] = silu(y[j]) * y[n + j], j < n;
+                    // each warp computes gate row j and up row j together, so SwiGLU needs no
+                    // pass of its own and the next phase reads n values instead of 2n
 };
 
 struct DecodeGemvPhase {
@@ -46,7 +50,8 @@ struct DecodeGemvPhase {
     DecodeY y = DecodeY::store;
     const float* norm_weight = nullptr;  // stream_rmsnorm: [cols]
     const float* gate_up = nullptr;      // swiglu: [2 * cols]
-    float* out = nullptr;                // store: [rows]
+    float* out = nullptr;                // store: [rows]; swiglu_pairs: [rows / 2]
+    const float* x_f32 = nullptr;        // f32: [cols]
 };
 
 constexpr uint32_t kDecodeMaxPhases = 4;

@@ -62,7 +62,8 @@ std::vector<float> rmsnorm(const std::vector<float>& h, const std::vector<float>
 struct LayerCase {
     uint32_t embd, ff, qkv_rows;
     bool with_qkv;
-    int runs = 2;  // launches from the same inputs, all bit-identical
+    int runs = 2;         // launches from the same inputs, all bit-identical
+    bool paired = false;  // gate|up as swiglu_pairs (writes SwiGLU), down reads it as f32 (the engine's way)
 };
 
 void check_decode_layer(const LayerCase& c) {
@@ -112,6 +113,12 @@ void check_decode_layer(const LayerCase& c) {
                                   nullptr, d_gate_up.data()};
     a.phases[2] = DecodeGemvPhase{d_down.data(), c.embd, c.ff, DecodeX::swiglu, DecodeY::add_to_stream, nullptr,
                                   d_gate_up.data()};
+    if (c.paired) {
+        a.phases[1].y = DecodeY::swiglu_pairs;  // out = d_gate_up[0, ff)
+        a.phases[2].x = DecodeX::f32;
+        a.phases[2].gate_up = nullptr;
+        a.phases[2].x_f32 = d_gate_up.data();
+    }
     a.phases[3] = DecodeGemvPhase{d_qkv.data(), c.qkv_rows, c.embd, DecodeX::stream_rmsnorm, DecodeY::store,
                                   d_attn_w.data(), nullptr, d_out.data()};
     a.n_phases = c.with_qkv ? 4 : 3;
@@ -127,7 +134,13 @@ void check_decode_layer(const LayerCase& c) {
         decode_layer_cuda(a, barrier.data(), nullptr);
         SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
         const std::vector<float> got_stream = to_host(d_stream), got_gu = to_host(d_gate_up), got_out = to_host(d_out);
-        EXPECT_LT(rel_error(got_gu, ref_gu), 2e-4) << "gate|up, run " << run;
+        if (c.paired) {
+            EXPECT_LT(rel_error(got_gu.data(), act.data(), c.ff), 2e-4) << "SwiGLU of gate|up, run " << run;
+            EXPECT_EQ(count_nan(std::vector<float>(got_gu.begin() + c.ff, got_gu.end())), (size_t)c.ff)
+                << "swiglu_pairs wrote past its n outputs";
+        } else {
+            EXPECT_LT(rel_error(got_gu, ref_gu), 2e-4) << "gate|up, run " << run;
+        }
         EXPECT_LT(rel_error(got_stream, ref_h2), 2e-4) << "stream after down, run " << run;
         if (c.with_qkv) {
             EXPECT_LT(rel_error(got_out, ref_qkv), 2e-4) << "q|k|v, run " << run;
@@ -164,6 +177,9 @@ TEST(CudaDecodeLayer, MatchesCpuChain) {
     check_decode_layer({256, 768, 512, true});
     check_decode_layer({1280, 3328, 1792, false});
     check_decode_layer({5120, 13824, 7168, true, 8});
+    // The engine's arrangement: gate|up writes SwiGLU itself (gate row j with up row j).
+    check_decode_layer({256, 768, 512, true, 2, true});
+    check_decode_layer({5120, 13824, 7168, true, 4, true});
 }
 
 TEST(CudaDecodeLayer, RejectsUnsupportedInputs) {
