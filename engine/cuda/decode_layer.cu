@@ -27,6 +27,7 @@
 #include "common/error.h"
 #include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/q8_0_q16_device.cuh"
 
 namespace spillway {
 namespace {
@@ -268,11 +269,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
 
     // Lane roles, as in the q16x matvec: 8 lanes per 68-byte block pair (4 pairs = 256 columns
     // per step), lanes 0-3 on block A's 32 weights, 4-7 on block B's.
-    const uint32_t sub = lane / 8, t = lane % 8;
-    const bool in_a = t < 4;
-    const uint32_t col_in_pair = (in_a ? 0 : 32) + (t % 4) * 8;
-    const uint32_t realign = in_a ? 0x5432u : 0x7654u;
-    const uint32_t scale_shift = in_a ? 0 : 16;
+    const uint32_t sub = lane / 8;
+    const Q8PairLane pl = q8_pair_lane(lane);
 
     // Weights never depend on earlier kernels: phase 0's first chunk goes out before the wait.
     // Later phases issue theirs only after their x is built: weight chunks in flight delay the
@@ -313,23 +311,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
             for (uint32_t j = 0; j < kChunkPairs / 4; ++j) {
                 const uint32_t pp = 4 * j + sub;
                 if (4 * j >= pairs) break;
-                const uint32_t col = (ci * kChunkPairs + pp) * 64 + col_in_pair;
+                const uint32_t col = (ci * kChunkPairs + pp) * 64 + pl.col_in_pair;
                 const uint4 xv = *reinterpret_cast<const uint4*>(xq + col);
                 const float xs = xd[col / 32];
 #pragma unroll
-                for (int r = 0; r < kRows; ++r) {
-                    const uint32_t* pw = buf + r * (kChunkBytes / 4) + pp * 17;
-                    const uint32_t w0 = pw[2 * t], w1 = pw[2 * t + 1], w2 = pw[2 * t + 2];
-                    const uint32_t dw = pw[in_a ? 0 : 8];
-                    const int q0 = (int)__byte_perm(w0, w1, realign);
-                    const int q1 = (int)__byte_perm(w1, w2, realign);
-                    const float d = __half2float(__ushort_as_half((unsigned short)(dw >> scale_shift)));
-                    int isum = __dp2a_lo((int)xv.x, q0, 0);
-                    isum = __dp2a_hi((int)xv.y, q0, isum);
-                    isum = __dp2a_lo((int)xv.z, q1, isum);
-                    isum = __dp2a_hi((int)xv.w, q1, isum);
-                    acc[r] = fmaf(d * xs, (float)isum, acc[r]);
-                }
+                for (int r = 0; r < kRows; ++r)
+                    acc[r] = q8_pair_dot(buf + r * (kChunkBytes / 4) + pp * 17, pl, xv, xs, acc[r]);
             }
             __syncwarp();  // the slot is free: refill it two chunks ahead
             issue_chunk(ph, s, lane, ring + (i % kStages) * kRows * kChunkBytes, i + kStages);

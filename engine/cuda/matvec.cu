@@ -29,6 +29,7 @@
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/lab_knob.h"
+#include "engine/cuda/q8_0_q16_device.cuh"
 
 namespace spillway {
 namespace {
@@ -483,11 +484,7 @@ __global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const u
     };
 
     const uint32_t sub = lane / 8;
-    const uint32_t t = lane % 8;
-    const bool in_a = t < 4;
-    const uint32_t col_in_pair = (in_a ? 0 : 32) + (t % 4) * 8;
-    const uint32_t realign = in_a ? 0x5432u : 0x7654u;
-    const uint32_t scale_shift = in_a ? 0 : 16;
+    const Q8PairLane pl = q8_pair_lane(lane);
     float acc[kRows] = {};
 
     // W does not depend on the kernel before us (the producer of x): with programmatic
@@ -526,7 +523,7 @@ __global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const u
         for (uint32_t j = 0; j < kChunkPairs / 4; ++j) {
             const uint32_t p = 4 * j + sub;
             if (4 * j >= pairs) break;
-            const uint32_t col = (ci * kChunkPairs + p) * 64 + col_in_pair;
+            const uint32_t col = (ci * kChunkPairs + p) * 64 + pl.col_in_pair;
             uint4 xv;
             float xs;
             if constexpr (kXInSmem) {
@@ -537,21 +534,7 @@ __global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const u
                 xs = __ldg(x_d + col / 32);
             }
 #pragma unroll
-            for (int r = 0; r < kRows; ++r) {
-                const uint32_t* pw = buf + r * (kChunkBytes / 4) + p * 17;
-                const uint32_t w0 = pw[2 * t], w1 = pw[2 * t + 1], w2 = pw[2 * t + 2];
-                const uint32_t dw = pw[in_a ? 0 : 8];
-                const int q0 = (int)__byte_perm(w0, w1, realign);
-                const int q1 = (int)__byte_perm(w1, w2, realign);
-                const float d = __half2float(__ushort_as_half((unsigned short)(dw >> scale_shift)));
-                // x values 0,1 | 2,3 | 4,5 | 6,7 are the int16 pairs xv.x .. xv.w; weights 0-3 are
-                // the bytes of q0, 4-7 of q1 (dp2a lo: bytes 0-1, hi: bytes 2-3).
-                int isum = __dp2a_lo((int)xv.x, q0, 0);
-                isum = __dp2a_hi((int)xv.y, q0, isum);
-                isum = __dp2a_lo((int)xv.z, q1, isum);
-                isum = __dp2a_hi((int)xv.w, q1, isum);
-                acc[r] = fmaf(d * xs, (float)isum, acc[r]);
-            }
+            for (int r = 0; r < kRows; ++r) acc[r] = q8_pair_dot(buf + r * (kChunkBytes / 4) + p * 17, pl, xv, xs, acc[r]);
         }
         __syncwarp();
         if (ci == cpr - 1) {
