@@ -7,9 +7,10 @@
 //
 // Block: 16 warps, one block per SM. Each warp streams its range of each phase's chunks
 // (32 block pairs of two rows, 2 x 2176 bytes) through a 2-stage cp.async ring, exactly the
-// q16x matvec's loop (matvec.cu) with x in shared memory; the ring runs two chunks ahead
-// across phase boundaries. Between phases: a grid barrier, then the block builds the next x
-// in shared memory (RMSNorm of the stream or SwiGLU of gate|up, quantized to int16 blocks).
+// q16x matvec's loop (matvec.cu) with x in shared memory. Between phases: a grid barrier,
+// then the block builds the next x in shared memory (RMSNorm of the stream, or SwiGLU /
+// an f32 vector, quantized to int16 blocks), then the phase's first chunks go out (issuing
+// them across the barrier was measured slower: they delay the barrier and the x loads).
 //
 // Tried first and measured slower (docs/perf-notes.md, session 15): one TMA producer thread
 // per block feeding 16 consumer warps through a bulk-copy ring of 16-32 KB stages, with a
@@ -22,6 +23,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "common/error.h"
@@ -40,6 +43,15 @@ constexpr uint32_t kChunkPairs = 32;          // block pairs per row per chunk
 constexpr uint32_t kChunkBytes = kChunkPairs * 68;
 constexpr uint32_t kMaxCols = 14336;
 constexpr uint32_t kUnitCols = 256;  // columns of one warp step (4 block pairs)
+
+// Set where the kernel below is compiled for sm_90 (read by the host once): a build without
+// sm_90 code runs PTX JIT-compiled from an older architecture, where the kernel is a stub.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ const int kDecodeLayerCompiled = 1;
+constexpr uint64_t kSpinLimit = 1ull << 28;  // polls (seconds) before a spin gives up
+#else
+__device__ const int kDecodeLayerCompiled = 0;
+#endif
 
 // Shared memory: rings [warp][stage][row][chunk] | x q (int16) | x d (f32) | reduce | shares.
 constexpr size_t kRingBytes = (size_t)kWarps * kStages * kRows * kChunkBytes;
@@ -121,7 +133,12 @@ __device__ void grid_barrier(uint32_t* words, uint32_t n_blocks) {
             count.store(0, cuda::memory_order_relaxed);
             gen.store(g + 1, cuda::memory_order_release);
         } else {
+            // Every block of the grid must be resident: one that never arrives would leave
+            // the others spinning forever, so a barrier that takes seconds stops the kernel
+            // with an error instead (e.g. another process holding SMs, two decodes at once).
+            uint64_t polls = 0;
             while (gen.load(cuda::memory_order_acquire) == g) {
+                if (++polls > kSpinLimit) __trap();
             }
         }
         __threadfence();
@@ -346,7 +363,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
                 if (lane == 0) {
                     cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(carry[(size_t)(gw + 1) * kRows + r]);
                     unsigned long long v;
-                    while (((v = slot.load(cuda::memory_order_relaxed)) >> 32) == 0) __nanosleep(32);
+                    uint64_t polls = 0;
+                    while (((v = slot.load(cuda::memory_order_relaxed)) >> 32) == 0) {
+                        __nanosleep(32);
+                        if (++polls > kSpinLimit) __trap();  // the partner warp never ran: see grid_barrier
+                    }
                     slot.store(0ull, cuda::memory_order_relaxed);
                     total[r] += __uint_as_float((uint32_t)v);
                 }
@@ -361,7 +382,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
     }
 }
 #else
-__global__ void decode_layer_kernel(const DecodeLayerArgs, uint32_t*, unsigned long long*, uint64_t*) {}
+__global__ void decode_layer_kernel(const DecodeLayerArgs, uint32_t*, unsigned long long*, uint64_t*) {
+    __trap();  // never launched: decode_layer_supported() reads kDecodeLayerCompiled
+}
 #endif
 
 int device_sm_count() {
@@ -374,18 +397,31 @@ int device_sm_count() {
 }  // namespace
 
 bool decode_layer_supported() {
-    static const bool supported = [] {
-        int device = 0, major = 0, smem_optin = 0;
-        SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
-        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-        if (major < 9 || (size_t)smem_optin < kSmemBytes) return false;
+    // Per device: a process may drive GPUs of different kinds.
+    static std::mutex mutex;
+    static std::map<int, bool> by_device;
+    int device = 0;
+    SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (const auto it = by_device.find(device); it != by_device.end()) return it->second;
+    bool supported = false;
+    int major = 0, smem_optin = 0, compiled = 0;
+    SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (major >= 9 && (size_t)smem_optin >= kSmemBytes) {
+        if (cudaMemcpyFromSymbol(&compiled, kDecodeLayerCompiled, sizeof compiled) != cudaSuccess) {
+            (void)cudaGetLastError();
+            compiled = 0;
+        }
+    }
+    if (compiled == 1) {
         SPILLWAY_CUDA_CHECK(
             cudaFuncSetAttribute(decode_layer_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
         int per_sm = 0;
         SPILLWAY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_layer_kernel, kThreads, kSmemBytes));
-        return per_sm >= 1;
-    }();
+        supported = per_sm >= 1;
+    }
+    by_device[device] = supported;
     return supported;
 }
 
@@ -393,15 +429,47 @@ bool decode_layer_phase_fits(uint32_t rows, uint32_t cols) {
     return rows >= 1 && cols >= kUnitCols && cols % kUnitCols == 0 && cols <= kMaxCols;
 }
 
-uint32_t decode_layer_grid_blocks() {
-    static const int sms = device_sm_count();
-    return (uint32_t)sms;
-}
+uint32_t decode_layer_grid_blocks() { return (uint32_t)device_sm_count(); }
 
 size_t decode_layer_scratch_bytes() {
-    static const int sms = device_sm_count();
+    const int sms = device_sm_count();
     return 16 + (size_t)sms * kWarps * kRows * sizeof(unsigned long long);  // barrier words, then the slots
 }
+
+namespace {
+
+struct ByteRange {
+    const void* p;
+    size_t bytes;
+};
+
+bool overlaps(ByteRange a, ByteRange b) {
+    const auto a0 = reinterpret_cast<uintptr_t>(a.p), b0 = reinterpret_cast<uintptr_t>(b.p);
+    return a.p != nullptr && b.p != nullptr && a.bytes > 0 && b.bytes > 0 && a0 < b0 + b.bytes && b0 < a0 + a.bytes;
+}
+
+bool phase_writes_what_it_reads(const DecodeLayerArgs& a, const DecodeGemvPhase& ph) {
+    const size_t cols = ph.cols;
+    const ByteRange written = ph.y == DecodeY::add_to_stream ? ByteRange{a.stream, ph.rows * sizeof(float)}
+                              : ph.y == DecodeY::swiglu_pairs ? ByteRange{ph.out, ph.rows / 2 * sizeof(float)}
+                                                              : ByteRange{ph.out, ph.rows * sizeof(float)};
+    ByteRange read[2] = {};
+    switch (ph.x) {
+        case DecodeX::act_q16:
+            read[0] = {a.x_q16.q, cols * sizeof(int16_t)};
+            read[1] = {a.x_q16.d, cols / 32 * sizeof(float)};
+            break;
+        case DecodeX::stream_rmsnorm:
+            read[0] = {a.stream, cols * sizeof(float)};
+            read[1] = {ph.norm_weight, cols * sizeof(float)};
+            break;
+        case DecodeX::swiglu: read[0] = {ph.gate_up, 2 * cols * sizeof(float)}; break;
+        case DecodeX::f32: read[0] = {ph.x_f32, cols * sizeof(float)}; break;
+    }
+    return overlaps(written, read[0]) || overlaps(written, read[1]);
+}
+
+}  // namespace
 
 void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, uint64_t* timeline) {
     const std::string where = "decode_layer_cuda: ";
@@ -425,14 +493,10 @@ void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t 
                 if (args.stream == nullptr || ph.norm_weight == nullptr) fail(at + "RMSNorm needs the stream and a norm weight");
                 if (reinterpret_cast<uintptr_t>(args.stream) % 16 != 0 || reinterpret_cast<uintptr_t>(ph.norm_weight) % 16 != 0)
                     fail(at + "the stream and the norm weight must be 16-byte aligned");
-                if (ph.y == DecodeY::add_to_stream) fail(at + "cannot read the stream (RMSNorm) and add to it in one phase");
                 break;
             case DecodeX::swiglu:
                 if (ph.gate_up == nullptr || reinterpret_cast<uintptr_t>(ph.gate_up) % 16 != 0)
                     fail(at + "SwiGLU needs gate_up, 16-byte aligned");
-                if (ph.y == DecodeY::store && ph.out != nullptr && ph.out < ph.gate_up + 2 * (size_t)ph.cols &&
-                    ph.gate_up < ph.out + ph.rows)
-                    fail(at + "out overlaps the phase's own gate_up");
                 break;
             case DecodeX::f32:
                 if (ph.x_f32 == nullptr || reinterpret_cast<uintptr_t>(ph.x_f32) % 16 != 0)
@@ -440,13 +504,16 @@ void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t 
                 break;
             default: fail(at + "unknown x source");
         }
+        if (ph.y != DecodeY::store && ph.y != DecodeY::add_to_stream && ph.y != DecodeY::swiglu_pairs)
+            fail(at + "unknown output kind");
         if ((ph.y == DecodeY::store || ph.y == DecodeY::swiglu_pairs) && ph.out == nullptr) fail(at + "no output");
         if (ph.y == DecodeY::swiglu_pairs && ph.rows % 2 != 0) fail(at + "swiglu_pairs needs gate and up rows, an even count");
-        if (ph.y == DecodeY::swiglu_pairs && ph.x == DecodeX::f32 && ph.out < ph.x_f32 + ph.cols && ph.x_f32 < ph.out + ph.rows / 2)
-            fail(at + "out overlaps the phase's own x_f32");
         if (ph.y == DecodeY::add_to_stream && args.stream == nullptr) fail(at + "no stream to add to");
+        // Within a phase nothing orders one block's outputs after another block's x prologue,
+        // so what a phase writes must not overlap anything it reads.
+        if (phase_writes_what_it_reads(args, ph)) fail(at + "its output overlaps its own input");
     }
-    static const int sms = device_sm_count();
+    const int sms = device_sm_count();  // the current device's: one block per SM
     cudaLaunchConfig_t config{};
     config.gridDim = dim3((unsigned)sms);
     config.blockDim = dim3(kThreads);

@@ -7,11 +7,10 @@
 // us after a launch) and the tail (the last warps stream alone), and the small kernels
 // between them are time in which HBM idles (docs/perf-notes.md, sessions 9-11: the four
 // GEMVs of a 14B layer take ~88 us for a 65 us floor). Here every warp streams its share of
-// each phase's weights through its own small cp.async ring (the q16x matvec's loop), and the
-// ring runs on across phase boundaries: weights do not depend on activations, so while a warp
-// waits at the grid-wide barrier between two phases, its first chunks of the next phase are
-// already in flight. The activations are tiny (a 5120-value x is 20 KB, read from L2 by every
-// block).
+// each phase's weights through its own small cp.async ring (the q16x matvec's loop), phase
+// after phase with grid-wide barriers between them, and each block builds the next x itself
+// (the activations are tiny: a 5120-value x is 20 KB, read from L2). Measured 4% slower than
+// the separate kernels so far (docs/perf-notes.md, session 15): a lab path.
 //
 // Each phase: y = W x with W [rows][cols] Q8_0 rows, x quantized to int16 blocks of 32 with
 // the rounding of act_quant.cuh (so the products are those of matvec_q8_0_q16x_cuda on the
@@ -71,8 +70,11 @@ bool decode_layer_phase_fits(uint32_t rows, uint32_t cols);
 
 // The kernel's state between launches: the grid barrier's two words and the slots in which
 // warps hand over the partial sums of rows split between them. `decode_layer_scratch_bytes()`
-// bytes of device memory, zero before the first launch; every launch leaves it zero again.
-// One per stream that launches (two launches running at once must not share it).
+// bytes of device memory, zero before the first launch; every launch leaves it ready for
+// the next (the arrival count and every slot zero; the barrier's generation word only grows).
+// One per stream that launches. Every block must be resident at once (one per SM): a launch
+// must not run beside another of these or any kernel that holds SMs for long; a barrier that
+// waits for seconds stops the kernel with an error (a device trap) instead of hanging.
 size_t decode_layer_scratch_bytes();
 
 // Runs the phases in order (each phase's x may depend on every earlier phase's output).

@@ -180,6 +180,40 @@ TEST(CudaDecodeLayer, MatchesCpuChain) {
     // The engine's arrangement: gate|up writes SwiGLU itself (gate row j with up row j).
     check_decode_layer({256, 768, 512, true, 2, true});
     check_decode_layer({5120, 13824, 7168, true, 4, true});
+    // An odd q|k|v row count (a half row pair), and the widest x the kernel takes (14336).
+    check_decode_layer({5120, 13824, 7167, true, 2, true});
+    check_decode_layer({256, 14336, 512, true, 2, true});
+}
+
+// One phase whose x is the RMSNorm of the stream (the first phase then stages its inputs in
+// the ring, which no weight chunk may occupy yet), against the same reference.
+TEST(CudaDecodeLayer, SinglePhaseFromTheStream) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    if (!decode_layer_supported()) GTEST_SKIP() << "the persistent decode layer kernel needs sm_90";
+    const uint32_t seed = fresh_seed();
+    SCOPED_TRACE("seed=" + std::to_string(seed));
+    std::mt19937 rng(seed);
+    for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{{7168, 5120}, {33, 512}}) {
+        const Q8Matrix w = random_q8(rng, rows, cols);
+        const std::vector<float> h = random_floats(rng, cols);
+        std::vector<float> norm_w = random_floats(rng, cols, 0.1f);
+        for (float& v : norm_w) v += 1.0f;
+        const std::vector<float> ref = product(w, rmsnorm(h, norm_w, 1e-6f));
+        DeviceBuffer<uint8_t> d_w = to_device(w.bytes), scratch(decode_layer_scratch_bytes());
+        SPILLWAY_CUDA_CHECK(cudaMemset(scratch.data(), 0, scratch.bytes()));
+        DeviceBuffer<float> d_h = to_device(h), d_norm = to_device(norm_w), d_out(rows);
+        poison(d_out);
+        DecodeLayerArgs a;
+        a.stream = d_h.data();
+        a.eps = 1e-6f;
+        a.n_phases = 1;
+        a.phases[0] = DecodeGemvPhase{d_w.data(), rows, cols, DecodeX::stream_rmsnorm, DecodeY::store, d_norm.data(),
+                                      nullptr, d_out.data()};
+        decode_layer_cuda(a, scratch.data(), nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_LT(rel_error(to_host(d_out), ref), 2e-4) << rows << "x" << cols;
+        EXPECT_EQ(to_host(d_h), h) << "a store phase changed the stream";
+    }
 }
 
 TEST(CudaDecodeLayer, RejectsUnsupportedInputs) {
@@ -204,6 +238,20 @@ TEST(CudaDecodeLayer, RejectsUnsupportedInputs) {
                                   out.data()};
     EXPECT_THROW(decode_layer_cuda(a, barrier.data(), nullptr), Error);  // cols not a multiple of 256
     a.phases[0].cols = 512;
+    // A phase may not write what it reads: the other blocks may still be reading it.
+    a.phases[0] = DecodeGemvPhase{w.data(), 512, 512, DecodeX::f32, DecodeY::add_to_stream};
+    a.phases[0].x_f32 = stream.data();
+    EXPECT_THROW(decode_layer_cuda(a, barrier.data(), nullptr), Error);
+    a.phases[0] = DecodeGemvPhase{w.data(), 512, 512, DecodeX::stream_rmsnorm, DecodeY::store, out.data(), nullptr,
+                                  out.data()};  // out is also the norm weight
+    EXPECT_THROW(decode_layer_cuda(a, barrier.data(), nullptr), Error);
+    a.phases[0] = DecodeGemvPhase{w.data(), 511, 512, DecodeX::f32, DecodeY::swiglu_pairs, nullptr, nullptr, out.data()};
+    a.phases[0].x_f32 = stream.data();
+    EXPECT_THROW(decode_layer_cuda(a, barrier.data(), nullptr), Error);  // odd rows cannot pair gate with up
+    a.phases[0].rows = 512;
+    a.phases[0].y = static_cast<DecodeY>(7);
+    EXPECT_THROW(decode_layer_cuda(a, barrier.data(), nullptr), Error);  // unknown output kind
+    a.phases[0].y = DecodeY::store;
     a.n_phases = 0;
     EXPECT_THROW(decode_layer_cuda(a, barrier.data(), nullptr), Error);
     a.n_phases = 1;
