@@ -343,6 +343,9 @@ void bench_decode_layer(Report& r, const Options& o) {
     constexpr int kLaunches = 8;
     DeviceBuffer<uint64_t> timeline((size_t)blocks * kDecodeTimelineSlots);
     double prologue[4] = {}, loop[4] = {}, wait[4] = {}, span = 0, start_skew = 0, dep_wait = 0;
+    // Skew at each barrier: inside a block (its last warp done - its first) and across blocks
+    // (the last block done - the mean block), to tell which balance a fix must improve.
+    double warp_skew[4] = {}, block_skew[4] = {};
     for (int l = 0; l < kLaunches; ++l) {
         DecodeLayerArgs a;
         a.stream = stream.data();
@@ -373,16 +376,32 @@ void bench_decode_layer(Report& r, const Options& o) {
                 if (p < 3) wait[p] += (double)(tb[4 + 3 * p] - tb[3 + 3 * p]);
             }
             last = std::max(last, tb[3 + 3 * 3]);
+            for (int p = 0; p < 4; ++p) {
+                const uint64_t* wd = tb + 2 + 3 * kDecodeMaxPhases + p * kDecodeLayerWarps;
+                warp_skew[p] += (double)(*std::max_element(wd, wd + kDecodeLayerWarps) -
+                                         *std::min_element(wd, wd + kDecodeLayerWarps));
+            }
+        }
+        for (int p = 0; p < 4; ++p) {
+            double mean = 0;
+            uint64_t latest = 0;
+            for (uint32_t b = 0; b < blocks; ++b) {
+                const uint64_t done = t[(size_t)b * kDecodeTimelineSlots + 3 + 3 * p];
+                mean += (double)done / blocks;
+                latest = std::max(latest, done);
+            }
+            block_skew[p] += (double)latest - mean;
         }
         span += (double)(last - first);
     }
-    const double n = (double)blocks * kLaunches / 1000.0;  // ns -> us, averaged
+    const double n = (double)blocks * kLaunches * 1000.0;  // sums of ns over blocks and launches -> mean us
     std::printf("  decode layer timeline (us, mean over %u blocks x %d launches, not graph-timed): start skew %.2f, "
                 "dependency wait %.2f, span %.2f\n", blocks, kLaunches, start_skew / n, dep_wait / n, span / kLaunches / 1000.0);
     const char* const names[] = {"wo", "gate|up", "down", "qkv"};
     for (int p = 0; p < 4; ++p)
-        std::printf("    %-8s x prologue %6.2f  weight loop %7.2f  barrier wait %6.2f\n", names[p], prologue[p] / n,
-                    loop[p] / n, p < 3 ? wait[p] / n : 0.0);
+        std::printf("    %-8s x prologue %6.2f  weight loop %7.2f  barrier wait %6.2f  skew in block %6.2f  across blocks %6.2f\n",
+                    names[p], prologue[p] / n, loop[p] / n, p < 3 ? wait[p] / n : 0.0,
+                    warp_skew[p] / n, block_skew[p] / kLaunches / 1000.0);
 }
 
 // kernel == nullptr: attention_partial_cuda's default choice; otherwise that kernel, named.

@@ -35,7 +35,7 @@
 namespace spillway {
 namespace {
 
-constexpr int kWarps = 16;
+constexpr int kWarps = kDecodeLayerWarps;
 constexpr int kThreads = kWarps * 32;
 constexpr int kStages = 2;                    // ring stages per warp
 constexpr int kRows = 2;                      // rows per warp unit (one x load serves both)
@@ -374,6 +374,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
             }
             if (lane == 0) pair_out(a, ph, rp, total);
         }
+        if (tl != nullptr && lane == 0) tl[2 + 3 * kDecodeMaxPhases + p * kWarps + warp] = global_ns();  // this warp done
     }
     cp_async_wait<0>();  // no copy in flight into shared memory of an exiting block
     if (tl != nullptr) {

@@ -84,8 +84,10 @@ size_t decode_layer_scratch_bytes();
 // honour (a phase may not write what its own x is read from).
 // timeline (lab; null in the engine): decode_layer_grid_blocks() x kDecodeTimelineSlots
 // globaltimer stamps per launch: [0] start, [1] after the dependency wait, then per phase p
-// [2 + 3p] x ready, [3 + 3p] the block's warps done, [4 + 3p] grid barrier passed (p < last).
-constexpr uint32_t kDecodeTimelineSlots = 2 + 3 * kDecodeMaxPhases;
+// [2 + 3p] x ready, [3 + 3p] the block's warps done, [4 + 3p] grid barrier passed (p < last),
+// then [2 + 3 * kDecodeMaxPhases + p * kDecodeLayerWarps + w] warp w's weight loop done.
+constexpr uint32_t kDecodeLayerWarps = 16;
+constexpr uint32_t kDecodeTimelineSlots = 2 + 3 * kDecodeMaxPhases + kDecodeMaxPhases * kDecodeLayerWarps;
 uint32_t decode_layer_grid_blocks();
 void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, uint64_t* timeline = nullptr);
 
