@@ -254,6 +254,23 @@ void bench_matvec_q16x(Report& r, const Options& o, uint32_t rows, uint32_t cols
     r.add(name, shape, (double)w_bytes, us);
 }
 
+// Rotating sets of random Q8_0 matrices of the given (rows, cols) shapes, enough sets that
+// consecutive launches miss L2; returns the bytes of one set.
+size_t rotating_q8_sets(const std::vector<std::pair<uint32_t, uint32_t>>& shapes, uint32_t salt,
+                        std::vector<std::vector<DeviceBuffer<uint8_t>>>& sets) {
+    size_t set_bytes = 0;
+    for (const auto& [rows, cols] : shapes) set_bytes += *ggml_row_bytes(GgmlType::Q8_0, cols) * rows;
+    sets.clear();
+    sets.resize(rotation_count(set_bytes));
+    for (size_t i = 0; i < sets.size(); ++i)
+        for (size_t j = 0; j < shapes.size(); ++j) {
+            const size_t bytes = *ggml_row_bytes(GgmlType::Q8_0, shapes[j].second) * shapes[j].first;
+            sets[i].emplace_back(bytes);
+            fill_type(GgmlType::Q8_0, sets[i].back().data(), bytes, salt + 10 * (uint32_t)i + (uint32_t)j);
+        }
+    return set_bytes;
+}
+
 // One 14B layer's decode GEMVs back to back (qkv, wo, gate|up, down; programmatic launches as
 // in the engine, the small kernels between them left out), weight sets rotating per layer:
 // the chain's time per layer against the sum of the single-GEMV rows and the HBM floor.
@@ -262,16 +279,9 @@ void bench_q16x_layer_chain(Report& r, const Options& o) {
     const std::string shape = "qkv, wo, gate|up, down";
     if (!o.only.empty() && (name + " " + shape).find(o.only) == std::string::npos) return;
     const std::vector<std::pair<uint32_t, uint32_t>> shapes{{7168, 5120}, {5120, 5120}, {27648, 5120}, {5120, 13824}};
-    size_t layer_bytes = 0;
-    for (const auto& [rows, cols] : shapes) layer_bytes += *ggml_row_bytes(GgmlType::Q8_0, cols) * rows;
-    const size_t n_sets = rotation_count(layer_bytes);
-    std::vector<std::vector<DeviceBuffer<uint8_t>>> w(n_sets);
-    for (size_t i = 0; i < n_sets; ++i)
-        for (size_t j = 0; j < shapes.size(); ++j) {
-            const size_t bytes = *ggml_row_bytes(GgmlType::Q8_0, shapes[j].second) * shapes[j].first;
-            w[i].emplace_back(bytes);
-            fill_type(GgmlType::Q8_0, w[i].back().data(), bytes, 500 + 10 * i + j);
-        }
+    std::vector<std::vector<DeviceBuffer<uint8_t>>> w;
+    const size_t layer_bytes = rotating_q8_sets(shapes, 500, w);
+    const size_t n_sets = w.size();
     DeviceBuffer<float> x(13824), y(27648);
     DeviceBuffer<int16_t> xq(13824);
     DeviceBuffer<float> xd(13824 / 32);
@@ -297,16 +307,9 @@ void bench_decode_layer(Report& r, const Options& o) {
         return;
     }
     const std::vector<std::pair<uint32_t, uint32_t>> shapes{{5120, 5120}, {27648, 5120}, {5120, 13824}, {7168, 5120}};
-    size_t layer_bytes = 0;
-    for (const auto& [rows, cols] : shapes) layer_bytes += *ggml_row_bytes(GgmlType::Q8_0, cols) * rows;
-    const size_t n_sets = rotation_count(layer_bytes);
-    std::vector<std::vector<DeviceBuffer<uint8_t>>> w(n_sets);
-    for (size_t i = 0; i < n_sets; ++i)
-        for (size_t j = 0; j < shapes.size(); ++j) {
-            const size_t bytes = *ggml_row_bytes(GgmlType::Q8_0, shapes[j].second) * shapes[j].first;
-            w[i].emplace_back(bytes);
-            fill_type(GgmlType::Q8_0, w[i].back().data(), bytes, 700 + 10 * i + j);
-        }
+    std::vector<std::vector<DeviceBuffer<uint8_t>>> w;
+    const size_t layer_bytes = rotating_q8_sets(shapes, 700, w);
+    const size_t n_sets = w.size();
     DeviceBuffer<float> x(5120), stream(5120), norm_w(5120), gate_up(27648), qkv(7168);
     DeviceBuffer<int16_t> xq(5120);
     DeviceBuffer<float> xd(5120 / 32);
@@ -319,8 +322,9 @@ void bench_decode_layer(Report& r, const Options& o) {
     // The timed launches run on a non-blocking stream, which does not wait for the legacy
     // stream's zeroing of the barrier words above.
     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-    const double us = median_us([&](cudaStream_t st, int i) {
-        const auto& ws = w[i % n_sets];
+    // The engine's arrangement (enqueue_decode_layer): gate|up writes SwiGLU, down reads it.
+    const auto layer_args = [&](size_t set) {
+        const auto& ws = w[set % n_sets];
         DecodeLayerArgs a;
         a.stream = stream.data();
         a.x_q16 = ActQ16{xq.data(), xd.data()};
@@ -332,8 +336,10 @@ void bench_decode_layer(Report& r, const Options& o) {
         a.phases[3] = DecodeGemvPhase{ws[3].data(), 7168, 5120, DecodeX::stream_rmsnorm, DecodeY::store, norm_w.data(),
                                       nullptr, qkv.data()};
         a.n_phases = 4;
-        decode_layer_cuda(a, barrier.data(), st);
-    }, o.iters);
+        return a;
+    };
+    const double us = median_us([&](cudaStream_t st, int i) { decode_layer_cuda(layer_args(i), barrier.data(), st); },
+                                o.iters);
     r.add(name, shape, (double)layer_bytes, us);
 
     // Where a launch's time goes (lab timeline, globaltimer stamps per block): per phase the
@@ -347,19 +353,7 @@ void bench_decode_layer(Report& r, const Options& o) {
     // (the last block done - the mean block), to tell which balance a fix must improve.
     double warp_skew[4] = {}, block_skew[4] = {};
     for (int l = 0; l < kLaunches; ++l) {
-        DecodeLayerArgs a;
-        a.stream = stream.data();
-        a.x_q16 = ActQ16{xq.data(), xd.data()};
-        const auto& ws = w[l % n_sets];
-        a.phases[0] = DecodeGemvPhase{ws[0].data(), 5120, 5120, DecodeX::act_q16, DecodeY::add_to_stream};
-        a.phases[1] = DecodeGemvPhase{ws[1].data(), 27648, 5120, DecodeX::stream_rmsnorm, DecodeY::swiglu_pairs,
-                                      norm_w.data(), nullptr, gate_up.data()};
-        a.phases[2] = DecodeGemvPhase{ws[2].data(), 5120, 13824, DecodeX::f32, DecodeY::add_to_stream, nullptr,
-                                      nullptr, nullptr, gate_up.data()};
-        a.phases[3] = DecodeGemvPhase{ws[3].data(), 7168, 5120, DecodeX::stream_rmsnorm, DecodeY::store, norm_w.data(),
-                                      nullptr, qkv.data()};
-        a.n_phases = 4;
-        decode_layer_cuda(a, barrier.data(), nullptr, timeline.data());
+        decode_layer_cuda(layer_args(l), barrier.data(), nullptr, timeline.data());
         SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
         std::vector<uint64_t> t((size_t)blocks * kDecodeTimelineSlots);
         SPILLWAY_CUDA_CHECK(cudaMemcpy(t.data(), timeline.data(), t.size() * 8, cudaMemcpyDeviceToHost));

@@ -603,8 +603,9 @@ bool set_cuda_decode_layer(CudaForwardState& st, const CudaModel& m, bool on) {
     }
     if (st.decode_scratch.size() == 0) {
         st.decode_scratch = DeviceBuffer<uint8_t>(decode_layer_scratch_bytes());
-        SPILLWAY_CUDA_CHECK(cudaMemset(st.decode_scratch.data(), 0, st.decode_scratch.bytes()));
-        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());  // the legacy stream's memset before st.stream's first launch
+        // On the state's own stream, which every launch of the kernel uses (a plain memset runs
+        // on the legacy stream, which a non-blocking stream does not wait for).
+        SPILLWAY_CUDA_CHECK(cudaMemsetAsync(st.decode_scratch.data(), 0, st.decode_scratch.bytes(), st.stream));
     }
     return true;
 }

@@ -29,6 +29,7 @@
 
 #include "common/error.h"
 #include "engine/cuda/act_quant_device.cuh"
+#include "engine/cuda/cp_async_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/q8_0_q16_device.cuh"
 
@@ -102,16 +103,6 @@ __device__ __forceinline__ WarpShare warp_share(const DecodeGemvPhase& ph, uint3
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -388,27 +379,26 @@ __global__ void decode_layer_kernel(const DecodeLayerArgs, uint32_t*, unsigned l
 }
 #endif
 
-int device_sm_count() {
-    int device = 0, n = 0;
-    SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
-    SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return n;
-}
+// What the host needs per device, checked once (a process may drive GPUs of different kinds;
+// the launch path then costs a map lookup, no driver query).
+struct DeviceFit {
+    bool supported = false;
+    uint32_t sms = 0;  // grid blocks: one per SM
+};
 
-}  // namespace
-
-bool decode_layer_supported() {
-    // Per device: a process may drive GPUs of different kinds.
+const DeviceFit& device_fit() {
     static std::mutex mutex;
-    static std::map<int, bool> by_device;
+    static std::map<int, DeviceFit> by_device;
     int device = 0;
     SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
     const std::lock_guard<std::mutex> lock(mutex);
     if (const auto it = by_device.find(device); it != by_device.end()) return it->second;
-    bool supported = false;
-    int major = 0, smem_optin = 0, compiled = 0;
+    DeviceFit fit;
+    int major = 0, smem_optin = 0, sms = 0, compiled = 0;
     SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    fit.sms = (uint32_t)sms;
     if (major >= 9 && (size_t)smem_optin >= kSmemBytes) {
         if (cudaMemcpyFromSymbol(&compiled, kDecodeLayerCompiled, sizeof compiled) != cudaSuccess) {
             (void)cudaGetLastError();
@@ -420,20 +410,23 @@ bool decode_layer_supported() {
             cudaFuncSetAttribute(decode_layer_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
         int per_sm = 0;
         SPILLWAY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_layer_kernel, kThreads, kSmemBytes));
-        supported = per_sm >= 1;
+        fit.supported = per_sm >= 1;
     }
-    by_device[device] = supported;
-    return supported;
+    return by_device.emplace(device, fit).first->second;
 }
+
+}  // namespace
+
+bool decode_layer_supported() { return device_fit().supported; }
 
 bool decode_layer_phase_fits(uint32_t rows, uint32_t cols) {
     return rows >= 1 && cols >= kUnitCols && cols % kUnitCols == 0 && cols <= kMaxCols;
 }
 
-uint32_t decode_layer_grid_blocks() { return (uint32_t)device_sm_count(); }
+uint32_t decode_layer_grid_blocks() { return device_fit().sms; }
 
 size_t decode_layer_scratch_bytes() {
-    const int sms = device_sm_count();
+    const uint32_t sms = device_fit().sms;
     return 16 + (size_t)sms * kWarps * kRows * sizeof(unsigned long long);  // barrier words, then the slots
 }
 
@@ -514,7 +507,7 @@ void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t 
         // so what a phase writes must not overlap anything it reads.
         if (phase_writes_what_it_reads(args, ph)) fail(at + "its output overlaps its own input");
     }
-    const int sms = device_sm_count();  // the current device's: one block per SM
+    const uint32_t sms = device_fit().sms;  // the current device's: one block per SM
     cudaLaunchConfig_t config{};
     config.gridDim = dim3((unsigned)sms);
     config.blockDim = dim3(kThreads);

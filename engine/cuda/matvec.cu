@@ -28,6 +28,7 @@
 
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/cp_async_device.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/q8_0_q16_device.cuh"
 
@@ -254,16 +255,6 @@ constexpr int kChunkBytes = kChunkPairs * 68;  // 2176 = 136 x 16 bytes
 // q16x ring stages: 2 with two rows per warp, 3 with one (the same bytes in flight); deep: +1.
 __host__ __device__ constexpr int q16x_stages(int rows_per_warp, bool deep) {
     return (rows_per_warp == 1 ? 3 : 2) + (deep ? 1 : 0);
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 template <int kStages, bool kInt8>
