@@ -78,8 +78,14 @@ TEST(ForwardCpu, ChunkedPrefillEqualsTokenByTokenDecode) {
         const auto one_by_one = run_all_logits(m, tokens, 1, KvType::f16, KvType::f16, 3);
         for (uint32_t chunk : {7u, 16u, 45u}) {
             const auto chunked = run_all_logits(m, tokens, chunk, KvType::f16, KvType::f16, 3);
+            const double worst = worst_row_error(chunked, one_by_one, V);
+            std::printf("[ %s chunk %u ] worst row rel. error %.2e\n", ggml_type_name(wtype), chunk, worst);
             // Only the summation order of the matmuls differs (fused dot vs dequantised row).
-            EXPECT_LE(worst_row_error(chunked, one_by_one, V), 1e-4) << ggml_type_name(wtype) << " chunk " << chunk;
+            // Measured over 150 random seeds: f32 0 every time; q8_0 median 2.5e-5, 99th
+            // percentile 1.8e-4, max 2.4e-4 (a row whose logits are small overall). The old
+            // bound of 1e-4 failed ~6% of seeds (CI, seed 5580695962843597243: 1.1e-4). A
+            // wrong chunk boundary or position moves rows by ~1e-1.
+            EXPECT_LE(worst, wtype == GgmlType::F32 ? 1e-6 : 1e-3) << ggml_type_name(wtype) << " chunk " << chunk;
         }
     }
 }
