@@ -32,7 +32,6 @@
 #include "engine/cuda/cp_async_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/q8_0_q16_device.cuh"
-#include "engine/cuda/q16x_share.cuh"
 
 namespace spillway {
 namespace {
@@ -60,23 +59,45 @@ constexpr size_t kRingBytes = (size_t)kWarps * kStages * kRows * kChunkBytes;
 constexpr size_t kXqOffset = kRingBytes;
 constexpr size_t kXdOffset = kXqOffset + (size_t)kMaxCols * 2;
 constexpr size_t kRedOffset = kXdOffset + (size_t)kMaxCols / 32 * 4;
-constexpr size_t kShareOffset = kRedOffset + 32 * 4;  // [warp][phase] Q16xShare, computed once
+constexpr size_t kShareOffset = kRedOffset + 32 * 4;  // [warp][phase] WarpShare, computed once
 constexpr size_t kSmemBytes = kShareOffset + (size_t)kWarps * kDecodeMaxPhases * 32;
 static_assert(2 * kMaxCols * sizeof(float) <= kRingBytes, "the x prologue stages two f32 inputs in the ring");
 
-// One warp's share of a phase (q16x_share.cuh): cut by chunks as the q16x matvec cuts (when
-// that shortens the busiest warp and no row pair spans three warps), else whole row pairs.
-// (Cut by quads, equal bytes per warp: measured slower, 105 vs 101 us per layer, session 16.)
-static_assert(sizeof(Q16xShare) <= 32, "kSmemBytes reserves 32 bytes per share");
+// One warp's share of a phase: chunks [c0, c1) of the phase's row pairs x chunks, split as
+// the q16x matvec splits (by chunks when that shortens the busiest warp and no row pair
+// spans three warps, else by whole row pairs).
+struct WarpShare {
+    uint32_t ppr, cpr, row_bytes, c0, c1;
+    bool starts_cut, ends_cut;
+};
+static_assert(sizeof(WarpShare) <= 32, "kSmemBytes reserves 32 bytes per share");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ Q16xShare warp_share(const DecodeGemvPhase& ph, uint32_t gw, uint32_t n_warps) {
-    const uint32_t n_pairs = (ph.rows + kRows - 1) / kRows, qpr = ph.cols / 256;  // swiglu_pairs: rows even
-    const uint64_t cpr = q16x_chunks_per_row(qpr);
-    const uint64_t busiest_by_pairs = (uint64_t)(n_pairs + n_warps - 1) / n_warps * cpr;
-    const uint64_t busiest_by_chunks = ((uint64_t)n_pairs * cpr + n_warps - 1) / n_warps;
-    const bool cut = busiest_by_chunks < busiest_by_pairs && q16x_cut_allowed(Q16xSplit::chunks, n_pairs, qpr, n_warps);
-    return q16x_share(cut ? Q16xSplit::chunks : Q16xSplit::pairs, n_pairs, ph.cols, gw, n_warps);
+__device__ __forceinline__ bool phase_splits_by_chunks(uint32_t rows, uint32_t cols, uint32_t n_warps) {
+    const uint64_t n_pairs = (rows + kRows - 1) / kRows, cpr = (cols / 64 + kChunkPairs - 1) / kChunkPairs;
+    const uint64_t busiest_by_pairs = (n_pairs + n_warps - 1) / n_warps * cpr;
+    const uint64_t busiest_by_chunks = (n_pairs * cpr + n_warps - 1) / n_warps;
+    return busiest_by_chunks < busiest_by_pairs && n_pairs * cpr / n_warps >= cpr;
+}
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ WarpShare warp_share(const DecodeGemvPhase& ph, uint32_t gw, uint32_t n_warps) {
+    WarpShare s;
+    s.ppr = ph.cols / 64;
+    s.cpr = (s.ppr + kChunkPairs - 1) / kChunkPairs;
+    s.row_bytes = s.ppr * 68;
+    const uint32_t n_pairs = (ph.rows + kRows - 1) / kRows, total = n_pairs * s.cpr;  // swiglu_pairs: rows even
+    if (phase_splits_by_chunks(ph.rows, ph.cols, n_warps)) {
+        s.c0 = (uint32_t)((uint64_t)gw * total / n_warps);
+        s.c1 = (uint32_t)((uint64_t)(gw + 1) * total / n_warps);
+    } else {
+        s.c0 = (uint32_t)((uint64_t)gw * n_pairs / n_warps) * s.cpr;
+        s.c1 = (uint32_t)((uint64_t)(gw + 1) * n_pairs / n_warps) * s.cpr;
+    }
+    s.starts_cut = s.c0 % s.cpr != 0 && s.c1 > s.c0;
+    s.ends_cut = s.c1 % s.cpr != 0 && s.c1 > s.c0;
+    return s;
 }
 #endif
 
@@ -199,20 +220,18 @@ __device__ __forceinline__ uint32_t unit_row(const DecodeGemvPhase& ph, uint32_t
     return min(kRows * rp + r, ph.rows - 1);
 }
 
-// Chunk i of this warp's share of a phase into ring slot `dst` (a cut pair's first chunk at
-// its quads' own offsets); past the share's end, an empty group (the wait counts stay uniform).
-__device__ __forceinline__ void issue_chunk(const DecodeGemvPhase& ph, const Q16xShare& s, uint32_t lane, uint8_t* dst,
+// Chunk i of this warp's share of a phase into ring slot `dst`; past the share's end, an
+// empty group (the wait counts stay uniform).
+__device__ __forceinline__ void issue_chunk(const DecodeGemvPhase& ph, const WarpShare& s, uint32_t lane, uint8_t* dst,
                                             uint32_t i) {
-    if (i < s.n_chunks) {
-        const Q16xChunk c = q16x_chunk(s, i);
-        const uint32_t vecs = (c.hi - c.lo) * (kQ16xQuadBytes / 16), skip = c.lo * kQ16xQuadBytes;
-        const size_t row_bytes = (size_t)s.qpr * 4 * 68;
+    if (s.c0 + i < s.c1) {
+        const uint32_t rp = (s.c0 + i) / s.cpr, ci = (s.c0 + i) % s.cpr;
+        const uint32_t vecs = min(kChunkPairs, s.ppr - ci * kChunkPairs) * 68 / 16;
         const uint8_t* w = static_cast<const uint8_t*>(ph.w);
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-            const uint8_t* src = w + (size_t)unit_row(ph, c.rp, r) * row_bytes + (size_t)c.ci * kChunkBytes + skip;
-            for (uint32_t v = lane; v < vecs; v += 32)
-                cp_async16(dst + r * kChunkBytes + skip + 16 * v, src + 16 * v);
+            const uint8_t* src = w + (size_t)unit_row(ph, rp, r) * s.row_bytes + (size_t)ci * kChunkBytes;
+            for (uint32_t v = lane; v < vecs; v += 32) cp_async16(dst + r * kChunkBytes + 16 * v, src + 16 * v);
         }
     }
     cp_async_commit();
@@ -252,7 +271,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
     int16_t* xq = reinterpret_cast<int16_t*>(smem + kXqOffset);
     float* xd = reinterpret_cast<float*>(smem + kXdOffset);
     float* red = reinterpret_cast<float*>(smem + kRedOffset);
-    Q16xShare* shares = reinterpret_cast<Q16xShare*>(smem + kShareOffset) + (size_t)warp * kDecodeMaxPhases;
+    WarpShare* shares = reinterpret_cast<WarpShare*>(smem + kShareOffset) + (size_t)warp * kDecodeMaxPhases;
     if (lane < a.n_phases) shares[lane] = warp_share(a.phases[lane], gw, n_warps);
     __syncwarp();
 
@@ -285,22 +304,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
         load_x(a, ph, xq, xd, red, reinterpret_cast<float*>(smem));
         __syncthreads();
         if (tl != nullptr && threadIdx.x == 0) tl[2 + 3 * p] = global_ns();  // x ready
-        const Q16xShare s = shares[p];
+        const WarpShare s = shares[p];
         for (uint32_t i = p == 0 && early_chunk ? 1 : 0; i < (uint32_t)kStages; ++i)
             issue_chunk(ph, s, lane, ring + i * kRows * kChunkBytes, i);
-        const uint32_t first_pair = s.q0 / s.qpr;
         float acc[kRows] = {};
-        for (uint32_t i = 0; i < s.n_chunks; ++i) {
+        for (uint32_t k = s.c0; k < s.c1; ++k) {
+            const uint32_t i = k - s.c0;
             cp_async_wait<kStages - 1>();  // chunk i has landed (i + 1 may still be in flight)
             __syncwarp();
-            const Q16xChunk c = q16x_chunk(s, i);
+            const uint32_t ci = k % s.cpr;
+            const uint32_t pairs = min(kChunkPairs, s.ppr - ci * kChunkPairs);
             const uint32_t* buf = reinterpret_cast<const uint32_t*>(ring + (i % kStages) * kRows * kChunkBytes);
 #pragma unroll
-            for (uint32_t j = 0; j < kQ16xChunkQuads; ++j) {
-                if (j < c.lo) continue;  // uniform across the warp
-                if (j >= c.hi) break;
+            for (uint32_t j = 0; j < kChunkPairs / 4; ++j) {
                 const uint32_t pp = 4 * j + sub;
-                const uint32_t col = (c.ci * kChunkPairs + pp) * 64 + pl.col_in_pair;
+                if (4 * j >= pairs) break;
+                const uint32_t col = (ci * kChunkPairs + pp) * 64 + pl.col_in_pair;
                 const uint4 xv = *reinterpret_cast<const uint4*>(xq + col);
                 const float xs = xd[col / 32];
 #pragma unroll
@@ -309,8 +328,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
             }
             __syncwarp();  // the slot is free: refill it two chunks ahead
             issue_chunk(ph, s, lane, ring + (i % kStages) * kRows * kChunkBytes, i + kStages);
-            if (c.ends_pair) {
-                const bool publish = s.starts_cut && c.rp == first_pair;  // the second part of a cut pair
+            if (ci == s.cpr - 1) {
+                const uint32_t rp = k / s.cpr;
+                const bool publish = s.starts_cut && rp == s.c0 / s.cpr;  // the second part of a cut pair
                 float total[kRows];
 #pragma unroll
                 for (int r = 0; r < kRows; ++r) {
@@ -321,12 +341,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
                         slot.store((1ull << 32) | __float_as_uint(total[r]), cuda::memory_order_relaxed);
                     }
                 }
-                if (lane == 0 && !publish) pair_out(a, ph, c.rp, total);
+                if (lane == 0 && !publish) pair_out(a, ph, rp, total);
             }
         }
         cp_async_wait<0>();  // the empty groups past the share's end
-        if (s.ends_cut) {  // the first part of pair q1 / qpr: add the next warp's second part
-            const uint32_t rp = s.q1 / s.qpr;
+        if (s.ends_cut) {  // the first part of pair c1 / cpr: add the next warp's second part
+            const uint32_t rp = s.c1 / s.cpr;
             float total[kRows];
 #pragma unroll
             for (int r = 0; r < kRows; ++r) {

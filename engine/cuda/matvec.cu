@@ -23,7 +23,6 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <utility>
 
@@ -32,7 +31,6 @@
 #include "engine/cuda/cp_async_device.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/q8_0_q16_device.cuh"
-#include "engine/cuda/q16x_share.cuh"
 
 namespace spillway {
 namespace {
@@ -415,16 +413,17 @@ __global__ void __launch_bounds__(kStreamThreads) matvec_q8_0_stream_kernel(cons
 // 1 doubles the kernel's tail). One row gets a 3-stage ring: the same bytes in flight per
 // warp as two rows with 2 stages, in less shared memory.
 //
-// split != pairs: rows are cut between warps (q16x_share.cuh). A 5120-row matrix has 2560
-// row pairs for ~2100 resident warps, so with whole pairs a fifth of the warps got two and the
-// kernel ended with a tail in which only they streamed (Nsight, docs/perf-notes.md); by chunks
-// every warp gets floor or ceil of the average chunk count (by quads, the same bytes within
-// 544, but more and shorter chunks per warp: measured slower). A pair cut between warps w and w + 1: warp w + 1
-// computes the pair's last part first thing and publishes its partial sums in carry[w + 1]
+// carry != nullptr: the work is split by chunks, not by row pairs. A 5120-row matrix has 2560
+// row pairs for ~2100 resident warps, so a fifth of the warps got two pairs and the kernel
+// ended with a tail in which only they streamed (Nsight, docs/perf-notes.md); by chunks every
+// warp gets floor or ceil of the average. A pair cut between warps w and w + 1: warp w + 1
+// computes the pair's last chunks first thing and publishes its partial sums in carry[w + 1]
 // (value and a "set" tag in one 64-bit word: no fence needed); warp w, whose range ends with
-// the pair's first part, adds them to its own at its end (waiting if they are not there
+// the pair's first chunks, adds them to its own at its end (waiting if they are not there
 // yet, which is rare: they were due chunks earlier) and clears the slot for the next launch.
-// The sum is always first part + second part, so results do not depend on timing.
+// The sum is always first part + second part, so results do not depend on timing. The host
+// picks this only when every warp gets at least a pair's worth of chunks (no pair spans
+// three warps).
 // kDeep: one more ring stage (two chunks in flight per warp instead of one), at the cost of
 // fewer resident blocks (variant smem4_s3).
 template <int kWarpsPB, bool kXInSmem, int kRows, bool kDeep = false>
@@ -432,29 +431,43 @@ __global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const u
                                                                          const int16_t* __restrict__ xq,
                                                                          const float* __restrict__ xd,
                                                                          float* __restrict__ y, uint32_t rows,
-                                                                         uint32_t cols, uint32_t n_warps, Q16xSplit split,
+                                                                         uint32_t cols, uint32_t n_warps,
                                                                          unsigned long long* __restrict__ carry) {
     constexpr int kStages = q16x_stages(kRows, kDeep);
     extern __shared__ uint4 q16x_smem[];  // [warp][stage][kRows][kChunkBytes], then x (q, d)
     const uint32_t lane = threadIdx.x % 32;
     const uint32_t warp = threadIdx.x / 32;
     uint8_t* ring = reinterpret_cast<uint8_t*>(q16x_smem) + (size_t)warp * kStages * kRows * kChunkBytes;
-    const size_t row_bytes = (size_t)(cols / 64) * 68;
+    const uint32_t ppr = cols / 64;
+    const uint32_t cpr = (ppr + kChunkPairs - 1) / kChunkPairs;
+    const size_t row_bytes = (size_t)ppr * 68;
     const uint32_t n_row_pairs = (rows + kRows - 1) / kRows;  // row groups of kRows
-    // No early return for warps without rows: the shared-x variant has a block barrier.
+    // Warp w owns row groups [w * P / W, (w + 1) * P / W): every warp of the (fully resident)
+    // grid gets floor or ceil of the average, so no SM holds more than its share.
     const uint32_t gw = blockIdx.x * kWarpsPB + warp;
-    const Q16xShare share = q16x_share(split, n_row_pairs, cols, gw, n_warps);
+    const uint32_t total_chunks = n_row_pairs * cpr;
+    uint32_t c0 = total_chunks, c1 = total_chunks;  // this warp's chunks [c0, c1)
+    if (gw < n_warps) {
+        if (carry != nullptr) {
+            c0 = (uint32_t)((uint64_t)gw * total_chunks / n_warps);
+            c1 = (uint32_t)((uint64_t)(gw + 1) * total_chunks / n_warps);
+        } else {
+            c0 = (uint32_t)((uint64_t)gw * n_row_pairs / n_warps) * cpr;
+            c1 = (uint32_t)((uint64_t)(gw + 1) * n_row_pairs / n_warps) * cpr;
+        }
+    }
+    // No early return for warps without rows: the shared-x variant has a block barrier.
+    const uint32_t n_chunks = c1 - c0;
+    const bool starts_cut = c0 % cpr != 0 && n_chunks > 0, ends_cut = c1 % cpr != 0 && n_chunks > 0;
 
     auto issue = [&](uint32_t k) {
-        if (k < share.n_chunks) {
-            const Q16xChunk c = q16x_chunk(share, k);
-            const uint32_t vecs = (c.hi - c.lo) * (kQ16xQuadBytes / 16);
-            const uint32_t skip = c.lo * kQ16xQuadBytes;  // a cut pair's first chunk starts inside
-            uint8_t* dst = ring + (k % kStages) * kRows * kChunkBytes + skip;
+        if (k < n_chunks) {
+            const uint32_t rp = (c0 + k) / cpr, ci = (c0 + k) % cpr;
+            const uint32_t vecs = min(kChunkPairs, (int)(ppr - ci * kChunkPairs)) * 68 / 16;
+            uint8_t* dst = ring + (k % kStages) * kRows * kChunkBytes;
 #pragma unroll
             for (int r = 0; r < kRows; ++r) {
-                const uint8_t* src =
-                    w + (size_t)min(kRows * c.rp + r, rows - 1) * row_bytes + (size_t)c.ci * kChunkBytes + skip;
+                const uint8_t* src = w + (size_t)min(kRows * rp + r, rows - 1) * row_bytes + (size_t)ci * kChunkBytes;
                 for (uint32_t i = lane; i < vecs; i += 32) cp_async16(dst + r * kChunkBytes + 16 * i, src + 16 * i);
             }
         }
@@ -489,19 +502,19 @@ __global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const u
         x_d = reinterpret_cast<const float*>(x_smem + cols * 2);
     }
 
-    const uint32_t first_pair = share.q0 / share.qpr;
-    for (uint32_t k = 0; k < share.n_chunks; ++k) {
+
+    for (uint32_t k = 0; k < n_chunks; ++k) {
         issue(k + kStages - 1);
         cp_async_wait<kStages - 1>();
         __syncwarp();
-        const Q16xChunk c = q16x_chunk(share, k);
+        const uint32_t ci = (c0 + k) % cpr;
+        const uint32_t pairs = min(kChunkPairs, (int)(ppr - ci * kChunkPairs));
         const uint32_t* buf = reinterpret_cast<const uint32_t*>(ring + (k % kStages) * kRows * kChunkBytes);
 #pragma unroll
-        for (uint32_t j = 0; j < kQ16xChunkQuads; ++j) {
-            if (j < c.lo) continue;  // uniform across the warp
-            if (j >= c.hi) break;
+        for (uint32_t j = 0; j < kChunkPairs / 4; ++j) {
             const uint32_t p = 4 * j + sub;
-            const uint32_t col = (c.ci * kChunkPairs + p) * 64 + pl.col_in_pair;
+            if (4 * j >= pairs) break;
+            const uint32_t col = (ci * kChunkPairs + p) * 64 + pl.col_in_pair;
             uint4 xv;
             float xs;
             if constexpr (kXInSmem) {
@@ -515,24 +528,25 @@ __global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const u
             for (int r = 0; r < kRows; ++r) acc[r] = q8_pair_dot(buf + r * (kChunkBytes / 4) + p * 17, pl, xv, xs, acc[r]);
         }
         __syncwarp();
-        if (c.ends_pair) {
-            const bool publish = share.starts_cut && c.rp == first_pair;  // the second part of a cut pair
+        if (ci == cpr - 1) {
+            const uint32_t rp = (c0 + k) / cpr;
+            const bool publish = starts_cut && rp == c0 / cpr;  // the second part of a cut pair
 #pragma unroll
             for (int r = 0; r < kRows; ++r) {
                 const float total = warp_sum(acc[r]);
                 if (lane == 0 && publish) {
                     cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(carry[(size_t)gw * kRows + r]);
                     slot.store((1ull << 32) | __float_as_uint(total), cuda::memory_order_relaxed);
-                } else if (lane == 0 && kRows * c.rp + r < rows) {
-                    y[kRows * c.rp + r] = total;
+                } else if (lane == 0 && kRows * rp + r < rows) {
+                    y[kRows * rp + r] = total;
                 }
                 acc[r] = 0.0f;
             }
         }
     }
     cp_async_wait<0>();
-    if (share.ends_cut) {  // the first part of pair q1 / qpr: add the next warp's second part
-        const uint32_t rp = share.q1 / share.qpr;
+    if (ends_cut) {  // the first part of pair c1 / cpr: add the next warp's second part
+        const uint32_t rp = c1 / cpr;
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
             const float total = warp_sum(acc[r]);
@@ -585,33 +599,22 @@ unsigned long long* q16x_carry_slots(cudaStream_t stream, uint32_t needed) {
     return slots;
 }
 
-// SPILLWAY_Q16X_SPLIT=pairs|quads: the other splits, for A/Bs in one run (docs/perf-notes.md,
-// session 16: quads measured 0.7% slower in the engine than chunks; whole pairs slower still).
-Q16xSplit q16x_cut_split() {
-    static const Q16xSplit split = [] {
-        const char* v = std::getenv("SPILLWAY_Q16X_SPLIT");
-        const std::string s = v != nullptr ? v : "";
-        if (s == "pairs") return Q16xSplit::pairs;
-        if (s == "quads") return Q16xSplit::quads;
-        if (!s.empty() && s != "chunks") fail("SPILLWAY_Q16X_SPLIT: expected pairs, chunks or quads, got '" + s + "'");
-        return Q16xSplit::chunks;
-    }();
-    return split;
+// SPILLWAY_Q16X_SPLIT=pairs keeps the row-pair split (A/B in one run; docs/perf-notes.md).
+bool q16x_chunk_split_enabled() {
+    static const bool enabled = !lab_knob("SPILLWAY_Q16X_SPLIT", "pairs", "chunks");
+    return enabled;
 }
 
-// Cut rows between warps when that shortens the busiest warp's work (measured,
-// docs/perf-notes.md: 5120x5120 by chunks 12.7 -> 11.2 us) and no row pair spans three warps.
-// The chunk split compares chunk counts (where both give the busiest warp the same count,
-// e.g. 7168x5120 (6 either way), the hand-over only cost, +2%); the quad split compares quads.
-Q16xSplit q16x_split_for(Q16xSplit cut, uint32_t rows, uint32_t cols, int rows_per_warp, uint32_t slot_warps) {
+// Split by chunks when that shortens the busiest warp's work (measured, docs/perf-notes.md:
+// 5120x5120 12.7 -> 11.2 us; where both splits give the busiest warp the same chunk count,
+// e.g. 7168x5120 (6 either way), the cut pairs' hand-over only costs, +2%) and every warp
+// still gets a whole pair's worth of chunks (see the kernel).
+bool q16x_splits_by_chunks(uint32_t rows, uint32_t cols, int rows_per_warp, uint32_t slot_warps) {
     const uint64_t n_row_pairs = (rows + rows_per_warp - 1) / rows_per_warp;
-    const uint64_t qpr = cols / 256, cpr = q16x_chunks_per_row((uint32_t)qpr);
-    const uint64_t per = cut == Q16xSplit::chunks ? cpr : qpr;  // units per row pair
-    const uint64_t busiest_by_pairs = (n_row_pairs + slot_warps - 1) / slot_warps * per;
-    const uint64_t busiest_cut = (n_row_pairs * per + slot_warps - 1) / slot_warps;
-    const bool cuts = cut != Q16xSplit::pairs && busiest_cut < busiest_by_pairs &&
-                      q16x_cut_allowed(cut, (uint32_t)n_row_pairs, (uint32_t)qpr, slot_warps);
-    return cuts ? cut : Q16xSplit::pairs;
+    const uint64_t cpr = (cols / 64 + kChunkPairs - 1) / kChunkPairs;
+    const uint64_t busiest_by_pairs = (n_row_pairs + slot_warps - 1) / slot_warps * cpr;
+    const uint64_t busiest_by_chunks = (n_row_pairs * cpr + slot_warps - 1) / slot_warps;
+    return q16x_chunk_split_enabled() && busiest_by_chunks < busiest_by_pairs && n_row_pairs * cpr / slot_warps >= cpr;
 }
 
 struct Q16xGrid {
@@ -640,14 +643,14 @@ Q16xGrid q16x_grid(uint32_t cols) {
 
 template <int kWarpsPB, bool kXInSmem, int kRows, bool kDeep = false>
 void launch_q8_0_q16x(const uint8_t* w, const int16_t* xq, const float* xd, float* y, uint32_t rows, uint32_t cols,
-                      Q16xSplit cut, cudaStream_t stream) {
+                      cudaStream_t stream) {
     constexpr auto kKernel = matvec_q8_0_q16x_kernel<kWarpsPB, kXInSmem, kRows, kDeep>;
     const auto [smem, slot_warps] = q16x_grid<kWarpsPB, kXInSmem, kRows, kDeep>(cols);
     const uint32_t n_row_pairs = (rows + kRows - 1) / kRows;
-    const Q16xSplit split = q16x_split_for(cut, rows, cols, kRows, slot_warps);
+    const bool by_chunks = q16x_splits_by_chunks(rows, cols, kRows, slot_warps);
     const uint32_t warps = std::min(slot_warps, n_row_pairs);
     const uint32_t blocks = (warps + kWarpsPB - 1) / kWarpsPB;
-    unsigned long long* carry = split != Q16xSplit::pairs ? q16x_carry_slots(stream, slot_warps * kRows) : nullptr;
+    unsigned long long* carry = by_chunks ? q16x_carry_slots(stream, slot_warps * kRows) : nullptr;
     // Programmatic dependent launch (sm_90+): see the kernel's prologue.
     static const bool pdl = [] {
         int device = 0, major = 0;
@@ -665,7 +668,7 @@ void launch_q8_0_q16x(const uint8_t* w, const int16_t* xq, const float* xd, floa
     attr.val.programmaticStreamSerializationAllowed = 1;
     config.attrs = &attr;
     config.numAttrs = pdl ? 1 : 0;
-    SPILLWAY_CUDA_CHECK(cudaLaunchKernelEx(&config, kKernel, w, xq, xd, y, rows, cols, warps, split, carry));
+    SPILLWAY_CUDA_CHECK(cudaLaunchKernelEx(&config, kKernel, w, xq, xd, y, rows, cols, warps, carry));
 }
 
 constexpr uint32_t kInt8MaxCols = 32768;  // x as int8 + scales in shared memory: <= 36 KB
@@ -826,9 +829,8 @@ MatvecQ16xKernel matvec_q8_0_q16x_kernel_for(uint32_t rows, uint32_t cols) {
 }
 
 void matvec_q8_0_q16x_cuda_with(MatvecQ16xKernel kernel, const void* w, ActQ16 x, float* y, uint32_t rows,
-                                uint32_t cols, cudaStream_t stream, std::optional<Q16xSplit> cut_split) {
+                                uint32_t cols, cudaStream_t stream) {
     if (rows == 0) return;
-    const Q16xSplit cut = cut_split.value_or(q16x_cut_split());
     if (!matvec_q8_0_q16x_fits(cols)) fail("matvec_q8_0_q16x_cuda: cols must be a multiple of 256, at most 32768");
     if (!x.q || !x.d) fail("matvec_q8_0_q16x_cuda: no quantized x");
     if (reinterpret_cast<uintptr_t>(w) % 16 != 0 || reinterpret_cast<uintptr_t>(x.q) % 16 != 0 ||
@@ -836,38 +838,28 @@ void matvec_q8_0_q16x_cuda_with(MatvecQ16xKernel kernel, const void* w, ActQ16 x
         fail("matvec_q8_0_q16x_cuda: w, x.q and x.d must be 16-byte aligned");
     const auto* w_bytes = static_cast<const uint8_t*>(w);
     switch (kernel) {
-        case MatvecQ16xKernel::smem4: launch_q8_0_q16x<4, true, 2>(w_bytes, x.q, x.d, y, rows, cols, cut, stream); break;
-        case MatvecQ16xKernel::smem8: launch_q8_0_q16x<8, true, 2>(w_bytes, x.q, x.d, y, rows, cols, cut, stream); break;
-        case MatvecQ16xKernel::global4: launch_q8_0_q16x<4, false, 2>(w_bytes, x.q, x.d, y, rows, cols, cut, stream); break;
-        case MatvecQ16xKernel::smem4_r1: launch_q8_0_q16x<4, true, 1>(w_bytes, x.q, x.d, y, rows, cols, cut, stream); break;
-        case MatvecQ16xKernel::smem8_r1: launch_q8_0_q16x<8, true, 1>(w_bytes, x.q, x.d, y, rows, cols, cut, stream); break;
-        case MatvecQ16xKernel::smem4_s3: launch_q8_0_q16x<4, true, 2, true>(w_bytes, x.q, x.d, y, rows, cols, cut, stream); break;
+        case MatvecQ16xKernel::smem4: launch_q8_0_q16x<4, true, 2>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
+        case MatvecQ16xKernel::smem8: launch_q8_0_q16x<8, true, 2>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
+        case MatvecQ16xKernel::global4: launch_q8_0_q16x<4, false, 2>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
+        case MatvecQ16xKernel::smem4_r1: launch_q8_0_q16x<4, true, 1>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
+        case MatvecQ16xKernel::smem8_r1: launch_q8_0_q16x<8, true, 1>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
+        case MatvecQ16xKernel::smem4_s3: launch_q8_0_q16x<4, true, 2, true>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
     }
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
-bool matvec_q8_0_q16x_cuts_rows(MatvecQ16xKernel kernel, uint32_t rows, uint32_t cols,
-                                std::optional<Q16xSplit> cut_split) {
+bool matvec_q8_0_q16x_splits_by_chunks(MatvecQ16xKernel kernel, uint32_t rows, uint32_t cols) {
     if (!matvec_q8_0_q16x_fits(cols)) return false;
-    const Q16xSplit cut = cut_split.value_or(q16x_cut_split());
-    Q16xSplit split = Q16xSplit::pairs;
     switch (kernel) {
-        case MatvecQ16xKernel::smem4: split = q16x_split_for(cut, rows, cols, 2, q16x_grid<4, true, 2>(cols).slot_warps); break;
-        case MatvecQ16xKernel::smem8: split = q16x_split_for(cut, rows, cols, 2, q16x_grid<8, true, 2>(cols).slot_warps); break;
-        case MatvecQ16xKernel::global4:
-            split = q16x_split_for(cut, rows, cols, 2, q16x_grid<4, false, 2>(cols).slot_warps);
-            break;
-        case MatvecQ16xKernel::smem4_r1:
-            split = q16x_split_for(cut, rows, cols, 1, q16x_grid<4, true, 1>(cols).slot_warps);
-            break;
-        case MatvecQ16xKernel::smem8_r1:
-            split = q16x_split_for(cut, rows, cols, 1, q16x_grid<8, true, 1>(cols).slot_warps);
-            break;
+        case MatvecQ16xKernel::smem4: return q16x_splits_by_chunks(rows, cols, 2, q16x_grid<4, true, 2>(cols).slot_warps);
+        case MatvecQ16xKernel::smem8: return q16x_splits_by_chunks(rows, cols, 2, q16x_grid<8, true, 2>(cols).slot_warps);
+        case MatvecQ16xKernel::global4: return q16x_splits_by_chunks(rows, cols, 2, q16x_grid<4, false, 2>(cols).slot_warps);
+        case MatvecQ16xKernel::smem4_r1: return q16x_splits_by_chunks(rows, cols, 1, q16x_grid<4, true, 1>(cols).slot_warps);
+        case MatvecQ16xKernel::smem8_r1: return q16x_splits_by_chunks(rows, cols, 1, q16x_grid<8, true, 1>(cols).slot_warps);
         case MatvecQ16xKernel::smem4_s3:
-            split = q16x_split_for(cut, rows, cols, 2, q16x_grid<4, true, 2, true>(cols).slot_warps);
-            break;
+            return q16x_splits_by_chunks(rows, cols, 2, q16x_grid<4, true, 2, true>(cols).slot_warps);
     }
-    return split != Q16xSplit::pairs;
+    return false;
 }
 
 void matvec_q8_0_q16x_cuda(const void* w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream) {

@@ -6,10 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <optional>
 
 #include "engine/cuda/act_quant.cuh"
-#include "engine/cuda/q16x_share.cuh"
 #include "gguf/ggml_types.h"
 
 namespace spillway {
@@ -51,14 +49,11 @@ bool matvec_q8_0_q16x_fits(uint32_t cols);
 // Pure: the variant matvec_q8_0_q16x_cuda uses for this shape.
 MatvecQ16xKernel matvec_q8_0_q16x_kernel_for(uint32_t rows, uint32_t cols);
 void matvec_q8_0_q16x_cuda(const void* w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream);
-// Whether this variant cuts row pairs between warps for the shape rather than handing out
-// whole row pairs (q16x_share.cuh: when pairs do not divide evenly over the resident warps,
-// e.g. 5120 rows). Queries the device's occupancy. cut_split: the split used where rows are
-// cut (chunks or quads; pairs never cuts); by default the engine's, SPILLWAY_Q16X_SPLIT=
-// pairs|chunks|quads (chunks unless set).
-bool matvec_q8_0_q16x_cuts_rows(MatvecQ16xKernel kernel, uint32_t rows, uint32_t cols,
-                                std::optional<Q16xSplit> cut_split = std::nullopt);
+// Whether this variant splits the shape's work by chunks of a row pair rather than by whole
+// row pairs (matvec.cu: when pairs do not divide evenly over the resident warps, e.g. 5120
+// rows; SPILLWAY_Q16X_SPLIT=pairs turns it off). Queries the device's occupancy.
+bool matvec_q8_0_q16x_splits_by_chunks(MatvecQ16xKernel kernel, uint32_t rows, uint32_t cols);
 void matvec_q8_0_q16x_cuda_with(MatvecQ16xKernel kernel, const void* w, ActQ16 x, float* y, uint32_t rows,
-                                uint32_t cols, cudaStream_t stream, std::optional<Q16xSplit> cut_split = std::nullopt);
+                                uint32_t cols, cudaStream_t stream);
 
 }  // namespace spillway

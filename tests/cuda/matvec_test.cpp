@@ -146,12 +146,10 @@ TEST(CudaMatvec, Q8KernelVariantsMatchCpu) {
 // per value uniform in +-d/2 with d = amax/32767, RMS amax/113500; amax of 32 normal values
 // is ~2.0-2.5 sigma, so ~2e-5 relative; bounded at 2e-4 over >= 7 rows (one row's ratio of
 // two random sums has a heavy tail).
-void check_matvec_q16x(MatvecQ16xKernel kernel, uint32_t rows, uint32_t cols,
-                       std::optional<Q16xSplit> split = std::nullopt) {
+void check_matvec_q16x(MatvecQ16xKernel kernel, uint32_t rows, uint32_t cols) {
     const uint32_t seed = fresh_seed();
     SCOPED_TRACE("q16x kernel=" + std::to_string((int)kernel) + " rows=" + std::to_string(rows) + " cols=" +
-                 std::to_string(cols) + " split=" + std::to_string(split ? (int)*split : -1) +
-                 " seed=" + std::to_string(seed));
+                 std::to_string(cols) + " seed=" + std::to_string(seed));
     std::mt19937 rng(seed);
     const auto [w_q, w_deq] = random_weights(rng, GgmlType::Q8_0, rows, cols);
     const std::vector<float> x = random_floats(rng, cols);
@@ -172,8 +170,7 @@ void check_matvec_q16x(MatvecQ16xKernel kernel, uint32_t rows, uint32_t cols,
     auto d_d = to_device(xq.d);
     DeviceBuffer<float> d_y(rows);
     poison(d_y);
-    matvec_q8_0_q16x_cuda_with(kernel, d_w.data(), ActQ16{d_q.data(), d_d.data()}, d_y.data(), rows, cols, nullptr,
-                               split);
+    matvec_q8_0_q16x_cuda_with(kernel, d_w.data(), ActQ16{d_q.data(), d_d.data()}, d_y.data(), rows, cols, nullptr);
     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<float> y = to_host(d_y);
     EXPECT_EQ(count_nan(y), 0u);
@@ -196,78 +193,24 @@ TEST(CudaMatvec, Q16xKernelsMatchCpu) {
             check_matvec_q16x(k, rows, cols);
         }
     }
-    // Rows cut between warps, by quads (the default) and by chunks (the earlier split): the
-    // 14B wo, qkv and down shapes, and an odd row count; each shape twice, so the second
-    // launch finds the cut-pair slots the first one left (they must be cleared, or stale
-    // partial sums would be added).
+    // Work split by chunks, pairs cut between warps (the 14B wo, qkv and down shapes, and an
+    // odd row count): each shape twice, so the second launch finds the cut-pair slots the
+    // first one left (they must be cleared, or stale partial sums would be added).
     uint32_t cut_shapes = 0;
-    for (Q16xSplit split : {Q16xSplit::quads, Q16xSplit::chunks}) {
-        for (MatvecQ16xKernel k : {MatvecQ16xKernel::smem4, MatvecQ16xKernel::smem4_r1, MatvecQ16xKernel::smem4_s3}) {
-            for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
-                     {5120, 5120}, {7168, 5120}, {5120, 13824}, {5121, 5120}}) {
-                cut_shapes += matvec_q8_0_q16x_cuts_rows(k, rows, cols, split);
-                check_matvec_q16x(k, rows, cols, split);
-                check_matvec_q16x(k, rows, cols, split);
-            }
+    for (MatvecQ16xKernel k : {MatvecQ16xKernel::smem4, MatvecQ16xKernel::smem4_r1, MatvecQ16xKernel::smem4_s3}) {
+        for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
+                 {5120, 5120}, {7168, 5120}, {5120, 13824}, {5121, 5120}}) {
+            cut_shapes += matvec_q8_0_q16x_splits_by_chunks(k, rows, cols);
+            check_matvec_q16x(k, rows, cols);
+            check_matvec_q16x(k, rows, cols);
         }
     }
-    EXPECT_GT(cut_shapes, 0u) << "no shape had its rows cut on this GPU: the cut-pair path went untested";
+    EXPECT_GT(cut_shapes, 0u) << "no shape took the chunk split on this GPU: the cut-pair path went untested";
     EXPECT_EQ(matvec_q8_0_q16x_kernel_for(13824, 5120), MatvecQ16xKernel::smem4);
     EXPECT_EQ(matvec_q8_0_q16x_kernel_for(5120, 13824), MatvecQ16xKernel::smem4);
     EXPECT_TRUE(matvec_q8_0_q16x_fits(5120));
     EXPECT_FALSE(matvec_q8_0_q16x_fits(896));
     EXPECT_FALSE(matvec_q8_0_q16x_fits(65536));
-}
-
-// The split geometry alone (host code, no GPU): for each split, the shares of all warps tile
-// the row pairs x quads sequence in order, each share's chunks cover exactly its quads in
-// order and inside one row pair each, a cut pair is shared by exactly two neighbours (the
-// first one ends cut, the next starts cut), ends_pair marks exactly the chunk that finishes
-// a row pair's part, and the quad split hands every warp the same quads within one.
-TEST(CudaMatvec, Q16xShareGeometry) {
-    uint32_t checked = 0;
-    for (const uint32_t cols : {256u, 2304u, 5120u, 13824u, 27648u}) {
-        const uint32_t qpr = cols / 256;
-        for (const uint32_t n_pairs : {1u, 3u, 129u, 2560u, 2561u, 3584u, 13824u}) {
-            for (const uint32_t n_warps : {1u, 7u, 528u, 2112u, 2640u}) {
-                for (Q16xSplit split : {Q16xSplit::pairs, Q16xSplit::chunks, Q16xSplit::quads}) {
-                    if (split != Q16xSplit::pairs && !q16x_cut_allowed(split, n_pairs, qpr, n_warps)) continue;
-                    SCOPED_TRACE("cols " + std::to_string(cols) + " pairs " + std::to_string(n_pairs) + " warps " +
-                                 std::to_string(n_warps) + " split " + std::to_string((int)split));
-                    uint32_t next = 0, least = UINT32_MAX, most = 0;
-                    bool prev_ends_cut = false;
-                    for (uint32_t gw = 0; gw < n_warps + 2; ++gw) {  // two warps past the grid: empty
-                        const Q16xShare s = q16x_share(split, n_pairs, cols, gw, n_warps);
-                        ASSERT_EQ(s.q0, next);
-                        ASSERT_LE(s.q0, s.q1);
-                        ASSERT_EQ(s.starts_cut, prev_ends_cut) << "warp " << gw;
-                        if (split == Q16xSplit::pairs) ASSERT_FALSE(s.starts_cut || s.ends_cut);
-                        if (s.starts_cut && s.ends_cut) ASSERT_NE(s.q0 / qpr, s.q1 / qpr) << "a pair over three warps";
-                        if (gw < n_warps) {
-                            least = std::min(least, s.q1 - s.q0);
-                            most = std::max(most, s.q1 - s.q0);
-                        }
-                        uint32_t at = s.q0;
-                        for (uint32_t k = 0; k < s.n_chunks; ++k) {
-                            const Q16xChunk c = q16x_chunk(s, k);
-                            ASSERT_LT(c.lo, c.hi);
-                            ASSERT_LE(c.hi, kQ16xChunkQuads);
-                            ASSERT_EQ(c.rp * qpr + c.ci * kQ16xChunkQuads + c.lo, at) << "chunk " << k;
-                            at += c.hi - c.lo;
-                            ASSERT_EQ(c.ends_pair, at % qpr == 0) << "chunk " << k;
-                        }
-                        ASSERT_EQ(at, s.q1);
-                        next = s.q1;
-                        prev_ends_cut = s.ends_cut;
-                    }
-                    ASSERT_EQ(next, n_pairs * qpr);
-                    if (split == Q16xSplit::quads) EXPECT_LE(most - least, 1u);
-                    ++checked;
-                }
-            }
-        }
-    }
-    EXPECT_GT(checked, 200u);
 }
 
 // Chunk-split GEMVs on two streams at once, many launches deep: each stream has its own
@@ -277,7 +220,7 @@ TEST(CudaMatvec, Q16xShareGeometry) {
 TEST(CudaMatvec, ChunkSplitOnTwoStreamsAtOnce) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     constexpr uint32_t rows = 5120, cols = 5120;
-    if (!matvec_q8_0_q16x_cuts_rows(MatvecQ16xKernel::smem4, rows, cols))
+    if (!matvec_q8_0_q16x_splits_by_chunks(MatvecQ16xKernel::smem4, rows, cols))
         GTEST_SKIP() << "this GPU's warp count divides the shape evenly: no chunk split to test";
     const uint32_t seed = fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
