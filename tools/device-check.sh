@@ -117,7 +117,8 @@ if [ -z "$bench_only" ]; then
     # Lab A/Bs of measured engine choices (docs/perf-notes.md, session 11): each knob restores
     # the earlier behaviour; run next to the default in the same process image and machine.
     # SPILLWAY_DECODE_LAYER=1 (session 15) turns the lab persistent layer kernel ON (off by default).
-    for knob in default SPILLWAY_Q16X_SPLIT=pairs SPILLWAY_ATTENTION_QUANT=separate SPILLWAY_DECODE_LAYER=1; do
+    # SPILLWAY_PDL_SMALL=0 (session 16): the small kernels as ordinary launches.
+    for knob in default SPILLWAY_Q16X_SPLIT=pairs SPILLWAY_ATTENTION_QUANT=separate SPILLWAY_DECODE_LAYER=1 SPILLWAY_PDL_SMALL=0; do
       if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
       env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 0,8192,65536 \
         -ctk f16 >"$out/engine-ab-${knob%%=*}.log" 2>&1

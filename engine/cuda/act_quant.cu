@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/pdl_launch.cuh"
 
 namespace spillway {
 namespace {
@@ -13,11 +14,12 @@ constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads) quantize_act_q16_kernel(const float* __restrict__ x, uint32_t n4,
                                                                     int16_t* __restrict__ q, float* __restrict__ d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // The Q8_0 matvec that reads this output may be launched now (programmatic dependent
-    // launch): it prefetches weights and waits for this grid's completion before reading x.
-    cudaTriggerProgrammaticLaunchCompletion();
-#endif
+    // With a programmatic launch (lab, pdl_launch.cuh), the producer's writes are visible
+    // only after this wait. Then the Q8_0 matvec that reads this output may be launched
+    // (programmatic dependent launch): it prefetches weights and waits for this grid's
+    // completion before reading x.
+    pdl_wait_for_producer();
+    pdl_release_dependents();
     const uint32_t i = blockIdx.x * kThreads + threadIdx.x;  // float4 index
     if (i >= n4) return;  // n4 % 8 == 0: whole 8-lane groups leave together
     const float4 v = reinterpret_cast<const float4*>(x)[i];
@@ -33,7 +35,8 @@ void quantize_act_q16_cuda(const float* x, uint32_t n, uint32_t n_tokens, ActQ16
     if (reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(out.q) % 16 != 0)
         fail("quantize_act_q16_cuda: x and q must be 16-byte aligned");
     const uint32_t n4 = n / 4 * n_tokens;
-    quantize_act_q16_kernel<<<(n4 + kThreads - 1) / kThreads, kThreads, 0, stream>>>(x, n4, out.q, out.d);
+    launch_with_pdl(pdl_site_on(PdlSite::merge), quantize_act_q16_kernel, dim3((n4 + kThreads - 1) / kThreads),
+                    dim3(kThreads), 0, stream, x, n4, out.q, out.d);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 

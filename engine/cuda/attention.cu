@@ -29,6 +29,7 @@
 #include "common/error.h"
 #include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/pdl_launch.cuh"
 #include "engine/cuda/kv_tile.cuh"
 
 namespace spillway {
@@ -292,11 +293,11 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const float
                                                                      uint32_t n_splits, uint32_t n_head,
                                                                      uint32_t head_dim, float* out, float* lse,
                                                                      int16_t* out_q, float* out_d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // The output projection's matvec (programmatic dependent launch) may start now and fetch
-    // its first weights; it waits for this grid's completion before reading out_q.
-    cudaTriggerProgrammaticLaunchCompletion();
-#endif
+    // With a programmatic launch (lab, pdl_launch.cuh) the partials are visible after this
+    // wait. Then the output projection's matvec (programmatic dependent launch) may start and
+    // fetch its first weights; it waits for this grid's completion before reading out_q.
+    pdl_wait_for_producer();
+    pdl_release_dependents();
     __shared__ float weight[kMergeMaxSplits];
     __shared__ float reduce[kMergeThreads / 32];
     __shared__ float group_sum[kMergeThreads];
@@ -921,8 +922,10 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     if (plan.n_splits > 1) {
         if (plan.n_splits > kMergeMaxSplits) fail("attention_partial_cuda: more splits than the merge kernel holds");
         if (kMergeThreads % shape.head_dim_v != 0) fail("attention_partial_cuda: head dim must divide 512");
-        merge_splits_kernel<<<shape.n_head, kMergeThreads / shape.head_dim_v * shape.head_dim_v, 0, stream>>>(
-            p.part_out, p.part_lse, plan.n_splits, shape.n_head, shape.head_dim_v, out, lse, out_q16.q, out_q16.d);
+        launch_with_pdl(pdl_site_on(PdlSite::merge), merge_splits_kernel, dim3(shape.n_head),
+                        dim3(kMergeThreads / shape.head_dim_v * shape.head_dim_v), 0, stream, (const float*)p.part_out,
+                        (const float*)p.part_lse, plan.n_splits, shape.n_head, shape.head_dim_v, out, lse, out_q16.q,
+                        out_q16.d);
         SPILLWAY_CUDA_CHECK(cudaGetLastError());
     } else if (out_q16) {
         quantize_act_q16_cuda(out, n_values, 1, out_q16, stream);

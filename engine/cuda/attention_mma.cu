@@ -37,6 +37,7 @@
 #include <string>
 
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/pdl_launch.cuh"
 #include "engine/cuda/kv_tile.cuh"
 #include "engine/cuda/lab_knob.h"
 
@@ -311,6 +312,7 @@ __device__ __forceinline__ void v_pair_fragments(const VWords<VT>& a, const VWor
 template <KvType KT, KvType VT, bool kUniform>
 __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kernel(Params p) {
     using L = Layout<KT, VT>;
+    pdl_wait_for_producer();  // a programmatic launch (lab): q and the new cell come from qkv_post
     extern __shared__ __align__(128) uint8_t smem[];
     const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const uint32_t g = lane / 4, t = lane % 4;  // MMA group (row / n column) and thread in group
@@ -561,10 +563,12 @@ void launch_for(const Params& p, uint32_t n_head_kv, uint32_t n_splits, cudaStre
     const dim3 grid(n_head_kv, n_splits);
     if (fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0) {
         configure_once<KT, VT, true>();
-        attention_mma_kernel<KT, VT, true><<<grid, kThreads, smem, stream>>>(p);
+        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, true>, grid, dim3(kThreads), smem,
+                        stream, p);
     } else {
         configure_once<KT, VT, false>();
-        attention_mma_kernel<KT, VT, false><<<grid, kThreads, smem, stream>>>(p);
+        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, false>, grid, dim3(kThreads), smem,
+                        stream, p);
     }
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }

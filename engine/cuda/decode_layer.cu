@@ -31,6 +31,7 @@
 #include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/cp_async_device.cuh"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/pdl_launch.cuh"
 #include "engine/cuda/q8_0_q16_device.cuh"
 
 namespace spillway {
@@ -508,19 +509,10 @@ void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t 
         if (phase_writes_what_it_reads(args, ph)) fail(at + "its output overlaps its own input");
     }
     const uint32_t sms = device_fit().sms;  // the current device's: one block per SM
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3((unsigned)sms);
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = kSmemBytes;
-    config.stream = stream;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attr;
-    config.numAttrs = 1;
     uint32_t* barrier = static_cast<uint32_t*>(scratch);
     unsigned long long* carry = reinterpret_cast<unsigned long long*>(static_cast<uint8_t*>(scratch) + 16);
-    SPILLWAY_CUDA_CHECK(cudaLaunchKernelEx(&config, decode_layer_kernel, args, barrier, carry, timeline));
+    launch_with_pdl(true, decode_layer_kernel, dim3((unsigned)sms), dim3(kThreads), kSmemBytes, stream, args, barrier,
+                    carry, timeline);
 }
 
 }  // namespace spillway

@@ -30,6 +30,7 @@
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cp_async_device.cuh"
 #include "engine/cuda/lab_knob.h"
+#include "engine/cuda/pdl_launch.cuh"
 #include "engine/cuda/q8_0_q16_device.cuh"
 
 namespace spillway {
@@ -658,17 +659,7 @@ void launch_q8_0_q16x(const uint8_t* w, const int16_t* xq, const float* xd, floa
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
         return major >= 9;
     }();
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(blocks);
-    config.blockDim = dim3(kWarpsPB * 32);
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attr;
-    config.numAttrs = pdl ? 1 : 0;
-    SPILLWAY_CUDA_CHECK(cudaLaunchKernelEx(&config, kKernel, w, xq, xd, y, rows, cols, warps, carry));
+    launch_with_pdl(pdl, kKernel, dim3(blocks), dim3(kWarpsPB * 32), smem, stream, w, xq, xd, y, rows, cols, warps, carry);
 }
 
 constexpr uint32_t kInt8MaxCols = 32768;  // x as int8 + scales in shared memory: <= 36 KB

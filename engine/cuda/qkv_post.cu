@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/pdl_launch.cuh"
 #include "engine/cuda/kv_write_device.cuh"
 #include "engine/cuda/rope_device.cuh"
 
@@ -29,6 +30,10 @@ __global__ void __launch_bounds__(kMaxHeadDim) qkv_post_kernel(QkvPostShape s, R
                                                                uint8_t* k_cache, KvType v_type, uint8_t* v_cache,
                                                                uint32_t first_cell, const float2* __restrict__ rope_table,
                                                                uint32_t n_tokens) {
+    // A programmatic launch (lab, pdl_launch.cuh) may start before q|k|v's GEMV is done; the
+    // attention after this kernel may then be launched (it waits for this grid's writes).
+    pdl_wait_for_producer();
+    pdl_release_dependents();
     __shared__ float head_vals[kMaxHeadDim];
     const uint32_t e = threadIdx.x, hd = s.head_dim;
     const uint32_t qd = s.n_head * hd, kd = s.n_head_kv * hd;
@@ -86,8 +91,8 @@ void qkv_post_cuda(const QkvPostShape& shape, const RopeDeviceTables& rope, floa
     const uint32_t token_blocks = max_token_blocks == 0 ? n_tokens : std::min(n_tokens, max_token_blocks);
     if (token_blocks > 65535) fail("qkv_post_cuda: more than 65535 token blocks (cap them with max_token_blocks)");
     const dim3 grid(shape.n_head + 2 * shape.n_head_kv, token_blocks);
-    qkv_post_kernel<<<grid, shape.head_dim, 0, stream>>>(shape, rope, q, k, v, bias, positions, k_type, k_cache, v_type,
-                                                         v_cache, first_cell, rope_table, n_tokens);
+    launch_with_pdl(pdl_site_on(PdlSite::qkv_post), qkv_post_kernel, grid, dim3(shape.head_dim), 0, stream, shape, rope,
+                    q, k, v, bias, positions, k_type, k_cache, v_type, v_cache, first_cell, rope_table, n_tokens);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 

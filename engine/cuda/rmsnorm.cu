@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/pdl_launch.cuh"
 #include "engine/cuda/lab_knob.h"
 
 namespace spillway {
@@ -69,11 +70,12 @@ __global__ void __launch_bounds__(kBlockThreads) rmsnorm_vec_kernel(float* __res
                                                                   float* __restrict__ out, __half* __restrict__ out16,
                                                                   uint32_t dim, float eps, int16_t* __restrict__ q,
                                                                   float* __restrict__ qd) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // The Q8_0 matvec that reads this output may be launched now (programmatic dependent
-    // launch): it prefetches weights and waits for this grid's completion before reading x.
-    cudaTriggerProgrammaticLaunchCompletion();
-#endif
+    // With a programmatic launch (lab, pdl_launch.cuh), the producer's writes are visible
+    // only after this wait. Then the Q8_0 matvec that reads this output may be launched
+    // (programmatic dependent launch): it prefetches weights and waits for this grid's
+    // completion before reading x.
+    pdl_wait_for_producer();
+    pdl_release_dependents();
     __shared__ float warp_sums[kBlockThreads / 32];
     const uint32_t n4 = dim / 4;
     float4* xr = reinterpret_cast<float4*>(x + (size_t)blockIdx.x * dim);
@@ -147,8 +149,8 @@ void rmsnorm_cuda(float* x, const float* residual_add, const float* weight, floa
         rmsnorm_vec_kernel<kRowsThreads, kRowsPerThread><<<n_rows, kRowsThreads, 0, stream>>>(
             x, residual_add, weight, out, out_f16, dim, eps, q_out.q, q_out.d);
     else if (vec)
-        rmsnorm_vec_kernel<kVecThreads, kVecPerThread><<<n_rows, kVecThreads, 0, stream>>>(
-            x, residual_add, weight, out, out_f16, dim, eps, q_out.q, q_out.d);
+        launch_with_pdl(pdl_site_on(PdlSite::rmsnorm), rmsnorm_vec_kernel<kVecThreads, kVecPerThread>, dim3(n_rows),
+                        dim3(kVecThreads), 0, stream, x, residual_add, weight, out, out_f16, dim, eps, q_out.q, q_out.d);
     else
         rmsnorm_kernel<<<n_rows, kThreads, 0, stream>>>(x, residual_add, weight, out, out_f16, dim, eps);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());

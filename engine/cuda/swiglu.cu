@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/pdl_launch.cuh"
 
 namespace spillway {
 namespace {
@@ -37,11 +38,12 @@ constexpr int kQ16Threads = 256;
 __global__ void __launch_bounds__(kQ16Threads) swiglu_q16_kernel(const float4* __restrict__ gate,
                                                                  const float4* __restrict__ up, uint32_t n4,
                                                                  int16_t* __restrict__ q, float* __restrict__ d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // The Q8_0 matvec that reads this output may be launched now (programmatic dependent
-    // launch): it prefetches weights and waits for this grid's completion before reading x.
-    cudaTriggerProgrammaticLaunchCompletion();
-#endif
+    // With a programmatic launch (lab, pdl_launch.cuh), the producer's writes are visible
+    // only after this wait. Then the Q8_0 matvec that reads this output may be launched
+    // (programmatic dependent launch): it prefetches weights and waits for this grid's
+    // completion before reading x.
+    pdl_wait_for_producer();
+    pdl_release_dependents();
     const uint32_t i = blockIdx.x * kQ16Threads + threadIdx.x;
     if (i >= n4) return;  // n4 % 8 == 0: whole 8-lane groups leave together
     const float4 g = gate[i], u = up[i];
@@ -80,8 +82,9 @@ void swiglu_q16_cuda(const float* gate, const float* up, uint32_t n, ActQ16 out,
         reinterpret_cast<uintptr_t>(out.q) % 16 != 0)
         fail("swiglu_q16_cuda: gate, up and q must be 16-byte aligned");
     const uint32_t n4 = n / 4;
-    swiglu_q16_kernel<<<(n4 + kQ16Threads - 1) / kQ16Threads, kQ16Threads, 0, stream>>>(
-        reinterpret_cast<const float4*>(gate), reinterpret_cast<const float4*>(up), n4, out.q, out.d);
+    launch_with_pdl(pdl_site_on(PdlSite::swiglu), swiglu_q16_kernel, dim3((n4 + kQ16Threads - 1) / kQ16Threads),
+                    dim3(kQ16Threads), 0, stream, reinterpret_cast<const float4*>(gate),
+                    reinterpret_cast<const float4*>(up), n4, out.q, out.d);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
