@@ -312,7 +312,10 @@ __device__ __forceinline__ void v_pair_fragments(const VWords<VT>& a, const VWor
 template <KvType KT, KvType VT, bool kUniform>
 __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kernel(Params p) {
     using L = Layout<KT, VT>;
-    pdl_wait_for_producer();  // a programmatic launch (lab): q and the new cell come from qkv_post
+    // A programmatic launch: q and the new cell come from qkv_post. The grid is one wave
+    // (plan_for), so the split merge released here only takes SMs this grid has left.
+    pdl_wait_for_producer();
+    pdl_release_dependents();
     extern __shared__ __align__(128) uint8_t smem[];
     const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const uint32_t g = lane / 4, t = lane % 4;  // MMA group (row / n column) and thread in group
