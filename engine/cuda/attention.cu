@@ -137,7 +137,16 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p
         cp_async_commit();  // empty groups keep the wait count uniform
     };
 
-    for (int s = 0; s < L::kStages - 1; ++s) issue_tile(s);
+    // A programmatic launch (pdl_launch.cuh): a split made only of settled cells (written by
+    // earlier decode steps) starts its copies before waiting for q's producer; the split
+    // holding the new cell copies after. Then the split merge may be launched.
+    const bool settled = cell_end <= p.settled_cells;
+    if (settled)
+        for (int s = 0; s < L::kStages - 1; ++s) issue_tile(s);
+    pdl_wait_for_producer();
+    pdl_release_dependents();
+    if (!settled)
+        for (int s = 0; s < L::kStages - 1; ++s) issue_tile(s);
 
     // Query heads of this KV head as f16 rows, zero-padded to kMaxGroup; P rows likewise.
     for (uint32_t i = tid; i < kMaxGroup * D; i += kThreads) {
@@ -399,7 +408,8 @@ void launch_split(const SplitParams& p, uint32_t n_head_kv, uint32_t n_splits, c
         return true;
     }();
     (void)configured;
-    attention_split_kernel<D, KT, VT><<<dim3(n_head_kv, n_splits), kThreads, smem, stream>>>(p);
+    launch_with_pdl(pdl_site_on(PdlSite::attention), attention_split_kernel<D, KT, VT>, dim3(n_head_kv, n_splits),
+                    dim3(kThreads), smem, stream, p);
 }
 
 template <int D, KvType KT>
@@ -531,7 +541,13 @@ __global__ void __launch_bounds__(kIdThreads, 3) attention_int_dot_kernel(SplitP
         }
         cp_async_commit();
     };
-    issue(0);
+    // A programmatic launch (pdl_launch.cuh): a split of settled cells copies before waiting
+    // for q's producer, the split with the step's new cell after (the split kernel's rule).
+    const bool settled = cell_end <= p.settled_cells;
+    if (settled) issue(0);
+    pdl_wait_for_producer();
+    pdl_release_dependents();
+    if (!settled) issue(0);
 
     // q of this group to int16 per 32-block: warp w quantizes heads w, w+4; lane = 4 dims.
     for (uint32_t g = warp; g < kIdMaxG; g += kIdWarps) {
@@ -783,7 +799,8 @@ void launch_int_dot_g(const SplitParams& p, uint32_t n_head_kv, uint32_t n_split
         return true;
     }();
     (void)configured;
-    attention_int_dot_kernel<KT, VT, kG><<<dim3(n_head_kv, n_splits), kIdThreads, smem, stream>>>(p);
+    launch_with_pdl(pdl_site_on(PdlSite::attention), attention_int_dot_kernel<KT, VT, kG>, dim3(n_head_kv, n_splits),
+                    dim3(kIdThreads), smem, stream, p);
 }
 
 template <KvType KT, KvType VT>
@@ -862,15 +879,17 @@ size_t attention_workspace_bytes(const AttentionShape& shape, uint32_t n_cells, 
 void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type,
                             const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                             uint32_t n_cells, float* out, float* lse, void* workspace,
-                            size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16) {
+                            size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16,
+                            uint32_t settled_cells) {
     attention_partial_cuda_with(attention_default_kernel(shape, k_type, v_type, n_cells), shape, q, k_type, k_cells, v_type,
-                                v_cells, n_cells, out, lse, workspace, workspace_bytes, sm_count, stream, out_q16);
+                                v_cells, n_cells, out, lse, workspace, workspace_bytes, sm_count, stream, out_q16,
+                                settled_cells);
 }
 
 void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& shape, const float* q,
                                  KvType k_type, const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                                  uint32_t n_cells, float* out, float* lse, void* workspace, size_t workspace_bytes,
-                                 uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16) {
+                                 uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16, uint32_t settled_cells) {
     if (out_q16 && (!out_q16.d || reinterpret_cast<uintptr_t>(out_q16.q) % 16 != 0))
         fail("attention_partial_cuda: the quantized output needs q (16-byte aligned) and d");
     if (!attention_kernel_supports(kernel, shape, k_type, v_type))
@@ -904,6 +923,7 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     p.n_group = shape.n_head / shape.n_head_kv;
     p.scale_log2 = shape.scale * kLog2e;
     p.n_head = shape.n_head;
+    p.settled_cells = settled_cells;
     if (plan.n_splits == 1) {
         p.part_out = out;
         p.part_lse = lse;

@@ -35,10 +35,15 @@ size_t attention_workspace_bytes(const AttentionShape& shape, uint32_t n_cells, 
 // out_q16 (optional): out also quantized for the Q8_0 output-projection matvec
 // (act_quant.cuh; n_head * head_dim_v values), written by the split merge itself when the
 // range has several splits (one launch fewer per layer), else by quantize_act_q16_cuda.
+// settled_cells: cells [0, settled_cells) were complete before the kernel that produces q
+// (and the step's new cell) was launched, e.g. every cell before the decode position; the
+// split kernels may start copying them before that producer finishes (programmatic launch,
+// pdl_launch.cuh). 0 (the default) when the caller cannot say.
 void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type,
                             const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                             uint32_t n_cells, float* out, float* lse, void* workspace,
-                            size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16 = {});
+                            size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16 = {},
+                            uint32_t settled_cells = 0);
 
 // Which split kernel attention_partial_cuda runs. tensor_core: the f16 wmma kernel that
 // dequantizes K/V to f16 tiles (every type pair, head dim 64/128, <= 16 query heads per KV
@@ -72,7 +77,8 @@ uint32_t attention_split_count(AttentionKernel kernel, const AttentionShape& sha
 void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& shape, const float* q,
                                  KvType k_type, const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                                  uint32_t n_cells, float* out, float* lse, void* workspace, size_t workspace_bytes,
-                                 uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16 = {});
+                                 uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16 = {},
+                                 uint32_t settled_cells = 0);
 
 // a := merge(a, b), in place, as attention_merge_cpu.
 void attention_merge_cuda(uint32_t n_head, uint32_t head_dim_v, float* out_a, float* lse_a,

@@ -312,10 +312,6 @@ __device__ __forceinline__ void v_pair_fragments(const VWords<VT>& a, const VWor
 template <KvType KT, KvType VT, bool kUniform>
 __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kernel(Params p) {
     using L = Layout<KT, VT>;
-    // A programmatic launch: q and the new cell come from qkv_post. The grid is one wave
-    // (plan_for), so the split merge released here only takes SMs this grid has left.
-    pdl_wait_for_producer();
-    pdl_release_dependents();
     extern __shared__ __align__(128) uint8_t smem[];
     const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const uint32_t g = lane / 4, t = lane % 4;  // MMA group (row / n column) and thread in group
@@ -368,8 +364,21 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
         }
         cp_async_commit();  // empty groups keep the wait count uniform
     };
+    // A programmatic launch (pdl_launch.cuh): q and the step's new cell come from qkv_post. A
+    // split made only of settled cells (earlier steps') starts its copies before waiting for
+    // it; the split holding the new cell copies after. The grid is one wave (plan_for), so
+    // the split merge released here only takes SMs this grid has left.
+    const bool settled = cell_end <= p.settled_cells;
+    if (settled) {
 #pragma unroll
-    for (int s = 0; s < L::kStages - 1; ++s) issue(s);
+        for (int s = 0; s < L::kStages - 1; ++s) issue(s);
+    }
+    pdl_wait_for_producer();
+    pdl_release_dependents();
+    if (!settled) {
+#pragma unroll
+        for (int s = 0; s < L::kStages - 1; ++s) issue(s);
+    }
 
     // Q^T as QK's B operand (k = dims, n = heads): lane (g, t) holds head g, dims 32t ..
     // 32t+31, pre-scaled to base-2 score units. Heads past the group are zero columns.

@@ -29,6 +29,10 @@ struct Params {
     float* part_out;         // [split][n_head][head_dim]
     float* part_lse;         // [split][n_head], natural log
     uint32_t n_head;
+    // Cells below this were written before the kernel's producer ran (earlier decode steps):
+    // a programmatic launch may copy them before waiting for the producer (the step's new
+    // cell, written by it, only after). 0: nothing is read before the wait.
+    uint32_t settled_cells;
 };
 
 struct Plan {

@@ -11,7 +11,9 @@
 
 #include "act_q16_ref.h"
 #include "cuda_test_util.h"
+#include "engine/cuda/pdl_launch.cuh"
 #include "kv/kv_codec.h"
+#include "late_producer.cuh"
 
 namespace spillway {
 namespace {
@@ -177,6 +179,70 @@ TEST(CudaAttention, MmaKernelMatchesCpu) {
                                     make_shape(8, 1, 128), make_shape(21, 3, 128)})
         for (uint32_t n_cells : {7u, 700u, 3001u})
             for (KvType kt : kTypes) check_attention(s, kt, kt == KvType::f16 ? KvType::q4_0 : kt, n_cells, &kernel);
+}
+
+// The decode attention launched programmatically behind the kernel that writes q and the
+// step's new cell (the engine: bias + RoPE + KV write): splits of settled cells (earlier
+// steps') copy before waiting for that producer, the split with the new cell after. Here the
+// producer releases at entry and writes q and the last cell only after 200 us; before it,
+// both hold NaN. The result must match the CPU on the final bytes for every split kernel.
+// Negative control: claiming the new cell settled lets the attention read it before the
+// producer wrote it, which must show (so the test sees the ordering it checks).
+TEST(CudaAttention, ProgrammaticLaunchReadsTheNewCellAfterItsProducer) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    if (!pdl_site_on(PdlSite::attention)) GTEST_SKIP() << "attention not launched programmatically here";
+    const AttentionShape s = make_shape(40, 8, 128);
+    const uint32_t sms = sm_count();
+    cudaStream_t stream = nullptr;
+    SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (AttentionKernel kernel : {AttentionKernel::tensor_core, AttentionKernel::mma, AttentionKernel::int_dot}) {
+        for (KvType kt : {KvType::f16, KvType::q8_0}) {
+            if (!attention_kernel_supports(kernel, s, kt, kt)) continue;
+            for (uint32_t n_cells : {40u, 5000u, 20000u}) {
+                for (const bool honest : {true, false}) {
+                    if (!honest && n_cells != 40) continue;  // one split: its first copies hold the new cell
+                    const uint32_t seed = fresh_seed();
+                    SCOPED_TRACE(std::string(kernel_name(kernel)) + kv_type_name(kt) + " cells " + std::to_string(n_cells) +
+                                 (honest ? "" : " (new cell claimed settled)") + " seed " + std::to_string(seed));
+                    std::mt19937 rng(seed);
+                    const auto q = random_floats(rng, (size_t)s.n_head * s.head_dim_k, 2.5f);
+                    const KvCells cells = random_cells(rng, s, kt, kt, n_cells);
+                    std::vector<float> out((size_t)s.n_head * s.head_dim_v), lse(s.n_head);
+                    attention_partial_cpu(s, q.data(), kt, cells.k.data(), kt, cells.v.data(), n_cells, out.data(),
+                                          lse.data());
+                    const size_t row = kv_row_bytes(kt, s.n_head_kv * s.head_dim_k), last = row * (n_cells - 1);
+                    auto d_q_final = to_device(q);
+                    auto d_k = to_device(cells.k), d_v = to_device(cells.v);
+                    DeviceBuffer<float> d_q(q.size());
+                    DeviceBuffer<uint8_t> d_new_k(row), d_new_v(row);
+                    SPILLWAY_CUDA_CHECK(cudaMemcpy(d_new_k.data(), d_k.data() + last, row, cudaMemcpyDeviceToDevice));
+                    SPILLWAY_CUDA_CHECK(cudaMemcpy(d_new_v.data(), d_v.data() + last, row, cudaMemcpyDeviceToDevice));
+                    poison(d_q);
+                    SPILLWAY_CUDA_CHECK(cudaMemset(d_k.data() + last, 0xff, row));  // NaN scales / values
+                    SPILLWAY_CUDA_CHECK(cudaMemset(d_v.data() + last, 0xff, row));
+                    const size_t n_out = (size_t)s.n_head * s.head_dim_v;
+                    DeviceBuffer<float> d_out(n_out), d_lse(s.n_head);
+                    poison(d_out);
+                    poison(d_lse);
+                    DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
+                    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+                    const CopyRegion regions[] = {{d_q_final.data(), d_q.data(), q.size() * sizeof(float)},
+                                                  {d_new_k.data(), d_k.data() + last, row},
+                                                  {d_new_v.data(), d_v.data() + last, row}};
+                    launch_late_producer(regions, 3, 200, stream);
+                    attention_partial_cuda_with(kernel, s, d_q.data(), kt, d_k.data(), kt, d_v.data(), n_cells,
+                                                d_out.data(), d_lse.data(), ws.data(), ws.bytes(), sms, stream, {},
+                                                honest ? n_cells - 1 : n_cells);
+                    SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(stream));
+                    const GpuPartial gpu{to_host(d_out), to_host(d_lse)};
+                    if (honest) expect_close(gpu, out, lse);
+                    else
+                        EXPECT_GT(count_nan(gpu.out), 0u) << "the early copy did not see the unwritten cell";
+                }
+            }
+        }
+    }
+    SPILLWAY_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
 TEST(CudaAttention, DefaultKernelChoice) {
