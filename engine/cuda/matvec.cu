@@ -489,23 +489,28 @@ __global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const u
 #endif
     const int16_t* x_q = xq;
     const float* x_d = xd;
+    uint8_t* x_smem = nullptr;
     if constexpr (kXInSmem) {
-        uint8_t* x_smem = reinterpret_cast<uint8_t*>(q16x_smem) + (size_t)kWarpsPB * kStages * kRows * kChunkBytes;
+        x_smem = reinterpret_cast<uint8_t*>(q16x_smem) + (size_t)kWarpsPB * kStages * kRows * kChunkBytes;
         const uint32_t q_vecs = cols * 2 / 16, d_vecs = cols / 8 / 16;  // cols % 256 == 0: whole vectors
         for (uint32_t i = threadIdx.x; i < q_vecs; i += kWarpsPB * 32)
             cp_async16(x_smem + 16 * i, reinterpret_cast<const uint8_t*>(xq) + 16 * i);
         for (uint32_t i = threadIdx.x; i < d_vecs; i += kWarpsPB * 32)
             cp_async16(x_smem + cols * 2 + 16 * i, reinterpret_cast<const uint8_t*>(xd) + 16 * i);
         cp_async_commit();
-        cp_async_wait<0>();  // this thread's x copies (and chunk 0) have landed
+    }
+    // The ring's last slot goes out now, behind x's copies rather than after they land (the
+    // loop's first issue, moved here): a DRAM trip no longer waits for x's L2 trip.
+    issue(kStages - 1);
+    if constexpr (kXInSmem) {
+        cp_async_wait<1>();  // this thread's x copies (and the chunks before the last) have landed
         __syncthreads();     // ... and everyone else's
         x_q = reinterpret_cast<const int16_t*>(x_smem);
         x_d = reinterpret_cast<const float*>(x_smem + cols * 2);
     }
 
-
     for (uint32_t k = 0; k < n_chunks; ++k) {
-        issue(k + kStages - 1);
+        if (k > 0) issue(k + kStages - 1);
         cp_async_wait<kStages - 1>();
         __syncwarp();
         const uint32_t ci = (c0 + k) % cpr;
