@@ -29,8 +29,8 @@
 #include "common/error.h"
 #include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/cuda_check.h"
-#include "engine/cuda/pdl_launch.cuh"
 #include "engine/cuda/kv_tile.cuh"
+#include "engine/cuda/pdl_launch.cuh"
 
 namespace spillway {
 namespace {
@@ -303,9 +303,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const float
                                                                      uint32_t n_splits, uint32_t n_head,
                                                                      uint32_t head_dim, float* out, float* lse,
                                                                      int16_t* out_q, float* out_d) {
-    // With a programmatic launch (lab, pdl_launch.cuh) the partials are visible after this
-    // wait. Then the output projection's matvec (programmatic dependent launch) may start and
-    // fetch its first weights; it waits for this grid's completion before reading out_q.
+    // Programmatic launch (pdl_launch.cuh): the partials are visible after the wait; then
+    // the output projection's matvec may launch and fetch its first weights.
     pdl_wait_for_producer();
     pdl_release_dependents();
     __shared__ float weight[kMergeMaxSplits];

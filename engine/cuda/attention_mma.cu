@@ -37,9 +37,9 @@
 #include <string>
 
 #include "engine/cuda/cuda_check.h"
-#include "engine/cuda/pdl_launch.cuh"
 #include "engine/cuda/kv_tile.cuh"
 #include "engine/cuda/lab_knob.h"
+#include "engine/cuda/pdl_launch.cuh"
 
 namespace spillway::attention_mma {
 namespace {

@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(kMaxHeadDim) qkv_post_kernel(QkvPostShape s, R
                                                                uint8_t* k_cache, KvType v_type, uint8_t* v_cache,
                                                                uint32_t first_cell, const float2* __restrict__ rope_table,
                                                                uint32_t n_tokens) {
-    // A programmatic launch (lab, pdl_launch.cuh) may start before q|k|v's GEMV is done; the
+    // A programmatic launch (pdl_launch.cuh) may start before q|k|v's GEMV is done; the
     // attention after this kernel may then be launched (it waits for this grid's writes).
     pdl_wait_for_producer();
     pdl_release_dependents();

@@ -70,10 +70,8 @@ __global__ void __launch_bounds__(kBlockThreads) rmsnorm_vec_kernel(float* __res
                                                                   float* __restrict__ out, __half* __restrict__ out16,
                                                                   uint32_t dim, float eps, int16_t* __restrict__ q,
                                                                   float* __restrict__ qd) {
-    // With a programmatic launch (lab, pdl_launch.cuh), the producer's writes are visible
-    // only after this wait. Then the Q8_0 matvec that reads this output may be launched
-    // (programmatic dependent launch): it prefetches weights and waits for this grid's
-    // completion before reading x.
+    // Programmatic launch (pdl_launch.cuh): the producer's writes are visible after the wait;
+    // then the Q8_0 matvec reading this output may launch and prefetch its weights.
     pdl_wait_for_producer();
     pdl_release_dependents();
     __shared__ float warp_sums[kBlockThreads / 32];

@@ -38,10 +38,8 @@ constexpr int kQ16Threads = 256;
 __global__ void __launch_bounds__(kQ16Threads) swiglu_q16_kernel(const float4* __restrict__ gate,
                                                                  const float4* __restrict__ up, uint32_t n4,
                                                                  int16_t* __restrict__ q, float* __restrict__ d) {
-    // With a programmatic launch (lab, pdl_launch.cuh), the producer's writes are visible
-    // only after this wait. Then the Q8_0 matvec that reads this output may be launched
-    // (programmatic dependent launch): it prefetches weights and waits for this grid's
-    // completion before reading x.
+    // Programmatic launch (pdl_launch.cuh): the producer's writes are visible after the wait;
+    // then the Q8_0 matvec reading this output may launch and prefetch its weights.
     pdl_wait_for_producer();
     pdl_release_dependents();
     const uint32_t i = blockIdx.x * kQ16Threads + threadIdx.x;
