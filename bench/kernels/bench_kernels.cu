@@ -230,7 +230,7 @@ void bench_matvec(Report& r, const Options& o, GgmlType type, uint32_t rows, uin
 // outside the timed graph, as its producer (rmsnorm / swiglu) does in the engine.
 void bench_matvec_q16x(Report& r, const Options& o, uint32_t rows, uint32_t cols,
                        std::optional<MatvecQ16xKernel> kernel = std::nullopt) {
-    static const char* const kNames[] = {"smem4", "smem8", "global4", "smem4_r1", "smem8_r1", "smem4_s3"};
+    static const char* const kNames[] = {"smem4", "smem8", "global4", "smem4_r1", "smem8_r1", "smem4_s3", "smem4_s4"};
     const std::string name = std::string("matvec q8_0 q16x") + (kernel ? std::string(" ") + kNames[(int)*kernel] : "");
     const std::string shape = std::to_string(rows) + "x" + std::to_string(cols);
     // --only may name the shape too ("q16x smem4 5120x5120"), e.g. to profile one launch with ncu.
@@ -516,7 +516,8 @@ int main(int argc, char** argv) {
         for (std::optional<MatvecQ16xKernel> k : {std::optional<MatvecQ16xKernel>{}, std::optional{MatvecQ16xKernel::smem4},
                                                   std::optional{MatvecQ16xKernel::smem8}, std::optional{MatvecQ16xKernel::smem4_r1},
                                                   std::optional{MatvecQ16xKernel::smem8_r1},
-                                                  std::optional{MatvecQ16xKernel::smem4_s3}}) {
+                                                  std::optional{MatvecQ16xKernel::smem4_s3},
+                                                  std::optional{MatvecQ16xKernel::smem4_s4}}) {
             for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
                      {5120, 13824}, {13824, 5120}, {152064, 5120}, {27648, 5120}, {7168, 5120}, {5120, 5120}})
                 bench_matvec_q16x(r, o, rows, cols, k);

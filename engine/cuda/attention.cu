@@ -28,8 +28,10 @@
 
 #include "common/error.h"
 #include "engine/cuda/act_quant_device.cuh"
+#include "engine/cuda/attention_finish_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/kv_tile.cuh"
+#include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
 
 namespace spillway {
@@ -286,6 +288,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p
             if (d == 0) p.part_lse[(size_t)split * p.n_head + head] = (run_max[g] + log2f(run_sum[g])) / kLog2e;
         }
     }
+    attention_finish_single_split<D>(p, kv_head);
 }
 
 // out[head] = softmax-weighted sum of the split partials; block = one head. The split
@@ -775,6 +778,7 @@ __global__ void __launch_bounds__(kIdThreads, 3) attention_int_dot_kernel(SplitP
         p.part_out[((size_t)split * p.n_head + head) * kIdD + d] = o / l;
         if (d == 0) p.part_lse[(size_t)split * p.n_head + head] = (m + log2f(l)) / kLog2e;
     }
+    attention_finish_single_split<kIdD>(p, kv_head);
 }
 
 template <KvType KT, KvType VT>
@@ -891,6 +895,13 @@ size_t attention_workspace_bytes(const AttentionShape& shape, uint32_t n_cells, 
     return (size_t)splits * shape.n_head * (shape.head_dim_v + 1) * sizeof(float);
 }
 
+// SPILLWAY_ATTN_FINISH=kernels (lab): a single split's int16 output written by a quantize
+// launch of its own, as before session 17 (A/B in one binary).
+bool attention_finish_fused() {
+    static const bool fused = !lab_knob("SPILLWAY_ATTN_FINISH", "kernels", "fused");
+    return fused;
+}
+
 void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type,
                             const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                             uint32_t n_cells, float* out, float* lse, void* workspace,
@@ -946,6 +957,11 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
         p.part_out = static_cast<float*>(workspace);
         p.part_lse = p.part_out + (size_t)plan.n_splits * n_values;
     }
+    p.n_splits = plan.n_splits;
+    if (plan.n_splits == 1 && out_q16 && attention_finish_fused() && shape.head_dim_v % 32 == 0) {
+        p.out_q = out_q16.q;
+        p.out_d = out_q16.d;
+    }
     if (mma) {
         attention_mma::launch(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream);
     } else if (int_dot) {
@@ -962,7 +978,7 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
                         (const float*)p.part_lse, plan.n_splits, shape.n_head, shape.head_dim_v, out, lse, out_q16.q,
                         out_q16.d);
         SPILLWAY_CUDA_CHECK(cudaGetLastError());
-    } else if (out_q16) {
+    } else if (out_q16 && p.out_q == nullptr) {
         quantize_act_q16_cuda(out, n_values, 1, out_q16, stream);
     }
 }

@@ -28,6 +28,7 @@
 // 16-byte cp.async; the window's last chunk is cut short (zero fill) where it would run
 // past the slice, so nothing beyond the cache is read. Readers add the cell's lead (0 or 8).
 #include "engine/cuda/attention_mma.cuh"
+#include "engine/cuda/attention_finish_device.cuh"
 
 #include <cuda_fp16.h>
 
@@ -539,6 +540,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
         p.part_out[((size_t)split * p.n_head + head) * kD + d] = o / l;
         if (d == 0) p.part_lse[(size_t)split * p.n_head + head] = (m + log2f(l)) / kLog2e;
     }
+    attention_finish_single_split<kD>(p, kv_head);
 }
 
 template <KvType KT, KvType VT>

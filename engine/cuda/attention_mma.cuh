@@ -33,6 +33,11 @@ struct Params {
     // a programmatic launch may copy them before waiting for the producer (the step's new
     // cell, written by it, only after). 0: nothing is read before the wait.
     uint32_t settled_cells;
+    // One split (attention_finish_device.cuh): the kernel also writes part_out (= the
+    // output) as int16 blocks into out_q / out_d, unless out_q is nullptr.
+    uint32_t n_splits;
+    int16_t* out_q;
+    float* out_d;
 };
 
 struct Plan {

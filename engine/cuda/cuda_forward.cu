@@ -172,8 +172,30 @@ bool qkv_post_fits(const CudaModel& m) {
 
 // One token: rows of w (maybe several matrices stored back to back) times x, from the
 // quantized x when takes_q16 (then x_q16 must hold x), else from x.
-void matvec_decode(CudaForwardState& st, const CudaMatrix& w, uint32_t rows, const float* x, float* y) {
-    if (takes_q16(w, 1)) matvec_q8_0_q16x_cuda(w.data, act_q16(st), y, rows, w.n_in, st.stream);
+// Which GEMV of the decode step lets its successor launch at its entry (matvec.cuh).
+enum class GemvSite : uint32_t { other = 0, qkv = 1, wo = 2, gate_up = 4, down = 8, head = 16 };
+// SPILLWAY_Q16X_RELEASE=<bit mask of GemvSite> (lab): the GEMVs whose successor (a small
+// kernel that waits for the GEMV itself) may launch at the GEMV's entry. Default: all but wo
+// (session 17, 14B shape, tok/s d=0 / 8k: none 200.5 / 180.1, all 204.4 / 179.7, all but wo
+// 203.5 / 182.2; wo alone 201.5 / 177.4: its RMSNorm resident early costs at 8k, not at d=0).
+bool release_at_entry(GemvSite site) {
+    static const uint32_t mask = [] {
+        const char* v = std::getenv("SPILLWAY_Q16X_RELEASE");
+        if (v == nullptr || *v == '\0') return 29u;
+        char* end = nullptr;
+        const unsigned long m = std::strtoul(v, &end, 0);
+        if (*end != '\0' || m > 31) fail("SPILLWAY_Q16X_RELEASE: expected a bit mask 0..31, got '" + std::string(v) + "'");
+        return (uint32_t)m;
+    }();
+    return (mask & (uint32_t)site) != 0;
+}
+
+// site: the GEMV's place in the step; `other` for one followed by another GEMV (q, k, v or
+// gate, up as separate matrices), which must not release early.
+void matvec_decode(CudaForwardState& st, const CudaMatrix& w, uint32_t rows, const float* x, float* y,
+                   GemvSite site = GemvSite::other) {
+    if (takes_q16(w, 1))
+        matvec_q8_0_q16x_cuda(w.data, act_q16(st), y, rows, w.n_in, st.stream, release_at_entry(site));
     else matvec_cuda(w.type, w.data, x, y, rows, w.n_in, 1, st.stream);
 }
 
@@ -303,11 +325,11 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         if (decode_layer && il > 0) {
             // q|k|v came out of the previous layer's kernel.
         } else if (T == 1 && L.fused_qkv) {
-            matvec_decode(st, L.wq, qd + kd + vd, xn, q);  // q|k|v contiguous
+            matvec_decode(st, L.wq, qd + kd + vd, xn, q, GemvSite::qkv);  // q|k|v contiguous
         } else if (T == 1) {
             matvec_decode(st, L.wq, qd, xn, q);
             matvec_decode(st, L.wk, kd, xn, k);
-            matvec_decode(st, L.wv, vd, xn, v);
+            matvec_decode(st, L.wv, vd, xn, v, GemvSite::qkv);
         } else {
             matmul(st, L.wq, xn, T, q, "gemm q", fused_prefill);
             matmul(st, L.wk, xn, T, k, "gemm k", true);
@@ -383,7 +405,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                 op_times_mark("decode layer (wo .. next q|k|v)", stream);
                 continue;
             }
-            matvec_decode(st, L.wo, L.wo.n_out, st.attn.data(), proj);
+            matvec_decode(st, L.wo, L.wo.n_out, st.attn.data(), proj, GemvSite::wo);
         } else {
             matmul(st, L.wo, st.attn.data(), T, proj, "gemm o");
         }
@@ -392,17 +414,17 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                      fused_prefill ? st.act_f16.data() : nullptr);
         op_times_mark("rmsnorm", stream);
         if (T == 1 && L.fused_gate_up) {
-            matvec_decode(st, L.ffn_gate, 2 * F, xn, gate);  // gate|up contiguous
+            matvec_decode(st, L.ffn_gate, 2 * F, xn, gate, GemvSite::gate_up);  // gate|up contiguous
         } else if (T == 1) {
             matvec_decode(st, L.ffn_gate, F, xn, gate);
-            matvec_decode(st, L.ffn_up, F, xn, up);
+            matvec_decode(st, L.ffn_up, F, xn, up, GemvSite::gate_up);
         } else {
             matmul(st, L.ffn_gate, xn, T, gate, "gemm gate", fused_prefill);
             matmul(st, L.ffn_up, xn, T, up, "gemm up", true);
         }
         if (takes_q16(L.ffn_down, T)) {
             swiglu_q16_cuda(gate, up, F, act_q16(st), stream);  // the f32 product is never needed
-            matvec_decode(st, L.ffn_down, L.ffn_down.n_out, gate, proj);
+            matvec_decode(st, L.ffn_down, L.ffn_down.n_out, gate, proj, GemvSite::down);
         } else {
             if (fused_prefill) {
                 swiglu_f16_cuda(gate, up, st.act_f16.data(), (size_t)T * F, stream);  // the GEMM's input
@@ -421,7 +443,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     rmsnorm_cuda(x + (size_t)first * E, decode_layer ? nullptr : proj + (size_t)first * E, m.output_norm, xn, n_out, E,
                  s.norm_eps, stream,
                  takes_q16(m.output, T) ? act_q16(st) : ActQ16{});
-    if (takes_q16(m.output, T)) matvec_decode(st, m.output, m.output.n_out, xn, st.logits.data());
+    if (takes_q16(m.output, T)) matvec_decode(st, m.output, m.output.n_out, xn, st.logits.data(), GemvSite::head);
     else matmul(st, m.output, xn, n_out, st.logits.data(), "head");
     op_times_mark("head", stream);
 }

@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -253,9 +254,9 @@ constexpr int kStreamWarps = 4;
 constexpr int kStreamThreads = kStreamWarps * 32;
 constexpr int kChunkPairs = 32;                // block pairs per row per chunk
 constexpr int kChunkBytes = kChunkPairs * 68;  // 2176 = 136 x 16 bytes
-// q16x ring stages: 2 with two rows per warp, 3 with one (the same bytes in flight); deep: +1.
-__host__ __device__ constexpr int q16x_stages(int rows_per_warp, bool deep) {
-    return (rows_per_warp == 1 ? 3 : 2) + (deep ? 1 : 0);
+// q16x ring stages: 2 with two rows per warp, 3 with one (the same bytes in flight); + deep.
+__host__ __device__ constexpr int q16x_stages(int rows_per_warp, int deep) {
+    return (rows_per_warp == 1 ? 3 : 2) + deep;
 }
 
 template <int kStages, bool kInt8>
@@ -425,16 +426,20 @@ __global__ void __launch_bounds__(kStreamThreads) matvec_q8_0_stream_kernel(cons
 // The sum is always first part + second part, so results do not depend on timing. The host
 // picks this only when every warp gets at least a pair's worth of chunks (no pair spans
 // three warps).
-// kDeep: one more ring stage (two chunks in flight per warp instead of one), at the cost of
-// fewer resident blocks (variant smem4_s3).
-template <int kWarpsPB, bool kXInSmem, int kRows, bool kDeep = false>
+// kDeep: more ring stages (1: two chunks in flight per warp instead of one, variant smem4_s3;
+// 2: three, smem4_s4), at the cost of fewer resident blocks.
+template <int kWarpsPB, bool kXInSmem, int kRows, int kDeep = 0>
 __global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const uint8_t* __restrict__ w,
                                                                          const int16_t* __restrict__ xq,
                                                                          const float* __restrict__ xd,
                                                                          float* __restrict__ y, uint32_t rows,
                                                                          uint32_t cols, uint32_t n_warps,
-                                                                         unsigned long long* __restrict__ carry) {
+                                                                         unsigned long long* __restrict__ carry,
+                                                                         uint32_t release_at_entry) {
     constexpr int kStages = q16x_stages(kRows, kDeep);
+    // The kernel after us (a small kernel waiting for our y) may be scheduled now and sit in
+    // its own dependency wait, instead of being launched only once our last block exits.
+    if (release_at_entry) pdl_release_dependents();
     extern __shared__ uint4 q16x_smem[];  // [warp][stage][kRows][kChunkBytes], then x (q, d)
     const uint32_t lane = threadIdx.x % 32;
     const uint32_t warp = threadIdx.x / 32;
@@ -628,7 +633,7 @@ struct Q16xGrid {
     uint32_t slot_warps;  // warps resident at once on the whole device
 };
 
-template <int kWarpsPB, bool kXInSmem, int kRows, bool kDeep = false>
+template <int kWarpsPB, bool kXInSmem, int kRows, int kDeep = 0>
 Q16xGrid q16x_grid(uint32_t cols) {
     constexpr size_t kRingSmem = (size_t)kWarpsPB * q16x_stages(kRows, kDeep) * kRows * kChunkBytes;
     constexpr size_t kMaxSmem = kRingSmem + (kXInSmem ? kQ16MaxCols * 2 + kQ16MaxCols / 8 : 0);
@@ -647,9 +652,9 @@ Q16xGrid q16x_grid(uint32_t cols) {
     return {smem, (uint32_t)std::max(1, sms * per_sm) * kWarpsPB};
 }
 
-template <int kWarpsPB, bool kXInSmem, int kRows, bool kDeep = false>
+template <int kWarpsPB, bool kXInSmem, int kRows, int kDeep = 0>
 void launch_q8_0_q16x(const uint8_t* w, const int16_t* xq, const float* xd, float* y, uint32_t rows, uint32_t cols,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, bool release_at_entry) {
     constexpr auto kKernel = matvec_q8_0_q16x_kernel<kWarpsPB, kXInSmem, kRows, kDeep>;
     const auto [smem, slot_warps] = q16x_grid<kWarpsPB, kXInSmem, kRows, kDeep>(cols);
     const uint32_t n_row_pairs = (rows + kRows - 1) / kRows;
@@ -664,7 +669,8 @@ void launch_q8_0_q16x(const uint8_t* w, const int16_t* xq, const float* xd, floa
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
         return major >= 9;
     }();
-    launch_with_pdl(pdl, kKernel, dim3(blocks), dim3(kWarpsPB * 32), smem, stream, w, xq, xd, y, rows, cols, warps, carry);
+    launch_with_pdl(pdl, kKernel, dim3(blocks), dim3(kWarpsPB * 32), smem, stream, w, xq, xd, y, rows, cols, warps, carry,
+                    release_at_entry ? 1u : 0u);
 }
 
 constexpr uint32_t kInt8MaxCols = 32768;  // x as int8 + scales in shared memory: <= 36 KB
@@ -825,7 +831,7 @@ MatvecQ16xKernel matvec_q8_0_q16x_kernel_for(uint32_t rows, uint32_t cols) {
 }
 
 void matvec_q8_0_q16x_cuda_with(MatvecQ16xKernel kernel, const void* w, ActQ16 x, float* y, uint32_t rows,
-                                uint32_t cols, cudaStream_t stream) {
+                                uint32_t cols, cudaStream_t stream, bool release_at_entry) {
     if (rows == 0) return;
     if (!matvec_q8_0_q16x_fits(cols)) fail("matvec_q8_0_q16x_cuda: cols must be a multiple of 256, at most 32768");
     if (!x.q || !x.d) fail("matvec_q8_0_q16x_cuda: no quantized x");
@@ -834,12 +840,13 @@ void matvec_q8_0_q16x_cuda_with(MatvecQ16xKernel kernel, const void* w, ActQ16 x
         fail("matvec_q8_0_q16x_cuda: w, x.q and x.d must be 16-byte aligned");
     const auto* w_bytes = static_cast<const uint8_t*>(w);
     switch (kernel) {
-        case MatvecQ16xKernel::smem4: launch_q8_0_q16x<4, true, 2>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
-        case MatvecQ16xKernel::smem8: launch_q8_0_q16x<8, true, 2>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
-        case MatvecQ16xKernel::global4: launch_q8_0_q16x<4, false, 2>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
-        case MatvecQ16xKernel::smem4_r1: launch_q8_0_q16x<4, true, 1>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
-        case MatvecQ16xKernel::smem8_r1: launch_q8_0_q16x<8, true, 1>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
-        case MatvecQ16xKernel::smem4_s3: launch_q8_0_q16x<4, true, 2, true>(w_bytes, x.q, x.d, y, rows, cols, stream); break;
+        case MatvecQ16xKernel::smem4: launch_q8_0_q16x<4, true, 2>(w_bytes, x.q, x.d, y, rows, cols, stream, release_at_entry); break;
+        case MatvecQ16xKernel::smem8: launch_q8_0_q16x<8, true, 2>(w_bytes, x.q, x.d, y, rows, cols, stream, release_at_entry); break;
+        case MatvecQ16xKernel::global4: launch_q8_0_q16x<4, false, 2>(w_bytes, x.q, x.d, y, rows, cols, stream, release_at_entry); break;
+        case MatvecQ16xKernel::smem4_r1: launch_q8_0_q16x<4, true, 1>(w_bytes, x.q, x.d, y, rows, cols, stream, release_at_entry); break;
+        case MatvecQ16xKernel::smem8_r1: launch_q8_0_q16x<8, true, 1>(w_bytes, x.q, x.d, y, rows, cols, stream, release_at_entry); break;
+        case MatvecQ16xKernel::smem4_s3: launch_q8_0_q16x<4, true, 2, 1>(w_bytes, x.q, x.d, y, rows, cols, stream, release_at_entry); break;
+        case MatvecQ16xKernel::smem4_s4: launch_q8_0_q16x<4, true, 2, 2>(w_bytes, x.q, x.d, y, rows, cols, stream, release_at_entry); break;
     }
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
@@ -853,13 +860,37 @@ bool matvec_q8_0_q16x_splits_by_chunks(MatvecQ16xKernel kernel, uint32_t rows, u
         case MatvecQ16xKernel::smem4_r1: return q16x_splits_by_chunks(rows, cols, 1, q16x_grid<4, true, 1>(cols).slot_warps);
         case MatvecQ16xKernel::smem8_r1: return q16x_splits_by_chunks(rows, cols, 1, q16x_grid<8, true, 1>(cols).slot_warps);
         case MatvecQ16xKernel::smem4_s3:
-            return q16x_splits_by_chunks(rows, cols, 2, q16x_grid<4, true, 2, true>(cols).slot_warps);
+            return q16x_splits_by_chunks(rows, cols, 2, q16x_grid<4, true, 2, 1>(cols).slot_warps);
+        case MatvecQ16xKernel::smem4_s4:
+            return q16x_splits_by_chunks(rows, cols, 2, q16x_grid<4, true, 2, 2>(cols).slot_warps);
     }
     return false;
 }
 
-void matvec_q8_0_q16x_cuda(const void* w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream) {
-    matvec_q8_0_q16x_cuda_with(matvec_q8_0_q16x_kernel_for(rows, cols), w, x, y, rows, cols, stream);
+// SPILLWAY_Q16X_KERNEL=<variant name> (lab): every q16x GEMV of the process uses that variant
+// (A/B of the variants inside the engine's chain; docs/perf-notes.md, session 17).
+std::optional<MatvecQ16xKernel> q16x_kernel_override() {
+    static const std::optional<MatvecQ16xKernel> kernel = []() -> std::optional<MatvecQ16xKernel> {
+        const char* e = std::getenv("SPILLWAY_Q16X_KERNEL");
+        if (e == nullptr || *e == '\0') return std::nullopt;
+        const std::string v(e);
+        const std::pair<const char*, MatvecQ16xKernel> names[] = {
+            {"smem4", MatvecQ16xKernel::smem4},       {"smem8", MatvecQ16xKernel::smem8},
+            {"global4", MatvecQ16xKernel::global4},   {"smem4_r1", MatvecQ16xKernel::smem4_r1},
+            {"smem8_r1", MatvecQ16xKernel::smem8_r1}, {"smem4_s3", MatvecQ16xKernel::smem4_s3},
+            {"smem4_s4", MatvecQ16xKernel::smem4_s4}};
+        for (const auto& [name, k] : names)
+            if (v == name) return k;
+        fail("SPILLWAY_Q16X_KERNEL: unknown variant '" + v + "'");
+    }();
+    return kernel;
+}
+
+void matvec_q8_0_q16x_cuda(const void* w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
+                           bool release_at_entry) {
+    const std::optional<MatvecQ16xKernel> forced = q16x_kernel_override();
+    matvec_q8_0_q16x_cuda_with(forced ? *forced : matvec_q8_0_q16x_kernel_for(rows, cols), w, x, y, rows, cols, stream,
+                               release_at_entry);
 }
 
 }  // namespace spillway

@@ -42,18 +42,24 @@ void matvec_q8_0_cuda(MatvecQ8Kernel kernel, const void* w, const float* x, floa
 // Variants: x copied to shared memory per block (4 or 8 warps per block), or read via L1;
 // two rows per warp, or one (_r1: finer work split for matrices with few rows per warp).
 // smem4_s3: smem4 with a third ring stage (two chunks in flight per warp, fewer resident
-// blocks): for the head matrix's long steady state (bench and tests; not picked by default).
-enum class MatvecQ16xKernel : uint8_t { smem4, smem8, global4, smem4_r1, smem8_r1, smem4_s3 };
+// blocks): for the head matrix's long steady state (bench and tests; not picked by default);
+// smem4_s4: a fourth stage.
+enum class MatvecQ16xKernel : uint8_t { smem4, smem8, global4, smem4_r1, smem8_r1, smem4_s3, smem4_s4 };
 // cols % 256 == 0 and cols <= 32768 (x in shared memory).
 bool matvec_q8_0_q16x_fits(uint32_t cols);
 // Pure: the variant matvec_q8_0_q16x_cuda uses for this shape.
 MatvecQ16xKernel matvec_q8_0_q16x_kernel_for(uint32_t rows, uint32_t cols);
-void matvec_q8_0_q16x_cuda(const void* w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream);
+// release_at_entry: the kernel launched after this one on the stream may be scheduled as soon
+// as this one starts (programmatic launch; it must wait for this one itself, as the engine's
+// small kernels do) instead of once this one's last block exits. For a dependent GEMV this
+// is slower (it competes for the SMs' memory queues while this one runs; session 17).
+void matvec_q8_0_q16x_cuda(const void* w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
+                           bool release_at_entry = false);
 // Whether this variant splits the shape's work by chunks of a row pair rather than by whole
 // row pairs (matvec.cu: when pairs do not divide evenly over the resident warps, e.g. 5120
 // rows; SPILLWAY_Q16X_SPLIT=pairs turns it off). Queries the device's occupancy.
 bool matvec_q8_0_q16x_splits_by_chunks(MatvecQ16xKernel kernel, uint32_t rows, uint32_t cols);
 void matvec_q8_0_q16x_cuda_with(MatvecQ16xKernel kernel, const void* w, ActQ16 x, float* y, uint32_t rows,
-                                uint32_t cols, cudaStream_t stream);
+                                uint32_t cols, cudaStream_t stream, bool release_at_entry = false);
 
 }  // namespace spillway

@@ -65,7 +65,8 @@ GpuPartial run_gpu(const AttentionShape& s, const std::vector<float>& q, KvType 
     const size_t n_out = (size_t)s.n_head * s.head_dim_v;
     DeviceBuffer<float> d_out(n_out), d_lse(s.n_head);
     // The output quantized for the Q8_0 output projection, asked for in every run: written by
-    // the split merge (several splits) or by the quantize kernel (one split, no cells).
+    // the split merge (several splits), the attention kernel itself (one split) or the
+    // quantize kernel (no cells).
     DeviceBuffer<int16_t> d_oq(n_out);
     DeviceBuffer<float> d_od(n_out / 32);
     poison(d_out);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -23,7 +24,12 @@ inline bool have_gpu() {
 #define SPILLWAY_SKIP_WITHOUT_GPU() \
     if (!::spillway::cuda_test::have_gpu()) GTEST_SKIP() << "no CUDA device"
 
-inline uint32_t fresh_seed() { return std::random_device{}(); }
+// SPILLWAY_TEST_SEED=N replays a failure's seed (tests print theirs).
+inline uint32_t fresh_seed() {
+    if (const char* e = std::getenv("SPILLWAY_TEST_SEED"); e != nullptr && *e != '\0')
+        return (uint32_t)std::strtoul(e, nullptr, 10);
+    return std::random_device{}();
+}
 
 inline std::vector<float> random_floats(std::mt19937& rng, size_t n, float scale = 1.0f) {
     std::normal_distribution<float> dist(0.0f, scale);

@@ -185,7 +185,8 @@ void check_matvec_q16x(MatvecQ16xKernel kernel, uint32_t rows, uint32_t cols) {
 TEST(CudaMatvec, Q16xKernelsMatchCpu) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     for (MatvecQ16xKernel k : {MatvecQ16xKernel::smem4, MatvecQ16xKernel::smem8, MatvecQ16xKernel::global4,
-                               MatvecQ16xKernel::smem4_r1, MatvecQ16xKernel::smem8_r1, MatvecQ16xKernel::smem4_s3}) {
+                               MatvecQ16xKernel::smem4_r1, MatvecQ16xKernel::smem8_r1, MatvecQ16xKernel::smem4_s3,
+                               MatvecQ16xKernel::smem4_s4}) {
         // Partial last chunks (5120, 13824), one 4-pair chunk (256), a half row pair (odd rows),
         // several row pairs per warp (20001 rows), more warps than rows (1, 7).
         for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
@@ -197,7 +198,8 @@ TEST(CudaMatvec, Q16xKernelsMatchCpu) {
     // odd row count): each shape twice, so the second launch finds the cut-pair slots the
     // first one left (they must be cleared, or stale partial sums would be added).
     uint32_t cut_shapes = 0;
-    for (MatvecQ16xKernel k : {MatvecQ16xKernel::smem4, MatvecQ16xKernel::smem4_r1, MatvecQ16xKernel::smem4_s3}) {
+    for (MatvecQ16xKernel k : {MatvecQ16xKernel::smem4, MatvecQ16xKernel::smem4_r1, MatvecQ16xKernel::smem4_s3,
+                               MatvecQ16xKernel::smem4_s4}) {
         for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
                  {5120, 5120}, {7168, 5120}, {5120, 13824}, {5121, 5120}}) {
             cut_shapes += matvec_q8_0_q16x_splits_by_chunks(k, rows, cols);

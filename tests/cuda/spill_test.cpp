@@ -239,7 +239,9 @@ TEST(CudaSpill, PrefillAcrossTheBoundary) {
 // generate_cuda with resident_cells: the `run --device cuda` path and its stats.
 TEST(CudaSpill, GenerateReportsSpillAndMatches) {
     SPILLWAY_SKIP_WITHOUT_GPU();
-    std::mt19937 rng(cuda_test::fresh_seed());
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
     Tiny& t = tiny();
     const auto prompt = random_tokens(rng, 11, t.cpu.spec.n_vocab);
     SamplerConfig greedy;
