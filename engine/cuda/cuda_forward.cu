@@ -177,7 +177,8 @@ enum class GemvSite : uint32_t { other = 0, qkv = 1, wo = 2, gate_up = 4, down =
 // SPILLWAY_Q16X_RELEASE=<bit mask of GemvSite> (lab): the GEMVs whose successor (a small
 // kernel that waits for the GEMV itself) may launch at the GEMV's entry. Default: all but wo
 // (session 17, 14B shape, tok/s d=0 / 8k: none 200.5 / 180.1, all 204.4 / 179.7, all but wo
-// 203.5 / 182.2; wo alone 201.5 / 177.4: its RMSNorm resident early costs at 8k, not at d=0).
+// 203.5 / 182.2, wo alone 201.5 / 177.4; with the single-split attention writing its int16
+// output itself, wo's release cost at d=0 too: 204.8 vs 206.9 without it).
 bool release_at_entry(GemvSite site) {
     static const uint32_t mask = [] {
         const char* v = std::getenv("SPILLWAY_Q16X_RELEASE");

@@ -822,12 +822,14 @@ void matvec_q8_0_cuda(MatvecQ8Kernel kernel, const void* w, const float* x, floa
 bool matvec_q8_0_q16x_fits(uint32_t cols) { return cols > 0 && cols % 256 == 0 && cols <= kQ16MaxCols; }
 
 // Measured on the H200 (docs/perf-notes.md, "Q8_0 GEMV on pre-quantized x"): smem4 is the
-// fastest or within 2% of it on every 14B shape; global4 (x through L1) is 5-80% slower, the
-// one-row variants 2-25% slower (finer work split, but twice the x loads and chunk overhead).
+// fastest or within 2% of it on every 14B layer shape; global4 (x through L1) is 5-80% slower,
+// the one-row variants 2-25% slower (finer work split, but twice the x loads and chunk overhead).
+// The output head (the only matrix of 64k rows or more in these models) streams ~830 MB in one
+// launch: there the third ring stage's deeper queue wins (session 17, 152064x5120: smem4_s3
+// 194.7 us vs smem4 203.3; gate|up 27648x5120: 44.3 vs 39.8, so only the head).
 MatvecQ16xKernel matvec_q8_0_q16x_kernel_for(uint32_t rows, uint32_t cols) {
-    (void)rows;
     (void)cols;
-    return MatvecQ16xKernel::smem4;
+    return rows >= 65536 ? MatvecQ16xKernel::smem4_s3 : MatvecQ16xKernel::smem4;
 }
 
 void matvec_q8_0_q16x_cuda_with(MatvecQ16xKernel kernel, const void* w, ActQ16 x, float* y, uint32_t rows,

@@ -42,8 +42,8 @@ void matvec_q8_0_cuda(MatvecQ8Kernel kernel, const void* w, const float* x, floa
 // Variants: x copied to shared memory per block (4 or 8 warps per block), or read via L1;
 // two rows per warp, or one (_r1: finer work split for matrices with few rows per warp).
 // smem4_s3: smem4 with a third ring stage (two chunks in flight per warp, fewer resident
-// blocks): for the head matrix's long steady state (bench and tests; not picked by default);
-// smem4_s4: a fourth stage.
+// blocks): for the output head's long steady state (picked for matrices of >= 65536 rows);
+// smem4_s4: a fourth stage (slower on every shape; bench and tests only).
 enum class MatvecQ16xKernel : uint8_t { smem4, smem8, global4, smem4_r1, smem8_r1, smem4_s3, smem4_s4 };
 // cols % 256 == 0 and cols <= 32768 (x in shared memory).
 bool matvec_q8_0_q16x_fits(uint32_t cols);

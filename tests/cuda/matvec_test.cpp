@@ -210,6 +210,7 @@ TEST(CudaMatvec, Q16xKernelsMatchCpu) {
     EXPECT_GT(cut_shapes, 0u) << "no shape took the chunk split on this GPU: the cut-pair path went untested";
     EXPECT_EQ(matvec_q8_0_q16x_kernel_for(13824, 5120), MatvecQ16xKernel::smem4);
     EXPECT_EQ(matvec_q8_0_q16x_kernel_for(5120, 13824), MatvecQ16xKernel::smem4);
+    EXPECT_EQ(matvec_q8_0_q16x_kernel_for(152064, 5120), MatvecQ16xKernel::smem4_s3);  // the output head
     EXPECT_TRUE(matvec_q8_0_q16x_fits(5120));
     EXPECT_FALSE(matvec_q8_0_q16x_fits(896));
     EXPECT_FALSE(matvec_q8_0_q16x_fits(65536));

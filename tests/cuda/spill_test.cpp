@@ -239,7 +239,12 @@ TEST(CudaSpill, PrefillAcrossTheBoundary) {
 // generate_cuda with resident_cells: the `run --device cuda` path and its stats.
 TEST(CudaSpill, GenerateReportsSpillAndMatches) {
     SPILLWAY_SKIP_WITHOUT_GPU();
-    const uint32_t seed = cuda_test::fresh_seed();
+    // A fixed prompt (SPILLWAY_TEST_SEED overrides): 64 greedy tokens compared exactly. With
+    // fresh random prompts this flipped once in ~50 runs (session 17): the spilled path rounds
+    // its attention differently and a random prompt can hit a near tie. Random prompts with a
+    // margin-judged comparison are the job of the tests above
+    // (GreedyDecodeMatchesUnspilledForEveryTier, PrefillAcrossTheBoundary).
+    const uint32_t seed = std::getenv("SPILLWAY_TEST_SEED") ? cuda_test::fresh_seed() : 20261201u;
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
     Tiny& t = tiny();
