@@ -31,8 +31,10 @@
 #include "engine/cuda/attention_finish_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/kv_tile.cuh"
+#include "engine/cuda/kv_write_device.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
+#include "engine/cuda/rope_device.cuh"
 
 namespace spillway {
 namespace {
@@ -147,13 +149,39 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p
         for (int s = 0; s < L::kStages - 1; ++s) issue_tile(s);
     pdl_wait_for_producer();
     pdl_release_dependents();
+    const bool post_qkv = p.rope_table != nullptr;  // q is raw; see Params
+    const uint32_t qd = p.n_head * D, kd = gridDim.x * D;
+    if (post_qkv && cell_begin <= p.new_cell && p.new_cell < cell_end) {
+        // This block reads the new cell: it computes the cell's K and V of its KV head (as
+        // qkv_post_kernel does) and stores them before any copy of the cell. Warps 0..D/32-1
+        // take K, the next D/32 warps V: each warp one 32-value block.
+        static_assert(2 * D <= kThreads, "a thread per K and V value of the head");
+        if (tid < 2 * D) {
+            const bool is_k = tid < D;
+            const uint32_t e = tid % D;
+            const float* raw = (is_k ? p.new_k : p.new_v) + (size_t)kv_head * D;
+            const float* bias = p.qkv_bias != nullptr ? p.qkv_bias + (is_k ? qd : qd + kd) + kv_head * D : nullptr;
+            const float val = is_k ? post_qkv_value(raw, bias, e, p.rope_table, p.rope_dims, p.rope_neox != 0)
+                                   : (bias != nullptr ? raw[e] + bias[e] : raw[e]);
+            const uint32_t block = (kv_head * D + e) / 32;
+            if (is_k) kv_store_block<KT>(val, p.k_store + (size_t)p.new_cell * p.k_row_bytes, block, lane);
+            else kv_store_block<VT>(val, p.v_store + (size_t)p.new_cell * p.v_row_bytes, block, lane);
+        }
+        __threadfence();  // the stores reach L2 before the block's cp.async (L2-only) reads them
+        __syncthreads();
+    }
     if (!settled)
         for (int s = 0; s < L::kStages - 1; ++s) issue_tile(s);
 
     // Query heads of this KV head as f16 rows, zero-padded to kMaxGroup; P rows likewise.
     for (uint32_t i = tid; i < kMaxGroup * D; i += kThreads) {
         const uint32_t g = i / D, d = i % D;
-        const float qv = g < n_group ? p.q[(size_t)(kv_head * n_group + g) * D + d] : 0.0f;
+        const uint32_t head = kv_head * n_group + g;
+        float qv = 0.0f;
+        if (g < n_group)
+            qv = post_qkv ? post_qkv_value(p.q + (size_t)head * D, p.qkv_bias != nullptr ? p.qkv_bias + head * D : nullptr,
+                                           d, p.rope_table, p.rope_dims, p.rope_neox != 0)
+                          : p.q[(size_t)head * D + d];
         q_tile[g * L::kLd + d] = __float2half_rn(qv);
     }
     for (uint32_t i = tid; i < kMaxGroup * L::kLdP; i += kThreads) p_tile[i] = __float2half_rn(0.0f);
@@ -904,26 +932,39 @@ bool attention_finish_fused() {
     return fused;
 }
 
+// Several splits only: with one (up to 64 cells) the n_head_kv blocks of the launch would do
+// serially what qkv_post_kernel's n_head + 2 n_head_kv blocks do in parallel, and the launch
+// saved does not pay for it (session 17, 14B shape, tok/s with / without: d = 0 201.3 / 206.2,
+// 2048 196.4 / 194.6, 8192 184.4 / 182.0).
+bool attention_takes_post_qkv(const AttentionShape& shape, KvType k_type, KvType v_type, uint32_t n_cells,
+                              uint32_t sm_count) {
+    return n_cells > 0 && attention_supports(shape) &&
+           attention_default_kernel(shape, k_type, v_type, n_cells) == AttentionKernel::tensor_core &&
+           plan_splits(shape, n_cells, sm_count).n_splits > 1;
+}
+
 void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type,
                             const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                             uint32_t n_cells, float* out, float* lse, void* workspace,
                             size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16,
-                            uint32_t settled_cells) {
+                            uint32_t settled_cells, const AttentionPostQkv* post) {
     attention_partial_cuda_with(attention_default_kernel(shape, k_type, v_type, n_cells), shape, q, k_type, k_cells, v_type,
                                 v_cells, n_cells, out, lse, workspace, workspace_bytes, sm_count, stream, out_q16,
-                                settled_cells);
+                                settled_cells, post);
 }
 
 void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& shape, const float* q,
                                  KvType k_type, const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                                  uint32_t n_cells, float* out, float* lse, void* workspace, size_t workspace_bytes,
-                                 uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16, uint32_t settled_cells) {
+                                 uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16, uint32_t settled_cells,
+                                 const AttentionPostQkv* post) {
     if (out_q16 && (!out_q16.d || reinterpret_cast<uintptr_t>(out_q16.q) % 16 != 0))
         fail("attention_partial_cuda: the quantized output needs q (16-byte aligned) and d");
     if (!attention_kernel_supports(kernel, shape, k_type, v_type))
         fail("attention_partial_cuda: kernel does not support this shape / KV types");
     if (!attention_supports(shape)) fail("attention_partial_cuda: unsupported shape (head dim 64/128, K and V dims equal, <= 16 query heads per KV head)");
     const uint32_t n_values = shape.n_head * shape.head_dim_v;
+    if (post != nullptr && n_cells == 0) fail("attention_partial_cuda: post-QKV work needs the new cell");
     if (n_cells == 0) {
         empty_partial_kernel<<<(n_values + 255) / 256, 256, 0, stream>>>(n_values, shape.n_head, out, lse);
         SPILLWAY_CUDA_CHECK(cudaGetLastError());
@@ -958,6 +999,23 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     } else {
         p.part_out = static_cast<float*>(workspace);
         p.part_lse = p.part_out + (size_t)plan.n_splits * n_values;
+    }
+    if (post != nullptr) {
+        if (kernel != AttentionKernel::tensor_core)
+            fail("attention_partial_cuda: only the tensor_core kernel does the post-QKV work");
+        if (post->rope_table == nullptr || post->rope_dims == 0 || post->rope_dims % 2 != 0 ||
+            post->rope_dims > shape.head_dim_k || !post->new_k || !post->new_v || !post->k_cache || !post->v_cache)
+            fail("attention_partial_cuda: incomplete post-QKV arguments");
+        if (settled_cells >= n_cells) fail("attention_partial_cuda: the new cell written here cannot be settled");
+        p.rope_table = post->rope_table;
+        p.rope_dims = post->rope_dims;
+        p.rope_neox = post->rope_neox ? 1 : 0;
+        p.qkv_bias = post->bias;
+        p.new_k = post->new_k;
+        p.new_v = post->new_v;
+        p.k_store = post->k_cache;
+        p.v_store = post->v_cache;
+        p.new_cell = n_cells - 1;
     }
     p.n_splits = plan.n_splits;
     if (plan.n_splits == 1 && out_q16 && attention_finish_fused() && shape.head_dim_v % 32 == 0) {

@@ -34,16 +34,40 @@ size_t attention_workspace_bytes(const AttentionShape& shape, uint32_t n_cells, 
 // attention_workspace_bytes.
 // out_q16 (optional): out also quantized for the Q8_0 output-projection matvec
 // (act_quant.cuh; n_head * head_dim_v values), written by the split merge itself when the
-// range has several splits (one launch fewer per layer), else by quantize_act_q16_cuda.
+// range has several splits, by the attention kernel itself when it has one (one launch fewer
+// per layer either way), and by quantize_act_q16_cuda when there are no cells.
 // settled_cells: cells [0, settled_cells) were complete before the kernel that produces q
 // (and the step's new cell) was launched, e.g. every cell before the decode position; the
 // split kernels may start copying them before that producer finishes (programmatic launch,
 // pdl_launch.cuh). 0 (the default) when the caller cannot say.
+// The decode step's post-QKV work (qkv_post.cuh) done inside the attention launch instead of
+// a launch of its own: q is then the QKV GEMV's raw output; the kernel adds the q bias and
+// applies RoPE to its query heads, and the block whose split holds the last cell (the step's
+// new cell, n_cells - 1) computes that cell's K and V (bias, RoPE on K) from new_k / new_v,
+// stores them into k_cache / v_cache (the caches being read, writable) in the tiers' formats
+// and only then copies the cell. The same arithmetic as qkv_post_cuda: the cache bytes and
+// the result are bit-identical to qkv_post_cuda followed by this call without it. Only the
+// tensor_core kernel takes it; attention_takes_post_qkv says where the default kernel is that
+// one and the range has several splits (where it was measured faster than its own launch);
+// n_cells >= 1, settled_cells < n_cells (the new cell is written here: it cannot be settled).
+struct AttentionPostQkv {
+    const float2* rope_table = nullptr;  // the token's (cos, sin) per rotated pair (rope_table_cuda)
+    uint32_t rope_dims = 0;              // rotated dims: even, <= head_dim
+    bool rope_neox = true;
+    const float* bias = nullptr;         // q|k|v biases back to back, or nullptr
+    const float* new_k = nullptr;        // [n_head_kv][head_dim] raw K, V of the new cell
+    const float* new_v = nullptr;
+    uint8_t* k_cache = nullptr;
+    uint8_t* v_cache = nullptr;
+};
+bool attention_takes_post_qkv(const AttentionShape& shape, KvType k_type, KvType v_type, uint32_t n_cells,
+                              uint32_t sm_count);
+
 void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type,
                             const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                             uint32_t n_cells, float* out, float* lse, void* workspace,
                             size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16 = {},
-                            uint32_t settled_cells = 0);
+                            uint32_t settled_cells = 0, const AttentionPostQkv* post = nullptr);
 
 // Which split kernel attention_partial_cuda runs. tensor_core: the f16 wmma kernel that
 // dequantizes K/V to f16 tiles (every type pair, head dim 64/128, <= 16 query heads per KV
@@ -78,7 +102,7 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
                                  KvType k_type, const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                                  uint32_t n_cells, float* out, float* lse, void* workspace, size_t workspace_bytes,
                                  uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16 = {},
-                                 uint32_t settled_cells = 0);
+                                 uint32_t settled_cells = 0, const AttentionPostQkv* post = nullptr);
 
 // a := merge(a, b), in place, as attention_merge_cpu.
 void attention_merge_cuda(uint32_t n_head, uint32_t head_dim_v, float* out_a, float* lse_a,

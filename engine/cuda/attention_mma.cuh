@@ -38,6 +38,17 @@ struct Params {
     uint32_t n_splits;
     int16_t* out_q;
     float* out_d;
+    // Post-QKV inside the kernel (attention.cuh, AttentionPostQkv; the tensor_core kernel
+    // only): set rope_table, and q is raw; the block holding new_cell writes it first.
+    const float2* rope_table;
+    uint32_t rope_dims;
+    uint32_t rope_neox;
+    const float* qkv_bias;
+    const float* new_k;
+    const float* new_v;
+    uint8_t* k_store;
+    uint8_t* v_store;
+    uint32_t new_cell;
 };
 
 struct Plan {

@@ -219,6 +219,13 @@ uint32_t qkv_post_token_blocks() {
     return n;
 }
 
+// SPILLWAY_POST_QKV=kernel (lab): bias + RoPE + K/V write in their own launch at every
+// depth, as before session 17 (A/B in one binary).
+bool post_qkv_in_attention() {
+    static const bool in_attention = !lab_knob("SPILLWAY_POST_QKV", "kernel", "attention");
+    return in_attention;
+}
+
 bool separate_attention_quant() {
     static const bool separate = lab_knob("SPILLWAY_ATTENTION_QUANT", "separate", "fused");
     return separate;
@@ -339,7 +346,15 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         // Bias, RoPE and the K/V write in one launch (qkv_post.cuh); the spilled path writes K/V
         // itself, so it gets only bias and RoPE.
         const bool post_fused = (T == 1 || fused_prefill) && qkv_post_fits(m) && T <= 65535;  // grid.y
-        if (post_fused) {
+        // One token over a resident range the split kernel takes in several splits (f16 K, 65
+        // to 16383 cells): the attention kernel itself does the bias, RoPE and the new cell's
+        // K/V write (attention.cuh, AttentionPostQkv).
+        const bool post_in_attention = T == 1 && post_fused && !spilled && rope_table != nullptr &&
+                                       post_qkv_in_attention() &&
+                                       attention_takes_post_qkv(shape, cache.k_type, cache.v_type, pos0 + 1, st.sm_count);
+        if (post_in_attention) {
+            // Nothing here: see the attention call below.
+        } else if (post_fused) {
             const bool write_kv = !spilled;
             qkv_post_cuda(QkvPostShape{s.n_head, nkv, s.head_dim_k}, m.rope_dev, q, k, v, L.bqkv, T,
                           st.positions.data(), cache.k_type, write_kv ? cache.k[il] : nullptr, cache.v_type,
@@ -380,11 +395,23 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             }
             // With a Q8_0 output projection the attention also writes its output quantized
             // (SPILLWAY_ATTENTION_QUANT=separate: a quantize launch of its own, to measure).
+            AttentionPostQkv post;
+            if (post_in_attention) {
+                post.rope_table = rope_table;
+                post.rope_dims = m.rope_dev.n_dims;
+                post.rope_neox = m.rope_dev.neox;
+                post.bias = L.bqkv;
+                post.new_k = k;
+                post.new_v = v;
+                post.k_cache = cache.k[il];
+                post.v_cache = cache.v[il];
+            }
             attention_partial_cuda(shape, q, cache.k_type, cache.k[il], cache.v_type, cache.v[il], pos0 + 1,
                                    st.attn.data(), st.attn_lse.data(), st.attn_workspace.data(),
                                    st.attn_workspace.size(), st.sm_count, stream,
                                    takes_q16(L.wo, T) && !separate_attention_quant() ? act_q16(st) : ActQ16{},
-                                   pos0);  // cells before pos0: written by earlier steps
+                                   pos0,  // cells before pos0: written by earlier steps
+                                   post_in_attention ? &post : nullptr);
         } else {
             if (!post_fused) {
                 kv_write_cuda(cache.k_type, k, cache.k[il], pos0, T, kd, stream);

@@ -62,8 +62,7 @@ __global__ void __launch_bounds__(kMaxHeadDim) qkv_post_kernel(QkvPostShape s, R
                 } else {
                     rope_cos_sin(rope, positions[t], i, &cv, &sv);
                 }
-                const float x0 = head_vals[a], x1 = head_vals[b];
-                val = e == a ? x0 * cv - x1 * sv : x0 * sv + x1 * cv;
+                val = rope_pair_value(head_vals[a], head_vals[b], cv, sv, e == a);
             }
         }
         head[e] = val;

@@ -11,7 +11,10 @@
 
 #include "act_q16_ref.h"
 #include "cuda_test_util.h"
+#include "engine/cpu/rope.h"
 #include "engine/cuda/pdl_launch.cuh"
+#include "engine/cuda/qkv_post.cuh"
+#include "engine/cuda/rope.cuh"
 #include "kv/kv_codec.h"
 #include "late_producer.cuh"
 
@@ -244,6 +247,105 @@ TEST(CudaAttention, ProgrammaticLaunchReadsTheNewCellAfterItsProducer) {
         }
     }
     SPILLWAY_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// The decode step's post-QKV work inside the attention kernel (AttentionPostQkv) against its
+// own launch (qkv_post_cuda, then the attention on the finished q): the same raw q|k|v, bias
+// and cos / sin table give bit-identical output, lse, int16 output and cache bytes, for every
+// K/V tier pair, head dims 128 and 64, with and without bias, one split and several. The
+// new cell's row starts poisoned in both caches, so a copy before the write would show.
+TEST(CudaAttention, PostQkvInsideTheKernelEqualsItsOwnLaunch) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const uint32_t sms = sm_count();
+    for (const AttentionShape& s : {make_shape(40, 8, 128), make_shape(4, 2, 64)}) {
+        const uint32_t D = s.head_dim_k, qd = s.n_head * D, kd = s.n_head_kv * D;
+        RopeSpec rope;
+        rope.type = RopeType::neox;
+        rope.freq_base = 1000000.0f;
+        rope.n_dims = D;
+        const RopeTables tables = make_rope_tables(rope, D);
+        auto d_inv = to_device(tables.inv_freq);
+        auto d_mix = to_device(tables.ramp_mix);
+        RopeDeviceTables dt;
+        dt.neox = true;
+        dt.n_dims = tables.n_dims;
+        dt.inv_freq = d_inv.data();
+        dt.ramp_mix = d_mix.data();
+        dt.freq_scale = tables.freq_scale;
+        dt.mscale = tables.mscale;
+        for (KvType kt : kTypes)
+            for (KvType vt : kTypes)
+                for (uint32_t n_cells : {1u, 40u, 1000u, 6000u})
+                    for (const bool with_bias : {true, false}) {
+                        if (!with_bias && n_cells != 40) continue;
+                        const uint32_t seed = fresh_seed();
+                        SCOPED_TRACE(std::string("K ") + kv_type_name(kt) + " V " + kv_type_name(vt) + " dim " +
+                                     std::to_string(D) + " cells " + std::to_string(n_cells) +
+                                     (with_bias ? " bias" : "") + " seed " + std::to_string(seed));
+                        std::mt19937 rng(seed);
+                        const auto q = random_floats(rng, qd, 2.5f), k = random_floats(rng, kd), v = random_floats(rng, kd);
+                        const auto bias = random_floats(rng, qd + 2 * kd, 0.5f);
+                        const KvCells cells = random_cells(rng, s, kt, vt, n_cells);
+                        const std::vector<int32_t> position{(int32_t)(n_cells - 1)};
+                        auto d_pos = to_device(position);
+                        DeviceBuffer<float2> table(D / 2);
+                        rope_table_cuda(dt, d_pos.data(), 1, table.data(), nullptr);
+                        auto d_bias = to_device(bias);
+                        const size_t k_row = kv_row_bytes(kt, kd), v_row = kv_row_bytes(vt, kd);
+                        const size_t n_out = (size_t)s.n_head * s.head_dim_v;
+                        struct Run {
+                            DeviceBuffer<float> q, k, v, out, lse, od;
+                            DeviceBuffer<uint8_t> kc, vc, ws;
+                            DeviceBuffer<int16_t> oq;
+                        };
+                        auto make_run = [&]() {
+                            Run r{to_device(q), to_device(k), to_device(v), DeviceBuffer<float>(n_out),
+                                  DeviceBuffer<float>(s.n_head), DeviceBuffer<float>(n_out / 32), to_device(cells.k),
+                                  to_device(cells.v),
+                                  DeviceBuffer<uint8_t>(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms))),
+                                  DeviceBuffer<int16_t>(n_out)};
+                            SPILLWAY_CUDA_CHECK(cudaMemset(r.kc.data() + k_row * (n_cells - 1), 0xff, k_row));
+                            SPILLWAY_CUDA_CHECK(cudaMemset(r.vc.data() + v_row * (n_cells - 1), 0xff, v_row));
+                            poison(r.out);
+                            poison(r.lse);
+                            poison(r.oq);
+                            poison(r.od);
+                            return r;
+                        };
+                        Run a = make_run(), b = make_run();
+                        const float* bias_ptr = with_bias ? d_bias.data() : nullptr;
+                        qkv_post_cuda(QkvPostShape{s.n_head, s.n_head_kv, D}, dt, a.q.data(), a.k.data(), a.v.data(),
+                                      bias_ptr, 1, d_pos.data(), kt, a.kc.data(), vt, a.vc.data(), n_cells - 1, nullptr,
+                                      table.data());
+                        attention_partial_cuda_with(AttentionKernel::tensor_core, s, a.q.data(), kt, a.kc.data(), vt,
+                                                    a.vc.data(), n_cells, a.out.data(), a.lse.data(), a.ws.data(),
+                                                    a.ws.bytes(), sms, nullptr, ActQ16{a.oq.data(), a.od.data()},
+                                                    n_cells - 1);
+                        AttentionPostQkv post;
+                        post.rope_table = table.data();
+                        post.rope_dims = D;
+                        post.rope_neox = true;
+                        post.bias = bias_ptr;
+                        post.new_k = b.k.data();
+                        post.new_v = b.v.data();
+                        post.k_cache = b.kc.data();
+                        post.v_cache = b.vc.data();
+                        attention_partial_cuda_with(AttentionKernel::tensor_core, s, b.q.data(), kt, b.kc.data(), vt,
+                                                    b.vc.data(), n_cells, b.out.data(), b.lse.data(), b.ws.data(),
+                                                    b.ws.bytes(), sms, nullptr, ActQ16{b.oq.data(), b.od.data()},
+                                                    n_cells - 1, &post);
+                        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+                        const std::vector<float> out_a = to_host(a.out), out_b = to_host(b.out);
+                        EXPECT_EQ(count_nan(out_a), 0u);
+                        EXPECT_TRUE(std::equal(out_a.begin(), out_a.end(), out_b.begin())) << "output";
+                        EXPECT_EQ(to_host(a.lse), to_host(b.lse)) << "lse";
+                        EXPECT_EQ(to_host(a.oq), to_host(b.oq)) << "int16 output";
+                        EXPECT_EQ(to_host(a.od), to_host(b.od)) << "int16 output scales";
+                        EXPECT_EQ(to_host(a.kc), to_host(b.kc)) << "K cache bytes";
+                        EXPECT_EQ(to_host(a.vc), to_host(b.vc)) << "V cache bytes";
+                        EXPECT_EQ(to_host(b.q), q) << "raw q changed: the kernel must only read it";
+                    }
+    }
 }
 
 TEST(CudaAttention, DefaultKernelChoice) {
