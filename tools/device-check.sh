@@ -129,12 +129,12 @@ if [ -z "$bench_only" ]; then
         -ctk f16 >"$out/engine-ab-${knob%%=*}.log" 2>&1
       echo "engine A/B $knob rc=$?: $(grep -E '^\| f16' "$out/engine-ab-${knob%%=*}.log" | awk -F'|' '{printf "d=%s %s tok/s  ", $5, $6}')"
     done
-    # The quantized decode attention's copy fast path (session 13), 64k, q8_0 and q4_0 KV.
-    for knob in default SPILLWAY_ATTN_FAST_COPY=0; do
+    # The quantized decode attention's copy fast path (session 13) and Q load (session 19), 64k.
+    for knob in default SPILLWAY_ATTN_FAST_COPY=0 SPILLWAY_ATTN_Q_LOAD=scalar; do
       if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
       env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 65536 \
-        -ctk q8_0,q4_0 -ctv q8_0,q4_0 >"$out/engine-ab-fast-copy-${knob%%=*}.log" 2>&1
-      echo "engine A/B $knob rc=$?: $(grep -E '^\| q' "$out/engine-ab-fast-copy-${knob%%=*}.log" | awk -F'|' '{printf "%s d=%s %s tok/s  ", $2, $5, $6}')"
+        -ctk f16,q8_0,q4_0 -ctv f16,q8_0,q4_0 >"$out/engine-ab-fast-copy-${knob%%=*}.log" 2>&1
+      echo "engine A/B $knob rc=$?: $(grep -E '^\| (f16|q)' "$out/engine-ab-fast-copy-${knob%%=*}.log" | awk -F'|' '{printf "%s d=%s %s tok/s  ", $2, $5, $6}')"
     done
     # The streamed KV spill (issue 6), short sweep: spilled decode at 8k and 64k against the
     # serial and overlap drop models' predictions (terms measured in the same run). Spills

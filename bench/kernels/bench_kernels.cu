@@ -400,8 +400,8 @@ void bench_decode_layer(Report& r, const Options& o) {
 
 // kernel == nullptr: attention_partial_cuda's default choice; otherwise that kernel, named.
 void bench_attention(Report& r, const Options& o, KvType kt, KvType vt, uint32_t n_cells, int sms,
-                     const AttentionKernel* kernel = nullptr) {
-    const std::string name = std::string("attention ") + kv_type_name(kt) + "/" + kv_type_name(vt) +
+                     const AttentionKernel* kernel = nullptr, const char* prefix = "attention ") {
+    const std::string name = std::string(prefix) + kv_type_name(kt) + "/" + kv_type_name(vt) +
                              (kernel ? (*kernel == AttentionKernel::int_dot ? " int_dot"
                                         : *kernel == AttentionKernel::mma   ? " mma"
                                                                             : " tensor_core")
@@ -429,6 +429,94 @@ void bench_attention(Report& r, const Options& o, KvType kt, KvType vt, uint32_t
                                    out.data(), lse.data(), ws.data(), ws.bytes(), sms, st);
     }, o.iters);
     r.add(name, "40/8x128, " + std::to_string(n_cells / 1024) + "k cells", (double)(k_bytes + v_bytes), us);
+}
+
+// Where one mma decode attention launch's time goes (lab timeline, globaltimer stamps per
+// warp and per merge block; single launches, not graph-timed): per-warp means of each phase,
+// the tail of the last warp, and the split merge after it.
+void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n_cells, int sms) {
+    const std::string name = std::string("attention timeline ") + kv_type_name(kt) + "/" + kv_type_name(vt) + " " +
+                             std::to_string(n_cells / 1024) + "k";
+    if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
+    const AttentionShape s{40, 8, 128, 128, 1.0f / std::sqrt(128.0f)};
+    if (attention_default_kernel(s, kt, vt, n_cells) != AttentionKernel::mma) return;
+    const size_t k_bytes = kv_row_bytes(kt, 8 * 128) * n_cells, v_bytes = kv_row_bytes(vt, 8 * 128) * n_cells;
+    DeviceBuffer<uint8_t> k(k_bytes), v(v_bytes);
+    fill_type(ggml_of(kt), k.data(), k_bytes, 200);
+    fill_type(ggml_of(vt), v.data(), v_bytes, 300);
+    DeviceBuffer<float> q(40 * 128), out(40 * 128), lse(40);
+    fill_f32<<<64, 256>>>(q.data(), q.size(), 9);
+    DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
+    const uint32_t splits = attention_split_count(AttentionKernel::mma, s, kt, vt, n_cells, sms);
+    const size_t warps = (size_t)8 * splits * kAttentionTimelineWarpsPerBlock, merges = splits > 1 ? 40 : 0;
+    const size_t slots = (warps + merges) * kAttentionTimelineSlots;
+    DeviceBuffer<uint64_t> stamps(slots);
+    // A flush of L2 between launches (a 256 MB write) so every launch reads the cache from HBM.
+    DeviceBuffer<uint8_t> flush(size_t(256) << 20);
+    constexpr int kLaunches = 8;
+    double entry = 0, wait = 0, qload = 0, first = 0, loop = 0, steps = 0, barrier = 0, epilogue = 0, stores = 0, tail = 0,
+           span = 0, merge_start = 0, merge_wait = 0, merge_done = 0, entry_spread = 0;
+    for (int l = 0; l < kLaunches + 1; ++l) {
+        SPILLWAY_CUDA_CHECK(cudaMemset(flush.data(), l, flush.bytes()));
+        SPILLWAY_CUDA_CHECK(cudaMemset(stamps.data(), 0, stamps.bytes()));
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        attention_lab_timeline(stamps.data());
+        attention_partial_cuda(s, q.data(), kt, k.data(), vt, v.data(), n_cells, out.data(), lse.data(), ws.data(),
+                               ws.bytes(), sms, nullptr);
+        attention_lab_timeline(nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        if (l == 0) continue;  // module load, attributes
+        std::vector<uint64_t> t(slots);
+        SPILLWAY_CUDA_CHECK(cudaMemcpy(t.data(), stamps.data(), stamps.bytes(), cudaMemcpyDeviceToHost));
+        uint64_t t0 = UINT64_MAX, last_entry = 0, last_done = 0;
+        double mean_done = 0;
+        for (size_t w = 0; w < warps; ++w) {
+            t0 = std::min(t0, t[w * kAttentionTimelineSlots]);
+            last_entry = std::max(last_entry, t[w * kAttentionTimelineSlots]);
+        }
+        size_t active = 0;
+        for (size_t w = 0; w < warps; ++w) {
+            const uint64_t* tw = t.data() + w * kAttentionTimelineSlots;
+            entry += (double)(tw[0] - t0);
+            wait += (double)(tw[1] - tw[0]);
+            qload += (double)(tw[2] - tw[1]);
+            if (tw[7] > 0) {
+                ++active;
+                first += (double)(tw[3] - tw[2]);
+                loop += (double)(tw[4] - tw[3]);
+                steps += (double)tw[7];
+            }
+            barrier += (double)(tw[5] - tw[4]);
+            epilogue += (double)(tw[8] - tw[5]);
+            stores += (double)(tw[6] - tw[8]);
+            mean_done += (double)(tw[6] - t0) / warps;
+            last_done = std::max(last_done, tw[6]);
+        }
+        first /= (double)active / warps, loop /= (double)active / warps, steps /= (double)active / warps;
+        tail += (double)(last_done - t0) - mean_done;
+        entry_spread += (double)(last_entry - t0);
+        uint64_t merge_end = last_done;
+        if (merges > 0) {
+            uint64_t m_first = UINT64_MAX, m_wait = 0;
+            for (size_t b = 0; b < merges; ++b) {
+                const uint64_t* tb = t.data() + (warps + b) * kAttentionTimelineSlots;
+                m_first = std::min(m_first, tb[0]);
+                m_wait = std::max(m_wait, tb[1]);
+                merge_end = std::max(merge_end, tb[2]);
+            }
+            merge_start += (double)m_first - (double)t0;
+            merge_wait += (double)m_wait - (double)last_done;
+            merge_done += (double)(merge_end - m_wait);
+        }
+        span += (double)(merge_end - t0);
+    }
+    const double n = (double)warps * kLaunches * 1000.0, L = kLaunches * 1000.0;  // ns sums -> us means
+    std::printf("  %s (%u splits, %zu warps, cold L2, us): span %.2f | per warp: entry %.2f (last %.2f), wait %.2f, "
+                "q %.2f, first cells %.2f, loop %.2f (%.1f steps, %.3f per step), barrier %.2f, epilogue %.2f + "
+                "stores %.2f | tail %.2f | merge: entry at %.2f, waits %.2f after the last warp, runs %.2f\n",
+                name.c_str(), splits, warps, span / L, entry / n, entry_spread / L, wait / n, qload / n, first / n,
+                loop / n, steps / (n / 1000.0), loop / std::max(1.0, steps - (double)warps * kLaunches) / 1000.0,
+                barrier / n, epilogue / n, stores / n, tail / L, merge_start / L, merge_wait / L, merge_done / L);
 }
 
 void bench_small_ops(Report& r, const Options& o) {
@@ -533,6 +621,14 @@ int main(int argc, char** argv) {
             bench_attention(r, o, KvType::q4_0, KvType::q4_0, cells, prop.multiProcessorCount);
         }
         bench_attention(r, o, KvType::q8_0, KvType::q4_0, 65536, prop.multiProcessorCount);
+        // Time against depth for the default pick ("attention scan"): the intercept of a line
+        // through these rows is the launch's fixed cost.
+        for (KvType t : {KvType::f16, KvType::q8_0, KvType::q4_0})
+            for (uint32_t cells : {16384u, 24576u, 32768u, 49152u, 65536u, 98304u, 131072u})
+                bench_attention(r, o, t, t, cells, prop.multiProcessorCount, nullptr, "attention scan ");
+        for (KvType t : {KvType::f16, KvType::q8_0, KvType::q4_0})
+            for (uint32_t cells : {32768u, 65536u, 131072u})
+                bench_attention_timeline(o, t, t, cells, prop.multiProcessorCount);
         // Quantized-K attention kernels side by side (the rows above use the default pick).
         for (AttentionKernel k : {AttentionKernel::tensor_core, AttentionKernel::int_dot})
             for (KvType t : {KvType::q8_0, KvType::q4_0})

@@ -30,6 +30,7 @@
 #include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/attention_finish_device.cuh"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/global_timer_device.cuh"
 #include "engine/cuda/kv_tile.cuh"
 #include "engine/cuda/kv_write_device.cuh"
 #include "engine/cuda/lab_knob.h"
@@ -38,6 +39,9 @@
 
 namespace spillway {
 namespace {
+
+// attention_lab_timeline's buffer (benchmarks only).
+uint64_t* lab_timeline = nullptr;
 
 using kv_tile::align128;
 using kv_tile::cp_async;
@@ -333,11 +337,15 @@ constexpr uint32_t kMergeEarly = 24;  // partials per thread loaded with the lse
 __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const float* part_out, const float* part_lse,
                                                                      uint32_t n_splits, uint32_t n_head,
                                                                      uint32_t head_dim, float* out, float* lse,
-                                                                     int16_t* out_q, float* out_d) {
+                                                                     int16_t* out_q, float* out_d,
+                                                                     uint64_t* timeline) {
+    // timeline (lab, attention_lab_timeline): this block's 3 stamps, or nullptr.
+    if (timeline != nullptr && threadIdx.x == 0) timeline[(size_t)blockIdx.x * kAttentionTimelineSlots] = global_timer_ns();
     // Programmatic launch (pdl_launch.cuh): the partials are visible after the wait; then
     // the output projection's matvec may launch and fetch its first weights.
     pdl_wait_for_producer();
     pdl_release_dependents();
+    if (timeline != nullptr && threadIdx.x == 0) timeline[(size_t)blockIdx.x * kAttentionTimelineSlots + 1] = global_timer_ns();
     __shared__ float weight[kMergeMaxSplits];
     __shared__ float reduce[kMergeThreads / 32];
     __shared__ float group_sum[kMergeThreads];
@@ -406,6 +414,10 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const float
         // Warp w of the group holds dims 32w..32w+31: one int16 block of the quantized out.
         const size_t first = (size_t)head * head_dim + (d & ~31u);
         if (out_q != nullptr) quantize_act_q16_warp(o, lane, out_q + first, out_d + first / 32);
+    }
+    if (timeline != nullptr) {
+        __syncthreads();
+        if (threadIdx.x == 0) timeline[(size_t)blockIdx.x * kAttentionTimelineSlots + 2] = global_timer_ns();
     }
 }
 
@@ -1018,6 +1030,11 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
         p.new_cell = n_cells - 1;
     }
     p.n_splits = plan.n_splits;
+    uint64_t* const merge_timeline =
+        mma && lab_timeline != nullptr
+            ? lab_timeline + (size_t)shape.n_head_kv * plan.n_splits * kAttentionTimelineWarpsPerBlock * kAttentionTimelineSlots
+            : nullptr;
+    if (mma) p.timeline = lab_timeline;
     if (plan.n_splits == 1 && out_q16 && attention_finish_fused() && shape.head_dim_v % 32 == 0) {
         p.out_q = out_q16.q;
         p.out_d = out_q16.d;
@@ -1036,12 +1053,15 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
         launch_with_pdl(pdl_site_on(PdlSite::merge), merge_splits_kernel, dim3(shape.n_head),
                         dim3(kMergeThreads / shape.head_dim_v * shape.head_dim_v), 0, stream, (const float*)p.part_out,
                         (const float*)p.part_lse, plan.n_splits, shape.n_head, shape.head_dim_v, out, lse, out_q16.q,
-                        out_q16.d);
+                        out_q16.d, merge_timeline);
         SPILLWAY_CUDA_CHECK(cudaGetLastError());
     } else if (out_q16 && p.out_q == nullptr) {
         quantize_act_q16_cuda(out, n_values, 1, out_q16, stream);
     }
 }
+
+static_assert(kAttentionTimelineSlots == attention_mma::kTimelineSlots, "one timeline layout");
+void attention_lab_timeline(uint64_t* stamps) { lab_timeline = stamps; }
 
 void attention_merge_cuda(uint32_t n_head, uint32_t head_dim_v, float* out_a, float* lse_a,
                           const float* out_b, const float* lse_b, cudaStream_t stream) {

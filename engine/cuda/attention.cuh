@@ -104,6 +104,15 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
                                  uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16 = {},
                                  uint32_t settled_cells = 0, const AttentionPostQkv* post = nullptr);
 
+// Lab (benchmarks only, not thread-safe): while set, the mma kernel's warps and the split
+// merge's blocks write globaltimer stamps here. Warp w of block (kv_head, split) at
+// ((split * n_head_kv + kv_head) * 4 + w) * kAttentionTimelineSlots (the slots are listed in
+// attention_mma.cuh); after all warps, per merge block (one per query head) [0] entry, [1]
+// after the dependency wait, [2] done. nullptr (the default) records nothing.
+constexpr uint32_t kAttentionTimelineSlots = 10;
+constexpr uint32_t kAttentionTimelineWarpsPerBlock = 4;
+void attention_lab_timeline(uint64_t* stamps);
+
 // a := merge(a, b), in place, as attention_merge_cpu.
 void attention_merge_cuda(uint32_t n_head, uint32_t head_dim_v, float* out_a, float* lse_a,
                           const float* out_b, const float* lse_b, cudaStream_t stream);

@@ -37,7 +37,9 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/error.h"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/global_timer_device.cuh"
 #include "engine/cuda/kv_tile.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
@@ -154,6 +156,16 @@ __device__ __forceinline__ float exp2_ftz(float x) {
     return y;
 }
 
+// Lab timeline (Params::timeline): lane 0 of each warp stamps slot `slot` (or stores
+// `value` there instead of the time). The address is recomputed per stamp so no register
+// stays live across the loop for it.
+__device__ __forceinline__ void timeline_stamp(const Params& p, uint32_t slot, uint64_t value = 0,
+                                               bool time = true) {
+    if (p.timeline == nullptr || threadIdx.x % 32 != 0) return;
+    const size_t w = ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * kWarps + threadIdx.x / 32;
+    p.timeline[w * kTimelineSlots + slot] = time ? global_timer_ns() : value;
+}
+
 // N words from byte offset off (2-byte aligned) of a 16-byte-aligned shared-memory stage
 // (funnel shifts realign them). The misalignment comes from off alone, so when off is the
 // same in every step (rows of whole 16-byte chunks) the compiler computes it once.
@@ -172,6 +184,47 @@ __device__ __forceinline__ void lds_words(const uint8_t* base16, uint32_t off, u
 __device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
 __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) { return h2_bits(__floats2half2_rn(lo, hi)); }
+
+// A volatile 16-byte global load: it stays where it is written relative to the cp.async
+// copies (also volatile asm), so Q's loads can be put ahead of the step copies.
+__device__ __forceinline__ float4 load_f4_in_order(const float* src) {
+    float4 v;
+    asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(src));
+    return v;
+}
+
+// Q^T as QK's B operand (k = dims, n = heads): lane (g, t) holds head g, dims 32t ..
+// 32t+31 as f16 pairs, pre-scaled to base-2 score units; heads past the group are zero.
+// q_load 2: loads issued by load_q_coalesced (instruction j: head j, dims 4 lane ..
+// 4 lane + 3; 16 lines per instruction instead of 32 lines per scalar load), written as f16
+// to scratch (a free ring stage of >= 2 KiB) in rows of 64 bytes, row 4g + t, 16-byte units
+// swizzled by (row / 2) % 4 so both the 8-byte stores and the 16-byte reads are conflict-free.
+__device__ __forceinline__ void load_q_coalesced(const float* q_group, uint32_t ng, uint32_t lane, float4 (&qv)[8]) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+        qv[j] = (uint32_t)j < ng ? load_f4_in_order(q_group + j * kD + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
+}
+__device__ __forceinline__ void q_fragments_from_coalesced(const float4 (&qv)[8], float scale, uint32_t lane,
+                                                           uint8_t* scratch, uint32_t (&qb)[8][2]) {
+    const uint32_t m = lane % 8;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const uint32_t row = 4 * j + lane / 8;
+        const uint32_t at = row * 64 + 16 * ((m / 2) ^ ((row / 2) % 4)) + 8 * (m % 2);
+        *reinterpret_cast<uint2*>(scratch + at) =
+            make_uint2(pack_h2(qv[j].x * scale, qv[j].y * scale), pack_h2(qv[j].z * scale, qv[j].w * scale));
+    }
+    __syncwarp();
+    const uint32_t row = lane;  // 4g + t with g = lane / 4, t = lane % 4
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const uint4 w = *reinterpret_cast<const uint4*>(scratch + row * 64 + 16 * (u ^ ((row / 2) % 4)));
+        qb[2 * u][0] = w.x, qb[2 * u][1] = w.y, qb[2 * u + 1][0] = w.z, qb[2 * u + 1][1] = w.w;
+    }
+    __syncwarp();  // the scratch stage is refilled by the loop's first issue
+}
 
 // Bytes 0,1 (kSel 0x4140) or 2,3 (0x4342) of x, each an unsigned u < 256, as half2 of
 // (u - bias) * scale: 0x64 above a byte is the half 1024 + u (exact), so is the subtraction.
@@ -369,6 +422,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     // split made only of settled cells (earlier steps') starts its copies before waiting for
     // it; the split holding the new cell copies after. The grid is one wave (plan_for), so
     // the split merge released here only takes SMs this grid has left.
+    timeline_stamp(p, 0);
     const bool settled = cell_end <= p.settled_cells;
     if (settled) {
 #pragma unroll
@@ -376,6 +430,18 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     }
     pdl_wait_for_producer();
     pdl_release_dependents();
+    timeline_stamp(p, 1);
+    // Q's loads go ahead of the copies (q_load 1, 2): behind a split's first stages they
+    // waited ~8 us (lab timeline, session 19).
+    const float* q_group = p.q + (size_t)kv_head * ng * kD;
+    float4 qv[8];
+    if (p.q_load == 2) {
+        load_q_coalesced(q_group, ng, lane, qv);
+    } else if (p.q_load == 1) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            qv[j] = g < ng ? load_f4_in_order(q_group + g * kD + 32 * t + 4 * j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     if (!settled) {
 #pragma unroll
         for (int s = 0; s < L::kStages - 1; ++s) issue(s);
@@ -384,7 +450,16 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     // Q^T as QK's B operand (k = dims, n = heads): lane (g, t) holds head g, dims 32t ..
     // 32t+31, pre-scaled to base-2 score units. Heads past the group are zero columns.
     uint32_t qb[8][2];
-    {
+    static_assert(L::stage >= 32 * 64, "Q's f16 rows fit in a ring stage");
+    if (p.q_load == 2) {
+        q_fragments_from_coalesced(qv, p.scale_log2, lane, ring + (L::kStages - 1) * L::stage, qb);
+    } else if (p.q_load == 1) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            qb[j][0] = pack_h2(qv[j].x * p.scale_log2, qv[j].y * p.scale_log2);
+            qb[j][1] = pack_h2(qv[j].z * p.scale_log2, qv[j].w * p.scale_log2);
+        }
+    } else {
         float x[32];
         const float* qg = p.q + (size_t)(kv_head * ng + g) * kD + 32 * t;
 #pragma unroll
@@ -395,6 +470,8 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
             qb[kt][1] = pack_h2(x[4 * kt + 2], x[4 * kt + 3]);
         }
     }
+
+    timeline_stamp(p, 2);
 
     // Per head 2t and 2t+1 (columns of S^T and O^T): running max and this lane's share of
     // the sum; acc[mt] = O^T rows (dims) 16g + 2mt (regs 0, 1) and 16g + 2mt + 1 (2, 3).
@@ -407,6 +484,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
         issue(i + L::kStages - 1);
         cp_async_wait<L::kStages - 1>();
         __syncwarp();
+        if (i == 0) timeline_stamp(p, 3);
         const uint8_t* sk = ring + (i % L::kStages) * L::stage;
         const uint8_t* sv = sk + kStep * L::kWinK;
         const uint32_t first = cell_begin + (warp + kWarps * i) * kStep;
@@ -493,6 +571,8 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
         __syncwarp();  // this stage is refilled by the next step's issue
     }
     cp_async_wait<0>();
+    timeline_stamp(p, 4);
+    timeline_stamp(p, 7, warp < n_chunks ? (n_chunks - warp + kWarps - 1) / kWarps : 0, false);
 
     // Merge the block's warps (each writes m, l, acc of its heads into its own ring).
 #pragma unroll
@@ -502,6 +582,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
         l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 16);
     }
     __syncthreads();  // every warp is done with its ring
+    timeline_stamp(p, 5);
     {
         float* mw = reinterpret_cast<float*>(ring);
         float* lw = mw + kMaxGroup;
@@ -520,6 +601,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
         }
     }
     __syncthreads();
+    timeline_stamp(p, 8);
     for (uint32_t idx = tid; idx < ng * kD; idx += kThreads) {
         const uint32_t h = idx / kD, d = idx % kD;
         float m = -INFINITY;
@@ -540,13 +622,29 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
         p.part_out[((size_t)split * p.n_head + head) * kD + d] = o / l;
         if (d == 0) p.part_lse[(size_t)split * p.n_head + head] = (m + log2f(l)) / kLog2e;
     }
+    timeline_stamp(p, 6);
     attention_finish_single_split<kD>(p, kv_head);
+}
+
+// SPILLWAY_ATTN_MMA_BLOCKS=N (lab): plan the splits for N blocks per SM instead of the
+// resident count (more than resident: several waves). 0 or unset: the resident count.
+uint32_t lab_blocks_per_sm() {
+    static const uint32_t n = [] {
+        const char* v = std::getenv("SPILLWAY_ATTN_MMA_BLOCKS");
+        if (v == nullptr || *v == '\0') return 0u;
+        char* end = nullptr;
+        const unsigned long b = std::strtoul(v, &end, 10);
+        if (*end != '\0' || b > 64) fail("SPILLWAY_ATTN_MMA_BLOCKS: expected 0..64, got '" + std::string(v) + "'");
+        return (uint32_t)b;
+    }();
+    return n;
 }
 
 template <KvType KT, KvType VT>
 Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     if (n_cells == 0) return {0, 0};
-    const uint32_t wanted = std::max(1u, (uint32_t)Layout<KT, VT>::blocks_per_sm * std::max(1u, sm_count) / n_head_kv);
+    const uint32_t per_sm = lab_blocks_per_sm() > 0 ? lab_blocks_per_sm() : (uint32_t)Layout<KT, VT>::blocks_per_sm;
+    const uint32_t wanted = std::max(1u, per_sm * std::max(1u, sm_count) / n_head_kv);
     const uint32_t min_cells = kStep * kWarps;  // a step per warp
     const uint32_t splits = std::min(wanted, (n_cells + min_cells - 1) / min_cells);
     const uint32_t per = ((n_cells + splits - 1) / splits + kStep - 1) / kStep * kStep;
@@ -569,11 +667,27 @@ void configure_once() {
     (void)configured;
 }
 
+// SPILLWAY_ATTN_Q_LOAD (lab): scalar (per-lane loads after the copies, as before session
+// 19), vec (per-lane 16-byte loads ahead of them) or coalesced (the default).
+uint32_t lab_q_load() {
+    static const uint32_t mode = [] {
+        const char* v = std::getenv("SPILLWAY_ATTN_Q_LOAD");
+        const std::string s = v == nullptr ? "" : v;
+        if (s.empty() || s == "coalesced") return 2u;
+        if (s == "vec") return 1u;
+        if (s == "scalar") return 0u;
+        fail("SPILLWAY_ATTN_Q_LOAD must be 'coalesced', 'vec' or 'scalar', got '" + s + "'");
+    }();
+    return mode;
+}
+
 template <KvType KT, KvType VT>
-void launch_for(const Params& p, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
+void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
     constexpr size_t smem = Layout<KT, VT>::total;
     // SPILLWAY_ATTN_FAST_COPY=0 (lab): every step through the generic per-cell copy.
     static const bool fast_copy = !lab_knob("SPILLWAY_ATTN_FAST_COPY", "0", "1");
+    Params p = params;
+    p.q_load = reinterpret_cast<uintptr_t>(p.q) % 16 == 0 ? lab_q_load() : 0;
     const dim3 grid(n_head_kv, n_splits);
     if (fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0) {
         configure_once<KT, VT, true>();

@@ -49,7 +49,20 @@ struct Params {
     uint8_t* k_store;
     uint8_t* v_store;
     uint32_t new_cell;
+    // Lab timeline (attention_lab_timeline; the mma kernel only): nullptr in the engine.
+    uint64_t* timeline;
+    // How the kernel loads Q (set by launch; the zero default is always valid):
+    // 0 per-lane scalar loads after the copies are issued, 1 per-lane 16-byte loads before
+    // them, 2 coalesced 16-byte loads before them, redistributed through shared memory (1
+    // and 2 need q 16-byte aligned).
+    uint32_t q_load;
 };
+
+// Stamps per warp of the lab timeline: [0] entry, [1] after the dependency wait, [2] Q in
+// registers, [3] the first step's cells landed, [4] loop done, [5] the block's warps done
+// (epilogue barrier), [6] partial written, [7] steps this warp ran (a count, not a time),
+// [8] the block's (m, l, acc) in shared memory (before the partial's global stores).
+constexpr uint32_t kTimelineSlots = 10;
 
 struct Plan {
     uint32_t n_splits;

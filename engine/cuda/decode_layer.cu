@@ -31,6 +31,7 @@
 #include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/cp_async_device.cuh"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/global_timer_device.cuh"
 #include "engine/cuda/pdl_launch.cuh"
 #include "engine/cuda/q8_0_q16_device.cuh"
 
@@ -254,17 +255,11 @@ __device__ __forceinline__ void pair_out(const DecodeLayerArgs& a, const DecodeG
     }
 }
 
-__device__ __forceinline__ uint64_t global_ns() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-    return t;
-}
-
 __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeLayerArgs a, uint32_t* barrier,
                                                                   unsigned long long* carry, uint64_t* timeline) {
     // timeline (lab): per block, kDecodeTimelineSlots timestamps (decode_layer.cuh).
     uint64_t* tl = timeline != nullptr ? timeline + (size_t)blockIdx.x * kDecodeTimelineSlots : nullptr;
-    if (tl != nullptr && threadIdx.x == 0) tl[0] = global_ns();
+    if (tl != nullptr && threadIdx.x == 0) tl[0] = global_timer_ns();
     extern __shared__ __align__(128) uint8_t smem[];
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const uint32_t gw = blockIdx.x * kWarps + warp, n_warps = gridDim.x * kWarps;
@@ -290,21 +285,21 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
     const bool early_chunk = a.phases[0].x == DecodeX::act_q16;
     if (early_chunk) issue_chunk(a.phases[0], shares[0], lane, ring, 0);
     cudaGridDependencySynchronize();  // x_q16 and the stream come from earlier kernels
-    if (tl != nullptr && threadIdx.x == 0) tl[1] = global_ns();
+    if (tl != nullptr && threadIdx.x == 0) tl[1] = global_timer_ns();
 
     for (uint32_t p = 0; p < a.n_phases; ++p) {
         const DecodeGemvPhase& ph = a.phases[p];
         if (p > 0) {
             if (tl != nullptr) {
                 __syncthreads();
-                if (threadIdx.x == 0) tl[2 + 3 * (p - 1) + 1] = global_ns();  // the block's warps are done
+                if (threadIdx.x == 0) tl[2 + 3 * (p - 1) + 1] = global_timer_ns();  // the block's warps are done
             }
             grid_barrier(barrier, gridDim.x);  // the previous phase's outputs, from every block
-            if (tl != nullptr && threadIdx.x == 0) tl[2 + 3 * (p - 1) + 2] = global_ns();  // barrier passed
+            if (tl != nullptr && threadIdx.x == 0) tl[2 + 3 * (p - 1) + 2] = global_timer_ns();  // barrier passed
         }
         load_x(a, ph, xq, xd, red, reinterpret_cast<float*>(smem));
         __syncthreads();
-        if (tl != nullptr && threadIdx.x == 0) tl[2 + 3 * p] = global_ns();  // x ready
+        if (tl != nullptr && threadIdx.x == 0) tl[2 + 3 * p] = global_timer_ns();  // x ready
         const WarpShare s = shares[p];
         for (uint32_t i = p == 0 && early_chunk ? 1 : 0; i < (uint32_t)kStages; ++i)
             issue_chunk(ph, s, lane, ring + i * kRows * kChunkBytes, i);
@@ -366,12 +361,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
             }
             if (lane == 0) pair_out(a, ph, rp, total);
         }
-        if (tl != nullptr && lane == 0) tl[2 + 3 * kDecodeMaxPhases + p * kWarps + warp] = global_ns();  // this warp done
+        if (tl != nullptr && lane == 0) tl[2 + 3 * kDecodeMaxPhases + p * kWarps + warp] = global_timer_ns();  // this warp done
     }
     cp_async_wait<0>();  // no copy in flight into shared memory of an exiting block
     if (tl != nullptr) {
         __syncthreads();
-        if (threadIdx.x == 0) tl[2 + 3 * (a.n_phases - 1) + 1] = global_ns();
+        if (threadIdx.x == 0) tl[2 + 3 * (a.n_phases - 1) + 1] = global_timer_ns();
     }
 }
 #else
