@@ -129,8 +129,9 @@ if [ -z "$bench_only" ]; then
         -ctk f16 >"$out/engine-ab-${knob%%=*}.log" 2>&1
       echo "engine A/B $knob rc=$?: $(grep -E '^\| f16' "$out/engine-ab-${knob%%=*}.log" | awk -F'|' '{printf "d=%s %s tok/s  ", $5, $6}')"
     done
-    # The quantized decode attention's copy fast path (session 13) and Q load (session 19), 64k.
-    for knob in default SPILLWAY_ATTN_FAST_COPY=0 SPILLWAY_ATTN_Q_LOAD=scalar; do
+    # The quantized decode attention's copy fast path (session 13), Q load and split merge
+    # (session 19), 64k.
+    for knob in default SPILLWAY_ATTN_FAST_COPY=0 SPILLWAY_ATTN_Q_LOAD=scalar SPILLWAY_ATTN_MERGE=block; do
       if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
       env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 65536 \
         -ctk f16,q8_0,q4_0 -ctv f16,q8_0,q4_0 >"$out/engine-ab-fast-copy-${knob%%=*}.log" 2>&1

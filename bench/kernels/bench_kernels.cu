@@ -455,7 +455,8 @@ void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n
     DeviceBuffer<uint8_t> flush(size_t(256) << 20);
     constexpr int kLaunches = 8;
     double entry = 0, wait = 0, qload = 0, first = 0, loop = 0, steps = 0, barrier = 0, epilogue = 0, stores = 0, tail = 0,
-           span = 0, merge_start = 0, merge_wait = 0, merge_done = 0, entry_spread = 0;
+           span = 0, merge_start = 0, merge_wait = 0, merge_done = 0, entry_spread = 0, merge_loads = 0, merge_sums = 0,
+           merge_out = 0;
     for (int l = 0; l < kLaunches + 1; ++l) {
         SPILLWAY_CUDA_CHECK(cudaMemset(flush.data(), l, flush.bytes()));
         SPILLWAY_CUDA_CHECK(cudaMemset(stamps.data(), 0, stamps.bytes()));
@@ -503,6 +504,9 @@ void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n
                 m_first = std::min(m_first, tb[0]);
                 m_wait = std::max(m_wait, tb[1]);
                 merge_end = std::max(merge_end, tb[2]);
+                merge_loads += (double)(tb[3] - tb[1]) / (double)merges;
+                merge_sums += (double)(tb[4] - tb[3]) / (double)merges;
+                merge_out += (double)(tb[2] - tb[4]) / (double)merges;
             }
             merge_start += (double)m_first - (double)t0;
             merge_wait += (double)m_wait - (double)last_done;
@@ -513,10 +517,12 @@ void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n
     const double n = (double)warps * kLaunches * 1000.0, L = kLaunches * 1000.0;  // ns sums -> us means
     std::printf("  %s (%u splits, %zu warps, cold L2, us): span %.2f | per warp: entry %.2f (last %.2f), wait %.2f, "
                 "q %.2f, first cells %.2f, loop %.2f (%.1f steps, %.3f per step), barrier %.2f, epilogue %.2f + "
-                "stores %.2f | tail %.2f | merge: entry at %.2f, waits %.2f after the last warp, runs %.2f\n",
+                "stores %.2f | tail %.2f | merge: entry at %.2f, waits %.2f after the last warp, runs %.2f (per block: loads %.2f, "
+                "sums %.2f, out %.2f)\n",
                 name.c_str(), splits, warps, span / L, entry / n, entry_spread / L, wait / n, qload / n, first / n,
                 loop / n, steps / (n / 1000.0), loop / std::max(1.0, steps - (double)warps * kLaunches) / 1000.0,
-                barrier / n, epilogue / n, stores / n, tail / L, merge_start / L, merge_wait / L, merge_done / L);
+                barrier / n, epilogue / n, stores / n, tail / L, merge_start / L, merge_wait / L, merge_done / L,
+                merge_loads / L, merge_sums / L, merge_out / L);
 }
 
 void bench_small_ops(Report& r, const Options& o) {

@@ -374,6 +374,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const float
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (lane == 0) reduce[tid / 32] = m;
     __syncthreads();
+    if (timeline != nullptr && threadIdx.x == 0) timeline[(size_t)blockIdx.x * kAttentionTimelineSlots + 3] = global_timer_ns();
     m = -INFINITY;
     for (uint32_t w = 0; w < n_warps; ++w) m = fmaxf(m, reduce[w]);
     float sum_w = 0.0f;
@@ -405,6 +406,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const float
     }
     group_sum[tid] = sum;
     __syncthreads();
+    if (timeline != nullptr && threadIdx.x == 0) timeline[(size_t)blockIdx.x * kAttentionTimelineSlots + 4] = global_timer_ns();
     if (g == 0) {  // whole warps: head_dim is 64 or 128
         float total = 0.0f;
         for (uint32_t k = 0; k < groups; ++k) total += group_sum[k * head_dim + d];
@@ -419,6 +421,79 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const float
         __syncthreads();
         if (threadIdx.x == 0) timeline[(size_t)blockIdx.x * kAttentionTimelineSlots + 2] = global_timer_ns();
     }
+}
+
+// The same merge with one warp per 32 dims of a head (grid head_dim / 32 x n_head) and no
+// block barrier: lane l reduces the lse of splits l, l + 32, ... (max and weight sum by
+// shuffles) while the first 64 splits' partials of its dim are already in flight, then sums
+// the partials in split order with each split's weight broadcast from the lane holding it.
+// The block merge above spent ~4.8 us per launch at 64k (lab timeline, session 19: 2.4 of
+// it before its first barrier), on 40 SMs.
+constexpr uint32_t kWarpMergeEarly = 64;
+constexpr uint32_t kWarpMergeLse = kMergeMaxSplits / 32;
+__global__ void __launch_bounds__(32) merge_splits_warp_kernel(const float* part_out, const float* part_lse,
+                                                               uint32_t n_splits, uint32_t n_head, uint32_t head_dim,
+                                                               float* out, float* lse, int16_t* out_q, float* out_d,
+                                                               uint64_t* timeline) {
+    const uint32_t chunk = blockIdx.x, head = blockIdx.y, lane = threadIdx.x;
+    // timeline (lab): the head's first warp stamps the block merge's slots.
+    uint64_t* tl = timeline != nullptr && chunk == 0 && lane == 0 ? timeline + (size_t)head * kAttentionTimelineSlots
+                                                                  : nullptr;
+    if (tl != nullptr) tl[0] = global_timer_ns();
+    pdl_wait_for_producer();
+    pdl_release_dependents();
+    if (tl != nullptr) tl[1] = global_timer_ns();
+    const uint32_t d = chunk * 32 + lane;
+    const size_t stride = (size_t)n_head * head_dim;  // between one split's partials and the next's
+    const float* col = part_out + (size_t)head * head_dim + d;
+    float early[kWarpMergeEarly];
+#pragma unroll
+    for (uint32_t s = 0; s < kWarpMergeEarly; ++s) early[s] = s < n_splits ? col[s * stride] : 0.0f;
+    float w[kWarpMergeLse];
+    float m = -INFINITY;
+#pragma unroll
+    for (uint32_t k = 0; k < kWarpMergeLse; ++k) {
+        const uint32_t s = lane + 32 * k;
+        w[k] = s < n_splits ? part_lse[(size_t)s * n_head + head] : -INFINITY;
+        m = fmaxf(m, w[k]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (tl != nullptr) tl[3] = global_timer_ns();
+    float sum_w = 0.0f;
+#pragma unroll
+    for (uint32_t k = 0; k < kWarpMergeLse; ++k) {
+        w[k] = m == -INFINITY || lane + 32 * k >= n_splits ? 0.0f : __expf(w[k] - m);
+        sum_w += w[k];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum_w += __shfl_xor_sync(0xffffffffu, sum_w, o);
+    float sum = 0.0f;
+#pragma unroll
+    for (uint32_t s = 0; s < kWarpMergeEarly; ++s) sum += __shfl_sync(0xffffffffu, w[s / 32], s % 32) * early[s];
+#pragma unroll
+    for (uint32_t k = kWarpMergeEarly / 32; k < kWarpMergeLse; ++k) {
+        if (32 * k >= n_splits) break;
+        float part[32];
+#pragma unroll
+        for (uint32_t j = 0; j < 32; ++j) part[j] = 32 * k + j < n_splits ? col[(32 * k + j) * stride] : 0.0f;
+#pragma unroll
+        for (uint32_t j = 0; j < 32; ++j) sum += __shfl_sync(0xffffffffu, w[k], j) * part[j];
+    }
+    if (tl != nullptr) tl[4] = global_timer_ns();
+    const float o = m == -INFINITY ? 0.0f : sum / sum_w;
+    out[(size_t)head * head_dim + d] = o;
+    if (chunk == 0 && lane == 0) lse[head] = m == -INFINITY ? -INFINITY : m + logf(sum_w);
+    const size_t first = (size_t)head * head_dim + chunk * 32;
+    if (out_q != nullptr) quantize_act_q16_warp(o, lane, out_q + first, out_d + first / 32);
+    if (tl != nullptr) tl[2] = global_timer_ns();
+}
+
+// SPILLWAY_ATTN_MERGE=block (lab): the block merge (one 512-thread block per head) after
+// every split kernel, instead of the warp merge after the mma and int_dot kernels.
+bool merge_by_blocks() {
+    static const bool on = lab_knob("SPILLWAY_ATTN_MERGE", "block", "warp");
+    return on;
 }
 
 __global__ void merge_pair_kernel(uint32_t head_dim, float* out_a, float* lse_a, const float* out_b,
@@ -1050,10 +1125,19 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     if (plan.n_splits > 1) {
         if (plan.n_splits > kMergeMaxSplits) fail("attention_partial_cuda: more splits than the merge kernel holds");
         if (kMergeThreads % shape.head_dim_v != 0) fail("attention_partial_cuda: head dim must divide 512");
-        launch_with_pdl(pdl_site_on(PdlSite::merge), merge_splits_kernel, dim3(shape.n_head),
-                        dim3(kMergeThreads / shape.head_dim_v * shape.head_dim_v), 0, stream, (const float*)p.part_out,
-                        (const float*)p.part_lse, plan.n_splits, shape.n_head, shape.head_dim_v, out, lse, out_q16.q,
-                        out_q16.d, merge_timeline);
+        // After the split (tensor_core) kernel the block merge stays: engine f16 8k 185.4 vs
+        // 183.3 tok/s with the warp merge (run 5); after mma / int_dot the warp merge gained
+        // 0.2-0.6% (q8_0 8k 176.5 -> 177.6, q4_0 32k 162.8 -> 163.8).
+        if (shape.head_dim_v % 32 == 0 && !merge_by_blocks() && kernel != AttentionKernel::tensor_core)
+            launch_with_pdl(pdl_site_on(PdlSite::merge), merge_splits_warp_kernel,
+                            dim3(shape.head_dim_v / 32, shape.n_head), dim3(32), 0, stream, (const float*)p.part_out,
+                            (const float*)p.part_lse, plan.n_splits, shape.n_head, shape.head_dim_v, out, lse,
+                            out_q16.q, out_q16.d, merge_timeline);
+        else
+            launch_with_pdl(pdl_site_on(PdlSite::merge), merge_splits_kernel, dim3(shape.n_head),
+                            dim3(kMergeThreads / shape.head_dim_v * shape.head_dim_v), 0, stream,
+                            (const float*)p.part_out, (const float*)p.part_lse, plan.n_splits, shape.n_head,
+                            shape.head_dim_v, out, lse, out_q16.q, out_q16.d, merge_timeline);
         SPILLWAY_CUDA_CHECK(cudaGetLastError());
     } else if (out_q16 && p.out_q == nullptr) {
         quantize_act_q16_cuda(out, n_values, 1, out_q16, stream);

@@ -108,7 +108,8 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
 // merge's blocks write globaltimer stamps here. Warp w of block (kv_head, split) at
 // ((split * n_head_kv + kv_head) * 4 + w) * kAttentionTimelineSlots (the slots are listed in
 // attention_mma.cuh); after all warps, per merge block (one per query head) [0] entry, [1]
-// after the dependency wait, [2] done. nullptr (the default) records nothing.
+// after the dependency wait, [2] done, [3] partials and lse loaded (max reduced), [4] the
+// weighted sums in shared memory. nullptr (the default) records nothing.
 constexpr uint32_t kAttentionTimelineSlots = 10;
 constexpr uint32_t kAttentionTimelineWarpsPerBlock = 4;
 void attention_lab_timeline(uint64_t* stamps);

@@ -183,6 +183,8 @@ TEST(CudaAttention, MmaKernelMatchesCpu) {
                                     make_shape(8, 1, 128), make_shape(21, 3, 128)})
         for (uint32_t n_cells : {7u, 700u, 3001u})
             for (KvType kt : kTypes) check_attention(s, kt, kt == KvType::f16 ? KvType::q4_0 : kt, n_cells, &kernel);
+    // One KV head over many cells: hundreds of splits, past the merge's first 64 partials.
+    check_attention(make_shape(8, 1, 128), KvType::q8_0, KvType::q8_0, 20000, &kernel);
 }
 
 // The decode attention launched programmatically behind the kernel that writes q and the
