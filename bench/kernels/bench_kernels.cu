@@ -454,6 +454,8 @@ void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n
     // A flush of L2 between launches (a 256 MB write) so every launch reads the cache from HBM.
     DeviceBuffer<uint8_t> flush(size_t(256) << 20);
     constexpr int kLaunches = 8;
+    std::vector<std::vector<double>> sm_done;
+    int blocks_min = 1 << 30, blocks_max = 0;
     double entry = 0, wait = 0, qload = 0, first = 0, loop = 0, steps = 0, barrier = 0, epilogue = 0, stores = 0, tail = 0,
            span = 0, merge_start = 0, merge_wait = 0, merge_done = 0, entry_spread = 0, merge_loads = 0, merge_sums = 0,
            merge_out = 0;
@@ -513,7 +515,40 @@ void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n
             merge_done += (double)(merge_end - m_wait);
         }
         span += (double)(merge_end - t0);
+        // Per SM: blocks placed on it and when its last warp finished.
+        std::vector<double> done_at(sms, 0.0);
+        std::vector<int> sm_warps(sms, 0);
+        for (size_t w = 0; w < warps; ++w) {
+            const uint64_t* tw = t.data() + w * kAttentionTimelineSlots;
+            const size_t sm = std::min<size_t>(tw[9], (size_t)sms - 1);
+            done_at[sm] = std::max(done_at[sm], (double)(tw[6] - t0) / 1000.0);
+            ++sm_warps[sm];
+        }
+        sm_done.push_back(done_at);
+        for (int sm = 0; sm < sms; ++sm) {
+            blocks_min = std::min(blocks_min, sm_warps[sm] / (int)kAttentionTimelineWarpsPerBlock);
+            blocks_max = std::max(blocks_max, sm_warps[sm] / (int)kAttentionTimelineWarpsPerBlock);
+        }
     }
+    // Is an SM's finish time a property of the SM (the same SMs late in every launch)? The
+    // mean correlation of per-SM finish times between consecutive launches says.
+    std::vector<double> sm_mean(sms, 0.0);
+    for (const auto& d : sm_done)
+        for (int sm = 0; sm < sms; ++sm) sm_mean[sm] += d[sm] / (double)sm_done.size();
+    double corr = 0.0;
+    for (size_t l = 1; l < sm_done.size(); ++l) {
+        const auto &a = sm_done[l - 1], &b = sm_done[l];
+        double ma = 0, mb = 0;
+        for (int sm = 0; sm < sms; ++sm) ma += a[sm] / sms, mb += b[sm] / sms;
+        double sab = 0, saa = 0, sbb = 0;
+        for (int sm = 0; sm < sms; ++sm)
+            sab += (a[sm] - ma) * (b[sm] - mb), saa += (a[sm] - ma) * (a[sm] - ma), sbb += (b[sm] - mb) * (b[sm] - mb);
+        corr += sab / std::sqrt(std::max(1e-12, saa * sbb)) / (double)(sm_done.size() - 1);
+    }
+    const auto [sm_first, sm_last] = std::minmax_element(sm_mean.begin(), sm_mean.end());
+    std::printf("  %s per SM: %d-%d blocks; last warp done at %.2f (earliest SM) .. %.2f (latest SM) us, mean of "
+                "launches; launch-to-launch correlation of per-SM finish %.2f\n",
+                name.c_str(), blocks_min, blocks_max, *sm_first, *sm_last, corr);
     const double n = (double)warps * kLaunches * 1000.0, L = kLaunches * 1000.0;  // ns sums -> us means
     std::printf("  %s (%u splits, %zu warps, cold L2, us): span %.2f | per warp: entry %.2f (last %.2f), wait %.2f, "
                 "q %.2f, first cells %.2f, loop %.2f (%.1f steps, %.3f per step), barrier %.2f, epilogue %.2f + "

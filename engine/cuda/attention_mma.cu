@@ -423,6 +423,11 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     // it; the split holding the new cell copies after. The grid is one wave (plan_for), so
     // the split merge released here only takes SMs this grid has left.
     timeline_stamp(p, 0);
+    if (p.timeline != nullptr) {
+        uint32_t sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        timeline_stamp(p, 9, sm, false);
+    }
     const bool settled = cell_end <= p.settled_cells;
     if (settled) {
 #pragma unroll

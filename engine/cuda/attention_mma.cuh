@@ -61,7 +61,8 @@ struct Params {
 // Stamps per warp of the lab timeline: [0] entry, [1] after the dependency wait, [2] Q in
 // registers, [3] the first step's cells landed, [4] loop done, [5] the block's warps done
 // (epilogue barrier), [6] partial written, [7] steps this warp ran (a count, not a time),
-// [8] the block's (m, l, acc) in shared memory (before the partial's global stores).
+// [8] the block's (m, l, acc) in shared memory (before the partial's global stores), [9]
+// the SM the warp ran on (%smid, not a time).
 constexpr uint32_t kTimelineSlots = 10;
 
 struct Plan {
