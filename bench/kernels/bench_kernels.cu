@@ -473,29 +473,41 @@ void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n
         SPILLWAY_CUDA_CHECK(cudaMemcpy(t.data(), stamps.data(), stamps.bytes(), cudaMemcpyDeviceToHost));
         uint64_t t0 = UINT64_MAX, last_entry = 0, last_done = 0;
         double mean_done = 0;
+        // Warps of empty splits (SPILLWAY_ATTN_WHOLE_WAVES) stamp nothing: left out, and
+        // each launch's sums are scaled to the warps that ran.
+        size_t live = 0;
         for (size_t w = 0; w < warps; ++w) {
+            if (t[w * kAttentionTimelineSlots] == 0) continue;
+            ++live;
             t0 = std::min(t0, t[w * kAttentionTimelineSlots]);
             last_entry = std::max(last_entry, t[w * kAttentionTimelineSlots]);
         }
+        const double live_scale = (double)warps / (double)std::max<size_t>(1, live);
         size_t active = 0;
+        double entry_l = 0, wait_l = 0, qload_l = 0, first_l = 0, loop_l = 0, steps_l = 0, barrier_l = 0,
+               epilogue_l = 0, stores_l = 0;
         for (size_t w = 0; w < warps; ++w) {
             const uint64_t* tw = t.data() + w * kAttentionTimelineSlots;
-            entry += (double)(tw[0] - t0);
-            wait += (double)(tw[1] - tw[0]);
-            qload += (double)(tw[2] - tw[1]);
+            if (tw[0] == 0) continue;
+            entry_l += (double)(tw[0] - t0);
+            wait_l += (double)(tw[1] - tw[0]);
+            qload_l += (double)(tw[2] - tw[1]);
             if (tw[7] > 0) {
                 ++active;
-                first += (double)(tw[3] - tw[2]);
-                loop += (double)(tw[4] - tw[3]);
-                steps += (double)tw[7];
+                first_l += (double)(tw[3] - tw[2]);
+                loop_l += (double)(tw[4] - tw[3]);
+                steps_l += (double)tw[7];
             }
-            barrier += (double)(tw[5] - tw[4]);
-            epilogue += (double)(tw[8] - tw[5]);
-            stores += (double)(tw[6] - tw[8]);
-            mean_done += (double)(tw[6] - t0) / warps;
+            barrier_l += (double)(tw[5] - tw[4]);
+            epilogue_l += (double)(tw[8] - tw[5]);
+            stores_l += (double)(tw[6] - tw[8]);
+            mean_done += (double)(tw[6] - t0) / (double)std::max<size_t>(1, live);
             last_done = std::max(last_done, tw[6]);
         }
-        first /= (double)active / warps, loop /= (double)active / warps, steps /= (double)active / warps;
+        const double active_scale = (double)warps / (double)std::max<size_t>(1, active);
+        entry += entry_l * live_scale, wait += wait_l * live_scale, qload += qload_l * live_scale;
+        barrier += barrier_l * live_scale, epilogue += epilogue_l * live_scale, stores += stores_l * live_scale;
+        first += first_l * active_scale, loop += loop_l * active_scale, steps += steps_l * active_scale;
         tail += (double)(last_done - t0) - mean_done;
         entry_spread += (double)(last_entry - t0);
         uint64_t merge_end = last_done;
@@ -520,6 +532,7 @@ void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n
         std::vector<int> sm_warps(sms, 0);
         for (size_t w = 0; w < warps; ++w) {
             const uint64_t* tw = t.data() + w * kAttentionTimelineSlots;
+            if (tw[0] == 0) continue;
             const size_t sm = std::min<size_t>(tw[9], (size_t)sms - 1);
             done_at[sm] = std::max(done_at[sm], (double)(tw[6] - t0) / 1000.0);
             ++sm_warps[sm];

@@ -1076,6 +1076,9 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     p.v_row_bytes = kv_row_bytes(v_type, (uint64_t)shape.n_head_kv * shape.head_dim_v);
     p.n_cells = n_cells;
     p.cells_per_split = plan.cells_per_split;
+    p.splits_lo = plan.splits_lo;
+    p.splits_hi = plan.splits_hi;
+    p.hi_heads = plan.hi_heads;
     p.n_group = shape.n_head / shape.n_head_kv;
     p.scale_log2 = shape.scale * kLog2e;
     p.n_head = shape.n_head;

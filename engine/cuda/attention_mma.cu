@@ -372,8 +372,24 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     uint8_t* ring = smem + warp * L::warp_bytes;
 
     const uint32_t kv_head = blockIdx.x, split = blockIdx.y;
-    const uint32_t cell_begin = split * p.cells_per_split;
-    const uint32_t cell_end = min(p.n_cells, cell_begin + p.cells_per_split);
+    uint32_t cell_begin = split * p.cells_per_split;
+    uint32_t cell_end = min(p.n_cells, cell_begin + p.cells_per_split);
+    if (p.splits_lo != 0) {  // whole waves (Plan): this head's steps dealt to its splits
+        const uint32_t splits = kv_head < p.hi_heads ? p.splits_hi : p.splits_lo;
+        const uint32_t n_steps = (p.n_cells + kStep - 1) / kStep, q = n_steps / splits, r = n_steps % splits;
+        cell_begin = split < splits ? (split * q + min(split, r)) * kStep : p.n_cells;
+        cell_end = split < splits ? min(p.n_cells, cell_begin + (q + (split < r ? 1u : 0u)) * kStep) : p.n_cells;
+        if (cell_begin >= cell_end) {  // a head with one split fewer: an empty partial
+            pdl_wait_for_producer();
+            pdl_release_dependents();
+            for (uint32_t idx = tid; idx < p.n_group * kD; idx += kThreads) {
+                const uint32_t head = kv_head * p.n_group + idx / kD;
+                p.part_out[((size_t)split * p.n_head + head) * kD + idx % kD] = 0.0f;
+                if (idx % kD == 0) p.part_lse[(size_t)split * p.n_head + head] = -INFINITY;
+            }
+            return;
+        }
+    }
     const uint32_t n_chunks = (cell_end - cell_begin + kStep - 1) / kStep;
     const uint32_t ng = p.n_group;
     const uint64_t k_head_off = (uint64_t)kv_head * L::kSliceK, v_head_off = (uint64_t)kv_head * L::kSliceV;
@@ -645,10 +661,27 @@ uint32_t lab_blocks_per_sm() {
     return n;
 }
 
+// SPILLWAY_ATTN_WHOLE_WAVES=1 (lab): Plan's whole-wave split counts where the cells allow.
+bool lab_whole_waves() {
+    static const bool on = lab_knob("SPILLWAY_ATTN_WHOLE_WAVES", "1", "0");
+    return on;
+}
+
 template <KvType KT, KvType VT>
 Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     if (n_cells == 0) return {0, 0};
     const uint32_t per_sm = lab_blocks_per_sm() > 0 ? lab_blocks_per_sm() : (uint32_t)Layout<KT, VT>::blocks_per_sm;
+    if (lab_whole_waves()) {
+        // The per-SM timeline (session 19): 392 or 512 blocks on 396 or 528 slots left some
+        // SMs a third more work than others, the same SMs in every launch.
+        const uint32_t slots = per_sm * std::max(1u, sm_count), lo = slots / n_head_kv, hi_heads = slots % n_head_kv;
+        const uint32_t n_steps = (n_cells + kStep - 1) / kStep, hi = lo + (hi_heads > 0 ? 1 : 0);
+        if (lo >= 2 && n_steps / kWarps >= hi) {  // a step per warp in every split
+            Plan pl{hi, ((n_steps + lo - 1) / lo) * kStep};
+            pl.splits_lo = lo, pl.splits_hi = hi, pl.hi_heads = hi_heads;
+            return pl;
+        }
+    }
     const uint32_t wanted = std::max(1u, per_sm * std::max(1u, sm_count) / n_head_kv);
     const uint32_t min_cells = kStep * kWarps;  // a step per warp
     const uint32_t splits = std::min(wanted, (n_cells + min_cells - 1) / min_cells);

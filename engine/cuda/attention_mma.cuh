@@ -56,6 +56,10 @@ struct Params {
     // them, 2 coalesced 16-byte loads before them, redistributed through shared memory (1
     // and 2 need q 16-byte aligned).
     uint32_t q_load;
+    // Plan's whole-wave split counts (splits_lo == 0: cells_per_split per split).
+    uint32_t splits_lo;
+    uint32_t splits_hi;
+    uint32_t hi_heads;
 };
 
 // Stamps per warp of the lab timeline: [0] entry, [1] after the dependency wait, [2] Q in
@@ -68,6 +72,13 @@ constexpr uint32_t kTimelineSlots = 10;
 struct Plan {
     uint32_t n_splits;
     uint32_t cells_per_split;
+    // Whole waves (lab, SPILLWAY_ATTN_WHOLE_WAVES=1): KV heads below hi_heads run splits_hi
+    // splits, the others splits_lo (one fewer), so heads x splits fills every SM's slots
+    // exactly; a head's steps are dealt to its splits within one step of each other.
+    // splits_lo == 0: every split holds cells_per_split cells (the default).
+    uint32_t splits_lo = 0;
+    uint32_t splits_hi = 0;
+    uint32_t hi_heads = 0;
 };
 
 // Splits for n_cells: one wave of blocks (as many per SM as shared memory allows, at most 4).
