@@ -137,6 +137,12 @@ if [ -z "$bench_only" ]; then
         -ctk f16,q8_0,q4_0 -ctv f16,q8_0,q4_0 >"$out/engine-ab-fast-copy-${knob%%=*}.log" 2>&1
       echo "engine A/B $knob rc=$?: $(grep -E '^\| (f16|q)' "$out/engine-ab-fast-copy-${knob%%=*}.log" | awk -F'|' '{printf "%s d=%s %s tok/s  ", $2, $5, $6}')"
     done
+    # Where the decode attention's time goes inside the engine (lab timeline per layer, session
+    # 19; stderr lines): 32k and 64k, every tier.
+    SPILLWAY_ATTN_ENGINE_TIMELINE=1 "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 8 \
+      -d 32768,65536 -ctk f16,q8_0,q4_0 -ctv f16,q8_0,q4_0 >"$out/engine-attn-timeline.log" 2>&1
+    echo "engine attention timeline rc=$?"
+    grep -E "attention in the engine|no stamps" "$out/engine-attn-timeline.log"
     # The streamed KV spill (issue 6), short sweep: spilled decode at 8k and 64k against the
     # serial and overlap drop models' predictions (terms measured in the same run). Spills
     # must fit the cache at the depth (q8_0 at 8k holds 816 MiB), hence one run per depth.

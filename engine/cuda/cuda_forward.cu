@@ -406,12 +406,14 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                 post.k_cache = cache.k[il];
                 post.v_cache = cache.v[il];
             }
+            if (st.attn_timeline != nullptr) attention_lab_timeline(st.attn_timeline + il * st.attn_timeline_stride);
             attention_partial_cuda(shape, q, cache.k_type, cache.k[il], cache.v_type, cache.v[il], pos0 + 1,
                                    st.attn.data(), st.attn_lse.data(), st.attn_workspace.data(),
                                    st.attn_workspace.size(), st.sm_count, stream,
                                    takes_q16(L.wo, T) && !separate_attention_quant() ? act_q16(st) : ActQ16{},
                                    pos0,  // cells before pos0: written by earlier steps
                                    post_in_attention ? &post : nullptr);
+            if (st.attn_timeline != nullptr) attention_lab_timeline(nullptr);
         } else {
             if (!post_fused) {
                 kv_write_cuda(cache.k_type, k, cache.k[il], pos0, T, kd, stream);
