@@ -1033,7 +1033,10 @@ bool attention_takes_post_qkv(const AttentionShape& shape, KvType k_type, KvType
                               uint32_t sm_count, uint32_t rope_dims) {
     if (n_cells == 0 || !attention_supports(shape)) return false;
     const AttentionKernel kernel = attention_default_kernel(shape, k_type, v_type, n_cells);
-    if (kernel == AttentionKernel::mma) return post_qkv_in_mma() && rope_dims % 8 == 0;
+    if (kernel == AttentionKernel::mma)  // the mma kernel's post-QKV instance needs whole 16-byte rows
+        return post_qkv_in_mma() && rope_dims % 8 == 0 &&
+               kv_row_bytes(k_type, (uint64_t)shape.n_head_kv * shape.head_dim_k) % 16 == 0 &&
+               kv_row_bytes(v_type, (uint64_t)shape.n_head_kv * shape.head_dim_v) % 16 == 0;
     return kernel == AttentionKernel::tensor_core && plan_splits(shape, n_cells, sm_count).n_splits > 1;
 }
 
