@@ -200,9 +200,10 @@ __device__ __forceinline__ float4 load_f4_in_order(const float* src) {
 // Q^T as QK's B operand (k = dims, n = heads): lane (g, t) holds head g, dims 32t ..
 // 32t+31 as f16 pairs, pre-scaled to base-2 score units; heads past the group are zero.
 // q_load 2: loads issued by load_q_coalesced (instruction j: head j, dims 4 lane ..
-// 4 lane + 3; 16 lines per instruction instead of 32 lines per scalar load), written as f16
-// to scratch (a free ring stage of >= 2 KiB) in rows of 64 bytes, row 4g + t, 16-byte units
-// swizzled by (row / 2) % 4 so both the 8-byte stores and the 16-byte reads are conflict-free.
+// 4 lane + 3; 512 contiguous bytes, 4 lines, per instruction instead of 32 lines per scalar
+// load), written as f16 to scratch (a free ring stage of >= 2 KiB) in rows of 64 bytes, row
+// 4g + t, 16-byte units swizzled by (row / 2) % 4 so both the 8-byte stores and the 16-byte
+// reads are conflict-free.
 __device__ __forceinline__ void load_q_coalesced(const float* q_group, uint32_t ng, uint32_t lane, float4 (&qv)[8]) {
 #pragma unroll
     for (int j = 0; j < 8; ++j)
