@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "engine/cuda/attention.cuh"
+#include "engine/cuda/attention_timeline.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/kv_write.cuh"
 #include "engine/cuda/act_quant.cuh"
@@ -456,9 +457,8 @@ void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n
     constexpr int kLaunches = 8;
     std::vector<std::vector<double>> sm_done;
     int blocks_min = 1 << 30, blocks_max = 0;
-    double entry = 0, wait = 0, qload = 0, first = 0, loop = 0, steps = 0, barrier = 0, epilogue = 0, stores = 0, tail = 0,
-           span = 0, merge_start = 0, merge_wait = 0, merge_done = 0, entry_spread = 0, merge_loads = 0, merge_sums = 0,
-           merge_out = 0;
+    AttentionTimelineLaunch sum;  // per-launch phases summed, then divided by the launches
+    double span = 0;
     for (int l = 0; l < kLaunches + 1; ++l) {
         SPILLWAY_CUDA_CHECK(cudaMemset(flush.data(), l, flush.bytes()));
         SPILLWAY_CUDA_CHECK(cudaMemset(stamps.data(), 0, stamps.bytes()));
@@ -471,70 +471,25 @@ void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n
         if (l == 0) continue;  // module load, attributes
         std::vector<uint64_t> t(slots);
         SPILLWAY_CUDA_CHECK(cudaMemcpy(t.data(), stamps.data(), stamps.bytes(), cudaMemcpyDeviceToHost));
-        uint64_t t0 = UINT64_MAX, last_entry = 0, last_done = 0;
-        double mean_done = 0;
-        // Warps of empty splits (SPILLWAY_ATTN_WHOLE_WAVES) stamp nothing: left out, and
-        // each launch's sums are scaled to the warps that ran.
-        size_t live = 0;
-        for (size_t w = 0; w < warps; ++w) {
-            if (t[w * kAttentionTimelineSlots] == 0) continue;
-            ++live;
-            t0 = std::min(t0, t[w * kAttentionTimelineSlots]);
-            last_entry = std::max(last_entry, t[w * kAttentionTimelineSlots]);
-        }
-        const double live_scale = (double)warps / (double)std::max<size_t>(1, live);
-        size_t active = 0;
-        double entry_l = 0, wait_l = 0, qload_l = 0, first_l = 0, loop_l = 0, steps_l = 0, barrier_l = 0,
-               epilogue_l = 0, stores_l = 0;
-        for (size_t w = 0; w < warps; ++w) {
-            const uint64_t* tw = t.data() + w * kAttentionTimelineSlots;
-            if (tw[0] == 0) continue;
-            entry_l += (double)(tw[0] - t0);
-            wait_l += (double)(tw[1] - tw[0]);
-            qload_l += (double)(tw[2] - tw[1]);
-            if (tw[7] > 0) {
-                ++active;
-                first_l += (double)(tw[3] - tw[2]);
-                loop_l += (double)(tw[4] - tw[3]);
-                steps_l += (double)tw[7];
-            }
-            barrier_l += (double)(tw[5] - tw[4]);
-            epilogue_l += (double)(tw[8] - tw[5]);
-            stores_l += (double)(tw[6] - tw[8]);
-            mean_done += (double)(tw[6] - t0) / (double)std::max<size_t>(1, live);
-            last_done = std::max(last_done, tw[6]);
-        }
-        const double active_scale = (double)warps / (double)std::max<size_t>(1, active);
-        entry += entry_l * live_scale, wait += wait_l * live_scale, qload += qload_l * live_scale;
-        barrier += barrier_l * live_scale, epilogue += epilogue_l * live_scale, stores += stores_l * live_scale;
-        first += first_l * active_scale, loop += loop_l * active_scale, steps += steps_l * active_scale;
-        tail += (double)(last_done - t0) - mean_done;
-        entry_spread += (double)(last_entry - t0);
-        uint64_t merge_end = last_done;
-        if (merges > 0) {
-            uint64_t m_first = UINT64_MAX, m_wait = 0;
-            for (size_t b = 0; b < merges; ++b) {
-                const uint64_t* tb = t.data() + (warps + b) * kAttentionTimelineSlots;
-                m_first = std::min(m_first, tb[0]);
-                m_wait = std::max(m_wait, tb[1]);
-                merge_end = std::max(merge_end, tb[2]);
-                merge_loads += (double)(tb[3] - tb[1]) / (double)merges;
-                merge_sums += (double)(tb[4] - tb[3]) / (double)merges;
-                merge_out += (double)(tb[2] - tb[4]) / (double)merges;
-            }
-            merge_start += (double)m_first - (double)t0;
-            merge_wait += (double)m_wait - (double)last_done;
-            merge_done += (double)(merge_end - m_wait);
-        }
-        span += (double)(merge_end - t0);
-        // Per SM: blocks placed on it and when its last warp finished.
+        AttentionTimelineLaunch y;
+        if (!attention_timeline_launch(t.data(), warps, merges, y)) fail("attention timeline: no warp stamped");
+        span += (double)(y.end - y.start);
+        for (auto [total, part] : {std::pair{&sum.entry, y.entry}, {&sum.entry_spread, y.entry_spread},
+                                   {&sum.pre_wait, y.pre_wait}, {&sum.q, y.q}, {&sum.first, y.first},
+                                   {&sum.loop, y.loop}, {&sum.steps, y.steps}, {&sum.barrier, y.barrier},
+                                   {&sum.epilogue, y.epilogue}, {&sum.stores, y.stores}, {&sum.tail, y.tail},
+                                   {&sum.merge_start, y.merge_start}, {&sum.merge_wait, y.merge_wait},
+                                   {&sum.merge_run, y.merge_run}, {&sum.merge_loads, y.merge_loads},
+                                   {&sum.merge_sums, y.merge_sums}, {&sum.merge_out, y.merge_out}})
+            *total += part;
+        // Per SM (slot 9): blocks placed on it and when its last warp finished.
         std::vector<double> done_at(sms, 0.0);
         std::vector<int> sm_warps(sms, 0);
         for (size_t w = 0; w < warps; ++w) {
             const uint64_t* tw = t.data() + w * kAttentionTimelineSlots;
             if (tw[0] == 0) continue;
             const size_t sm = std::min<size_t>(tw[9], (size_t)sms - 1);
-            done_at[sm] = std::max(done_at[sm], (double)(tw[6] - t0) / 1000.0);
+            done_at[sm] = std::max(done_at[sm], (double)(tw[6] - y.start) / 1000.0);
             ++sm_warps[sm];
         }
         sm_done.push_back(done_at);
@@ -562,15 +517,16 @@ void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n
     std::printf("  %s per SM: %d-%d blocks; last warp done at %.2f (earliest SM) .. %.2f (latest SM) us, mean of "
                 "launches; launch-to-launch correlation of per-SM finish %.2f\n",
                 name.c_str(), blocks_min, blocks_max, *sm_first, *sm_last, corr);
-    const double n = (double)warps * kLaunches * 1000.0, L = kLaunches * 1000.0;  // ns sums -> us means
+    const double L = kLaunches * 1000.0;  // ns sums over launches -> us means
     std::printf("  %s (%u splits, %zu warps, cold L2, us): span %.2f | per warp: entry %.2f (last %.2f), wait %.2f, "
                 "q %.2f, first cells %.2f, loop %.2f (%.1f steps, %.3f per step), barrier %.2f, epilogue %.2f + "
-                "stores %.2f | tail %.2f | merge: entry at %.2f, waits %.2f after the last warp, runs %.2f (per block: loads %.2f, "
-                "sums %.2f, out %.2f)\n",
-                name.c_str(), splits, warps, span / L, entry / n, entry_spread / L, wait / n, qload / n, first / n,
-                loop / n, steps / (n / 1000.0), loop / std::max(1.0, steps - (double)warps * kLaunches) / 1000.0,
-                barrier / n, epilogue / n, stores / n, tail / L, merge_start / L, merge_wait / L, merge_done / L,
-                merge_loads / L, merge_sums / L, merge_out / L);
+                "stores %.2f | tail %.2f | merge: entry at %.2f, waits %.2f after the last warp, runs %.2f (per "
+                "block: loads %.2f, sums %.2f, out %.2f)\n",
+                name.c_str(), splits, warps, span / L, sum.entry / L, sum.entry_spread / L, sum.pre_wait / L, sum.q / L,
+                sum.first / L, sum.loop / L, sum.steps / kLaunches,
+                sum.loop / std::max(1.0, sum.steps - kLaunches) / 1000.0, sum.barrier / L, sum.epilogue / L,
+                sum.stores / L, sum.tail / L, sum.merge_start / L, sum.merge_wait / L, sum.merge_run / L,
+                sum.merge_loads / L, sum.merge_sums / L, sum.merge_out / L);
 }
 
 void bench_small_ops(Report& r, const Options& o) {

@@ -716,14 +716,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
 // SPILLWAY_ATTN_MMA_BLOCKS=N (lab): plan the splits for N blocks per SM instead of the
 // resident count (more than resident: several waves). 0 or unset: the resident count.
 uint32_t lab_blocks_per_sm() {
-    static const uint32_t n = [] {
-        const char* v = std::getenv("SPILLWAY_ATTN_MMA_BLOCKS");
-        if (v == nullptr || *v == '\0') return 0u;
-        char* end = nullptr;
-        const unsigned long b = std::strtoul(v, &end, 10);
-        if (*end != '\0' || b > 64) fail("SPILLWAY_ATTN_MMA_BLOCKS: expected 0..64, got '" + std::string(v) + "'");
-        return (uint32_t)b;
-    }();
+    static const uint32_t n = lab_knob_uint("SPILLWAY_ATTN_MMA_BLOCKS", 0, 64);
     return n;
 }
 

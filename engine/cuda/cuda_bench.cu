@@ -17,7 +17,7 @@
 #include "common/error.h"
 #include "engine/cpu/cpu_model.h"
 #include "engine/cuda/attention.cuh"
-#include "engine/cuda/attention_engine_timeline.h"
+#include "engine/cuda/attention_timeline.h"
 #include "engine/cuda/cuda_forward.h"
 #include "engine/cuda/cuda_model.h"
 #include "engine/cuda/lab_knob.h"
@@ -96,7 +96,7 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
     CudaForwardState st;
     init_cuda_forward_state(st, model, chunk, false, n_ctx);
     report.hbm_gb_s = measure_vram_read_gbps();
-    // Lab, SPILLWAY_ATTN_ENGINE_TIMELINE=1 (attention_engine_timeline.h): every layer's mma
+    // Lab, SPILLWAY_ATTN_ENGINE_TIMELINE=1 (attention_timeline.h): every layer's mma
     // decode attention stamps its timeline inside the graphs; each decode row's last step is
     // summarised on stderr.
     const AttentionShape attn_shape{s.n_head, model.n_head_kv, s.head_dim_k, s.head_dim_v,
@@ -106,7 +106,7 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
         uint32_t splits = 1;
         for (const auto& [kt, vt] : o.kv_types)
             splits = std::max(splits, attention_split_count(AttentionKernel::mma, attn_shape, kt, vt, n_ctx, st.sm_count));
-        st.attn_timeline_stride = attention_engine_timeline_slots(s.n_head, model.n_head_kv, splits);
+        st.attn_timeline_stride = attention_timeline_slots(s.n_head, model.n_head_kv, splits);
         attn_stamps = DeviceBuffer<uint64_t>(st.attn_timeline_stride * s.n_layer);
         st.attn_timeline = attn_stamps.data();
     }

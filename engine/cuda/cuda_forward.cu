@@ -180,14 +180,7 @@ enum class GemvSite : uint32_t { other = 0, qkv = 1, wo = 2, gate_up = 4, down =
 // 203.5 / 182.2, wo alone 201.5 / 177.4; with the single-split attention writing its int16
 // output itself, wo's release cost at d=0 too: 204.8 vs 206.9 without it).
 bool release_at_entry(GemvSite site) {
-    static const uint32_t mask = [] {
-        const char* v = std::getenv("SPILLWAY_Q16X_RELEASE");
-        if (v == nullptr || *v == '\0') return 29u;
-        char* end = nullptr;
-        const unsigned long m = std::strtoul(v, &end, 0);
-        if (*end != '\0' || m > 31) fail("SPILLWAY_Q16X_RELEASE: expected a bit mask 0..31, got '" + std::string(v) + "'");
-        return (uint32_t)m;
-    }();
+    static const uint32_t mask = lab_knob_uint("SPILLWAY_Q16X_RELEASE", 29, 31, 0);  // a bit mask
     return (mask & (uint32_t)site) != 0;
 }
 
@@ -208,14 +201,7 @@ void matvec_decode(CudaForwardState& st, const CudaMatrix& w, uint32_t rows, con
 // the post-QKV kernel, each looping over its tokens; 0 = one block per token. Default 256:
 // 8k prefill +0.7% against one block per token (session 13, docs/perf-notes.md).
 uint32_t qkv_post_token_blocks() {
-    static const uint32_t n = [] {
-        const char* e = std::getenv("SPILLWAY_QKV_POST_TOKEN_BLOCKS");
-        if (e == nullptr || *e == '\0') return 256u;
-        char* end = nullptr;
-        const unsigned long v = std::strtoul(e, &end, 10);
-        if (*end != '\0' || v > 65535) fail("SPILLWAY_QKV_POST_TOKEN_BLOCKS must be an integer 0..65535");
-        return (uint32_t)v;
-    }();
+    static const uint32_t n = lab_knob_uint("SPILLWAY_QKV_POST_TOKEN_BLOCKS", 256, 65535);
     return n;
 }
 

@@ -110,7 +110,7 @@ struct CudaForwardState {
     bool warmed[3][3] = {};                 // per (K, V) type: one direct step ran (see prepare)
     uint64_t graph_rebuilds = 0;            // full instantiations (topology changes)
     size_t graph_bytes = 0;                 // VRAM the instantiated graphs took (cudaMemGetInfo delta)
-    // Lab (attention_engine_timeline.h): while set, layer il's resident decode attention stamps
+    // Lab (attention_timeline.h): while set, layer il's resident decode attention stamps
     // its timeline at attn_timeline + il * attn_timeline_stride (captured into the graphs).
     uint64_t* attn_timeline = nullptr;
     size_t attn_timeline_stride = 0;

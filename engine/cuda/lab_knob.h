@@ -3,6 +3,7 @@
 // not know is an error, so a typo cannot silently measure the default twice.
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -18,6 +19,18 @@ inline bool lab_knob(const char* name, const char* value, const char* default_va
     if (v == value) return true;
     if (v == default_value) return false;
     fail(std::string(name) + " must be '" + value + "' or '" + default_value + "', got '" + v + "'");
+}
+
+// The unsigned value of `name` (base 0 also reads 0x... bit masks); default_value when unset
+// or empty; anything but a number in 0..max is an error.
+inline uint32_t lab_knob_uint(const char* name, uint32_t default_value, uint32_t max, int base = 10) {
+    const char* e = std::getenv(name);
+    if (e == nullptr || *e == '\0') return default_value;
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(e, &end, base);
+    if (*end != '\0' || *e == '-' || v > max)
+        fail(std::string(name) + ": expected 0.." + std::to_string(max) + ", got '" + e + "'");
+    return (uint32_t)v;
 }
 
 }  // namespace spillway

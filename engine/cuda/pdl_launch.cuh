@@ -17,6 +17,7 @@
 
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/lab_knob.h"
 
 namespace spillway {
 
@@ -25,15 +26,11 @@ enum class PdlSite : uint32_t { rmsnorm = 1, qkv_post = 2, attention = 4, merge 
 // Whether this launch site is programmatic (read once per process; never on devices below sm_90).
 inline bool pdl_site_on(PdlSite site) {
     static const uint32_t mask = [] {
-        const char* v = std::getenv("SPILLWAY_PDL_SMALL");
-        if (v == nullptr || *v == '\0') return 31u;
-        char* end = nullptr;
-        const unsigned long m = std::strtoul(v, &end, 0);
-        if (*end != '\0' || m > 31) fail("SPILLWAY_PDL_SMALL: expected a bit mask 0..31, got '" + std::string(v) + "'");
+        const uint32_t m = lab_knob_uint("SPILLWAY_PDL_SMALL", 31, 31, 0);  // a bit mask
         int device = 0, major = 0;
         SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        return major >= 9 ? (uint32_t)m : 0u;
+        return major >= 9 ? m : 0u;
     }();
     return (mask & (uint32_t)site) != 0;
 }

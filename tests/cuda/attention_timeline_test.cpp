@@ -1,6 +1,6 @@
-// The engine attention timeline's summary (lab, attention_engine_timeline.h) on hand-made
+// The engine attention timeline's summary (lab, attention_timeline.h) on hand-made
 // stamps: plain host code, so it runs without a GPU too.
-#include "engine/cuda/attention_engine_timeline.h"
+#include "engine/cuda/attention_timeline.h"
 
 #include <gtest/gtest.h>
 
@@ -25,14 +25,15 @@ std::vector<uint64_t> two_layers(size_t stride) {
         }
         for (size_t b = 0; b < 4; ++b) {
             uint64_t* tb = y + (16 + b) * kSlots;
-            tb[0] = base + 12000, tb[1] = base + 13500, tb[2] = base + 15000;
+            tb[0] = base + 12000, tb[1] = base + 13500, tb[3] = base + 14000, tb[4] = base + 14700;
+            tb[2] = base + 15000;
         }
     }
     return t;
 }
 
 TEST(AttentionEngineTimeline, SummarisesPhasesAcrossLayers) {
-    const size_t stride = attention_engine_timeline_slots(4, 2, 2);
+    const size_t stride = attention_timeline_slots(4, 2, 2);
     ASSERT_EQ(stride, (16u + 4u) * kSlots);
     const std::string line = attention_engine_timeline_summary(two_layers(stride), stride, 2, 4, 2, 2);
     EXPECT_NE(line.find("2 splits, mean of 2 layers"), std::string::npos) << line;
@@ -43,8 +44,35 @@ TEST(AttentionEngineTimeline, SummarisesPhasesAcrossLayers) {
     EXPECT_NE(line.find("outside the attention 6.00"), std::string::npos) << line;  // 21000 - 15000
 }
 
+TEST(AttentionEngineTimeline, ReadsOneLaunch) {
+    const size_t stride = attention_timeline_slots(4, 2, 2);
+    const std::vector<uint64_t> t = two_layers(stride);
+    AttentionTimelineLaunch y;
+    ASSERT_TRUE(attention_timeline_launch(t.data() + stride, 16, 4, y));  // the second layer
+    EXPECT_EQ(y.start, 21000u);
+    EXPECT_EQ(y.released, 22000u);
+    EXPECT_EQ(y.last_done, 33000u);
+    EXPECT_EQ(y.end, 35000u);
+    EXPECT_DOUBLE_EQ(y.pre_wait, 1000.0);
+    EXPECT_DOUBLE_EQ(y.q, 1000.0);
+    EXPECT_DOUBLE_EQ(y.first, 1000.0);
+    EXPECT_DOUBLE_EQ(y.loop, 6000.0);
+    EXPECT_DOUBLE_EQ(y.steps, 2.0);
+    EXPECT_DOUBLE_EQ(y.barrier, 500.0);
+    EXPECT_DOUBLE_EQ(y.epilogue, 100.0);
+    EXPECT_DOUBLE_EQ(y.stores, 400.0 + 2000.0 / 16);  // the late warp's 2 us in the mean
+    EXPECT_DOUBLE_EQ(y.tail, 2000.0 - 2000.0 / 16);
+    EXPECT_DOUBLE_EQ(y.merge_start, 11000.0);
+    EXPECT_DOUBLE_EQ(y.merge_wait, 500.0);
+    EXPECT_DOUBLE_EQ(y.merge_run, 1500.0);
+    EXPECT_DOUBLE_EQ(y.merge_loads, 500.0);
+    EXPECT_DOUBLE_EQ(y.merge_sums, 700.0);
+    EXPECT_DOUBLE_EQ(y.merge_out, 300.0);
+    EXPECT_FALSE(attention_timeline_launch(std::vector<uint64_t>(stride, 0).data(), 16, 4, y));
+}
+
 TEST(AttentionEngineTimeline, WarpsThatStampedNothingAreLeftOut) {
-    const size_t stride = attention_engine_timeline_slots(4, 2, 2);
+    const size_t stride = attention_timeline_slots(4, 2, 2);
     std::vector<uint64_t> t = two_layers(stride);
     // An empty split (whole waves): its block's 4 warps stamp nothing; the rest is unchanged.
     for (int l = 0; l < 2; ++l)
@@ -57,7 +85,7 @@ TEST(AttentionEngineTimeline, WarpsThatStampedNothingAreLeftOut) {
 }
 
 TEST(AttentionEngineTimeline, NoStampsNoSummary) {
-    const size_t stride = attention_engine_timeline_slots(4, 2, 2);
+    const size_t stride = attention_timeline_slots(4, 2, 2);
     EXPECT_EQ(attention_engine_timeline_summary(std::vector<uint64_t>(stride * 2, 0), stride, 2, 4, 2, 2), "");
     // A buffer too small for the split count: no summary rather than a read past it.
     EXPECT_EQ(attention_engine_timeline_summary(std::vector<uint64_t>(stride, 0), stride, 2, 4, 2, 2), "");
