@@ -137,14 +137,6 @@ if [ -z "$bench_only" ]; then
         -ctk f16,q8_0,q4_0 -ctv f16,q8_0,q4_0 >"$out/engine-ab-fast-copy-${knob%%=*}.log" 2>&1
       echo "engine A/B $knob rc=$?: $(grep -E '^\| (f16|q)' "$out/engine-ab-fast-copy-${knob%%=*}.log" | awk -F'|' '{printf "%s d=%s %s tok/s  ", $2, $5, $6}')"
     done
-    # Post-QKV inside the mma attention (16k+ cells; session 19, written without a GPU: lab,
-    # off by default until this A/B says otherwise).
-    for knob in default SPILLWAY_POST_QKV_MMA=1; do
-      if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
-      env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 16384,65536 \
-        -ctk f16,q8_0,q4_0 -ctv f16,q8_0,q4_0 >"$out/engine-ab-post-mma-${knob%%=*}.log" 2>&1
-      echo "engine A/B $knob rc=$?: $(grep -E '^\| (f16|q)' "$out/engine-ab-post-mma-${knob%%=*}.log" | awk -F'|' '{printf "%s d=%s %s tok/s  ", $2, $5, $6}')"
-    done
     # Where the decode attention's time goes inside the engine (lab timeline per layer, session
     # 19; stderr lines): 32k and 64k, every tier.
     SPILLWAY_ATTN_ENGINE_TIMELINE=1 "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 8 \

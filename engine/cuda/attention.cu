@@ -1023,21 +1023,11 @@ bool attention_finish_fused() {
 // serially what qkv_post_kernel's n_head + 2 n_head_kv blocks do in parallel, and the launch
 // saved does not pay for it (session 17, 14B shape, tok/s with / without: d = 0 201.3 / 206.2,
 // 2048 196.4 / 194.6, 8192 184.4 / 182.0).
-// SPILLWAY_POST_QKV_MMA=1 (lab): the engine passes the post-QKV work to the mma kernel too.
-bool post_qkv_in_mma() {
-    static const bool on = lab_knob("SPILLWAY_POST_QKV_MMA", "1", "0");
-    return on;
-}
-
 bool attention_takes_post_qkv(const AttentionShape& shape, KvType k_type, KvType v_type, uint32_t n_cells,
-                              uint32_t sm_count, uint32_t rope_dims) {
-    if (n_cells == 0 || !attention_supports(shape)) return false;
-    const AttentionKernel kernel = attention_default_kernel(shape, k_type, v_type, n_cells);
-    if (kernel == AttentionKernel::mma)  // the mma kernel's post-QKV instance needs whole 16-byte rows
-        return post_qkv_in_mma() && rope_dims % 8 == 0 &&
-               kv_row_bytes(k_type, (uint64_t)shape.n_head_kv * shape.head_dim_k) % 16 == 0 &&
-               kv_row_bytes(v_type, (uint64_t)shape.n_head_kv * shape.head_dim_v) % 16 == 0;
-    return kernel == AttentionKernel::tensor_core && plan_splits(shape, n_cells, sm_count).n_splits > 1;
+                              uint32_t sm_count) {
+    return n_cells > 0 && attention_supports(shape) &&
+           attention_default_kernel(shape, k_type, v_type, n_cells) == AttentionKernel::tensor_core &&
+           plan_splits(shape, n_cells, sm_count).n_splits > 1;
 }
 
 void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type,
@@ -1101,10 +1091,8 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
         p.part_lse = p.part_out + (size_t)plan.n_splits * n_values;
     }
     if (post != nullptr) {
-        if (kernel != AttentionKernel::tensor_core && kernel != AttentionKernel::mma)
-            fail("attention_partial_cuda: only the tensor_core and mma kernels do the post-QKV work");
-        if (kernel == AttentionKernel::mma && (post->rope_dims % 8 != 0 || reinterpret_cast<uintptr_t>(q) % 16 != 0))
-            fail("attention_partial_cuda: the mma kernel's post-QKV needs rotated dims in 8s and q 16-byte aligned");
+        if (kernel != AttentionKernel::tensor_core)
+            fail("attention_partial_cuda: only the tensor_core kernel does the post-QKV work");
         if (post->rope_table == nullptr || post->rope_dims == 0 || post->rope_dims % 2 != 0 ||
             post->rope_dims > shape.head_dim_k || !post->new_k || !post->new_v || !post->k_cache || !post->v_cache)
             fail("attention_partial_cuda: incomplete post-QKV arguments");

@@ -46,11 +46,9 @@ size_t attention_workspace_bytes(const AttentionShape& shape, uint32_t n_cells, 
 // new cell, n_cells - 1) computes that cell's K and V (bias, RoPE on K) from new_k / new_v,
 // stores them into k_cache / v_cache (the caches being read, writable) in the tiers' formats
 // and only then copies the cell. The same arithmetic as qkv_post_cuda: the cache bytes and
-// the result are bit-identical to qkv_post_cuda followed by this call without it. The
-// tensor_core and mma kernels take it (mma: rope_dims a multiple of 8, q 16-byte aligned);
-// attention_takes_post_qkv says where the engine passes it: the default kernel is tensor_core
-// and the range has several splits (where it was measured faster than its own launch), or,
-// with SPILLWAY_POST_QKV_MMA=1 (lab, not yet measured), the default kernel is mma;
+// the result are bit-identical to qkv_post_cuda followed by this call without it. Only the
+// tensor_core kernel takes it; attention_takes_post_qkv says where the default kernel is that
+// one and the range has several splits (where it was measured faster than its own launch);
 // n_cells >= 1, settled_cells < n_cells (the new cell is written here: it cannot be settled).
 struct AttentionPostQkv {
     const float2* rope_table = nullptr;  // the token's (cos, sin) per rotated pair (rope_table_cuda)
@@ -63,7 +61,7 @@ struct AttentionPostQkv {
     uint8_t* v_cache = nullptr;
 };
 bool attention_takes_post_qkv(const AttentionShape& shape, KvType k_type, KvType v_type, uint32_t n_cells,
-                              uint32_t sm_count, uint32_t rope_dims);
+                              uint32_t sm_count);
 
 void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type,
                             const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,

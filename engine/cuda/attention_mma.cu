@@ -41,10 +41,8 @@
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/global_timer_device.cuh"
 #include "engine/cuda/kv_tile.cuh"
-#include "engine/cuda/kv_write_device.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
-#include "engine/cuda/rope_device.cuh"
 
 namespace spillway::attention_mma {
 namespace {
@@ -229,47 +227,6 @@ __device__ __forceinline__ void q_fragments_from_coalesced(const float4 (&qv)[8]
     __syncwarp();  // the scratch stage is refilled by the loop's first issue
 }
 
-// Post-QKV inside the kernel (Params::rope_table set; q is the GEMV's raw output): the q bias
-// and RoPE applied to Q as load_q_coalesced left it (instruction j: head j, dims 4 lane ..
-// 4 lane + 3), with post_qkv_value's arithmetic so the result is bit-identical to
-// qkv_post_kernel's. A neox pair's other value sits rope_dims / 8 lanes away in the same
-// instruction (rope_dims % 8 == 0, checked by the launcher); an adjacent pair's in the lane.
-__device__ __forceinline__ void rotate_q_coalesced(float4 (&qv)[8], const float* q_bias, const float2* table,
-                                                   uint32_t rope_dims, bool neox, uint32_t ng, uint32_t lane) {
-    const uint32_t d0 = 4 * lane, half = rope_dims / 2;
-    float2 cs[4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-        const uint32_t d = d0 + c;
-        cs[c] = d < rope_dims ? table[neox ? d % half : d / 2] : make_float2(1.0f, 0.0f);
-    }
-    const uint32_t src = neox && d0 < rope_dims ? (d0 < half ? lane + half / 4 : lane - half / 4) : lane;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        float x[4] = {qv[j].x, qv[j].y, qv[j].z, qv[j].w};
-        if (q_bias != nullptr && (uint32_t)j < ng)  // scalar: the bias has no alignment promise
-#pragma unroll
-            for (int c = 0; c < 4; ++c) x[c] += q_bias[j * kD + d0 + c];
-        float y[4], r[4];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) y[c] = __shfl_sync(0xffffffffu, x[c], src);
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const uint32_t d = d0 + c;
-            if (d >= rope_dims) {
-                r[c] = x[c];
-            } else if (neox) {
-                const bool first = d < half;
-                r[c] = rope_pair_value(first ? x[c] : y[c], first ? y[c] : x[c], cs[c].x, cs[c].y, first);
-            } else {
-                const bool first = c % 2 == 0;
-                r[c] = rope_pair_value(x[c & ~1], x[c | 1], cs[c].x, cs[c].y, first);
-            }
-        }
-        qv[j] = make_float4(r[0], r[1], r[2], r[3]);
-    }
-}
-
 // Bytes 0,1 (kSel 0x4140) or 2,3 (0x4342) of x, each an unsigned u < 256, as half2 of
 // (u - bias) * scale: 0x64 above a byte is the half 1024 + u (exact), so is the subtraction.
 template <uint32_t kSel>
@@ -407,9 +364,7 @@ __device__ __forceinline__ void v_pair_fragments(const VWords<VT>& a, const VWor
 // every cell of this head has the same lead: copy addresses and shared-memory offsets are the
 // same in every step and are computed once (the launch picks it; SPILLWAY_ATTN_FAST_COPY=0
 // never does).
-// kPost: the post-QKV work (Params::rope_table set), a kernel of its own so that the others
-// keep their registers (with it compiled in, the q8_0 kernel spilled).
-template <KvType KT, KvType VT, bool kUniform, bool kPost>
+template <KvType KT, KvType VT, bool kUniform>
 __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kernel(Params p) {
     using L = Layout<KT, VT>;
     extern __shared__ __align__(128) uint8_t smem[];
@@ -498,23 +453,6 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     pdl_wait_for_producer();
     pdl_release_dependents();
     timeline_stamp(p, 1);
-    // kPost: q is raw (Params) and q_load is 2.
-    if (kPost && cell_begin <= p.new_cell && p.new_cell < cell_end) {
-        // This block holds the new cell: it computes the cell's K and V of its KV head (as
-        // qkv_post_kernel does) and stores them before any copy of the cell; warp w takes
-        // value block w of K, then of V.
-        static_assert(kThreads == kD, "a thread per value of the head");
-        const uint32_t qd = p.n_head * kD, kd = gridDim.x * kD, block = (kv_head * kD + tid) / 32;
-        const float* k_bias = p.qkv_bias != nullptr ? p.qkv_bias + qd + kv_head * kD : nullptr;
-        const float k_val = post_qkv_value(p.new_k + (size_t)kv_head * kD, k_bias, tid, p.rope_table, p.rope_dims,
-                                           p.rope_neox != 0);
-        kv_store_block<KT>(k_val, p.k_store + (size_t)p.new_cell * p.k_row_bytes, block, lane);
-        const float* v_raw = p.new_v + (size_t)kv_head * kD;
-        const float v_val = p.qkv_bias != nullptr ? v_raw[tid] + p.qkv_bias[qd + kd + kv_head * kD + tid] : v_raw[tid];
-        kv_store_block<VT>(v_val, p.v_store + (size_t)p.new_cell * p.v_row_bytes, block, lane);
-        __threadfence();  // the stores reach L2 before the block's cp.async (L2-only) reads them
-        __syncthreads();
-    }
     // Q's loads go ahead of the copies (q_load 1, 2): behind a split's first stages they
     // waited ~8 us (lab timeline, session 19).
     const float* q_group = p.q + (size_t)kv_head * ng * kD;
@@ -536,9 +474,6 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     uint32_t qb[8][2];
     static_assert(L::stage >= 32 * 64, "Q's f16 rows fit in a ring stage");
     if (p.q_load == 2) {
-        if constexpr (kPost)
-            rotate_q_coalesced(qv, p.qkv_bias != nullptr ? p.qkv_bias + (size_t)kv_head * ng * kD : nullptr,
-                               p.rope_table, p.rope_dims, p.rope_neox != 0, ng, lane);
         q_fragments_from_coalesced(qv, p.scale_log2, lane, ring + (L::kStages - 1) * L::stage, qb);
     } else if (p.q_load == 1) {
 #pragma unroll
@@ -748,15 +683,15 @@ Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     return {(n_cells + per - 1) / per, per};
 }
 
-template <KvType KT, KvType VT, bool kUniform, bool kPost>
+template <KvType KT, KvType VT, bool kUniform>
 void configure_once() {
     static const bool configured = [] {
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform, kPost>,
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  (int)Layout<KT, VT>::total));
         // All of the unified L1/shared memory as shared: the split count assumes
         // Layout::blocks_per_sm blocks fit at once (a smaller carveout makes a second wave).
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform, kPost>,
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform>,
                                                  cudaFuncAttributePreferredSharedMemoryCarveout,
                                                  (int)cudaSharedmemCarveoutMaxShared));
         return true;
@@ -785,27 +720,15 @@ void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cud
     static const bool fast_copy = !lab_knob("SPILLWAY_ATTN_FAST_COPY", "0", "1");
     Params p = params;
     p.q_load = reinterpret_cast<uintptr_t>(p.q) % 16 == 0 ? lab_q_load() : 0;
-    if (p.rope_table != nullptr) {
-        // Post-QKV rotates Q in the coalesced layout only (attention.cu checked the alignment).
-        if (reinterpret_cast<uintptr_t>(p.q) % 16 != 0 || p.rope_dims % 8 != 0)
-            fail("attention_mma: post-QKV needs q 16-byte aligned and rotated dims in 8s");
-        p.q_load = 2;
-    }
     const dim3 grid(n_head_kv, n_splits);
-    const bool uniform = fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0;
-    if (p.rope_table != nullptr) {
-        if (!uniform) fail("attention_mma: post-QKV needs rows of whole 16-byte chunks (and the fast copy)");
-        configure_once<KT, VT, true, true>();
-        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, true, true>, grid,
-                        dim3(kThreads), smem, stream, p);
-    } else if (uniform) {
-        configure_once<KT, VT, true, false>();
-        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, true, false>, grid,
-                        dim3(kThreads), smem, stream, p);
+    if (fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0) {
+        configure_once<KT, VT, true>();
+        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, true>, grid, dim3(kThreads), smem,
+                        stream, p);
     } else {
-        configure_once<KT, VT, false, false>();
-        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, false, false>, grid,
-                        dim3(kThreads), smem, stream, p);
+        configure_once<KT, VT, false>();
+        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, false>, grid, dim3(kThreads), smem,
+                        stream, p);
     }
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }

@@ -337,8 +337,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         // K/V write (attention.cuh, AttentionPostQkv).
         const bool post_in_attention = T == 1 && post_fused && !spilled && rope_table != nullptr &&
                                        post_qkv_in_attention() &&
-                                       attention_takes_post_qkv(shape, cache.k_type, cache.v_type, pos0 + 1, st.sm_count,
-                                                                m.rope_dev.n_dims);
+                                       attention_takes_post_qkv(shape, cache.k_type, cache.v_type, pos0 + 1, st.sm_count);
         if (post_in_attention) {
             // Nothing here: see the attention call below.
         } else if (post_fused) {
