@@ -84,8 +84,12 @@ bool attention_kernel_supports(AttentionKernel kernel, const AttentionShape& sha
 // Ranges of at least this many cells go to the mma kernel where it applies; shorter ones
 // to int_dot (quantized K) or tensor_core (measured at 8k: mma 26-30 us, int_dot 22.5,
 // tensor_core 19.5-21.7; at 32k mma is faster for quantized KV and on par for f16, at 64k
-// the fastest for every pair: docs/perf-notes.md).
+// the fastest for every pair: docs/perf-notes.md). Quantized K switches earlier since the
+// mma kernel's Q load was fixed (session 20, engine tok/s int_dot -> mma: q8_0 / q4_0 at
+// 12288 cells 167.8 -> 171.7 / 171.9 -> 175.9, at 8192 176.9 -> 175.9 / 178.4 -> 178.8; f16
+// K at 8192 184.1 -> 177.7 stays on tensor_core below 16384).
 constexpr uint32_t kAttentionMmaMinCells = 16384;
+constexpr uint32_t kAttentionMmaMinCellsQuantizedK = 12288;
 
 // The kernel attention_partial_cuda uses for this shape, KV types and range length (a pure
 // function; the default n_cells asks for the choice at long context).

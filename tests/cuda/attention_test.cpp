@@ -359,8 +359,13 @@ TEST(CudaAttention, DefaultKernelChoice) {
     // Short ranges keep the kernels measured faster there.
     EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::q8_0, 8192), AttentionKernel::int_dot);
     EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::f16, 8192), AttentionKernel::tensor_core);
-    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q4_0, kAttentionMmaMinCells), AttentionKernel::mma);
-    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q4_0, kAttentionMmaMinCells - 1), AttentionKernel::int_dot);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q4_0, kAttentionMmaMinCellsQuantizedK), AttentionKernel::mma);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q4_0, kAttentionMmaMinCellsQuantizedK - 1),
+              AttentionKernel::int_dot);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::f16, 12288), AttentionKernel::mma);
+    EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::f16, 12288), AttentionKernel::tensor_core);
+    EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::q4_0, kAttentionMmaMinCells - 1), AttentionKernel::tensor_core);
+    EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::f16, kAttentionMmaMinCells), AttentionKernel::mma);
     EXPECT_EQ(attention_default_kernel(make_shape(14, 2, 64), KvType::q8_0, KvType::q8_0), AttentionKernel::tensor_core);
     EXPECT_EQ(attention_default_kernel(make_shape(16, 1, 128), KvType::q8_0, KvType::q8_0), AttentionKernel::tensor_core);
     // One wave of blocks at most (mma: <= 4 per SM, int_dot: <= 3), one split for one cell,
