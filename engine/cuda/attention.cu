@@ -981,9 +981,10 @@ bool attention_kernel_supports(AttentionKernel kernel, const AttentionShape& sha
 
 // SPILLWAY_ATTN_MMA_MIN_CELLS=N (lab): the range length from which the mma kernel is picked,
 // for every K type (A/B of the thresholds in the engine; docs/perf-notes.md, session 20).
-uint32_t attention_mma_min_cells(KvType k_type) {
+uint32_t attention_mma_min_cells(KvType k_type, KvType v_type) {
     static const uint32_t forced = lab_knob_uint("SPILLWAY_ATTN_MMA_MIN_CELLS", 0, 1u << 30);
     if (forced != 0) return forced;
+    if (k_type == KvType::q4_0 && v_type == KvType::q4_0) return kAttentionMmaMinCellsQ4;
     return k_type == KvType::f16 ? kAttentionMmaMinCells : kAttentionMmaMinCellsQuantizedK;
 }
 
@@ -991,7 +992,7 @@ AttentionKernel attention_default_kernel(const AttentionShape& shape, KvType k_t
                                          uint32_t n_cells) {
     // mma for long ranges wherever it applies (docs/perf-notes.md, "Decode attention,
     // session 10 — D1"), else int_dot for quantized K, else tensor_core.
-    if (n_cells >= attention_mma_min_cells(k_type) && attention_kernel_supports(AttentionKernel::mma, shape, k_type, v_type))
+    if (n_cells >= attention_mma_min_cells(k_type, v_type) && attention_kernel_supports(AttentionKernel::mma, shape, k_type, v_type))
         return AttentionKernel::mma;
     return attention_kernel_supports(AttentionKernel::int_dot, shape, k_type, v_type) ? AttentionKernel::int_dot
                                                                                       : AttentionKernel::tensor_core;

@@ -87,9 +87,11 @@ bool attention_kernel_supports(AttentionKernel kernel, const AttentionShape& sha
 // the fastest for every pair: docs/perf-notes.md). Quantized K switches earlier since the
 // mma kernel's Q load was fixed (session 20, engine tok/s int_dot -> mma: q8_0 / q4_0 at
 // 12288 cells 167.8 -> 171.7 / 171.9 -> 175.9, at 8192 176.9 -> 175.9 / 178.4 -> 178.8; f16
-// K at 8192 184.1 -> 177.7 stays on tensor_core below 16384).
+// K at 8192 184.1 -> 177.7 stays on tensor_core below 16384). q4_0 K with q4_0 V from 8192,
+// where the mma kernel runs two blocks per SM (attention_mma.cu; 8192 cells: 179.5 -> 184.7).
 constexpr uint32_t kAttentionMmaMinCells = 16384;
 constexpr uint32_t kAttentionMmaMinCellsQuantizedK = 12288;
+constexpr uint32_t kAttentionMmaMinCellsQ4 = 8192;
 
 // The kernel attention_partial_cuda uses for this shape, KV types and range length (a pure
 // function; the default n_cells asks for the choice at long context).

@@ -661,10 +661,21 @@ bool lab_whole_waves() {
     return on;
 }
 
+// Blocks per SM the splits are planned for: as many as fit, except q4_0 K and V up to 64k
+// cells, where half of them measured faster in the engine (its loop is instruction-bound, so
+// fewer warps lose little, and fewer splits shorten the merge): tok/s 4 -> 2 blocks, 8k 179.8
+// -> 184.7 (session 20), 32k 159.0-160.9 -> 165.8, 64k 145.4-145.7 -> 146.2, 128k 122.0-122.3
+// -> 119.4 (session 19).
+template <KvType KT, KvType VT>
+uint32_t planned_blocks_per_sm(uint32_t n_cells) {
+    if (KT == KvType::q4_0 && VT == KvType::q4_0 && n_cells <= 65536) return 2;
+    return (uint32_t)Layout<KT, VT>::blocks_per_sm;
+}
+
 template <KvType KT, KvType VT>
 Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     if (n_cells == 0) return {0, 0};
-    const uint32_t per_sm = lab_blocks_per_sm() > 0 ? lab_blocks_per_sm() : (uint32_t)Layout<KT, VT>::blocks_per_sm;
+    const uint32_t per_sm = lab_blocks_per_sm() > 0 ? lab_blocks_per_sm() : planned_blocks_per_sm<KT, VT>(n_cells);
     if (lab_whole_waves()) {
         // The per-SM timeline (session 19) showed 392 or 512 blocks on 396 or 528 slots; filling
         // them exactly moved the engine by under 1% (SM speed, not placement, sets the tail).
