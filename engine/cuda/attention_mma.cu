@@ -713,15 +713,9 @@ void configure_once() {
 // SPILLWAY_ATTN_Q_LOAD (lab): scalar (per-lane loads after the copies, as before session
 // 19), vec (per-lane 16-byte loads ahead of them) or coalesced (the default).
 uint32_t lab_q_load() {
-    static const uint32_t mode = [] {
-        const char* v = std::getenv("SPILLWAY_ATTN_Q_LOAD");
-        const std::string s = v == nullptr ? "" : v;
-        if (s.empty() || s == "coalesced") return 2u;
-        if (s == "vec") return 1u;
-        if (s == "scalar") return 0u;
-        fail("SPILLWAY_ATTN_Q_LOAD must be 'coalesced', 'vec' or 'scalar', got '" + s + "'");
-    }();
-    return mode;
+    // The index is Params::q_load's mode.
+    static const int mode = lab_knob_choice("SPILLWAY_ATTN_Q_LOAD", {"scalar", "vec", "coalesced"});
+    return mode < 0 ? 2u : (uint32_t)mode;
 }
 
 template <KvType KT, KvType VT>

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 
 #include "common/error.h"
@@ -31,6 +32,21 @@ inline uint32_t lab_knob_uint(const char* name, uint32_t default_value, uint32_t
     if (*end != '\0' || *e == '-' || v > max)
         fail(std::string(name) + ": expected 0.." + std::to_string(max) + ", got '" + e + "'");
     return (uint32_t)v;
+}
+
+// Which of `values` `name` is set to (its index); -1 when unset or empty (the caller's
+// default); any other value is an error that lists the choices.
+inline int lab_knob_choice(const char* name, std::initializer_list<const char*> values) {
+    const char* e = std::getenv(name);
+    if (e == nullptr || *e == '\0') return -1;
+    const std::string v(e);
+    int i = 0;
+    std::string choices;
+    for (const char* value : values) {
+        if (v == value) return i;
+        choices += (i++ > 0 ? ", '" : "'") + std::string(value) + "'";
+    }
+    fail(std::string(name) + " must be one of " + choices + ", got '" + v + "'");
 }
 
 }  // namespace spillway

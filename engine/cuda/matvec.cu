@@ -873,17 +873,12 @@ bool matvec_q8_0_q16x_splits_by_chunks(MatvecQ16xKernel kernel, uint32_t rows, u
 // (A/B of the variants inside the engine's chain; docs/perf-notes.md, session 17).
 std::optional<MatvecQ16xKernel> q16x_kernel_override() {
     static const std::optional<MatvecQ16xKernel> kernel = []() -> std::optional<MatvecQ16xKernel> {
-        const char* e = std::getenv("SPILLWAY_Q16X_KERNEL");
-        if (e == nullptr || *e == '\0') return std::nullopt;
-        const std::string v(e);
-        const std::pair<const char*, MatvecQ16xKernel> names[] = {
-            {"smem4", MatvecQ16xKernel::smem4},       {"smem8", MatvecQ16xKernel::smem8},
-            {"global4", MatvecQ16xKernel::global4},   {"smem4_r1", MatvecQ16xKernel::smem4_r1},
-            {"smem8_r1", MatvecQ16xKernel::smem8_r1}, {"smem4_s3", MatvecQ16xKernel::smem4_s3},
-            {"smem4_s4", MatvecQ16xKernel::smem4_s4}};
-        for (const auto& [name, k] : names)
-            if (v == name) return k;
-        fail("SPILLWAY_Q16X_KERNEL: unknown variant '" + v + "'");
+        // In MatvecQ16xKernel's order.
+        static_assert((int)MatvecQ16xKernel::smem4_s4 == 6, "the names below follow the enum");
+        const int i = lab_knob_choice("SPILLWAY_Q16X_KERNEL",
+                                      {"smem4", "smem8", "global4", "smem4_r1", "smem8_r1", "smem4_s3", "smem4_s4"});
+        if (i < 0) return std::nullopt;
+        return (MatvecQ16xKernel)i;
     }();
     return kernel;
 }

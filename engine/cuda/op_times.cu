@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/lab_knob.h"
 
 namespace spillway {
 namespace {
@@ -61,14 +62,7 @@ OpTimes& op_times() {
 // 1: events only; 2: also wait for the stream at every mark (each op timed alone, without
 // overlap with its neighbours: the difference to 1 is what running together costs or saves).
 int op_times_mode() {
-    static const int mode = [] {
-        const char* e = std::getenv("SPILLWAY_OP_TIMES");
-        if (e == nullptr) return 0;
-        const std::string v(e);
-        if (v.empty() || v == "0") return 0;
-        if (v == "1" || v == "2") return v == "1" ? 1 : 2;
-        fail("SPILLWAY_OP_TIMES must be 0, 1 or 2, got '" + v + "'");
-    }();
+    static const int mode = std::max(0, lab_knob_choice("SPILLWAY_OP_TIMES", {"0", "1", "2"}));
     return mode;
 }
 

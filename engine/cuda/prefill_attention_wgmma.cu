@@ -444,12 +444,11 @@ bool prefill_attention_wgmma_cuda(const AttentionShape& shape, const float* q, K
     // measure. (Two 128-cell score sets do not fit the registers: there is no pipelined128.)
     if (schedule == WgmmaSchedule::automatic) {
         static const WgmmaSchedule configured = [] {
-            const char* e = std::getenv("SPILLWAY_WGMMA_SCHEDULE");
-            const std::string v = e ? e : "";
-            if (v.empty() || v == "skew128") return WgmmaSchedule::skew128;
-            if (v == "skew") return WgmmaSchedule::skew;
-            if (v == "pipelined") return WgmmaSchedule::pipelined;
-            fail("SPILLWAY_WGMMA_SCHEDULE must be 'pipelined', 'skew' or 'skew128', got '" + v + "'");
+            switch (lab_knob_choice("SPILLWAY_WGMMA_SCHEDULE", {"skew128", "skew", "pipelined"})) {
+                case 1: return WgmmaSchedule::skew;
+                case 2: return WgmmaSchedule::pipelined;
+                default: return WgmmaSchedule::skew128;
+            }
         }();
         schedule = configured;
     }

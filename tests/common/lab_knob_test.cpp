@@ -38,5 +38,27 @@ TEST(LabKnob, UnknownValueNamesTheKnobAndBothValues) {
     ::unsetenv(kName);
 }
 
+TEST(LabKnob, ChoiceIsTheValuesIndexOrMinusOneWhenUnset) {
+    ::unsetenv(kName);
+    EXPECT_EQ(lab_knob_choice(kName, {"scalar", "vec", "coalesced"}), -1);
+    ::setenv(kName, "", 1);
+    EXPECT_EQ(lab_knob_choice(kName, {"scalar", "vec", "coalesced"}), -1);
+    ::setenv(kName, "scalar", 1);
+    EXPECT_EQ(lab_knob_choice(kName, {"scalar", "vec", "coalesced"}), 0);
+    ::setenv(kName, "coalesced", 1);
+    EXPECT_EQ(lab_knob_choice(kName, {"scalar", "vec", "coalesced"}), 2);
+    ::setenv(kName, "Vec", 1);
+    try {
+        lab_knob_choice(kName, {"scalar", "vec", "coalesced"});
+        FAIL() << "an unknown value was accepted";
+    } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find(kName), std::string::npos) << m;
+        EXPECT_NE(m.find("'scalar', 'vec', 'coalesced'"), std::string::npos) << m;
+        EXPECT_NE(m.find("'Vec'"), std::string::npos) << m;
+    }
+    ::unsetenv(kName);
+}
+
 }  // namespace
 }  // namespace spillway
