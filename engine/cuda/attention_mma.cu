@@ -36,6 +36,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
@@ -299,64 +300,102 @@ __device__ __forceinline__ void k_fragment(const KWords<KT>& k, int kt, uint32_t
     }
 }
 
-// Dims 16g .. 16g+15 of one cell's V slice as raw words (f16: 8 words of 2 values;
-// quantized: 4 words of 4 unsigned codes, u = q + 128 or q + 8) and the block scale.
-template <KvType VT>
-struct VWords {
-    static constexpr int kN = VT == KvType::f16 ? 8 : 4;
-    uint32_t w[kN];
-    __half scale;
+// f16 V: dims 16g .. 16g+15 of one cell's slice as 8 words of 2 values.
+struct VWordsF16 {
+    uint32_t w[8];
 };
 
-template <KvType VT>
-__device__ __forceinline__ VWords<VT> v_words(const uint8_t* base16, uint32_t off, uint32_t g, bool valid) {
-    VWords<VT> r;
-    if constexpr (VT == KvType::f16) {
-        const uint4* p = reinterpret_cast<const uint4*>(base16 + off + 32 * g);
-        const uint4 a = p[0], b = p[1];
-        r.w[0] = a.x, r.w[1] = a.y, r.w[2] = a.z, r.w[3] = a.w, r.w[4] = b.x, r.w[5] = b.y, r.w[6] = b.z, r.w[7] = b.w;
-        if (!valid)  // stale ring bytes may be NaN; 0 * NaN would poison the product
+__device__ __forceinline__ VWordsF16 v_words_f16(const uint8_t* base16, uint32_t off, uint32_t g, bool valid) {
+    VWordsF16 r;
+    const uint4* p = reinterpret_cast<const uint4*>(base16 + off + 32 * g);
+    const uint4 a = p[0], b = p[1];
+    r.w[0] = a.x, r.w[1] = a.y, r.w[2] = a.z, r.w[3] = a.w, r.w[4] = b.x, r.w[5] = b.y, r.w[6] = b.z, r.w[7] = b.w;
+    if (!valid)  // stale ring bytes may be NaN; 0 * NaN would poison the product
 #pragma unroll
-            for (int i = 0; i < 8; ++i) r.w[i] = 0;
-        r.scale = __float2half(1.0f);
-    } else if constexpr (VT == KvType::q8_0) {
-        const uint32_t blk = off + 34 * (g / 2);
-        lds_words<4>(base16, blk + 2 + 16 * (g % 2), r.w);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) r.w[i] ^= 0x80808080u;
-        // Codes are always finite; a zero scale silences invalid cells.
-        r.scale = valid ? *reinterpret_cast<const __half*>(base16 + blk) : __float2half(0.0f);
-    } else {
-        const uint32_t blk = off + 18 * (g / 2);
-        lds_words<4>(base16, blk + 2, r.w);
-        const uint32_t sh = 4 * (g % 2);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) r.w[i] = (r.w[i] >> sh) & 0x0F0F0F0Fu;
-        r.scale = valid ? *reinterpret_cast<const __half*>(base16 + blk) : __float2half(0.0f);
-    }
+        for (int i = 0; i < 8; ++i) r.w[i] = 0;
     return r;
 }
 
-// Operands half2(V[a][dim], V[b][dim]) for a pair of cells (a, b) and dims
-// 16g + 4part + 0..3, in dim order.
-template <KvType VT>
-__device__ __forceinline__ void v_pair_fragments(const VWords<VT>& a, const VWords<VT>& b, int part,
-                                                 uint32_t (&out)[4]) {
-    if constexpr (VT == KvType::f16) {
+// Operands half2(V[a][dim], V[b][dim]) for a pair of cells (a, b) and dims 16g + 4part +
+// 0..3, in dim order (f16 V).
+__device__ __forceinline__ void v_pair_fragments_f16(const VWordsF16& a, const VWordsF16& b, int part,
+                                                     uint32_t (&out)[4]) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            out[2 * h] = __byte_perm(a.w[2 * part + h], b.w[2 * part + h], 0x5410);
-            out[2 * h + 1] = __byte_perm(a.w[2 * part + h], b.w[2 * part + h], 0x7632);
-        }
+    for (int h = 0; h < 2; ++h) {
+        out[2 * h] = __byte_perm(a.w[2 * part + h], b.w[2 * part + h], 0x5410);
+        out[2 * h + 1] = __byte_perm(a.w[2 * part + h], b.w[2 * part + h], 0x7632);
+    }
+}
+
+// Quantized V: the block scale goes into P instead of into every value. PV's m-tile 2b + h
+// holds dims 32b + 16h + 2g (row g) and +1 (row g + 8) of V block b, so one tile has one
+// scale per cell and B = P^T * d[cell][b] (one f16 rounding of p * d, where the dequantizing
+// path rounded d * q once). The codes become f16 with one byte permute and one LOP3 each
+// pair of values, exactly: q8_0 byte x ^ 0x80 = q + 128 under 0x64 (1024 + q + 128); q4_0
+// low nibble under 0x64 (1024 + u), high nibble in bits 4..7 under 0x54 (64 + u, the
+// exponent's unit being 1/16), minus the bias (HSUB2, exact). Per 16-cell warp step this
+// replaces ~190 (q4_0) / ~207 (q8_0) instructions of funnel-shifted word loads, nibble
+// shifts, interleaving permutes and a multiply per value pair by ~135 / ~170 (counted on
+// the SASS of session 20's build).
+template <KvType VT>
+__host__ __device__ constexpr uint32_t v_tile_dim(int mt, uint32_t g) {
+    if constexpr (VT == KvType::f16) return 16 * g + 2 * (uint32_t)mt;
+    else return 32 * ((uint32_t)mt / 2) + 16 * ((uint32_t)mt % 2) + 2 * g;
+}
+
+__device__ __forceinline__ uint32_t lds_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+
+// (x & mask) | magic (q4_0 nibbles) or (x & mask) ^ magic (q8_0 bytes, the xor flipping the
+// sign bit into q + 128 below 0x64): one LOP3 each.
+template <KvType VT, bool kHigh>
+__device__ __forceinline__ uint32_t v_codes_to_h2(uint32_t x) {
+    if constexpr (VT == KvType::q8_0) return (x & 0x00FF00FFu) ^ 0x64806480u;
+    else if constexpr (kHigh) return (x & 0x00F000F0u) | 0x54005400u;
+    else return (x & 0x000F000Fu) | 0x64006400u;
+}
+
+// O^T += V^T (P^T d) for V block b: tiles 2b and 2b + 1. off[i] = slice offsets of cells 2t,
+// 2t + 1, 2t + 8, 2t + 9 in the stage; pb = P^T for cells (2t, 2t+1) and (2t+8, 2t+9).
+template <KvType VT>
+__device__ __forceinline__ void pv_quantized_block(const uint8_t* sv, const uint32_t (&off)[4], int b, uint32_t g,
+                                                   uint32_t valid, uint32_t t, uint32_t pb0, uint32_t pb1,
+                                                   float (&acc)[8][4]) {
+    constexpr uint32_t kBlock = VT == KvType::q8_0 ? 34 : 18;
+    __half d[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d[i] = *reinterpret_cast<const __half*>(sv + off[i] + kBlock * b);
+    if (valid < (uint32_t)kStep) {  // stale ring bytes may hold an infinite scale (0 * inf)
+        const uint32_t c[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            if (c[i] >= valid) d[i] = __float2half(0.0f);
+    }
+    const uint32_t b0 = h2_bits(__hmul2(bits_h2(pb0), __halves2half2(d[0], d[1])));
+    const uint32_t b1 = h2_bits(__hmul2(bits_h2(pb1), __halves2half2(d[2], d[3])));
+    // Rows g and g + 8 of a tile are adjacent code bytes (2g, 2g + 1): one 16-bit load per cell
+    // and tile gives both; the permutes put cell a's and cell b's byte of a row side by side
+    // in 16-bit lanes (x: row g, y: row g + 8).
+    auto tile = [&](int mt, uint32_t code_off, auto high) {
+        constexpr bool kHigh = decltype(high)::value;
+        uint32_t c[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[i] = lds_u16(sv + off[i] + code_off);
+        const uint32_t xa = __byte_perm(c[0], c[1], 0x5410), ya = __byte_perm(c[0], c[1], 0x4501);
+        const uint32_t xb = __byte_perm(c[2], c[3], 0x5410), yb = __byte_perm(c[2], c[3], 0x4501);
+        const __half2 bias = __float2half2_rn(VT == KvType::q8_0 ? 1024.0f + 128.0f : kHigh ? 64.0f + 8.0f : 1024.0f + 8.0f);
+        auto h = [&](uint32_t x) { return h2_bits(__hsub2(bits_h2(v_codes_to_h2<VT, kHigh>(x)), bias)); };
+        mma16816(acc[mt], h(xa), h(ya), h(xb), h(yb), b0, b1);
+    };
+    using Lo = std::integral_constant<bool, false>;
+    using Hi = std::integral_constant<bool, true>;
+    if constexpr (VT == KvType::q8_0) {
+        tile(2 * b, kBlock * b + 2 + 2 * g, Lo{});
+        tile(2 * b + 1, kBlock * b + 2 + 16 + 2 * g, Lo{});
     } else {
-        const __half2 bias = __float2half2_rn(VT == KvType::q8_0 ? 1024.0f + 128.0f : 1024.0f + 8.0f);
-        const __half2 scale = __halves2half2(a.scale, b.scale);
-        const uint32_t x0 = __byte_perm(a.w[part], b.w[part], 0x5140);  // a0 b0 a1 b1
-        const uint32_t x1 = __byte_perm(a.w[part], b.w[part], 0x7362);  // a2 b2 a3 b3
-        out[0] = bytes_to_h2<0x4140>(x0, bias, scale);
-        out[1] = bytes_to_h2<0x4342>(x0, bias, scale);
-        out[2] = bytes_to_h2<0x4140>(x1, bias, scale);
-        out[3] = bytes_to_h2<0x4342>(x1, bias, scale);
+        // q4_0: dims 0..15 of a block are the low nibbles of qs[0..15], 16..31 the high ones,
+        // so both tiles read the same two bytes.
+        tile(2 * b, kBlock * b + 2 + 2 * g, Lo{});
+        tile(2 * b + 1, kBlock * b + 2 + 2 * g, Hi{});
     }
 }
 
@@ -570,24 +609,30 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
         // 2t+8, 2t+9; n = head g).
         const uint32_t pb0 = transpose8x8(pack_h2(e[0], e[1])), pb1 = transpose8x8(pack_h2(e[2], e[3]));
 
-        // O^T[dim][head] += V^T P^T: A rows = dims (m-tile mt: 16g + 2mt and +1), k = cells.
+        // O^T[dim][head] += V^T P^T: A rows = dims (v_tile_dim), k = cells.
         {
             auto v_slice = [&](uint32_t c) {
                 if constexpr (kUniform) return c * L::kWinV + v_head16;
                 else return c * L::kWinV + (((first + c) * v_row16 + v_head16) & 15);
             };
             const uint32_t c0 = 2 * t;
-            const VWords<VT> w0 = v_words<VT>(sv, v_slice(c0), g, c0 < valid);
-            const VWords<VT> w1 = v_words<VT>(sv, v_slice(c0 + 1), g, c0 + 1 < valid);
-            const VWords<VT> w2 = v_words<VT>(sv, v_slice(c0 + 8), g, c0 + 8 < valid);
-            const VWords<VT> w3 = v_words<VT>(sv, v_slice(c0 + 9), g, c0 + 9 < valid);
+            if constexpr (VT == KvType::f16) {
+                const VWordsF16 w0 = v_words_f16(sv, v_slice(c0), g, c0 < valid);
+                const VWordsF16 w1 = v_words_f16(sv, v_slice(c0 + 1), g, c0 + 1 < valid);
+                const VWordsF16 w2 = v_words_f16(sv, v_slice(c0 + 8), g, c0 + 8 < valid);
+                const VWordsF16 w3 = v_words_f16(sv, v_slice(c0 + 9), g, c0 + 9 < valid);
 #pragma unroll
-            for (int part = 0; part < 4; ++part) {
-                uint32_t lo[4], hi[4];  // dims 16g + 4part + 0..3; cells (2t, 2t+1) and (2t+8, 2t+9)
-                v_pair_fragments<VT>(w0, w1, part, lo);
-                v_pair_fragments<VT>(w2, w3, part, hi);
-                mma16816(acc[2 * part], lo[0], lo[1], hi[0], hi[1], pb0, pb1);
-                mma16816(acc[2 * part + 1], lo[2], lo[3], hi[2], hi[3], pb0, pb1);
+                for (int part = 0; part < 4; ++part) {
+                    uint32_t lo[4], hi[4];  // dims 16g + 4part + 0..3; cells (2t, 2t+1) and (2t+8, 2t+9)
+                    v_pair_fragments_f16(w0, w1, part, lo);
+                    v_pair_fragments_f16(w2, w3, part, hi);
+                    mma16816(acc[2 * part], lo[0], lo[1], hi[0], hi[1], pb0, pb1);
+                    mma16816(acc[2 * part + 1], lo[2], lo[3], hi[2], hi[3], pb0, pb1);
+                }
+            } else {
+                const uint32_t off[4] = {v_slice(c0), v_slice(c0 + 1), v_slice(c0 + 8), v_slice(c0 + 9)};
+#pragma unroll
+                for (int b = 0; b < 4; ++b) pv_quantized_block<VT>(sv, off, b, g, valid, t, pb0, pb1, acc);
             }
         }
         __syncwarp();  // this stage is refilled by the next step's issue
@@ -615,7 +660,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
         }
 #pragma unroll
         for (int mt = 0; mt < 8; ++mt) {
-            const uint32_t d = 16 * g + 2 * mt;
+            const uint32_t d = v_tile_dim<VT>(mt, g);
             aw[(2 * t) * kD + d] = acc[mt][0];
             aw[(2 * t + 1) * kD + d] = acc[mt][1];
             aw[(2 * t) * kD + d + 1] = acc[mt][2];
