@@ -330,10 +330,9 @@ __device__ __forceinline__ void v_pair_fragments_f16(const VWordsF16& a, const V
 // Quantized V: the block scale goes into P instead of into every value. PV's m-tile 2b + h
 // holds dims 32b + 16h + 2g (row g) and +1 (row g + 8) of V block b, so one tile has one
 // scale per cell and B = P^T * d[cell][b] (one f16 rounding of p * d, where the dequantizing
-// path rounded d * q once). The codes become f16 with one byte permute and one LOP3 each
-// pair of values, exactly: q8_0 byte x ^ 0x80 = q + 128 under 0x64 (1024 + q + 128); q4_0
-// low nibble under 0x64 (1024 + u), high nibble in bits 4..7 under 0x54 (64 + u, the
-// exponent's unit being 1/16), minus the bias (HSUB2, exact). Per 16-cell warp step this
+// path rounded d * q once). The codes become f16 exactly, minus the bias (HSUB2, exact):
+// q8_0 byte x ^ 0x80 = q + 128 under 0x64 (1024 + q + 128); q4_0 low nibble under 0x64
+// (1024 + u), high nibble in bits 4..7 under 0x54 (64 + u, the exponent's unit being 1/16). Per 16-cell warp step this
 // replaces ~190 (q4_0) / ~207 (q8_0) instructions of funnel-shifted word loads, nibble
 // shifts, interleaving permutes and a multiply per value pair by ~135 / ~170 (counted on
 // the SASS of session 20's build).
@@ -345,13 +344,15 @@ __host__ __device__ constexpr uint32_t v_tile_dim(int mt, uint32_t g) {
 
 __device__ __forceinline__ uint32_t lds_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
 
-// (x & mask) | magic (q4_0 nibbles) or (x & mask) ^ magic (q8_0 bytes, the xor flipping the
-// sign bit into q + 128 below 0x64): one LOP3 each.
+// q4_0: the nibbles of bytes 0 and 2 under the exponent byte, (x & mask) | magic, as one
+// LOP3 with the magic in a register (written in C, ptxas split it into two instructions).
 template <KvType VT, bool kHigh>
-__device__ __forceinline__ uint32_t v_codes_to_h2(uint32_t x) {
-    if constexpr (VT == KvType::q8_0) return (x & 0x00FF00FFu) ^ 0x64806480u;
-    else if constexpr (kHigh) return (x & 0x00F000F0u) | 0x54005400u;
-    else return (x & 0x000F000Fu) | 0x64006400u;
+__device__ __forceinline__ uint32_t v_codes_to_h2(uint32_t x, uint32_t magic) {
+    static_assert(VT == KvType::q4_0, "q8_0 codes go through byte permutes");
+    uint32_t y;
+    // LUT for (a & b) | c with a = 0xF0, b = 0xCC, c = 0xAA: 0xEA.
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(y) : "r"(x), "n"(kHigh ? 0x00F000F0 : 0x000F000F), "r"(magic));
+    return y;
 }
 
 // O^T += V^T (P^T d) for V block b: tiles 2b and 2b + 1. off[i] = slice offsets of cells 2t,
@@ -359,7 +360,7 @@ __device__ __forceinline__ uint32_t v_codes_to_h2(uint32_t x) {
 template <KvType VT>
 __device__ __forceinline__ void pv_quantized_block(const uint8_t* sv, const uint32_t (&off)[4], int b, uint32_t g,
                                                    uint32_t valid, uint32_t t, uint32_t pb0, uint32_t pb1,
-                                                   float (&acc)[8][4]) {
+                                                   const uint32_t (&magic_pair)[2], float (&acc)[8][4]) {
     constexpr uint32_t kBlock = VT == KvType::q8_0 ? 34 : 18;
     __half d[4];
 #pragma unroll
@@ -377,14 +378,26 @@ __device__ __forceinline__ void pv_quantized_block(const uint8_t* sv, const uint
     // in 16-bit lanes (x: row g, y: row g + 8).
     auto tile = [&](int mt, uint32_t code_off, auto high) {
         constexpr bool kHigh = decltype(high)::value;
+        [[maybe_unused]] const uint32_t magic = magic_pair[kHigh ? 1 : 0];
         uint32_t c[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) c[i] = lds_u16(sv + off[i] + code_off);
-        const uint32_t xa = __byte_perm(c[0], c[1], 0x5410), ya = __byte_perm(c[0], c[1], 0x4501);
-        const uint32_t xb = __byte_perm(c[2], c[3], 0x5410), yb = __byte_perm(c[2], c[3], 0x4501);
         const __half2 bias = __float2half2_rn(VT == KvType::q8_0 ? 1024.0f + 128.0f : kHigh ? 64.0f + 8.0f : 1024.0f + 8.0f);
-        auto h = [&](uint32_t x) { return h2_bits(__hsub2(bits_h2(v_codes_to_h2<VT, kHigh>(x)), bias)); };
-        mma16816(acc[mt], h(xa), h(ya), h(xb), h(yb), b0, b1);
+        auto minus_bias = [&](uint32_t x) { return h2_bits(__hsub2(bits_h2(x), bias)); };
+        if constexpr (VT == KvType::q8_0) {
+            // Bytes (row g, row g + 8) of cells a and b side by side, sign bits flipped (q + 128),
+            // then each row's pair under 0x64 by a permute: 3 instructions per value pair.
+            const uint32_t xa = __byte_perm(c[0], c[1], 0x5410) ^ 0x80808080u;
+            const uint32_t xb = __byte_perm(c[2], c[3], 0x5410) ^ 0x80808080u;
+            mma16816(acc[mt], minus_bias(__byte_perm(xa, 0x64646464u, 0x4240)),
+                     minus_bias(__byte_perm(xa, 0x64646464u, 0x4341)), minus_bias(__byte_perm(xb, 0x64646464u, 0x4240)),
+                     minus_bias(__byte_perm(xb, 0x64646464u, 0x4341)), b0, b1);
+        } else {
+            const uint32_t xa = __byte_perm(c[0], c[1], 0x5410), ya = __byte_perm(c[0], c[1], 0x4501);
+            const uint32_t xb = __byte_perm(c[2], c[3], 0x5410), yb = __byte_perm(c[2], c[3], 0x4501);
+            auto h = [&](uint32_t x) { return minus_bias(v_codes_to_h2<VT, kHigh>(x, magic)); };
+            mma16816(acc[mt], h(xa), h(ya), h(xb), h(yb), b0, b1);
+        }
     };
     using Lo = std::integral_constant<bool, false>;
     using Hi = std::integral_constant<bool, true>;
@@ -540,6 +553,10 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     float acc[8][4];
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
+    // q4_0 V's exponent bytes (low nibbles, high nibbles), kept in registers for one-LOP3 codes.
+    uint32_t q4_magic[2];
+    asm volatile("mov.b32 %0, 0x64006400;\n" : "=r"(q4_magic[0]));
+    asm volatile("mov.b32 %0, 0x54005400;\n" : "=r"(q4_magic[1]));
 
     for (uint32_t i = 0; warp + kWarps * i < n_chunks; ++i) {
         issue(i + L::kStages - 1);
@@ -632,7 +649,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
             } else {
                 const uint32_t off[4] = {v_slice(c0), v_slice(c0 + 1), v_slice(c0 + 8), v_slice(c0 + 9)};
 #pragma unroll
-                for (int b = 0; b < 4; ++b) pv_quantized_block<VT>(sv, off, b, g, valid, t, pb0, pb1, acc);
+                for (int b = 0; b < 4; ++b) pv_quantized_block<VT>(sv, off, b, g, valid, t, pb0, pb1, q4_magic, acc);
             }
         }
         __syncwarp();  // this stage is refilled by the next step's issue
