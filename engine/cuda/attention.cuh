@@ -87,11 +87,16 @@ bool attention_kernel_supports(AttentionKernel kernel, const AttentionShape& sha
 // the fastest for every pair: docs/perf-notes.md). Quantized K switches earlier since the
 // mma kernel's Q load was fixed (session 20, engine tok/s int_dot -> mma: q8_0 / q4_0 at
 // 12288 cells 167.8 -> 171.7 / 171.9 -> 175.9, at 8192 176.9 -> 175.9 / 178.4 -> 178.8; f16
-// K at 8192 184.1 -> 177.7 stays on tensor_core below 16384). q4_0 K with q4_0 V from 8192,
-// where the mma kernel runs two blocks per SM (attention_mma.cu; 8192 cells: 179.5 -> 184.7).
+// K at 8192 184.1 -> 177.7 stays on tensor_core below 16384). Since the mma kernel's
+// quantized V puts the block scale into P (session 21) it wins at shorter ranges still:
+// quantized K with q4_0 V from 2048 cells (q4_0 / q4_0 at 2048 / 4096 / 6144: 191.4 / 188.2 /
+// 183.3 -> 195.0 / 192.1 / 189.9 tok/s; q8_0 / q4_0 186.1 / 181.5 / 180.9 -> 193.7 / 188.6 /
+// 186.0), with q8_0 V from 6144 (q8_0 / q8_0 at 4096 / 6144 / 8192 / 10240: 187.0 / 180.2 /
+// 177.2 / 171.3 -> 186.4 / 183.5 / 180.8 / 178.4), with f16 V (unchanged path) from 12288.
 constexpr uint32_t kAttentionMmaMinCells = 16384;
 constexpr uint32_t kAttentionMmaMinCellsQuantizedK = 12288;
-constexpr uint32_t kAttentionMmaMinCellsQ4 = 8192;
+constexpr uint32_t kAttentionMmaMinCellsQ8V = 6144;
+constexpr uint32_t kAttentionMmaMinCellsQ4V = 2048;
 
 // The kernel attention_partial_cuda uses for this shape, KV types and range length (a pure
 // function; the default n_cells asks for the choice at long context).

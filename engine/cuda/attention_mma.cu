@@ -723,14 +723,15 @@ bool lab_whole_waves() {
     return on;
 }
 
-// Blocks per SM the splits are planned for: as many as fit, except q4_0 K and V up to 64k
-// cells, where half of them measured faster in the engine (its loop is instruction-bound, so
-// fewer warps lose little, and fewer splits shorten the merge): tok/s 4 -> 2 blocks, 8k 179.8
-// -> 184.7 (session 20), 32k 159.0-160.9 -> 165.8, 64k 145.4-145.7 -> 146.2, 128k 122.0-122.3
-// -> 119.4 (session 19).
+// Blocks per SM the splits are planned for: as many as fit, except quantized K with q4_0 V up
+// to 16384 cells, where half of them measured faster in the engine (fewer splits shorten the
+// merge). Session 20 (before V's scale went into P) had q4_0 / q4_0 at 2 blocks up to 64k;
+// re-measured in session 21 (tok/s, 2 -> 4 blocks): q4_0 / q4_0 8k 187.9 -> 185.9, 16k 180.3 ->
+// 180.1, 32k 167.4 -> 170.0; q8_0 / q4_0 8k 185.3 -> 183.8, 16k 177.1 -> 177.3; q8_0 / q8_0 8k
+// 178.4 -> 180.8, 16k 167.2 -> 172.5 (so q8_0 V keeps every block).
 template <KvType KT, KvType VT>
 uint32_t planned_blocks_per_sm(uint32_t n_cells) {
-    if (KT == KvType::q4_0 && VT == KvType::q4_0 && n_cells <= 65536) return 2;
+    if (KT != KvType::f16 && VT == KvType::q4_0 && n_cells <= 16384) return 2;
     return (uint32_t)Layout<KT, VT>::blocks_per_sm;
 }
 

@@ -357,20 +357,24 @@ TEST(CudaAttention, DefaultKernelChoice) {
     EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::q8_0), AttentionKernel::mma);
     EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::f16, 65536), AttentionKernel::mma);
     // Short ranges keep the kernels measured faster there.
-    EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::q8_0, 8192), AttentionKernel::int_dot);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::q8_0, 4096), AttentionKernel::int_dot);
     EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::f16, 8192), AttentionKernel::tensor_core);
-    EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::q8_0, kAttentionMmaMinCellsQuantizedK), AttentionKernel::mma);
-    EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::q8_0, kAttentionMmaMinCellsQuantizedK - 1),
-              AttentionKernel::int_dot);
-    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q4_0, kAttentionMmaMinCellsQ4), AttentionKernel::mma);
-    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q4_0, kAttentionMmaMinCellsQ4 - 1), AttentionKernel::int_dot);
-    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q8_0, kAttentionMmaMinCellsQ4), AttentionKernel::int_dot);
-    // q4_0 / q4_0 plans half the blocks up to 64k cells, the other pairs all that fit.
-    EXPECT_LE(attention_split_count(AttentionKernel::mma, s, KvType::q4_0, KvType::q4_0, 65536, 132) * s.n_head_kv,
+    EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::q8_0, kAttentionMmaMinCellsQ8V), AttentionKernel::mma);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::q8_0, kAttentionMmaMinCellsQ8V - 1), AttentionKernel::int_dot);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q4_0, kAttentionMmaMinCellsQ4V), AttentionKernel::mma);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::q4_0, kAttentionMmaMinCellsQ4V), AttentionKernel::mma);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q4_0, kAttentionMmaMinCellsQ4V - 1), AttentionKernel::int_dot);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q8_0, kAttentionMmaMinCellsQ4V), AttentionKernel::int_dot);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::f16, kAttentionMmaMinCellsQ8V), AttentionKernel::int_dot);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::f16, kAttentionMmaMinCellsQuantizedK), AttentionKernel::mma);
+    // Quantized K with q4_0 V plans half the blocks up to 16k cells, the other pairs all that fit.
+    EXPECT_LE(attention_split_count(AttentionKernel::mma, s, KvType::q4_0, KvType::q4_0, 16384, 132) * s.n_head_kv,
               2u * 132 + s.n_head_kv);
-    EXPECT_GT(attention_split_count(AttentionKernel::mma, s, KvType::q4_0, KvType::q4_0, 65537, 132) * s.n_head_kv,
+    EXPECT_LE(attention_split_count(AttentionKernel::mma, s, KvType::q8_0, KvType::q4_0, 16384, 132) * s.n_head_kv,
               2u * 132 + s.n_head_kv);
-    EXPECT_GT(attention_split_count(AttentionKernel::mma, s, KvType::q8_0, KvType::q4_0, 65536, 132) * s.n_head_kv,
+    EXPECT_GT(attention_split_count(AttentionKernel::mma, s, KvType::q4_0, KvType::q4_0, 16385, 132) * s.n_head_kv,
+              2u * 132 + s.n_head_kv);
+    EXPECT_GT(attention_split_count(AttentionKernel::mma, s, KvType::q8_0, KvType::q8_0, 16384, 132) * s.n_head_kv,
               2u * 132 + s.n_head_kv);
     EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::f16, 12288), AttentionKernel::mma);
     EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::f16, 12288), AttentionKernel::tensor_core);
