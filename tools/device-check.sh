@@ -137,13 +137,13 @@ if [ -z "$bench_only" ]; then
         -ctk f16,q8_0,q4_0 -ctv f16,q8_0,q4_0 >"$out/engine-ab-fast-copy-${knob%%=*}.log" 2>&1
       echo "engine A/B $knob rc=$?: $(grep -E '^\| (f16|q)' "$out/engine-ab-fast-copy-${knob%%=*}.log" | awk -F'|' '{printf "%s d=%s %s tok/s  ", $2, $5, $6}')"
     done
-    # The quantized decode attention's kernel by range length (session 20): mma from 8192 cells
-    # for q4_0 / q4_0 (2 blocks per SM up to 64k cells) and from 12288 for q8_0 K, against the
-    # choice before (mma from 16384 cells, every resident block).
+    # The quantized decode attention's kernel by range length (sessions 20-21): mma from 2048
+    # cells for quantized K with q4_0 V (2 blocks per SM up to 16k cells) and from 6144 with
+    # q8_0 V, against mma from 16384 cells with every resident block.
     for knob in default "SPILLWAY_ATTN_MMA_MIN_CELLS=16384 SPILLWAY_ATTN_MMA_BLOCKS=4"; do
       if [ "$knob" = default ]; then knob_env=(); else read -ra knob_env <<<"$knob"; fi
-      env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 8192,12288,32768 \
-        -ctk q8_0,q4_0 -ctv q8_0,q4_0 >"$out/engine-ab-mma-range.log" 2>&1
+      env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 4096,8192,32768 \
+        -ctk q8_0,q4_0,q8_0 -ctv q8_0,q4_0,q4_0 >"$out/engine-ab-mma-range.log" 2>&1
       echo "engine A/B $knob rc=$?: $(grep -E '^\| q' "$out/engine-ab-mma-range.log" | awk -F'|' '{printf "%s d=%s %s tok/s  ", $2, $5, $6}')"
     done
     # Where the decode attention's time goes inside the engine (lab timeline per layer, session
