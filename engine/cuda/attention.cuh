@@ -97,6 +97,9 @@ constexpr uint32_t kAttentionMmaMinCells = 16384;
 constexpr uint32_t kAttentionMmaMinCellsQuantizedK = 12288;
 constexpr uint32_t kAttentionMmaMinCellsQ8V = 6144;
 constexpr uint32_t kAttentionMmaMinCellsQ4V = 2048;
+// f16 K with quantized V from 8192 (tok/s at 8192 / 12288, tensor_core -> mma: f16 / q4_0 179.1 /
+// 170.7 -> 180.6 / 177.0; f16 / q8_0 179.5 / 170.0 -> 178.1 / 173.1, one threshold for both).
+constexpr uint32_t kAttentionMmaMinCellsF16KQuantizedV = 8192;
 
 // The kernel attention_partial_cuda uses for this shape, KV types and range length (a pure
 // function; the default n_cells asks for the choice at long context).

@@ -378,7 +378,11 @@ TEST(CudaAttention, DefaultKernelChoice) {
               2u * 132 + s.n_head_kv);
     EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::f16, 12288), AttentionKernel::mma);
     EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::f16, 12288), AttentionKernel::tensor_core);
-    EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::q4_0, kAttentionMmaMinCells - 1), AttentionKernel::tensor_core);
+    EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::q4_0, kAttentionMmaMinCellsF16KQuantizedV - 1),
+              AttentionKernel::tensor_core);
+    EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::q8_0, kAttentionMmaMinCellsF16KQuantizedV), AttentionKernel::mma);
+    EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::f16, kAttentionMmaMinCellsF16KQuantizedV),
+              AttentionKernel::tensor_core);
     EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::f16, kAttentionMmaMinCells), AttentionKernel::mma);
     EXPECT_EQ(attention_default_kernel(make_shape(14, 2, 64), KvType::q8_0, KvType::q8_0), AttentionKernel::tensor_core);
     EXPECT_EQ(attention_default_kernel(make_shape(16, 1, 128), KvType::q8_0, KvType::q8_0), AttentionKernel::tensor_core);
