@@ -986,7 +986,7 @@ uint32_t attention_mma_min_cells(KvType k_type, KvType v_type) {
     if (forced != 0) return forced;
     if (k_type == KvType::f16) return v_type == KvType::f16 ? kAttentionMmaMinCells : kAttentionMmaMinCellsF16KQuantizedV;
     if (v_type == KvType::q4_0) return kAttentionMmaMinCellsQ4V;
-    return v_type == KvType::q8_0 ? kAttentionMmaMinCellsQ8V : kAttentionMmaMinCellsQuantizedK;
+    return v_type == KvType::q8_0 ? kAttentionMmaMinCellsQ8V : kAttentionMmaMinCellsQuantizedKF16V;
 }
 
 AttentionKernel attention_default_kernel(const AttentionShape& shape, KvType k_type, KvType v_type,

@@ -94,7 +94,7 @@ bool attention_kernel_supports(AttentionKernel kernel, const AttentionShape& sha
 // 186.0), with q8_0 V from 6144 (q8_0 / q8_0 at 4096 / 6144 / 8192 / 10240: 187.0 / 180.2 /
 // 177.2 / 171.3 -> 186.4 / 183.5 / 180.8 / 178.4), with f16 V (unchanged path) from 12288.
 constexpr uint32_t kAttentionMmaMinCells = 16384;
-constexpr uint32_t kAttentionMmaMinCellsQuantizedK = 12288;
+constexpr uint32_t kAttentionMmaMinCellsQuantizedKF16V = 12288;
 constexpr uint32_t kAttentionMmaMinCellsQ8V = 6144;
 constexpr uint32_t kAttentionMmaMinCellsQ4V = 2048;
 // f16 K with quantized V from 8192 (tok/s at 8192 / 12288, tensor_core -> mma: f16 / q4_0 179.1 /

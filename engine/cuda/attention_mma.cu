@@ -36,7 +36,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
-#include <type_traits>
 
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
@@ -228,11 +227,17 @@ __device__ __forceinline__ void q_fragments_from_coalesced(const float4 (&qv)[8]
     __syncwarp();  // the scratch stage is refilled by the loop's first issue
 }
 
-// Bytes 0,1 (kSel 0x4140) or 2,3 (0x4342) of x, each an unsigned u < 256, as half2 of
-// (u - bias) * scale: 0x64 above a byte is the half 1024 + u (exact), so is the subtraction.
+// Two bytes of x (kSel 0x4140: bytes 0, 1; 0x4342: 2, 3; 0x4240: 0, 2; 0x4341: 1, 3), each an
+// unsigned u < 256, as half2 of u - bias: 0x64 above a byte is the half 1024 + u (exact), so
+// is the subtraction.
+template <uint32_t kSel>
+__device__ __forceinline__ __half2 bytes_minus_bias(uint32_t x, __half2 bias) {
+    return __hsub2(bits_h2(__byte_perm(x, 0x64646464u, kSel)), bias);
+}
+// The same times scale.
 template <uint32_t kSel>
 __device__ __forceinline__ uint32_t bytes_to_h2(uint32_t x, __half2 bias, __half2 scale) {
-    return h2_bits(__hmul2(__hsub2(bits_h2(__byte_perm(x, 0x64646464u, kSel)), bias), scale));
+    return h2_bits(__hmul2(bytes_minus_bias<kSel>(x, bias), scale));
 }
 
 // D += A B, m16n8k16, f16 operands, f32 accumulators.
@@ -342,8 +347,6 @@ __host__ __device__ constexpr uint32_t v_tile_dim(int mt, uint32_t g) {
     else return 32 * ((uint32_t)mt / 2) + 16 * ((uint32_t)mt % 2) + 2 * g;
 }
 
-__device__ __forceinline__ uint32_t lds_u16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
-
 // q4_0: the nibbles of bytes 0 and 2 under the exponent byte, (x & mask) | magic, as one
 // LOP3 with the magic in a register (written in C, ptxas split it into two instructions).
 template <KvType VT, bool kHigh>
@@ -355,12 +358,38 @@ __device__ __forceinline__ uint32_t v_codes_to_h2(uint32_t x, uint32_t magic) {
     return y;
 }
 
+// One PV tile (m-tile mt) of a quantized V block: the codes of rows g and g + 8 are adjacent
+// bytes (code_off: 2g, 2g + 1 past the block's qs, + 16 for q8_0's second tile), so one
+// 16-bit load per cell gives both; a permute puts cell a's and cell b's bytes of a row side
+// by side in 16-bit lanes. kHigh: q4_0's high nibbles (the same bytes as the low tile).
+template <KvType VT, bool kHigh>
+__device__ __forceinline__ void pv_quantized_tile(const uint8_t* sv, const uint32_t (&off)[4], uint32_t code_off,
+                                                  uint32_t magic, uint32_t b0, uint32_t b1, float (&acc)[4]) {
+    uint32_t c[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[i] = *reinterpret_cast<const uint16_t*>(sv + off[i] + code_off);
+    if constexpr (VT == KvType::q8_0) {
+        // Sign bits flipped (q + 128), each row's pair under 0x64: 3 instructions per value pair.
+        const __half2 bias = __float2half2_rn(1024.0f + 128.0f);
+        const uint32_t xa = __byte_perm(c[0], c[1], 0x5410) ^ 0x80808080u;
+        const uint32_t xb = __byte_perm(c[2], c[3], 0x5410) ^ 0x80808080u;
+        mma16816(acc, h2_bits(bytes_minus_bias<0x4240>(xa, bias)), h2_bits(bytes_minus_bias<0x4341>(xa, bias)),
+                 h2_bits(bytes_minus_bias<0x4240>(xb, bias)), h2_bits(bytes_minus_bias<0x4341>(xb, bias)), b0, b1);
+    } else {
+        const __half2 bias = __float2half2_rn(kHigh ? 64.0f + 8.0f : 1024.0f + 8.0f);
+        auto h = [&](uint32_t x) { return h2_bits(__hsub2(bits_h2(v_codes_to_h2<VT, kHigh>(x, magic)), bias)); };
+        const uint32_t xa = __byte_perm(c[0], c[1], 0x5410), ya = __byte_perm(c[0], c[1], 0x4501);  // rows g, g + 8
+        const uint32_t xb = __byte_perm(c[2], c[3], 0x5410), yb = __byte_perm(c[2], c[3], 0x4501);
+        mma16816(acc, h(xa), h(ya), h(xb), h(yb), b0, b1);
+    }
+}
+
 // O^T += V^T (P^T d) for V block b: tiles 2b and 2b + 1. off[i] = slice offsets of cells 2t,
 // 2t + 1, 2t + 8, 2t + 9 in the stage; pb = P^T for cells (2t, 2t+1) and (2t+8, 2t+9).
 template <KvType VT>
 __device__ __forceinline__ void pv_quantized_block(const uint8_t* sv, const uint32_t (&off)[4], int b, uint32_t g,
                                                    uint32_t valid, uint32_t t, uint32_t pb0, uint32_t pb1,
-                                                   const uint32_t (&magic_pair)[2], float (&acc)[8][4]) {
+                                                   const uint32_t (&magic)[2], float (&acc)[8][4]) {
     constexpr uint32_t kBlock = VT == KvType::q8_0 ? 34 : 18;
     __half d[4];
 #pragma unroll
@@ -373,42 +402,14 @@ __device__ __forceinline__ void pv_quantized_block(const uint8_t* sv, const uint
     }
     const uint32_t b0 = h2_bits(__hmul2(bits_h2(pb0), __halves2half2(d[0], d[1])));
     const uint32_t b1 = h2_bits(__hmul2(bits_h2(pb1), __halves2half2(d[2], d[3])));
-    // Rows g and g + 8 of a tile are adjacent code bytes (2g, 2g + 1): one 16-bit load per cell
-    // and tile gives both; the permutes put cell a's and cell b's byte of a row side by side
-    // in 16-bit lanes (x: row g, y: row g + 8).
-    auto tile = [&](int mt, uint32_t code_off, auto high) {
-        constexpr bool kHigh = decltype(high)::value;
-        [[maybe_unused]] const uint32_t magic = magic_pair[kHigh ? 1 : 0];
-        uint32_t c[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) c[i] = lds_u16(sv + off[i] + code_off);
-        const __half2 bias = __float2half2_rn(VT == KvType::q8_0 ? 1024.0f + 128.0f : kHigh ? 64.0f + 8.0f : 1024.0f + 8.0f);
-        auto minus_bias = [&](uint32_t x) { return h2_bits(__hsub2(bits_h2(x), bias)); };
-        if constexpr (VT == KvType::q8_0) {
-            // Bytes (row g, row g + 8) of cells a and b side by side, sign bits flipped (q + 128),
-            // then each row's pair under 0x64 by a permute: 3 instructions per value pair.
-            const uint32_t xa = __byte_perm(c[0], c[1], 0x5410) ^ 0x80808080u;
-            const uint32_t xb = __byte_perm(c[2], c[3], 0x5410) ^ 0x80808080u;
-            mma16816(acc[mt], minus_bias(__byte_perm(xa, 0x64646464u, 0x4240)),
-                     minus_bias(__byte_perm(xa, 0x64646464u, 0x4341)), minus_bias(__byte_perm(xb, 0x64646464u, 0x4240)),
-                     minus_bias(__byte_perm(xb, 0x64646464u, 0x4341)), b0, b1);
-        } else {
-            const uint32_t xa = __byte_perm(c[0], c[1], 0x5410), ya = __byte_perm(c[0], c[1], 0x4501);
-            const uint32_t xb = __byte_perm(c[2], c[3], 0x5410), yb = __byte_perm(c[2], c[3], 0x4501);
-            auto h = [&](uint32_t x) { return minus_bias(v_codes_to_h2<VT, kHigh>(x, magic)); };
-            mma16816(acc[mt], h(xa), h(ya), h(xb), h(yb), b0, b1);
-        }
-    };
-    using Lo = std::integral_constant<bool, false>;
-    using Hi = std::integral_constant<bool, true>;
+    const uint32_t codes = kBlock * b + 2 + 2 * g;
     if constexpr (VT == KvType::q8_0) {
-        tile(2 * b, kBlock * b + 2 + 2 * g, Lo{});
-        tile(2 * b + 1, kBlock * b + 2 + 16 + 2 * g, Lo{});
+        pv_quantized_tile<VT, false>(sv, off, codes, 0, b0, b1, acc[2 * b]);
+        pv_quantized_tile<VT, false>(sv, off, codes + 16, 0, b0, b1, acc[2 * b + 1]);
     } else {
-        // q4_0: dims 0..15 of a block are the low nibbles of qs[0..15], 16..31 the high ones,
-        // so both tiles read the same two bytes.
-        tile(2 * b, kBlock * b + 2 + 2 * g, Lo{});
-        tile(2 * b + 1, kBlock * b + 2 + 2 * g, Hi{});
+        // q4_0: dims 0..15 of a block are the low nibbles of qs[0..15], 16..31 the high ones.
+        pv_quantized_tile<VT, false>(sv, off, codes, magic[0], b0, b1, acc[2 * b]);
+        pv_quantized_tile<VT, true>(sv, off, codes, magic[1], b0, b1, acc[2 * b + 1]);
     }
 }
 

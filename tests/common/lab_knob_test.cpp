@@ -5,11 +5,25 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <functional>
+#include <initializer_list>
+#include <string>
 
 namespace spillway {
 namespace {
 
 constexpr const char* kName = "SPILLWAY_TEST_LAB_KNOB";
+
+// read() must fail with a message holding every one of `parts`.
+void expect_error_naming(const std::function<void()>& read, std::initializer_list<std::string> parts) {
+    try {
+        read();
+        FAIL() << "an unknown value was accepted";
+    } catch (const Error& e) {
+        const std::string m = e.what();
+        for (const std::string& part : parts) EXPECT_NE(m.find(part), std::string::npos) << part << " not in: " << m;
+    }
+}
 
 TEST(LabKnob, UnsetEmptyAndDefaultAreOffValueIsOn) {
     ::unsetenv(kName);
@@ -25,16 +39,7 @@ TEST(LabKnob, UnsetEmptyAndDefaultAreOffValueIsOn) {
 
 TEST(LabKnob, UnknownValueNamesTheKnobAndBothValues) {
     ::setenv(kName, "off", 1);
-    try {
-        lab_knob(kName, "separate", "fused");
-        FAIL() << "an unknown value was accepted";
-    } catch (const Error& e) {
-        const std::string m = e.what();
-        EXPECT_NE(m.find(kName), std::string::npos) << m;
-        EXPECT_NE(m.find("'separate'"), std::string::npos) << m;
-        EXPECT_NE(m.find("'fused'"), std::string::npos) << m;
-        EXPECT_NE(m.find("'off'"), std::string::npos) << m;
-    }
+    expect_error_naming([] { lab_knob(kName, "separate", "fused"); }, {kName, "'separate'", "'fused'", "'off'"});
     ::unsetenv(kName);
 }
 
@@ -48,15 +53,8 @@ TEST(LabKnob, ChoiceIsTheValuesIndexOrMinusOneWhenUnset) {
     ::setenv(kName, "coalesced", 1);
     EXPECT_EQ(lab_knob_choice(kName, {"scalar", "vec", "coalesced"}), 2);
     ::setenv(kName, "Vec", 1);
-    try {
-        lab_knob_choice(kName, {"scalar", "vec", "coalesced"});
-        FAIL() << "an unknown value was accepted";
-    } catch (const Error& e) {
-        const std::string m = e.what();
-        EXPECT_NE(m.find(kName), std::string::npos) << m;
-        EXPECT_NE(m.find("'scalar', 'vec', 'coalesced'"), std::string::npos) << m;
-        EXPECT_NE(m.find("'Vec'"), std::string::npos) << m;
-    }
+    expect_error_naming([] { lab_knob_choice(kName, {"scalar", "vec", "coalesced"}); },
+                        {kName, "'scalar', 'vec', 'coalesced'", "'Vec'"});
     ::unsetenv(kName);
 }
 

@@ -366,7 +366,7 @@ TEST(CudaAttention, DefaultKernelChoice) {
     EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q4_0, kAttentionMmaMinCellsQ4V - 1), AttentionKernel::int_dot);
     EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q8_0, kAttentionMmaMinCellsQ4V), AttentionKernel::int_dot);
     EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::f16, kAttentionMmaMinCellsQ8V), AttentionKernel::int_dot);
-    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::f16, kAttentionMmaMinCellsQuantizedK), AttentionKernel::mma);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::f16, kAttentionMmaMinCellsQuantizedKF16V), AttentionKernel::mma);
     // Quantized K with q4_0 V plans half the blocks up to 16k cells, the other pairs all that fit.
     EXPECT_LE(attention_split_count(AttentionKernel::mma, s, KvType::q4_0, KvType::q4_0, 16384, 132) * s.n_head_kv,
               2u * 132 + s.n_head_kv);
