@@ -14,6 +14,8 @@
 #          lab A/Bs and an 8k op-times table; ~3 minutes),
 #          --prebuilt DIR (skip the build; run DIR/test_cuda and DIR/bench_kernels, built
 #          elsewhere for sm_90). If the build fails and .dev/prebuilt exists, it is used.
+#          --engine-only (no tests, no kernel benchmarks, no probe / plan / gate block: only the
+#          engine block, i.e. spillway bench and its lab A/Bs, ~4 minutes).
 # Logs land in $OUT (or ./out) as build.log, ctest.log, bench.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +27,7 @@ prebuilt=""
 ncu_regex=""
 test_filter=""
 hf=0
+engine_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench-only) bench_only="$2"; shift 2 ;;
@@ -33,7 +36,8 @@ while [ $# -gt 0 ]; do
     --ncu) ncu_regex="$2"; shift 2 ;;
     --filter) test_filter="$2"; shift 2 ;;
     --hf) hf=1; shift ;;
-    *) echo "usage: tools/device-check.sh [--bench-only SUBSTRING] [--sanitize]"; exit 2 ;;
+    --engine-only) engine_only=1; shift ;;
+    *) echo "usage: tools/device-check.sh [--bench-only SUBSTRING] [--sanitize] [--ncu LIST] [--filter GLOB] [--hf] [--prebuilt DIR] [--engine-only]"; exit 2 ;;
   esac
 done
 
@@ -57,7 +61,7 @@ else
 fi
 
 test_status="skipped"
-if [ -z "$bench_only" ]; then
+if [ -z "$bench_only" ] && [ "$engine_only" = 0 ]; then
   if [ "$bin" = "$build/bin" ] && [ -z "$test_filter" ]; then
     (cd "$build" && ctest -L cuda --output-on-failure --timeout 300) >"$out/ctest.log" 2>&1
     test_status=$(grep -E "tests passed|tests failed" "$out/ctest.log" | tail -1)
@@ -75,8 +79,11 @@ fi
 
 bench_args=(--iters 50)
 if [ -n "$bench_only" ]; then bench_args+=(--only "$bench_only"); fi
-"$bin/bench_kernels" "${bench_args[@]}" >"$out/bench.log" 2>&1
-bench_rc=$?
+bench_rc=0
+if [ "$engine_only" = 0 ]; then
+  "$bin/bench_kernels" "${bench_args[@]}" >"$out/bench.log" 2>&1
+  bench_rc=$?
+fi
 
 if [ -n "$ncu_regex" ]; then
   IFS=',' read -ra ncu_pairs <<<"$ncu_regex"
@@ -90,9 +97,11 @@ fi
 
 echo
 echo "== tests: $test_status"
-echo "== bench rc=$bench_rc"
-sed -n '/^device:/p;/^ceilings:/p;/^| kernel/,$p' "$out/bench.log"
-[ $bench_rc -eq 0 ] || tail -5 "$out/bench.log"
+if [ "$engine_only" = 0 ]; then
+  echo "== bench rc=$bench_rc"
+  sed -n '/^device:/p;/^ceilings:/p;/^| kernel/,$p' "$out/bench.log"
+  [ $bench_rc -eq 0 ] || tail -5 "$out/bench.log"
+fi
 
 # ---- engine block (appended by the engine engineer; the lines above belong to the kernels) ----
 # The CUDA engine's end-to-end bench on the issue-5 shape: Qwen2.5-14B, Q8_0 weights built
@@ -168,7 +177,7 @@ if [ -z "$bench_only" ]; then
 fi
 
 # ---- integration block (lead): probes and their cache, plan on this GPU, run --device cuda ----
-if [ -z "$bench_only" ] && [ -x "$bin/spillway" ]; then
+if [ -z "$bench_only" ] && [ "$engine_only" = 0 ] && [ -x "$bin/spillway" ]; then
   echo
   echo "== probe: first call measures, second loads the cache"
   SPILLWAY_CACHE_DIR=$(mktemp -d)

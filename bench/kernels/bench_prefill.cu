@@ -7,6 +7,8 @@
 //    chunks of 512..4096 tokens, next to the dequantization alone and cuBLAS alone (f16
 //    weights in place), to see what the dequantization costs.
 //  - GEMM sequence: a layer boundary's down -> RMSNorm -> q -> q-shaped, each step event-timed.
+//  - small ops: a 2048-token chunk's RMSNorm (+ residual add, f16 out), bias + RoPE + K/V
+//    write (qkv_post) and SwiGLU (f16 out), in us and GB/s of the bytes they must move.
 // Median of a few event-timed repetitions (each is milliseconds long, so event overhead is
 // negligible).
 //
@@ -24,7 +26,11 @@
 
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cuda_prefill.cuh"
+#include "engine/cpu/rope.h"
+#include "engine/cuda/qkv_post.cuh"
 #include "engine/cuda/rmsnorm.cuh"
+#include "engine/cuda/rope.cuh"
+#include "engine/cuda/swiglu.cuh"
 #include "gguf/ggml_types.h"
 
 using namespace spillway;
@@ -243,6 +249,68 @@ void bench_gemm_sequence(const Options& o, cublasHandle_t cublas) {
     }
 }
 
+// A 2048-token chunk's small ops on the 14B shape, each alone (median of 20 event-timed
+// launches): us and GB/s of the bytes each must read and write at least. The engine's
+// SPILLWAY_OP_TIMES=1 puts their sum per prefill at ~56 ms of ~530 (8k, session 21).
+void bench_small_ops(const Options& o) {
+    constexpr uint32_t T = 2048, E = 5120, F = 13824, H = 40, HKV = 8, D = 128;
+    auto timed = [&](const std::string& what, double bytes, const std::function<void()>& run) {
+        const std::string name = "small op " + what;
+        if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
+        const double ms = median_ms(run, 20);
+        std::printf("| %s | T %u | %.1f us | %.0f GB/s |\n", name.c_str(), T, ms * 1000.0, bytes / (ms * 1e6));
+        std::fflush(stdout);
+    };
+    DeviceBuffer<float> x((size_t)T * E), add((size_t)T * E), norm_w(E);
+    DeviceBuffer<__half> out16((size_t)T * F);
+    fill_f32_kernel<<<1024, 256>>>(x.data(), x.size(), 41);
+    fill_f32_kernel<<<1024, 256>>>(add.data(), add.size(), 42);
+    fill_f32_kernel<<<64, 256>>>(norm_w.data(), norm_w.size(), 43);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    // x read and written, the residual read (f32), the f16 output written.
+    timed("rmsnorm + add, f16 out", (double)T * E * (4 + 4 + 4 + 2), [&] {
+        rmsnorm_cuda(x.data(), add.data(), norm_w.data(), nullptr, T, E, 1e-6f, nullptr, {}, out16.data());
+    });
+    DeviceBuffer<float> gate((size_t)T * F), up((size_t)T * F);
+    fill_f32_kernel<<<1024, 256>>>(gate.data(), gate.size(), 44);
+    fill_f32_kernel<<<1024, 256>>>(up.data(), up.size(), 45);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    timed("swiglu, f16 out", (double)T * F * (4 + 4 + 2),
+          [&] { swiglu_f16_cuda(gate.data(), up.data(), out16.data(), (size_t)T * F, nullptr); });
+    RopeSpec spec;
+    spec.type = RopeType::neox;
+    spec.freq_base = 1000000.0f;
+    const RopeTables tables = make_rope_tables(spec, D);
+    DeviceBuffer<double> inv(tables.inv_freq.size());
+    SPILLWAY_CUDA_CHECK(cudaMemcpy(inv.data(), tables.inv_freq.data(), inv.bytes(), cudaMemcpyHostToDevice));
+    RopeDeviceTables dt;
+    dt.neox = true;
+    dt.n_dims = tables.n_dims;
+    dt.inv_freq = inv.data();
+    std::vector<int32_t> pos_host(T);
+    for (uint32_t t = 0; t < T; ++t) pos_host[t] = (int32_t)(4096 + t);
+    DeviceBuffer<int32_t> pos(T);
+    SPILLWAY_CUDA_CHECK(cudaMemcpy(pos.data(), pos_host.data(), pos.bytes(), cudaMemcpyHostToDevice));
+    DeviceBuffer<float2> table((size_t)T * (D / 2));
+    rope_table_cuda(dt, pos.data(), T, table.data(), nullptr);
+    DeviceBuffer<float> qkv((size_t)T * (H + 2 * HKV) * D), bias((H + 2 * HKV) * D);
+    fill_f32_kernel<<<1024, 256>>>(qkv.data(), qkv.size(), 46);
+    fill_f32_kernel<<<64, 256>>>(bias.data(), bias.size(), 47);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    float* q = qkv.data();
+    float* k = q + (size_t)T * H * D;
+    float* v = k + (size_t)T * HKV * D;
+    for (KvType t : {KvType::f16, KvType::q8_0}) {
+        const uint64_t row = kv_row_bytes(t, HKV * D);
+        DeviceBuffer<uint8_t> kc(row * T), vc(row * T);
+        // q|k|v read and written (f32, in place), two cache rows written per token.
+        timed(std::string("qkv_post, ") + kv_type_name(t) + " cache", (double)T * ((H + 2 * HKV) * D * 8 + 2 * row), [&] {
+            qkv_post_cuda(QkvPostShape{H, HKV, D}, dt, q, k, v, bias.data(), T, pos.data(), t, kc.data(), t, vc.data(), 0,
+                          nullptr, table.data(), 256);
+        });
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -294,6 +362,7 @@ int main(int argc, char** argv) {
         for (KvType t : {q8, q4}) bench_attention_pieces(o, t, t, 65536, 2048);
         bench_attention_pieces(o, q8, q4, 65536, 2048);
         bench_attention_pieces(o, q8, q8, 8192, 2048);
+        bench_small_ops(o);
         cublasHandle_t cublas = nullptr;
         SPILLWAY_CUDA_CHECK(cublasCreate(&cublas));
         bench_gemm_sequence(o, cublas);
