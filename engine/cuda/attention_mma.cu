@@ -332,9 +332,9 @@ __device__ __forceinline__ void v_pair_fragments_f16(const VWordsF16& a, const V
     }
 }
 
-// Quantized V: the block scale goes into P instead of into every value. PV's m-tile 2b + h
-// holds dims 32b + 16h + 2g (row g) and +1 (row g + 8) of V block b, so one tile has one
-// scale per cell and B = P^T * d[cell][b] (one f16 rounding of p * d, where the dequantizing
+// Quantized V: the block scale goes into P instead of into every value. PV's m-tiles 2b and
+// 2b + 1 hold dims of V block b only (row g: q4_0 32b + 16h + 2g, q8_0 32b + 4g + 2h, for m-tile
+// 2b + h; row g + 8: the next dim), so one tile has one scale per cell and B = P^T * d[cell][b] (one f16 rounding of p * d, where the dequantizing
 // path rounded d * q once). The codes become f16 exactly, minus the bias (HSUB2, exact):
 // q8_0 byte x ^ 0x80 = q + 128 under 0x64 (1024 + q + 128); q4_0 low nibble under 0x64
 // (1024 + u), high nibble in bits 4..7 under 0x54 (64 + u, the exponent's unit being 1/16).
@@ -344,6 +344,8 @@ __device__ __forceinline__ void v_pair_fragments_f16(const VWordsF16& a, const V
 template <KvType VT>
 __host__ __device__ constexpr uint32_t v_tile_dim(int mt, uint32_t g) {
     if constexpr (VT == KvType::f16) return 16 * g + 2 * (uint32_t)mt;
+    // q8_0: tiles 2b and 2b + 1 take bytes 0, 1 and 2, 3 of the word of codes 4g .. 4g + 3.
+    else if constexpr (VT == KvType::q8_0) return 32 * ((uint32_t)mt / 2) + 4 * g + 2 * ((uint32_t)mt % 2);
     else return 32 * ((uint32_t)mt / 2) + 16 * ((uint32_t)mt % 2) + 2 * g;
 }
 
@@ -358,29 +360,46 @@ __device__ __forceinline__ uint32_t v_codes_to_h2(uint32_t x, uint32_t magic) {
     return y;
 }
 
-// One PV tile (m-tile mt) of a quantized V block: the codes of rows g and g + 8 are adjacent
-// bytes (code_off: 2g, 2g + 1 past the block's qs, + 16 for q8_0's second tile), so one
-// 16-bit load per cell gives both; a permute puts cell a's and cell b's bytes of a row side
-// by side in 16-bit lanes. kHigh: q4_0's high nibbles (the same bytes as the low tile).
+// One PV tile (m-tile mt) of a q4_0 V block: the codes of rows g and g + 8 are adjacent bytes
+// (code_off: 2g, 2g + 1 past the block's qs), so one 16-bit load per cell gives both; a
+// permute puts cell a's and cell b's bytes of a row side by side in 16-bit lanes. kHigh: the
+// high nibbles (the same bytes as the low tile).
 template <KvType VT, bool kHigh>
 __device__ __forceinline__ void pv_quantized_tile(const uint8_t* sv, const uint32_t (&off)[4], uint32_t code_off,
                                                   uint32_t magic, uint32_t b0, uint32_t b1, float (&acc)[4]) {
+    static_assert(VT == KvType::q4_0, "q8_0 tiles: pv_q8_0_tiles");
     uint32_t c[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) c[i] = *reinterpret_cast<const uint16_t*>(sv + off[i] + code_off);
-    if constexpr (VT == KvType::q8_0) {
-        // Sign bits flipped (q + 128), each row's pair under 0x64: 3 instructions per value pair.
-        const __half2 bias = __float2half2_rn(1024.0f + 128.0f);
-        const uint32_t xa = __byte_perm(c[0], c[1], 0x5410) ^ 0x80808080u;
-        const uint32_t xb = __byte_perm(c[2], c[3], 0x5410) ^ 0x80808080u;
-        mma16816(acc, h2_bits(bytes_minus_bias<0x4240>(xa, bias)), h2_bits(bytes_minus_bias<0x4341>(xa, bias)),
+    const __half2 bias = __float2half2_rn(kHigh ? 64.0f + 8.0f : 1024.0f + 8.0f);
+    auto h = [&](uint32_t x) { return h2_bits(__hsub2(bits_h2(v_codes_to_h2<VT, kHigh>(x, magic)), bias)); };
+    const uint32_t xa = __byte_perm(c[0], c[1], 0x5410), ya = __byte_perm(c[0], c[1], 0x4501);  // rows g, g + 8
+    const uint32_t xb = __byte_perm(c[2], c[3], 0x5410), yb = __byte_perm(c[2], c[3], 0x4501);
+    mma16816(acc, h(xa), h(ya), h(xb), h(yb), b0, b1);
+}
+
+// Both PV tiles of a q8_0 V block: one word of codes 4g .. 4g + 3 per cell (one 32-bit load,
+// or two and a funnel shift where the block's codes sit 2 bytes off a word) serves both
+// (tile 2b: bytes 0, 1 as rows g, g + 8; tile 2b + 1: bytes 2, 3). Per cell and step that is
+// 4 to 8 loads instead of 8 16-bit ones. Sign bits flipped (q + 128), each row's pair under
+// 0x64: 3 instructions per value pair.
+__device__ __forceinline__ void pv_q8_0_tiles(const uint8_t* sv, const uint32_t (&off)[4], uint32_t code_off,
+                                              uint32_t b0, uint32_t b1, float (&acc0)[4], float (&acc1)[4]) {
+    uint32_t w[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        uint32_t one[1];
+        lds_words<1>(sv, off[i] + code_off, one);
+        w[i] = one[0];
+    }
+    const __half2 bias = __float2half2_rn(1024.0f + 128.0f);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint32_t sel = h ? 0x7632 : 0x5410;
+        const uint32_t xa = __byte_perm(w[0], w[1], sel) ^ 0x80808080u;
+        const uint32_t xb = __byte_perm(w[2], w[3], sel) ^ 0x80808080u;
+        mma16816(h ? acc1 : acc0, h2_bits(bytes_minus_bias<0x4240>(xa, bias)), h2_bits(bytes_minus_bias<0x4341>(xa, bias)),
                  h2_bits(bytes_minus_bias<0x4240>(xb, bias)), h2_bits(bytes_minus_bias<0x4341>(xb, bias)), b0, b1);
-    } else {
-        const __half2 bias = __float2half2_rn(kHigh ? 64.0f + 8.0f : 1024.0f + 8.0f);
-        auto h = [&](uint32_t x) { return h2_bits(__hsub2(bits_h2(v_codes_to_h2<VT, kHigh>(x, magic)), bias)); };
-        const uint32_t xa = __byte_perm(c[0], c[1], 0x5410), ya = __byte_perm(c[0], c[1], 0x4501);  // rows g, g + 8
-        const uint32_t xb = __byte_perm(c[2], c[3], 0x5410), yb = __byte_perm(c[2], c[3], 0x4501);
-        mma16816(acc, h(xa), h(ya), h(xb), h(yb), b0, b1);
     }
 }
 
@@ -402,12 +421,11 @@ __device__ __forceinline__ void pv_quantized_block(const uint8_t* sv, const uint
     }
     const uint32_t b0 = h2_bits(__hmul2(bits_h2(pb0), __halves2half2(d[0], d[1])));
     const uint32_t b1 = h2_bits(__hmul2(bits_h2(pb1), __halves2half2(d[2], d[3])));
-    const uint32_t codes = kBlock * b + 2 + 2 * g;
     if constexpr (VT == KvType::q8_0) {
-        pv_quantized_tile<VT, false>(sv, off, codes, 0, b0, b1, acc[2 * b]);
-        pv_quantized_tile<VT, false>(sv, off, codes + 16, 0, b0, b1, acc[2 * b + 1]);
+        pv_q8_0_tiles(sv, off, kBlock * b + 2 + 4 * g, b0, b1, acc[2 * b], acc[2 * b + 1]);
     } else {
         // q4_0: dims 0..15 of a block are the low nibbles of qs[0..15], 16..31 the high ones.
+        const uint32_t codes = kBlock * b + 2 + 2 * g;
         pv_quantized_tile<VT, false>(sv, off, codes, magic[0], b0, b1, acc[2 * b]);
         pv_quantized_tile<VT, true>(sv, off, codes, magic[1], b0, b1, acc[2 * b + 1]);
     }
