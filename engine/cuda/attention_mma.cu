@@ -333,11 +333,12 @@ __device__ __forceinline__ void v_pair_fragments_f16(const VWordsF16& a, const V
 }
 
 // Quantized V: the block scale goes into P instead of into every value. PV's m-tiles 2b and
-// 2b + 1 hold dims of V block b only (row g: q4_0 32b + 16h + 2g, q8_0 32b + 4g + 2h, for m-tile
-// 2b + h; row g + 8: the next dim), so one tile has one scale per cell and B = P^T * d[cell][b] (one f16 rounding of p * d, where the dequantizing
-// path rounded d * q once). The codes become f16 exactly, minus the bias (HSUB2, exact):
-// q8_0 byte x ^ 0x80 = q + 128 under 0x64 (1024 + q + 128); q4_0 low nibble under 0x64
-// (1024 + u), high nibble in bits 4..7 under 0x54 (64 + u, the exponent's unit being 1/16).
+// 2b + 1 hold dims of V block b only (m-tile 2b + h, row g: q4_0 32b + 16h + 2g, q8_0 32b +
+// 4g + 2h; row g + 8: the next dim), so one tile has one scale per cell and B = P^T *
+// d[cell][b] (one f16 rounding of p * d, where the dequantizing path rounded d * q once).
+// The codes become f16 exactly, minus the bias (HSUB2, exact): q8_0 byte x ^ 0x80 = q + 128
+// under 0x64 (1024 + q + 128); q4_0 low nibble under 0x64 (1024 + u), high nibble in bits
+// 4..7 under 0x54 (64 + u, the exponent's unit being 1/16).
 // Per 16-cell warp step of q4_0 the PV part was ~190 instructions (funnel-shifted word
 // loads, nibble shifts, interleaving permutes, a multiply per value pair) and is ~130 now
 // (SASS, session 21); the engine's q4_0 loop at 64k cells went from 25.7 to 22.1 us.
@@ -398,8 +399,9 @@ __device__ __forceinline__ void pv_q8_0_tiles(const uint8_t* sv, const uint32_t 
         const uint32_t sel = h ? 0x7632 : 0x5410;
         const uint32_t xa = __byte_perm(w[0], w[1], sel) ^ 0x80808080u;
         const uint32_t xb = __byte_perm(w[2], w[3], sel) ^ 0x80808080u;
-        mma16816(h ? acc1 : acc0, h2_bits(bytes_minus_bias<0x4240>(xa, bias)), h2_bits(bytes_minus_bias<0x4341>(xa, bias)),
-                 h2_bits(bytes_minus_bias<0x4240>(xb, bias)), h2_bits(bytes_minus_bias<0x4341>(xb, bias)), b0, b1);
+        mma16816(h ? acc1 : acc0, h2_bits(bytes_minus_bias<0x4240>(xa, bias)),
+                 h2_bits(bytes_minus_bias<0x4341>(xa, bias)), h2_bits(bytes_minus_bias<0x4240>(xb, bias)),
+                 h2_bits(bytes_minus_bias<0x4341>(xb, bias)), b0, b1);
     }
 }
 
