@@ -352,9 +352,8 @@ __host__ __device__ constexpr uint32_t v_tile_dim(int mt, uint32_t g) {
 
 // q4_0: the nibbles of bytes 0 and 2 under the exponent byte, (x & mask) | magic, as one
 // LOP3 with the magic in a register (written in C, ptxas split it into two instructions).
-template <KvType VT, bool kHigh>
-__device__ __forceinline__ uint32_t v_codes_to_h2(uint32_t x, uint32_t magic) {
-    static_assert(VT == KvType::q4_0, "q8_0 codes go through byte permutes");
+template <bool kHigh>
+__device__ __forceinline__ uint32_t q4_0_codes_to_h2(uint32_t x, uint32_t magic) {
     uint32_t y;
     // LUT for (a & b) | c with a = 0xF0, b = 0xCC, c = 0xAA: 0xEA.
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(y) : "r"(x), "n"(kHigh ? 0x00F000F0 : 0x000F000F), "r"(magic));
@@ -365,15 +364,14 @@ __device__ __forceinline__ uint32_t v_codes_to_h2(uint32_t x, uint32_t magic) {
 // (code_off: 2g, 2g + 1 past the block's qs), so one 16-bit load per cell gives both; a
 // permute puts cell a's and cell b's bytes of a row side by side in 16-bit lanes. kHigh: the
 // high nibbles (the same bytes as the low tile).
-template <KvType VT, bool kHigh>
-__device__ __forceinline__ void pv_quantized_tile(const uint8_t* sv, const uint32_t (&off)[4], uint32_t code_off,
-                                                  uint32_t magic, uint32_t b0, uint32_t b1, float (&acc)[4]) {
-    static_assert(VT == KvType::q4_0, "q8_0 tiles: pv_q8_0_tiles");
+template <bool kHigh>
+__device__ __forceinline__ void pv_q4_0_tile(const uint8_t* sv, const uint32_t (&off)[4], uint32_t code_off,
+                                             uint32_t magic, uint32_t b0, uint32_t b1, float (&acc)[4]) {
     uint32_t c[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) c[i] = *reinterpret_cast<const uint16_t*>(sv + off[i] + code_off);
     const __half2 bias = __float2half2_rn(kHigh ? 64.0f + 8.0f : 1024.0f + 8.0f);
-    auto h = [&](uint32_t x) { return h2_bits(__hsub2(bits_h2(v_codes_to_h2<VT, kHigh>(x, magic)), bias)); };
+    auto h = [&](uint32_t x) { return h2_bits(__hsub2(bits_h2(q4_0_codes_to_h2<kHigh>(x, magic)), bias)); };
     const uint32_t xa = __byte_perm(c[0], c[1], 0x5410), ya = __byte_perm(c[0], c[1], 0x4501);  // rows g, g + 8
     const uint32_t xb = __byte_perm(c[2], c[3], 0x5410), yb = __byte_perm(c[2], c[3], 0x4501);
     mma16816(acc, h(xa), h(ya), h(xb), h(yb), b0, b1);
@@ -428,8 +426,8 @@ __device__ __forceinline__ void pv_quantized_block(const uint8_t* sv, const uint
     } else {
         // q4_0: dims 0..15 of a block are the low nibbles of qs[0..15], 16..31 the high ones.
         const uint32_t codes = kBlock * b + 2 + 2 * g;
-        pv_quantized_tile<VT, false>(sv, off, codes, magic[0], b0, b1, acc[2 * b]);
-        pv_quantized_tile<VT, true>(sv, off, codes, magic[1], b0, b1, acc[2 * b + 1]);
+        pv_q4_0_tile<false>(sv, off, codes, magic[0], b0, b1, acc[2 * b]);
+        pv_q4_0_tile<true>(sv, off, codes, magic[1], b0, b1, acc[2 * b + 1]);
     }
 }
 
