@@ -24,6 +24,7 @@
 #include "engine/cuda/act_quant.cuh"
 #include "engine/cuda/decode_layer.cuh"
 #include "engine/cuda/matvec.cuh"
+#include "engine/cuda/matvec_q8s.cuh"
 #include "engine/cuda/qkv_post.cuh"
 #include "engine/cuda/rmsnorm.cuh"
 #include "engine/cuda/rope.cuh"
@@ -227,6 +228,20 @@ void bench_matvec(Report& r, const Options& o, GgmlType type, uint32_t rows, uin
     r.add(name, std::to_string(rows) + "x" + std::to_string(cols), (double)w_bytes, us);
 }
 
+// A random x of n values quantized to int16 blocks once, outside the timed graph, as its
+// producer (rmsnorm / swiglu) does in the engine.
+struct QuantizedX {
+    DeviceBuffer<int16_t> q;
+    DeviceBuffer<float> d;
+    explicit QuantizedX(uint32_t n) : q(n), d(n / 32) {
+        DeviceBuffer<float> x(n);
+        fill_f32<<<256, 256>>>(x.data(), x.size(), 7);
+        quantize_act_q16_cuda(x.data(), n, 1, act(), nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    ActQ16 act() const { return ActQ16{q.data(), d.data()}; }
+};
+
 // Q8_0 times x pre-quantized to int16 blocks (the engine's decode path); x quantized once
 // outside the timed graph, as its producer (rmsnorm / swiglu) does in the engine.
 void bench_matvec_q16x(Report& r, const Options& o, uint32_t rows, uint32_t cols,
@@ -243,16 +258,72 @@ void bench_matvec_q16x(Report& r, const Options& o, uint32_t rows, uint32_t cols
         w.emplace_back(w_bytes);
         fill_type(GgmlType::Q8_0, w.back().data(), w_bytes, 100 + i);
     }
-    DeviceBuffer<float> x(cols), y(rows);
-    DeviceBuffer<int16_t> xq(cols);
-    DeviceBuffer<float> xd(cols / 32);
-    fill_f32<<<256, 256>>>(x.data(), x.size(), 7);
-    quantize_act_q16_cuda(x.data(), cols, 1, ActQ16{xq.data(), xd.data()}, nullptr);
+    const QuantizedX xq(cols);
+    DeviceBuffer<float> y(rows);
     const double us = median_us([&](cudaStream_t st, int i) {
-        if (kernel) matvec_q8_0_q16x_cuda_with(*kernel, w[i % n_sets].data(), ActQ16{xq.data(), xd.data()}, y.data(), rows, cols, st);
-        else matvec_q8_0_q16x_cuda(w[i % n_sets].data(), ActQ16{xq.data(), xd.data()}, y.data(), rows, cols, st);
+        if (kernel) matvec_q8_0_q16x_cuda_with(*kernel, w[i % n_sets].data(), xq.act(), y.data(), rows, cols, st);
+        else matvec_q8_0_q16x_cuda(w[i % n_sets].data(), xq.act(), y.data(), rows, cols, st);
     }, o.iters);
     r.add(name, shape, (double)w_bytes, us);
+}
+
+// The split-layout Q8_0 GEMV (matvec_q8s.cuh): the same bytes as GGUF Q8_0, random codes and scales.
+struct Q8SplitBuffers {
+    DeviceBuffer<int8_t> codes;
+    DeviceBuffer<uint16_t> scales;
+    Q8SplitBuffers(uint32_t rows, uint32_t cols, uint32_t salt) : codes((size_t)rows * cols), scales((size_t)rows * cols / 32) {
+        fill_bytes<<<4096, 256>>>(reinterpret_cast<uint8_t*>(codes.data()), codes.size(), salt);
+        fill_f16<<<4096, 256>>>(reinterpret_cast<__half*>(scales.data()), scales.size(), salt + 1);
+        SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    }
+    Q8SplitConst view() const { return {codes.data(), scales.data()}; }
+};
+
+const char* q8s_name(MatvecQ8sKernel k) {
+    static const char* const kNames[] = {"w8u4", "w8u8", "w4u4", "w8u4p", "w8u4nc"};
+    return kNames[(int)k];
+}
+
+void bench_matvec_q8s(Report& r, const Options& o, uint32_t rows, uint32_t cols, MatvecQ8sKernel kernel) {
+    const std::string name = std::string("matvec q8s ") + q8s_name(kernel);
+    const std::string shape = std::to_string(rows) + "x" + std::to_string(cols);
+    if (!o.only.empty() && (name + " " + shape).find(o.only) == std::string::npos) return;
+    const size_t w_bytes = *ggml_row_bytes(GgmlType::Q8_0, cols) * rows;
+    const size_t n_sets = rotation_count(w_bytes);
+    std::vector<Q8SplitBuffers> w;
+    w.reserve(n_sets);
+    for (size_t i = 0; i < n_sets; ++i) w.emplace_back(rows, cols, 100 + 2 * (uint32_t)i);
+    const QuantizedX xq(cols);
+    DeviceBuffer<float> y(rows);
+    const double us = median_us([&](cudaStream_t st, int i) {
+        matvec_q8s_cuda_with(kernel, w[i % n_sets].view(), xq.act(), y.data(), rows, cols, st);
+    }, o.iters);
+    r.add(name, shape, (double)w_bytes, us);
+}
+
+// The q16x layer chain's four GEMVs in the split layout. release: each GEMV lets the next
+// one be scheduled at its entry (programmatic launch).
+void bench_q8s_layer_chain(Report& r, const Options& o, MatvecQ8sKernel kernel, bool release) {
+    const std::string name = std::string("q8s layer chain ") + q8s_name(kernel) + (release ? " release" : "");
+    const std::string shape = "qkv, wo, gate|up, down";
+    if (!o.only.empty() && (name + " " + shape).find(o.only) == std::string::npos) return;
+    const std::vector<std::pair<uint32_t, uint32_t>> shapes{{7168, 5120}, {5120, 5120}, {27648, 5120}, {5120, 13824}};
+    size_t layer_bytes = 0;
+    for (const auto& [rows, cols] : shapes) layer_bytes += *ggml_row_bytes(GgmlType::Q8_0, cols) * rows;
+    const size_t n_sets = rotation_count(layer_bytes);
+    std::vector<std::vector<Q8SplitBuffers>> w(n_sets);
+    for (size_t i = 0; i < n_sets; ++i) {
+        w[i].reserve(shapes.size());
+        for (size_t j = 0; j < shapes.size(); ++j) w[i].emplace_back(shapes[j].first, shapes[j].second, 500 + 10 * (uint32_t)i + 2 * (uint32_t)j);
+    }
+    const QuantizedX xq(13824);
+    DeviceBuffer<float> y(27648);
+    const double us = median_us([&](cudaStream_t st, int i) {
+        for (size_t j = 0; j < shapes.size(); ++j)
+            matvec_q8s_cuda_with(kernel, w[i % n_sets][j].view(), xq.act(), y.data(),
+                                 shapes[j].first, shapes[j].second, st, release);
+    }, o.iters);
+    r.add(name, shape, (double)layer_bytes, us);
 }
 
 // Rotating sets of random Q8_0 matrices of the given (rows, cols) shapes, enough sets that
@@ -283,14 +354,11 @@ void bench_q16x_layer_chain(Report& r, const Options& o) {
     std::vector<std::vector<DeviceBuffer<uint8_t>>> w;
     const size_t layer_bytes = rotating_q8_sets(shapes, 500, w);
     const size_t n_sets = w.size();
-    DeviceBuffer<float> x(13824), y(27648);
-    DeviceBuffer<int16_t> xq(13824);
-    DeviceBuffer<float> xd(13824 / 32);
-    fill_f32<<<256, 256>>>(x.data(), x.size(), 7);
-    quantize_act_q16_cuda(x.data(), 13824, 1, ActQ16{xq.data(), xd.data()}, nullptr);
+    const QuantizedX xq(13824);
+    DeviceBuffer<float> y(27648);
     const double us = median_us([&](cudaStream_t st, int i) {
         for (size_t j = 0; j < shapes.size(); ++j)
-            matvec_q8_0_q16x_cuda(w[i % n_sets][j].data(), ActQ16{xq.data(), xd.data()}, y.data(), shapes[j].first,
+            matvec_q8_0_q16x_cuda(w[i % n_sets][j].data(), xq.act(), y.data(), shapes[j].first,
                                   shapes[j].second, st);
     }, o.iters);
     r.add(name, shape, (double)layer_bytes, us);
@@ -311,15 +379,12 @@ void bench_decode_layer(Report& r, const Options& o) {
     std::vector<std::vector<DeviceBuffer<uint8_t>>> w;
     const size_t layer_bytes = rotating_q8_sets(shapes, 700, w);
     const size_t n_sets = w.size();
-    DeviceBuffer<float> x(5120), stream(5120), norm_w(5120), gate_up(27648), qkv(7168);
-    DeviceBuffer<int16_t> xq(5120);
-    DeviceBuffer<float> xd(5120 / 32);
+    DeviceBuffer<float> stream(5120), norm_w(5120), gate_up(27648), qkv(7168);
+    const QuantizedX xq(5120);
     DeviceBuffer<uint8_t> barrier(decode_layer_scratch_bytes());
     SPILLWAY_CUDA_CHECK(cudaMemset(barrier.data(), 0, barrier.bytes()));
-    fill_f32<<<256, 256>>>(x.data(), x.size(), 7);
     fill_f32<<<256, 256>>>(stream.data(), stream.size(), 8);
     fill_f32<<<256, 256>>>(norm_w.data(), norm_w.size(), 9);
-    quantize_act_q16_cuda(x.data(), 5120, 1, ActQ16{xq.data(), xd.data()}, nullptr);
     // The timed launches run on a non-blocking stream, which does not wait for the legacy
     // stream's zeroing of the barrier words above.
     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
@@ -328,7 +393,7 @@ void bench_decode_layer(Report& r, const Options& o) {
         const auto& ws = w[set % n_sets];
         DecodeLayerArgs a;
         a.stream = stream.data();
-        a.x_q16 = ActQ16{xq.data(), xd.data()};
+        a.x_q16 = xq.act();
         a.phases[0] = DecodeGemvPhase{ws[0].data(), 5120, 5120, DecodeX::act_q16, DecodeY::add_to_stream};
         a.phases[1] = DecodeGemvPhase{ws[1].data(), 27648, 5120, DecodeX::stream_rmsnorm, DecodeY::swiglu_pairs,
                                       norm_w.data(), nullptr, gate_up.data()};
@@ -621,6 +686,14 @@ int main(int argc, char** argv) {
                 bench_matvec_q16x(r, o, rows, cols, k);
         }
         bench_q16x_layer_chain(r, o);
+        for (int ki = 0; ki <= (int)MatvecQ8sKernel::w8u4nc; ++ki) {
+            const auto k = (MatvecQ8sKernel)ki;
+            for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
+                     {5120, 13824}, {13824, 5120}, {152064, 5120}, {27648, 5120}, {7168, 5120}, {5120, 5120}})
+                bench_matvec_q8s(r, o, rows, cols, k);
+            bench_q8s_layer_chain(r, o, k, false);
+            bench_q8s_layer_chain(r, o, k, true);
+        }
         bench_decode_layer(r, o);
         bench_matvec(r, o, GgmlType::Q8_0, 896, 896, 1);  // 0.5B shape: unaligned rows, launch-bound
         for (uint32_t n : {2u, 4u, 8u}) bench_matvec(r, o, GgmlType::Q8_0, 13824, 5120, n);

@@ -17,6 +17,7 @@
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/decode_layer.cuh"
 #include "engine/cuda/matvec.cuh"
+#include "engine/cuda/matvec_q8s.cuh"
 #include "engine/cuda/op_times.h"
 #include "engine/cuda/qkv_post.cuh"
 #include "engine/cuda/rmsnorm.cuh"
@@ -147,22 +148,29 @@ AttentionShape attention_shape(const CudaModel& m) {
     return AttentionShape{s.n_head, m.n_head_kv, s.head_dim_k, s.head_dim_v, 1.0f / std::sqrt((float)s.head_dim_k)};
 }
 
+ActQ16 act_q16(CudaForwardState& st) { return ActQ16{st.act_q16.data(), st.act_q16_scale.data()}; }
+
 // y = W x for a chunk: matvec for one token, tensor-core GEMM for more.
 // op_label: the GEMM's name in the SPILLWAY_OP_TIMES totals (op_times.h). x_is_f16: a chunk
 // whose x the previous matmul already converted (q, k and v share xn; gate and up too).
 void matmul(CudaForwardState& st, const CudaMatrix& w, const float* x, uint32_t n_tokens, float* y,
             const char* op_label = "gemm", bool x_is_f16 = false) {
+    if (n_tokens == 1 && w.q8_scales) {  // the split layout's GEMV reads x as int16 blocks
+        quantize_act_q16_cuda(x, w.n_in, 1, act_q16(st), st.stream);
+        return matvec_q8s_cuda(Q8SplitConst{reinterpret_cast<const int8_t*>(w.data), w.q8_scales}, act_q16(st), y,
+                               w.n_out, w.n_in, st.stream);
+    }
     if (n_tokens == 1) return matvec_cuda(w.type, w.data, x, y, w.n_out, w.n_in, 1, st.stream);
     if (!x_is_f16) prefill_act_to_f16_cuda(x, (size_t)n_tokens * w.n_in, st.act_f16.data(), st.stream);
     matmul_prefill_f16act_cuda(st.cublas, w, n_tokens, y, st.prefill_gemm, st.stream, op_label);
 }
 
-// Decode with Q8_0 weights: the matvec reads its x as int16 blocks (act_quant.cuh) written by
-// x's producer (rmsnorm, swiglu) or by quantize_act_q16_cuda; other weights read f32 x.
+// Decode with Q8_0 weights: the matvec (q16x for GGUF layout, q8s for the split layout)
+// reads its x as int16 blocks (act_quant.cuh) written by x's producer (rmsnorm, swiglu) or by
+// quantize_act_q16_cuda; other weights read f32 x.
 bool takes_q16(const CudaMatrix& w, uint32_t n_tokens) {
-    return n_tokens == 1 && w.type == GgmlType::Q8_0 && matvec_q8_0_q16x_fits(w.n_in);
+    return n_tokens == 1 && w.type == GgmlType::Q8_0 && (w.q8_scales != nullptr || matvec_q8_0_q16x_fits(w.n_in));
 }
-ActQ16 act_q16(CudaForwardState& st) { return ActQ16{st.act_q16.data(), st.act_q16_scale.data()}; }
 // The fused post-QKV kernel's limits (qkv_post.cuh).
 bool qkv_post_fits(const CudaModel& m) {
     const ModelSpec& s = m.spec;
@@ -188,7 +196,10 @@ bool release_at_entry(GemvSite site) {
 // gate, up as separate matrices), which must not release early.
 void matvec_decode(CudaForwardState& st, const CudaMatrix& w, uint32_t rows, const float* x, float* y,
                    GemvSite site = GemvSite::other) {
-    if (takes_q16(w, 1))
+    if (w.q8_scales)
+        matvec_q8s_cuda(Q8SplitConst{reinterpret_cast<const int8_t*>(w.data), w.q8_scales}, act_q16(st), y, rows,
+                        w.n_in, st.stream, release_at_entry(site));
+    else if (takes_q16(w, 1))
         matvec_q8_0_q16x_cuda(w.data, act_q16(st), y, rows, w.n_in, st.stream, release_at_entry(site));
     else matvec_cuda(w.type, w.data, x, y, rows, w.n_in, 1, st.stream);
 }
@@ -223,8 +234,8 @@ bool separate_attention_quant() {
 bool decode_layer_fits(const CudaModel& m) {
     if (!decode_layer_supported()) return false;
     const ModelSpec& s = m.spec;
-    const auto fits = [](const CudaMatrix& w, uint32_t rows) {
-        return takes_q16(w, 1) && decode_layer_phase_fits(rows, w.n_in);
+    const auto fits = [](const CudaMatrix& w, uint32_t rows) {  // the kernel reads GGUF layout only
+        return takes_q16(w, 1) && w.q8_scales == nullptr && decode_layer_phase_fits(rows, w.n_in);
     };
     const uint32_t qkv_rows = s.n_head * s.head_dim_k + m.n_head_kv * (s.head_dim_k + s.head_dim_v);
     for (const CudaLayerWeights& L : m.layers) {

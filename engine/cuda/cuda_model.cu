@@ -10,8 +10,11 @@
 #include <memory>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "common/progress.h"
 #include "engine/cpu/cpu_model.h"
+#include "engine/cuda/lab_knob.h"
+#include "engine/cuda/matvec_q8s.cuh"
 #include "gguf/gguf.h"
 #include "model/presets.h"
 
@@ -210,6 +213,100 @@ __global__ void fill_random_kernel(uint8_t* dst, uint64_t n_units, int type, int
     }
 }
 
+// The split layout for the Q8_0 matrices the split-layout GEMV takes (cuda_model.h). One
+// group (a matrix, or matrices stored back to back that decode reads as one) is converted in
+// place in row chunks, in order: a chunk's GGUF bytes go to a scratch buffer, its codes to
+// the group's start + r0 * n_in (which ends before the next chunk's GGUF bytes begin, as a
+// row of codes is shorter than a GGUF row), its scales to a second scratch buffer that lands
+// behind all the codes at the end. Scratch: one chunk (<= 64 MiB) + the group's scales.
+// Off by default: measured in the engine (docs/perf-notes.md, session 23; 14B shape, tok/s
+// GGUF -> every site split, identical to 0.2 twice): d = 0 faster (f16 207.6 -> 210.1, q4_0
+// 202.9 -> 205.5), but every depth slower (f16 64k 124.4 -> 123.8, q8_0 64k 138.3 -> 136.5,
+// q4_0 8k 189.0 -> 185.3, 64k 153.7 -> 150.6), with any subset of sites; not understood.
+constexpr uint32_t kDefaultSplitSites = 0;
+
+struct SplitGroup {
+    std::vector<CudaMatrix*> members;  // back to back, same n_in
+    uint32_t rows = 0;
+};
+
+void convert_group_to_split(const SplitGroup& g, uint8_t* scratch, size_t scratch_bytes, uint16_t* scale_scratch,
+                            cudaStream_t stream) {
+    CudaMatrix& first = *g.members.front();
+    const uint32_t n_in = first.n_in;
+    const uint64_t row_bytes = first.row_bytes;
+    uint8_t* base = const_cast<uint8_t*>(first.data);
+    const uint32_t chunk_rows = (uint32_t)std::max<uint64_t>(1, scratch_bytes / row_bytes);
+    for (uint32_t r0 = 0; r0 < g.rows; r0 += chunk_rows) {
+        const uint32_t n = std::min(chunk_rows, g.rows - r0);
+        SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(scratch, base + (uint64_t)r0 * row_bytes, (uint64_t)n * row_bytes,
+                                            cudaMemcpyDeviceToDevice, stream));
+        q8_0_to_split_cuda(scratch, n, n_in,
+                           Q8Split{reinterpret_cast<int8_t*>(base + (uint64_t)r0 * n_in),
+                                   scale_scratch + (uint64_t)r0 * (n_in / 32)},
+                           stream);
+    }
+    uint8_t* scales = base + (uint64_t)g.rows * n_in;
+    SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(scales, scale_scratch, (uint64_t)g.rows * (n_in / 32) * 2,
+                                        cudaMemcpyDeviceToDevice, stream));
+    uint32_t row = 0;
+    for (CudaMatrix* w : g.members) {
+        w->data = base + (uint64_t)row * n_in;
+        w->q8_scales = reinterpret_cast<const uint16_t*>(scales) + (uint64_t)row * (n_in / 32);
+        row += w->n_out;
+    }
+}
+
+// Which matrices (a bit per decode site) take the split layout.
+enum class SplitSite : uint32_t { qkv = 1, wo = 2, gate_up = 4, down = 8, head = 16 };
+
+void convert_q8_0_to_split(CudaModel& m) {
+    const uint32_t sites = lab_knob_uint("SPILLWAY_Q8_SPLIT", kDefaultSplitSites, 31);
+    auto takes = [](const CudaMatrix& w) { return w.type == GgmlType::Q8_0 && matvec_q8s_fits(w.n_in); };
+    std::vector<SplitGroup> groups;
+    auto add_at = [&](SplitSite site, std::vector<CudaMatrix*> members) {
+        if ((sites & (uint32_t)site) == 0) return;
+        for (CudaMatrix* w : members)
+            if (!takes(*w) || w->n_in != members.front()->n_in) return;
+        SplitGroup g{members, 0};
+        for (CudaMatrix* w : members) g.rows += w->n_out;
+        groups.push_back(g);
+    };
+    for (CudaLayerWeights& L : m.layers) {
+        if (L.fused_qkv) add_at(SplitSite::qkv, {&L.wq, &L.wk, &L.wv});
+        else add_at(SplitSite::qkv, {&L.wq}), add_at(SplitSite::qkv, {&L.wk}), add_at(SplitSite::qkv, {&L.wv});
+        add_at(SplitSite::wo, {&L.wo});
+        if (L.fused_gate_up) add_at(SplitSite::gate_up, {&L.ffn_gate, &L.ffn_up});
+        else add_at(SplitSite::gate_up, {&L.ffn_gate}), add_at(SplitSite::gate_up, {&L.ffn_up});
+        add_at(SplitSite::down, {&L.ffn_down});
+    }
+    const bool tied = m.output.data == m.token_embd.data;
+    if (!tied) add_at(SplitSite::head, {&m.output});
+    if (groups.empty()) return;
+    uint64_t most_scales = 0;
+    for (const SplitGroup& g : groups) most_scales = std::max<uint64_t>(most_scales, (uint64_t)g.rows * g.members[0]->n_in / 16);
+    const size_t scratch_bytes = 64ull << 20;
+    // Transient: if VRAM cannot hold it, the weights stay in GGUF layout (decode then runs the
+    // q16x GEMV, a few percent slower) rather than failing the load.
+    uint8_t* scratch = nullptr;
+    uint16_t* scale_scratch = nullptr;
+    if (cudaMalloc(&scratch, scratch_bytes) != cudaSuccess ||
+        cudaMalloc(&scale_scratch, std::max<uint64_t>(most_scales, 2)) != cudaSuccess) {
+        (void)cudaGetLastError();  // clear the allocation error
+        if (scratch) cudaFree(scratch);
+        log_warn("Q8_0 weights stay in GGUF layout: no VRAM for the " +
+                 std::to_string((scratch_bytes + most_scales) >> 20) + " MiB the split-layout conversion needs");
+        return;
+    }
+    cudaStream_t stream;
+    SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (const SplitGroup& g : groups) convert_group_to_split(g, scratch, scratch_bytes, scale_scratch, stream);
+    SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(stream));
+    SPILLWAY_CUDA_CHECK(cudaStreamDestroy(stream));
+    SPILLWAY_CUDA_CHECK(cudaFree(scratch));
+    SPILLWAY_CUDA_CHECK(cudaFree(scale_scratch));
+}
+
 }  // namespace
 
 bool cuda_weight_type_supported(GgmlType type) {
@@ -282,6 +379,7 @@ CudaModel upload_cuda_model(const CpuModel& cpu, bool show_progress) {
     for (auto& e : done) cudaEventDestroy(e);
     cudaStreamDestroy(stream);
 
+    convert_q8_0_to_split(m);
     m.rope = cpu.rope;
     upload_rope(m);
     return m;
@@ -328,6 +426,7 @@ CudaModel make_synthetic_cuda_model(const std::string& preset, GgmlType wtype, u
         SPILLWAY_CUDA_CHECK(cudaGetLastError());
     }
     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    convert_q8_0_to_split(m);
     m.rope = make_rope_tables(m.spec.rope, m.spec.head_dim_k);
     upload_rope(m);
     return m;

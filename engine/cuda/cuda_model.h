@@ -23,13 +23,17 @@ namespace spillway {
 
 struct CpuModel;
 
-// A weight matrix in GGUF layout on the device: n_out rows of n_in values.
+// A weight matrix on the device: n_out rows of n_in values, in GGUF layout, or for Q8_0
+// matrices the decode GEMV takes in the split layout (matvec_q8s.cuh): then `data` holds the
+// int8 codes (row stride n_in bytes) and q8_scales the blocks' f16 scales (row stride n_in /
+// 32); the same bytes in all (row_bytes stays GGUF's).
 struct CudaMatrix {
     GgmlType type = GgmlType::F32;
     const uint8_t* data = nullptr;
     uint32_t n_in = 0;
     uint32_t n_out = 0;
     uint64_t row_bytes = 0;
+    const uint16_t* q8_scales = nullptr;  // non-null: split layout
     uint64_t bytes() const { return row_bytes * n_out; }
 };
 
@@ -43,6 +47,11 @@ struct CudaLayerWeights {
     bool fused_gate_up = false;   // ffn_gate|ffn_up contiguous and of one type
 };
 
+// SPILLWAY_Q8_SPLIT=<bit mask> (lab; 0, i.e. GGUF layout everywhere, by default: slower at
+// depth, cuda_model.cu): the decode sites whose Q8_0 matrices are converted to the split
+// layout after upload (1 q|k|v, 2 wo, 4 gate|up, 8 down, 16 head), where the split-layout GEMV
+// takes their rows; fused q|k|v and gate|up convert as one matrix each (their decode GEMV
+// stays one launch); a tied head stays GGUF (the embedding reads its rows).
 struct CudaModel {
     ModelSpec spec;
     uint32_t n_head_kv = 0;

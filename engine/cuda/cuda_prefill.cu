@@ -86,6 +86,23 @@ __global__ void dequantize_rows_kernel(int type, const uint8_t* src, uint64_t ro
     }
 }
 
+// The split layout (matvec_q8s.cuh): codes [n_rows][n_in] from `codes`, scales [n_rows][n_in / 32];
+// the same conversion as the GGUF branch above, so the tile is bit-identical.
+__global__ void dequantize_split_rows_kernel(const int8_t* codes, const uint16_t* scales, uint32_t n_in,
+                                             uint32_t n_rows, __half* out) {
+    const uint32_t units_per_row = n_in / 8;
+    const uint64_t n_units = (uint64_t)n_rows * units_per_row;
+    for (uint64_t u = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; u < n_units; u += (uint64_t)gridDim.x * blockDim.x) {
+        const uint64_t r = u / units_per_row, j = u % units_per_row;  // values 8j .. 8j+7 of row r
+        const uint2 q = *reinterpret_cast<const uint2*>(codes + r * n_in + j * 8);
+        const __half2 d = __half2half2(__ushort_as_half(scales[r * (n_in / 32) + j / 4]));
+        const uint32_t lo = q.x ^ 0x80808080u, hi = q.y ^ 0x80808080u;
+        *reinterpret_cast<uint4*>(out + r * n_in + j * 8) =
+            make_uint4(q8_pair_to_half2(lo, 0x4140, d), q8_pair_to_half2(lo, 0x4342, d),
+                       q8_pair_to_half2(hi, 0x4140, d), q8_pair_to_half2(hi, 0x4342, d));
+    }
+}
+
 unsigned grid_for(uint64_t n, unsigned threads) {
     return (unsigned)std::max<uint64_t>(1, std::min<uint64_t>((n + threads - 1) / threads, 132ull * 32));
 }
@@ -216,6 +233,13 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillPara
 void dequantize_rows_f16_cuda(const CudaMatrix& w, uint32_t r0, uint32_t n_rows, __half* out, cudaStream_t stream) {
     if (w.n_in % 32 != 0) fail("dequantize_rows_f16_cuda: n_in must be a multiple of 32");
     const uint64_t n_units = (uint64_t)n_rows * (w.n_in / 8);
+    if (w.q8_scales != nullptr) {
+        dequantize_split_rows_kernel<<<grid_for(n_units, 256), 256, 0, stream>>>(
+            reinterpret_cast<const int8_t*>(w.data) + (uint64_t)r0 * w.n_in, w.q8_scales + (uint64_t)r0 * (w.n_in / 32),
+            w.n_in, n_rows, out);
+        SPILLWAY_CUDA_CHECK(cudaGetLastError());
+        return;
+    }
     dequantize_rows_kernel<<<grid_for(n_units, 256), 256, 0, stream>>>((int)w.type, w.data + (uint64_t)r0 * w.row_bytes,
                                                                        w.row_bytes, w.n_in, n_rows, out);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());

@@ -30,6 +30,7 @@
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cp_async_device.cuh"
+#include "engine/cuda/gemv_shared.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
 #include "engine/cuda/q8_0_q16_device.cuh"
@@ -574,6 +575,8 @@ __global__ void __launch_bounds__(kWarpsPB * 32) matvec_q8_0_q16x_kernel(const u
 
 constexpr uint32_t kQ16MaxCols = 32768;  // x in shared memory: 2.125 B per column, <= 68 KB
 
+}  // namespace
+
 // The cut pairs' partial sums (the kernel above): one 64-bit slot per row of each warp,
 // zero between launches. One buffer per (device, stream), allocated on the stream's first
 // chunk-split launch (never inside a graph capture: the engine warms up directly, as for
@@ -581,7 +584,7 @@ constexpr uint32_t kQ16MaxCols = 32768;  // x in shared memory: 2.125 B per colu
 // their buffer at once (a programmatically launched one reaches it only after its
 // predecessor completed); GEMVs on two streams may run together and must not share slots: a
 // reader could take the other launch's partial sum, or wait forever for one it consumed.
-unsigned long long* q16x_carry_slots(cudaStream_t stream, uint32_t needed) {
+unsigned long long* gemv_carry_slots(cudaStream_t stream, uint32_t needed) {
     static std::mutex mutex;
     static std::map<std::pair<int, cudaStream_t>, unsigned long long*> buffers;
     int device = 0;
@@ -592,12 +595,12 @@ unsigned long long* q16x_carry_slots(cudaStream_t stream, uint32_t needed) {
         cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
         SPILLWAY_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
         if (capture != cudaStreamCaptureStatusNone)
-            fail("matvec_q8_0_q16x_cuda: first chunk-split GEMV on a stream inside a graph capture; launch once outside it");
+            fail("decode GEMV: first row-splitting GEMV on a stream inside a graph capture; launch once outside it");
         int sms = 0, threads = 0;
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, device));
         const size_t most = (size_t)sms * (size_t)threads / 32 * 2;  // every resident warp, two rows
-        if (needed > most) fail("matvec_q8_0_q16x_cuda: more carry slots than resident warps");
+        if (needed > most) fail("decode GEMV: more carry slots than resident warps");
         unsigned long long* fresh = nullptr;
         SPILLWAY_CUDA_CHECK(cudaMalloc(&fresh, most * sizeof(unsigned long long)));
         // On the launch's own stream: a plain cudaMemset runs on the legacy stream, which a
@@ -609,6 +612,8 @@ unsigned long long* q16x_carry_slots(cudaStream_t stream, uint32_t needed) {
     }
     return slots;
 }
+
+namespace {
 
 // SPILLWAY_Q16X_SPLIT=pairs keeps the row-pair split (A/B in one run; docs/perf-notes.md).
 bool q16x_chunk_split_enabled() {
@@ -639,17 +644,7 @@ Q16xGrid q16x_grid(uint32_t cols) {
     constexpr size_t kMaxSmem = kRingSmem + (kXInSmem ? kQ16MaxCols * 2 + kQ16MaxCols / 8 : 0);
     const size_t smem = kRingSmem + (kXInSmem ? cols * 2 + cols / 8 : 0);
     constexpr auto kKernel = matvec_q8_0_q16x_kernel<kWarpsPB, kXInSmem, kRows, kDeep>;
-    static const int sms = [] {
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kMaxSmem));
-        int device = 0, n = 0;
-        SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
-        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-        return n;
-    }();
-    // Resident blocks for this x size (a host query, no stream work: fine inside graph capture).
-    int per_sm = 0;
-    SPILLWAY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kWarpsPB * 32, smem));
-    return {smem, (uint32_t)std::max(1, sms * per_sm) * kWarpsPB};
+    return {smem, gemv_resident_warps<kKernel>(kWarpsPB, smem, kMaxSmem)};
 }
 
 template <int kWarpsPB, bool kXInSmem, int kRows, int kDeep = 0>
@@ -661,16 +656,10 @@ void launch_q8_0_q16x(const uint8_t* w, const int16_t* xq, const float* xd, floa
     const bool by_chunks = q16x_splits_by_chunks(rows, cols, kRows, slot_warps);
     const uint32_t warps = std::min(slot_warps, n_row_pairs);
     const uint32_t blocks = (warps + kWarpsPB - 1) / kWarpsPB;
-    unsigned long long* carry = by_chunks ? q16x_carry_slots(stream, slot_warps * kRows) : nullptr;
+    unsigned long long* carry = by_chunks ? gemv_carry_slots(stream, slot_warps * kRows) : nullptr;
     // Programmatic dependent launch (sm_90+): see the kernel's prologue.
-    static const bool pdl = [] {
-        int device = 0, major = 0;
-        SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
-        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        return major >= 9;
-    }();
-    launch_with_pdl(pdl, kKernel, dim3(blocks), dim3(kWarpsPB * 32), smem, stream, w, xq, xd, y, rows, cols, warps, carry,
-                    release_at_entry ? 1u : 0u);
+    launch_with_pdl(pdl_supported(), kKernel, dim3(blocks), dim3(kWarpsPB * 32), smem, stream, w, xq, xd, y, rows, cols,
+                    warps, carry, release_at_entry ? 1u : 0u);
 }
 
 constexpr uint32_t kInt8MaxCols = 32768;  // x as int8 + scales in shared memory: <= 36 KB

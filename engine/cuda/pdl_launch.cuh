@@ -23,15 +23,20 @@ namespace spillway {
 
 enum class PdlSite : uint32_t { rmsnorm = 1, qkv_post = 2, attention = 4, merge = 8, swiglu = 16 };
 
-// Whether this launch site is programmatic (read once per process; never on devices below sm_90).
-inline bool pdl_site_on(PdlSite site) {
-    static const uint32_t mask = [] {
-        const uint32_t m = lab_knob_uint("SPILLWAY_PDL_SMALL", 31, 31, 0);  // a bit mask
+// Whether the current device takes programmatic dependent launches (sm_90+; read once).
+inline bool pdl_supported() {
+    static const bool supported = [] {
         int device = 0, major = 0;
         SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        return major >= 9 ? m : 0u;
+        return major >= 9;
     }();
+    return supported;
+}
+
+// Whether this launch site is programmatic (read once per process; never on devices below sm_90).
+inline bool pdl_site_on(PdlSite site) {
+    static const uint32_t mask = pdl_supported() ? lab_knob_uint("SPILLWAY_PDL_SMALL", 31, 31, 0) : 0u;  // a bit mask
     return (mask & (uint32_t)site) != 0;
 }
 

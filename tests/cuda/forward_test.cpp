@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -214,6 +215,66 @@ TEST(CudaForward, GraphDecodeEqualsDirectDecode) {
         // Same kernels, same launch parameters: bit-identical.
         EXPECT_EQ(rel_error(graph, direct), 0.0) << kv_type_name(kt) << "/" << kv_type_name(vt);
     }
+}
+
+// Q8_0 weights in the split layout (matvec_q8s.cuh) against the same weights kept in GGUF
+// layout (SPILLWAY_Q8_SPLIT=0), on the Qwen2.5-7B shape (the tiny preset's rows, 256 and
+// 768 values, are not whole 512-value units, so it stays GGUF). Prefill dequantizes both
+// layouts to the same f16 tiles: identical logits. Decode differs only in the GEMVs' f32
+// summation order (q8s vs q16x, both exact in W and x's int16 rounding, ~1e-7 apart per
+// GEMV in CudaMatvec.*), which 28 layers of random weights amplify: 6e-4 measured on the
+// H200 (session 23), bounded at 2e-3 (the f16 forward's bound against the CPU is 5e-3). A
+// prefill that wants only the last row runs the head as one GEMV on f32 x, which the split
+// layout rounds to int16 first (~2e-5 relative).
+TEST(CudaForward, Q8SplitLayoutMatchesGgufLayout) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    size_t free_b = 0, total_b = 0;
+    SPILLWAY_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    if (free_b < (24ull << 30)) GTEST_SKIP() << "needs ~24 GB of free VRAM";
+    ::setenv("SPILLWAY_Q8_SPLIT", "0", 1);
+    const CudaModel gguf = make_synthetic_cuda_model("qwen2.5-7b", GgmlType::Q8_0, 3);
+    ::setenv("SPILLWAY_Q8_SPLIT", "31", 1);  // every site, whatever the default
+    const CudaModel split = make_synthetic_cuda_model("qwen2.5-7b", GgmlType::Q8_0, 3);
+    ::unsetenv("SPILLWAY_Q8_SPLIT");
+    const CudaLayerWeights& L = split.layers[1];
+    ASSERT_TRUE(L.fused_qkv && L.fused_gate_up);
+    EXPECT_TRUE(gguf.layers[1].wq.q8_scales == nullptr && gguf.output.q8_scales == nullptr);
+    ASSERT_TRUE(L.wq.q8_scales && L.wo.q8_scales && L.ffn_gate.q8_scales && L.ffn_down.q8_scales &&
+                split.output.q8_scales);
+    // Fused groups stay one matrix: codes, then scales, of q|k|v back to back.
+    EXPECT_EQ(L.wk.data, L.wq.data + (uint64_t)L.wq.n_out * L.wq.n_in);
+    EXPECT_EQ(L.wk.q8_scales, L.wq.q8_scales + (uint64_t)L.wq.n_out * L.wq.n_in / 32);
+    EXPECT_EQ(L.ffn_up.q8_scales, L.ffn_gate.q8_scales + (uint64_t)L.ffn_gate.n_out * L.ffn_gate.n_in / 32);
+    EXPECT_EQ(split.weight_bytes, gguf.weight_bytes);
+
+    std::mt19937 rng(cuda_test::fresh_seed());
+    const uint32_t V = split.spec.n_vocab;
+    const std::vector<int32_t> prompt = random_tokens(rng, 24, V), decode = random_tokens(rng, 6, V);
+    const std::vector<float> a = gpu_logits(gguf, prompt, decode, KvType::f16, KvType::f16, true);
+    const std::vector<float> b = gpu_logits(split, prompt, decode, KvType::f16, KvType::f16, true);
+    const double prefill_err = worst_row(a, b, V, 0, prompt.size());
+    const double decode_err = worst_row(a, b, V, prompt.size(), prompt.size() + decode.size());
+    EXPECT_EQ(prefill_err, 0.0) << "prefill logits differ between the layouts";
+    EXPECT_LT(decode_err, 2e-3) << "decode logits, worst row";
+
+    // Last-row-only prefill: the head is one GEMV on f32 x.
+    auto last_row = [&](const CudaModel& m) {
+        CudaKvCache cache = make_cuda_kv_cache(m, (uint32_t)prompt.size(), KvType::f16, KvType::f16);
+        CudaForwardState st;
+        init_cuda_forward_state(st, m, (uint32_t)prompt.size(), false, (uint32_t)prompt.size());
+        forward_cuda_tokens(m, cache, st, prompt.data(), (uint32_t)prompt.size(), 0);
+        std::vector<float> row(V);
+        SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(row.data(), st.logits.data(), (size_t)V * 4, cudaMemcpyDeviceToHost, st.stream));
+        SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(st.stream));
+        return row;
+    };
+    const std::vector<float> la = last_row(gguf), lb = last_row(split);
+    const double last_err = rel_error(la.data(), lb.data(), V);
+    const double vs_all = rel_error(la.data(), a.data() + (prompt.size() - 1) * V, V);
+    EXPECT_LT(last_err, 2e-4) << "last-row prefill logits";
+    std::printf("  split vs gguf layout, qwen2.5-7b shape: prefill %.2e, decode %.2e, last-row prefill %.2e (gguf's "
+                "last row vs its all-rows prefill %.2e)\n",
+                prefill_err, decode_err, last_err, vs_all);
 }
 
 TEST(CudaForward, GreedyTokensMatchCpuFor64Steps) {

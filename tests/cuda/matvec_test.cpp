@@ -2,10 +2,12 @@
 // weights times x in double. The GPU uses the same dequantized values and accumulates in
 // f32, so the tolerance is f32 summation error: 1e-5 for every weight type.
 #include "engine/cuda/matvec.cuh"
+#include "engine/cuda/matvec_q8s.cuh"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 
 #include "act_q16_ref.h"
@@ -146,26 +148,43 @@ TEST(CudaMatvec, Q8KernelVariantsMatchCpu) {
 // per value uniform in +-d/2 with d = amax/32767, RMS amax/113500; amax of 32 normal values
 // is ~2.0-2.5 sigma, so ~2e-5 relative; bounded at 2e-4 over >= 7 rows (one row's ratio of
 // two random sums has a heavy tail).
+// A random Q8_0 matrix, x quantized to int16 blocks, and the references: W times the x the
+// kernel sees (x_seen) and W times the exact x, in double.
+struct Q16xCase {
+    HostWeights w;
+    HostActQ16 xq;
+    std::vector<float> ref, ref_exact;
+};
+Q16xCase make_q16x_case(uint32_t seed, uint32_t rows, uint32_t cols) {
+    std::mt19937 rng(seed);
+    Q16xCase c;
+    c.w = random_weights(rng, GgmlType::Q8_0, rows, cols);
+    const std::vector<float> x = random_floats(rng, cols);
+    c.xq = quantize_act_q16_host(x);
+    const std::vector<float> x_seen = dequantize_act_q16_host(c.xq);
+    c.ref.resize(rows);
+    c.ref_exact.resize(rows);
+    for (uint32_t r = 0; r < rows; ++r) {
+        double sum = 0.0, sum_exact = 0.0;
+        for (uint32_t k = 0; k < cols; ++k) {
+            sum += (double)c.w.values[(size_t)r * cols + k] * x_seen[k];
+            sum_exact += (double)c.w.values[(size_t)r * cols + k] * x[k];
+        }
+        c.ref[r] = (float)sum;
+        c.ref_exact[r] = (float)sum_exact;
+    }
+    return c;
+}
+
 void check_matvec_q16x(MatvecQ16xKernel kernel, uint32_t rows, uint32_t cols) {
     const uint32_t seed = fresh_seed();
     SCOPED_TRACE("q16x kernel=" + std::to_string((int)kernel) + " rows=" + std::to_string(rows) + " cols=" +
                  std::to_string(cols) + " seed=" + std::to_string(seed));
-    std::mt19937 rng(seed);
-    const auto [w_q, w_deq] = random_weights(rng, GgmlType::Q8_0, rows, cols);
-    const std::vector<float> x = random_floats(rng, cols);
-    const HostActQ16 xq = quantize_act_q16_host(x);
-    const std::vector<float> x_seen = dequantize_act_q16_host(xq);
-    std::vector<float> ref(rows), ref_exact(rows);
-    for (uint32_t r = 0; r < rows; ++r) {
-        double sum = 0.0, sum_exact = 0.0;
-        for (uint32_t k = 0; k < cols; ++k) {
-            sum += (double)w_deq[(size_t)r * cols + k] * x_seen[k];
-            sum_exact += (double)w_deq[(size_t)r * cols + k] * x[k];
-        }
-        ref[r] = (float)sum;
-        ref_exact[r] = (float)sum_exact;
-    }
-    auto d_w = to_device(w_q);
+    const Q16xCase c = make_q16x_case(seed, rows, cols);
+    const HostActQ16& xq = c.xq;
+    const std::vector<float>& ref = c.ref;
+    const std::vector<float>& ref_exact = c.ref_exact;
+    auto d_w = to_device(c.w.bytes);
     auto d_q = to_device(xq.q);
     auto d_d = to_device(xq.d);
     DeviceBuffer<float> d_y(rows);
@@ -259,6 +278,78 @@ TEST(CudaMatvec, ChunkSplitOnTwoStreamsAtOnce) {
     EXPECT_LT(rel_error(ref, want), 1e-5) << "the single launch vs the CPU reference";
     EXPECT_TRUE(std::equal(ref.begin(), ref.end(), a.begin())) << "stream a differs from the single launch";
     EXPECT_TRUE(std::equal(ref.begin(), ref.end(), b.begin())) << "stream b differs from the single launch";
+}
+
+// The split layout (matvec_q8s.cuh): GGUF Q8_0 bytes repacked on the GPU (checked byte for
+// byte against the host), then the register-streaming GEMV against the same reference as
+// the q16x check above (1e-5: f32 summation). Two launches per shape, so the second finds
+// the cut-pair slots the first one cleared.
+void check_matvec_q8s(MatvecQ8sKernel kernel, uint32_t rows, uint32_t cols) {
+    const uint32_t seed = fresh_seed();
+    SCOPED_TRACE("q8s kernel=" + std::to_string((int)kernel) + " rows=" + std::to_string(rows) + " cols=" +
+                 std::to_string(cols) + " seed=" + std::to_string(seed));
+    const Q16xCase c = make_q16x_case(seed, rows, cols);
+    const std::vector<uint8_t>& w_q = c.w.bytes;
+    const HostActQ16& xq = c.xq;
+    const std::vector<float>& ref = c.ref;
+    auto d_w = to_device(w_q);
+    DeviceBuffer<int8_t> codes((size_t)rows * cols);
+    DeviceBuffer<uint16_t> scales((size_t)rows * cols / 32);
+    poison(codes);
+    poison(scales);
+    q8_0_to_split_cuda(d_w.data(), rows, cols, Q8Split{codes.data(), scales.data()}, nullptr);
+    const std::vector<int8_t> h_codes = to_host(codes);
+    const std::vector<uint16_t> h_scales = to_host(scales);
+    size_t layout_mismatches = 0;
+    for (size_t b = 0; b < h_scales.size(); ++b) {
+        uint16_t scale;
+        std::memcpy(&scale, w_q.data() + b * 34, 2);
+        layout_mismatches += scale != h_scales[b];
+        layout_mismatches += std::memcmp(w_q.data() + b * 34 + 2, h_codes.data() + b * 32, 32) != 0;
+    }
+    EXPECT_EQ(layout_mismatches, 0u) << "repacked blocks differ from the GGUF blocks";
+    auto d_q = to_device(xq.q);
+    auto d_d = to_device(xq.d);
+    double worst = 0.0;
+    for (int launch = 0; launch < 2; ++launch) {
+        DeviceBuffer<float> d_y(rows);
+        poison(d_y);
+        matvec_q8s_cuda_with(kernel, Q8SplitConst{codes.data(), scales.data()}, ActQ16{d_q.data(), d_d.data()},
+                             d_y.data(), rows, cols, nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> y = to_host(d_y);
+        EXPECT_EQ(count_nan(y), 0u);
+        const double err = rel_error(y, ref);
+        EXPECT_LT(err, 1e-5) << "relative error " << err << " (launch " << launch << ")";
+        worst = std::max(worst, err);
+    }
+    std::printf("  q8s kernel %d rows=%u cols=%u: rel. error %.2e\n", (int)kernel, rows, cols, worst);
+}
+
+TEST(CudaMatvec, Q8SplitKernelsMatchCpu) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    for (int ki = 0; ki <= (int)MatvecQ8sKernel::w8u4nc; ++ki) {
+        // One unit (1 x 512), a half row pair (odd rows), pairs cut between two and more warps
+        // (the 14B wo / down shapes have fewer units than twice the warps), many pairs per warp.
+        for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
+                 {1, 512}, {7, 512}, {257, 5120}, {33, 13824}, {5120, 5120}, {5121, 5120}, {5120, 13824},
+                 {20001, 512}, {3000, 27648}})
+            check_matvec_q8s((MatvecQ8sKernel)ki, rows, cols);
+    }
+    EXPECT_EQ(matvec_q8s_kernel_for(5120, 5120), MatvecQ8sKernel::w8u4);
+    DeviceBuffer<int8_t> codes(1 << 16);
+    DeviceBuffer<uint16_t> scales(1 << 12);
+    DeviceBuffer<int16_t> xq(1024);
+    DeviceBuffer<float> xd(32), y(16);
+    EXPECT_THROW(matvec_q8s_cuda(Q8SplitConst{codes.data(), scales.data()}, ActQ16{xq.data(), xd.data()}, y.data(), 4,
+                                 256, nullptr), Error);  // 256 columns: not whole units
+    EXPECT_THROW(matvec_q8s_cuda(Q8SplitConst{codes.data(), scales.data()}, ActQ16{}, y.data(), 4, 512, nullptr), Error);
+    EXPECT_THROW(matvec_q8s_cuda(Q8SplitConst{codes.data(), nullptr}, ActQ16{xq.data(), xd.data()}, y.data(), 4, 512,
+                                 nullptr), Error);
+    EXPECT_THROW(q8_0_to_split_cuda(codes.data(), 4, 48, Q8Split{codes.data(), scales.data()}, nullptr), Error);
+    EXPECT_FALSE(matvec_q8s_fits(65536));
+    EXPECT_FALSE(matvec_q8s_fits(896));
+    EXPECT_TRUE(matvec_q8s_fits(13824));
 }
 
 TEST(CudaMatvec, RejectsUnsupportedInputs) {

@@ -1,0 +1,291 @@
+// Q8_0 decode GEMV on the split layout (matvec_q8s.cuh).
+//
+// Floors (written before the kernel, H200 HBM read ~4.5 TB/s): bytes = 1.0625 per weight
+// (27.9 MB for 5120x5120: 6.2 us; 150.4 MB for 27648x5120: 33.4 us; the 827 MB head: 184 us).
+// Per 16 codes and row a lane issues 1 16-byte load, 8 __dp2a, an I2F and two FMUL/FFMA (x's
+// two 16-byte shared loads and its scale serve both rows): ~14 warp instructions per 1 KB of
+// W at 32 lanes, ~11% of the issue rate at full HBM speed. So bandwidth, latency and the
+// launch's ramp and tail are the limits, not arithmetic.
+#include "engine/cuda/matvec_q8s.cuh"
+
+#include <cuda/atomic>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+
+#include "common/error.h"
+#include "engine/cuda/cp_async_device.cuh"
+#include "engine/cuda/cuda_check.h"
+#include "engine/cuda/gemv_shared.cuh"
+#include "engine/cuda/lab_knob.h"
+#include "engine/cuda/pdl_launch.cuh"
+
+namespace spillway {
+namespace {
+
+constexpr uint32_t kMaxCols = 32768;  // x in shared memory: 2.125 B per column, <= 68 KB
+constexpr uint32_t kUnitCols = 512;   // a unit: 16 codes per lane of one row pair
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// Why this shape: the q16x kernel (matvec.cu) stages W through a shared-memory ring because
+// GGUF's 68-byte block pairs cannot be read with aligned vectors; the f16 GEMV, which loads
+// 16-byte vectors straight into registers, reads the head at 97% of HBM where q16x reaches
+// 89-92%. Here a lane's 16 codes are one aligned load and its block's scale one 2-byte load,
+// kUnroll units ahead per row: no ring, no cp.async bookkeeping, more warps per SM.
+// Warp w owns units [w * U / W, (w + 1) * U / W) of the row-pair-major order (a unit = 512
+// columns of a row pair), so every resident warp gets floor or ceil of the average. A row
+// pair cut between warps: each warp whose range starts inside a pair publishes its partial
+// sums of that pair in carry[w] (value and a "set" tag in one 64-bit word, no fence); the
+// warp holding the pair's first unit adds the later warps' parts in warp order after its
+// loop, clears their slots and writes y: the sum order is fixed, results do not depend on
+// timing.
+// kPipe: two register groups; the next group's loads go out before the current group is summed.
+// kStreaming: W loads marked evict-first (ld.global.cs), else read-only-path loads (ld.global.nc).
+template <int kWarpsPB, int kUnroll, int kMinBlocks, bool kPipe, bool kStreaming = true>
+__global__ void __launch_bounds__(kWarpsPB * 32, kMinBlocks) matvec_q8s_kernel(
+    const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const int16_t* __restrict__ xq,
+    const float* __restrict__ xd, float* __restrict__ y, uint32_t rows, uint32_t cols, uint32_t n_warps,
+    unsigned long long* __restrict__ carry, uint32_t release_at_entry) {
+    if (release_at_entry) pdl_release_dependents();
+    extern __shared__ uint4 q8s_smem[];  // x: q [cols] int16, then d [cols / 32] f32
+    const uint32_t lane = threadIdx.x % 32;
+    const uint32_t gw = blockIdx.x * kWarpsPB + threadIdx.x / 32;
+    const uint32_t segs = cols / kUnitCols;
+    const uint32_t total = (rows + 1) / 2 * segs;
+    const uint32_t u0 = gw < n_warps ? (uint32_t)((uint64_t)gw * total / n_warps) : total;
+    const uint32_t u1 = gw < n_warps ? (uint32_t)((uint64_t)(gw + 1) * total / n_warps) : total;
+    const uint32_t row_vecs = cols / 16, row_blocks = cols / 32;
+
+    struct Group {  // one group's registers: kUnroll units x 2 rows
+        uint4 w[kUnroll][2];
+        unsigned short d[kUnroll][2];
+    };
+    Group s0, s1;
+    // The load cursor (unit = pair * segs + seg); groups are loaded in unit order.
+    uint32_t load_pair = u0 / segs, load_seg = u0 % segs;
+    auto load_group = [&](Group& s, uint32_t first) {
+#pragma unroll
+        for (int i = 0; i < kUnroll; ++i) {
+            if (first + i < u1) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const uint32_t row = min(2 * load_pair + r, rows - 1);
+                    const uint4* wp = codes + (size_t)row * row_vecs + load_seg * 32 + lane;
+                    const unsigned short* dp = scales + (size_t)row * row_blocks + load_seg * 16 + lane / 2;
+                    if constexpr (kStreaming) {
+                        s.w[i][r] = __ldcs(wp);
+                        s.d[i][r] = __ldcs(dp);
+                    } else {
+                        s.w[i][r] = __ldg(wp);
+                        s.d[i][r] = __ldg(dp);
+                    }
+                }
+                if (++load_seg == segs) load_seg = 0, ++load_pair;
+            }
+        }
+    };
+    // W does not depend on the kernel before us (x's producer): with programmatic dependent
+    // launch this block may run while that kernel still does, so W goes out before the wait.
+    load_group(s0, u0);
+    if constexpr (kPipe) {
+        if (u0 + kUnroll < u1) load_group(s1, u0 + kUnroll);
+    }
+    pdl_wait_for_producer();
+    {
+        uint8_t* dst = reinterpret_cast<uint8_t*>(q8s_smem);
+        const uint32_t q_vecs = cols * 2 / 16, d_vecs = cols / 8 / 16;
+        for (uint32_t i = threadIdx.x; i < q_vecs; i += kWarpsPB * 32)
+            cp_async16(dst + 16 * i, reinterpret_cast<const uint8_t*>(xq) + 16 * i);
+        for (uint32_t i = threadIdx.x; i < d_vecs; i += kWarpsPB * 32)
+            cp_async16(dst + cols * 2 + 16 * i, reinterpret_cast<const uint8_t*>(xd) + 16 * i);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+    }
+    const uint4* x_q = q8s_smem;
+    const float* x_d = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(q8s_smem) + cols * 2);
+
+    float acc[2] = {0.0f, 0.0f};
+    uint32_t pair = u0 / segs, seg = u0 % segs;
+    const uint32_t first_pair = pair;
+    auto sum_group = [&](const Group& s, uint32_t g) {
+#pragma unroll
+        for (int i = 0; i < kUnroll; ++i) {
+            if (g + i >= u1) break;
+            // This lane's 16 codes: columns seg * 512 + 16 * lane .. + 15, block seg * 16 + lane / 2.
+            const uint4 xa = x_q[seg * 64 + 2 * lane], xb = x_q[seg * 64 + 2 * lane + 1];
+            const float xs = x_d[seg * 16 + lane / 2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                // x values 0,1 | 2,3 | ... are the int16 pairs of xa, xb; codes 0-3 the bytes
+                // of w.x (dp2a lo: bytes 0-1, hi: bytes 2-3), 4-7 of w.y, ...
+                const uint4 w = s.w[i][r];
+                int isum = __dp2a_lo((int)xa.x, (int)w.x, 0);
+                isum = __dp2a_hi((int)xa.y, (int)w.x, isum);
+                isum = __dp2a_lo((int)xa.z, (int)w.y, isum);
+                isum = __dp2a_hi((int)xa.w, (int)w.y, isum);
+                isum = __dp2a_lo((int)xb.x, (int)w.z, isum);
+                isum = __dp2a_hi((int)xb.y, (int)w.z, isum);
+                isum = __dp2a_lo((int)xb.z, (int)w.w, isum);
+                isum = __dp2a_hi((int)xb.w, (int)w.w, isum);
+                acc[r] = fmaf(__half2float(__ushort_as_half(s.d[i][r])) * xs, (float)isum, acc[r]);
+            }
+            if (seg + 1 == segs || g + i + 1 == u1) {  // this warp's part of the pair ends here
+                const bool starts_inside = pair == first_pair && u0 % segs != 0;
+                const bool ends_inside = seg + 1 != segs;
+                if (!ends_inside || starts_inside) {  // else: this warp adds the rest after its loop
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const float part = warp_sum(acc[r]);
+                        if (lane == 0 && starts_inside) {
+                            cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(carry[(size_t)gw * 2 + r]);
+                            slot.store((1ull << 32) | __float_as_uint(part), cuda::memory_order_relaxed);
+                        } else if (lane == 0 && 2 * pair + r < rows) {
+                            y[2 * pair + r] = part;
+                        }
+                        acc[r] = 0.0f;
+                    }
+                }
+            }
+            if (++seg == segs) seg = 0, ++pair;
+        }
+    };
+    if constexpr (kPipe) {
+        for (uint32_t g = u0; g < u1; g += 2 * kUnroll) {
+            sum_group(s0, g);
+            if (g + 2 * kUnroll < u1) load_group(s0, g + 2 * kUnroll);
+            if (g + kUnroll >= u1) break;
+            sum_group(s1, g + kUnroll);
+            if (g + 3 * kUnroll < u1) load_group(s1, g + 3 * kUnroll);
+        }
+    } else {
+        for (uint32_t g = u0; g < u1; g += kUnroll) {
+            sum_group(s0, g);
+            if (g + kUnroll < u1) load_group(s0, g + kUnroll);
+        }
+    }
+    // A pair this warp starts and later warps end: add their parts in warp order.
+    if (u1 > u0 && u1 % segs != 0 && (u1 - 1) / segs * segs >= u0) {
+        const uint32_t p = (u1 - 1) / segs, pair_end = (p + 1) * segs;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float sum = warp_sum(acc[r]);
+            if (lane == 0) {
+                for (uint32_t v = gw + 1; v < n_warps; ++v) {
+                    cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(carry[(size_t)v * 2 + r]);
+                    unsigned long long bits;
+                    while (((bits = slot.load(cuda::memory_order_relaxed)) >> 32) == 0) __nanosleep(64);
+                    slot.store(0ull, cuda::memory_order_relaxed);
+                    sum += __uint_as_float((uint32_t)bits);
+                    if ((uint64_t)(v + 1) * total / n_warps >= pair_end) break;  // v's range ends the pair
+                }
+                if (2 * p + r < rows) y[2 * p + r] = sum;
+            }
+        }
+    }
+}
+
+// One thread per Q8_0 block: 34 bytes (f16 scale, 32 codes) -> 32 codes + the scale apart.
+__global__ void q8_0_to_split_kernel(const uint8_t* __restrict__ src, size_t n_blocks, int8_t* __restrict__ codes,
+                                     uint16_t* __restrict__ scales) {
+    for (size_t b = blockIdx.x * (size_t)blockDim.x + threadIdx.x; b < n_blocks; b += (size_t)gridDim.x * blockDim.x) {
+        const uint8_t* blk = src + b * 34;  // 2-byte aligned: read as halfwords
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(blk);
+        scales[b] = h[0];
+        uint32_t words[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) words[k] = (uint32_t)h[1 + 2 * k] | ((uint32_t)h[2 + 2 * k] << 16);
+        uint4* dst = reinterpret_cast<uint4*>(codes + b * 32);
+        dst[0] = make_uint4(words[0], words[1], words[2], words[3]);
+        dst[1] = make_uint4(words[4], words[5], words[6], words[7]);
+    }
+}
+
+template <int kWarpsPB, int kUnroll, int kMinBlocks, bool kPipe, bool kStreaming = true>
+void launch_q8s(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
+                bool release_at_entry) {
+    constexpr auto kKernel = matvec_q8s_kernel<kWarpsPB, kUnroll, kMinBlocks, kPipe, kStreaming>;
+    const size_t smem = (size_t)cols * 2 + cols / 8;
+    const uint32_t slot_warps = gemv_resident_warps<kKernel>(kWarpsPB, smem, (size_t)kMaxCols * 2 + kMaxCols / 8);
+    const uint32_t units = (rows + 1) / 2 * (cols / kUnitCols);
+    // Every warp resident at once (owners wait for later warps' parts) and owning >= 1 unit.
+    const uint32_t warps = std::min(slot_warps, units);
+    const uint32_t blocks = (warps + kWarpsPB - 1) / kWarpsPB;
+    unsigned long long* carry = gemv_carry_slots(stream, slot_warps * 2);
+    launch_with_pdl(pdl_supported(), kKernel, dim3(blocks), dim3(kWarpsPB * 32), smem, stream,
+                    reinterpret_cast<const uint4*>(w.codes), reinterpret_cast<const unsigned short*>(w.scales),
+                    static_cast<const int16_t*>(x.q), static_cast<const float*>(x.d), y, rows, cols, warps, carry,
+                    release_at_entry ? 1u : 0u);
+}
+
+// SPILLWAY_Q8S_KERNEL=<variant name> (lab): every split-layout GEMV of the process uses it.
+std::optional<MatvecQ8sKernel> q8s_kernel_override() {
+    static const std::optional<MatvecQ8sKernel> kernel = []() -> std::optional<MatvecQ8sKernel> {
+        static_assert((int)MatvecQ8sKernel::w8u4nc == 4, "the names below follow the enum");
+        const int i = lab_knob_choice("SPILLWAY_Q8S_KERNEL", {"w8u4", "w8u8", "w4u4", "w8u4p", "w8u4nc"});
+        if (i < 0) return std::nullopt;
+        return (MatvecQ8sKernel)i;
+    }();
+    return kernel;
+}
+
+}  // namespace
+
+void q8_0_to_split_cuda(const void* gguf_rows, uint32_t rows, uint32_t cols, Q8Split out, cudaStream_t stream) {
+    if (cols == 0 || cols % 32 != 0) fail("q8_0_to_split_cuda: cols must be a positive multiple of 32");
+    if (!gguf_rows || !out.codes || !out.scales || reinterpret_cast<uintptr_t>(out.codes) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(gguf_rows) % 2 != 0 || reinterpret_cast<uintptr_t>(out.scales) % 2 != 0)
+        fail("q8_0_to_split_cuda: codes must be 16-byte aligned, the rows and scales 2-byte aligned");
+    const size_t n_blocks = (size_t)rows * (cols / 32);
+    if (n_blocks == 0) return;
+    const uint32_t grid = (uint32_t)std::min<size_t>((n_blocks + 255) / 256, 65535);
+    q8_0_to_split_kernel<<<grid, 256, 0, stream>>>(static_cast<const uint8_t*>(gguf_rows), n_blocks, out.codes,
+                                                   out.scales);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+bool matvec_q8s_fits(uint32_t cols) { return cols > 0 && cols % kUnitCols == 0 && cols <= kMaxCols; }
+
+// Measured (docs/perf-notes.md, session 23, H200, 14B shapes): w8u4 is the fastest or within
+// 2% on every layer shape and on the head; the layer's four GEMVs chained 85.9 us (q16x 87.6);
+// in the engine w8u8, w8u4p and w8u4nc were slower, w4u4 equal.
+MatvecQ8sKernel matvec_q8s_kernel_for(uint32_t rows, uint32_t cols) {
+    (void)rows;
+    (void)cols;
+    return MatvecQ8sKernel::w8u4;
+}
+
+void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols,
+                          cudaStream_t stream, bool release_at_entry) {
+    if (rows == 0) return;
+    if (!matvec_q8s_fits(cols)) fail("matvec_q8s_cuda: cols must be a multiple of 512, at most 32768");
+    if (!x.q || !x.d) fail("matvec_q8s_cuda: no quantized x");
+    if (!w.codes || !w.scales || reinterpret_cast<uintptr_t>(w.codes) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(w.scales) % 2 != 0 || reinterpret_cast<uintptr_t>(x.q) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(x.d) % 16 != 0)
+        fail("matvec_q8s_cuda: codes, x.q and x.d must be 16-byte aligned, scales 2-byte aligned");
+    switch (kernel) {
+        case MatvecQ8sKernel::w8u4: launch_q8s<8, 4, 3, false>(w, x, y, rows, cols, stream, release_at_entry); break;
+        case MatvecQ8sKernel::w8u8: launch_q8s<8, 8, 1, false>(w, x, y, rows, cols, stream, release_at_entry); break;
+        case MatvecQ8sKernel::w4u4: launch_q8s<4, 4, 6, false>(w, x, y, rows, cols, stream, release_at_entry); break;
+        case MatvecQ8sKernel::w8u4p: launch_q8s<8, 4, 2, true>(w, x, y, rows, cols, stream, release_at_entry); break;
+        case MatvecQ8sKernel::w8u4nc: launch_q8s<8, 4, 3, false, false>(w, x, y, rows, cols, stream, release_at_entry); break;
+    }
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+void matvec_q8s_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
+                     bool release_at_entry) {
+    const std::optional<MatvecQ8sKernel> forced = q8s_kernel_override();
+    matvec_q8s_cuda_with(forced ? *forced : matvec_q8s_kernel_for(rows, cols), w, x, y, rows, cols, stream,
+                         release_at_entry);
+}
+
+}  // namespace spillway

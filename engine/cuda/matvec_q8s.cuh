@@ -1,0 +1,53 @@
+#pragma once
+// Decode GEMV for Q8_0 weights kept on the GPU in the "split" layout: each matrix's int8
+// codes row after row ([rows][cols], 16-byte aligned), then the blocks' f16 scales
+// ([rows][cols / 32]). The same 34 bytes per 32 weights as GGUF's blocks, rearranged at
+// upload so that a lane loads 16 codes with one aligned 16-byte load straight into registers
+// (GGUF's 34-byte blocks have to be staged through shared memory to be read with whole
+// words: matvec.cu's q16x kernel). x is pre-quantized to int16 blocks as for q16x
+// (act_quant.cuh): the products are exact in W and differ from the f32-x product only by
+// x's rounding (~2e-5 relative). Measured in docs/perf-notes.md (session 23): faster than
+// q16x alone and chained (a 14B layer's four GEMVs 86 vs 87.6 us, 82 with each releasing the
+// next at entry), +1.2% at depth 0 in the engine but 0.5-2% slower at 8k-64k, so the engine
+// keeps GGUF layout unless SPILLWAY_Q8_SPLIT says otherwise (cuda_model.h).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "engine/cuda/act_quant.cuh"
+
+namespace spillway {
+
+struct Q8Split {
+    int8_t* codes = nullptr;     // [rows][cols]
+    uint16_t* scales = nullptr;  // [rows][cols / 32], f16 bits
+};
+struct Q8SplitConst {
+    const int8_t* codes = nullptr;
+    const uint16_t* scales = nullptr;
+};
+
+// GGUF Q8_0 rows (device, rows x cols / 32 blocks of 34 bytes) -> the split layout (device,
+// regions that must not overlap the source), on `stream`. cols % 32 == 0, codes 16-byte aligned.
+void q8_0_to_split_cuda(const void* gguf_rows, uint32_t rows, uint32_t cols, Q8Split out, cudaStream_t stream);
+
+// Whether the GEMV takes this row length: cols % 512 == 0 (a lane's 16 codes per row and
+// step, 32 lanes) and cols <= 32768 (x in shared memory).
+bool matvec_q8s_fits(uint32_t cols);
+
+// Variants (bench and tests; docs/perf-notes.md session 23): warps per block (8 or 4) and
+// 16-byte code loads in flight per row and lane (4 or 8); p: two register groups, the next
+// group's loads issued before the current one is summed; nc: W through the read-only path
+// instead of evict-first streaming loads.
+enum class MatvecQ8sKernel : uint8_t { w8u4, w8u8, w4u4, w8u4p, w8u4nc };
+// Pure: the variant matvec_q8s_cuda uses (SPILLWAY_Q8S_KERNEL=<name> overrides it, lab).
+MatvecQ8sKernel matvec_q8s_kernel_for(uint32_t rows, uint32_t cols);
+
+// y[rows] = W x, x given as int16 blocks. release_at_entry as for matvec_q8_0_q16x_cuda
+// (matvec.cuh): the next kernel on the stream may be scheduled at this one's entry.
+void matvec_q8s_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
+                     bool release_at_entry = false);
+void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols,
+                          cudaStream_t stream, bool release_at_entry = false);
+
+}  // namespace spillway
