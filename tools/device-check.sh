@@ -155,6 +155,14 @@ if [ -z "$bench_only" ]; then
         -ctk q8_0,q4_0,q8_0 -ctv q8_0,q4_0,q4_0 >"$out/engine-ab-mma-range.log" 2>&1
       echo "engine A/B $knob rc=$?: $(grep -E '^\| q' "$out/engine-ab-mma-range.log" | awk -F'|' '{printf "%s d=%s %s tok/s  ", $2, $5, $6}')"
     done
+    # Q8_0 weights in the split layout, every decode site (session 23: faster at depth 0, slower
+    # at 8k-64k, so off by default).
+    for knob in default SPILLWAY_Q8_SPLIT=31; do
+      if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
+      env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 0,8192,65536 \
+        -ctk f16,q8_0,q4_0 -ctv f16,q8_0,q4_0 >"$out/engine-ab-q8-split.log" 2>&1
+      echo "engine A/B $knob rc=$?: $(grep -E '^\| (f16|q)' "$out/engine-ab-q8-split.log" | awk -F'|' '{printf "%s d=%s %s tok/s  ", $2, $5, $6}')"
+    done
     # Where the decode attention's time goes inside the engine (lab timeline per layer, session
     # 19; stderr lines): 32k and 64k, every tier.
     SPILLWAY_ATTN_ENGINE_TIMELINE=1 "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 8 \
