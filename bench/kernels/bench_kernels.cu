@@ -271,7 +271,8 @@ void bench_matvec_q16x(Report& r, const Options& o, uint32_t rows, uint32_t cols
 struct Q8SplitBuffers {
     DeviceBuffer<int8_t> codes;
     DeviceBuffer<uint16_t> scales;
-    Q8SplitBuffers(uint32_t rows, uint32_t cols, uint32_t salt) : codes((size_t)rows * cols), scales((size_t)rows * cols / 32) {
+    Q8SplitBuffers(uint32_t rows, uint32_t cols, uint32_t salt)
+        : codes((size_t)rows * cols), scales((size_t)rows * cols / 32) {
         fill_bytes<<<4096, 256>>>(reinterpret_cast<uint8_t*>(codes.data()), codes.size(), salt);
         fill_f16<<<4096, 256>>>(reinterpret_cast<__half*>(scales.data()), scales.size(), salt + 1);
         SPILLWAY_CUDA_CHECK(cudaGetLastError());
@@ -314,7 +315,8 @@ void bench_q8s_layer_chain(Report& r, const Options& o, MatvecQ8sKernel kernel, 
     std::vector<std::vector<Q8SplitBuffers>> w(n_sets);
     for (size_t i = 0; i < n_sets; ++i) {
         w[i].reserve(shapes.size());
-        for (size_t j = 0; j < shapes.size(); ++j) w[i].emplace_back(shapes[j].first, shapes[j].second, 500 + 10 * (uint32_t)i + 2 * (uint32_t)j);
+        for (size_t j = 0; j < shapes.size(); ++j)
+            w[i].emplace_back(shapes[j].first, shapes[j].second, 500 + 10 * (uint32_t)i + 2 * (uint32_t)j);
     }
     const QuantizedX xq(13824);
     DeviceBuffer<float> y(27648);

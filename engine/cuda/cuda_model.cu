@@ -284,10 +284,11 @@ void convert_q8_0_to_split(CudaModel& m) {
     if (!tied) add_at(SplitSite::head, {&m.output});
     if (groups.empty()) return;
     uint64_t most_scales = 0;
-    for (const SplitGroup& g : groups) most_scales = std::max<uint64_t>(most_scales, (uint64_t)g.rows * g.members[0]->n_in / 16);
+    for (const SplitGroup& g : groups)
+        most_scales = std::max<uint64_t>(most_scales, (uint64_t)g.rows * g.members[0]->n_in / 16);
     const size_t scratch_bytes = 64ull << 20;
-    // Transient: if VRAM cannot hold it, the weights stay in GGUF layout (decode then runs the
-    // q16x GEMV, a few percent slower) rather than failing the load.
+    // Transient: if VRAM cannot hold it, the weights stay in GGUF layout (decoded by the q16x
+    // GEMV, as by default) rather than failing the load.
     uint8_t* scratch = nullptr;
     uint16_t* scale_scratch = nullptr;
     if (cudaMalloc(&scratch, scratch_bytes) != cudaSuccess ||

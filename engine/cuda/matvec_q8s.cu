@@ -1,11 +1,11 @@
 // Q8_0 decode GEMV on the split layout (matvec_q8s.cuh).
 //
-// Floors (written before the kernel, H200 HBM read ~4.5 TB/s): bytes = 1.0625 per weight
-// (27.9 MB for 5120x5120: 6.2 us; 150.4 MB for 27648x5120: 33.4 us; the 827 MB head: 184 us).
-// Per 16 codes and row a lane issues 1 16-byte load, 8 __dp2a, an I2F and two FMUL/FFMA (x's
-// two 16-byte shared loads and its scale serve both rows): ~14 warp instructions per 1 KB of
-// W at 32 lanes, ~11% of the issue rate at full HBM speed. So bandwidth, latency and the
-// launch's ramp and tail are the limits, not arithmetic.
+// Floors (H200 HBM read ~4.5 TB/s): bytes = 1.0625 per weight (27.9 MB for 5120x5120: 6.2 us;
+// 150.4 MB for 27648x5120: 33.4 us; the 827 MB head: 184 us). Per 16 codes of a row a lane
+// issues a 16-byte and a 2-byte load, 8 __dp2a, an I2F, a scale conversion, an FMUL and an
+// FFMA (x's two 16-byte shared loads and its scale serve both rows): ~14 warp instructions
+// per 512 bytes of W, ~12% of an SM's issue slots at its share of full HBM speed. So
+// bandwidth, latency and the launch's ramp and tail are the limits, not arithmetic.
 #include "engine/cuda/matvec_q8s.cuh"
 
 #include <cuda/atomic>
@@ -145,7 +145,8 @@ __global__ void __launch_bounds__(kWarpsPB * 32, kMinBlocks) matvec_q8s_kernel(
                     for (int r = 0; r < 2; ++r) {
                         const float part = warp_sum(acc[r]);
                         if (lane == 0 && starts_inside) {
-                            cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(carry[(size_t)gw * 2 + r]);
+                            cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(
+                                carry[(size_t)gw * 2 + r]);
                             slot.store((1ull << 32) | __float_as_uint(part), cuda::memory_order_relaxed);
                         } else if (lane == 0 && 2 * pair + r < rows) {
                             y[2 * pair + r] = part;
@@ -276,7 +277,9 @@ void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, floa
         case MatvecQ8sKernel::w8u8: launch_q8s<8, 8, 1, false>(w, x, y, rows, cols, stream, release_at_entry); break;
         case MatvecQ8sKernel::w4u4: launch_q8s<4, 4, 6, false>(w, x, y, rows, cols, stream, release_at_entry); break;
         case MatvecQ8sKernel::w8u4p: launch_q8s<8, 4, 2, true>(w, x, y, rows, cols, stream, release_at_entry); break;
-        case MatvecQ8sKernel::w8u4nc: launch_q8s<8, 4, 3, false, false>(w, x, y, rows, cols, stream, release_at_entry); break;
+        case MatvecQ8sKernel::w8u4nc:
+            launch_q8s<8, 4, 3, false, false>(w, x, y, rows, cols, stream, release_at_entry);
+            break;
     }
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }

@@ -264,7 +264,8 @@ TEST(CudaForward, Q8SplitLayoutMatchesGgufLayout) {
         init_cuda_forward_state(st, m, (uint32_t)prompt.size(), false, (uint32_t)prompt.size());
         forward_cuda_tokens(m, cache, st, prompt.data(), (uint32_t)prompt.size(), 0);
         std::vector<float> row(V);
-        SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(row.data(), st.logits.data(), (size_t)V * 4, cudaMemcpyDeviceToHost, st.stream));
+        SPILLWAY_CUDA_CHECK(
+            cudaMemcpyAsync(row.data(), st.logits.data(), (size_t)V * 4, cudaMemcpyDeviceToHost, st.stream));
         SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(st.stream));
         return row;
     };

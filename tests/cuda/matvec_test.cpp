@@ -343,7 +343,8 @@ TEST(CudaMatvec, Q8SplitKernelsMatchCpu) {
     DeviceBuffer<float> xd(32), y(16);
     EXPECT_THROW(matvec_q8s_cuda(Q8SplitConst{codes.data(), scales.data()}, ActQ16{xq.data(), xd.data()}, y.data(), 4,
                                  256, nullptr), Error);  // 256 columns: not whole units
-    EXPECT_THROW(matvec_q8s_cuda(Q8SplitConst{codes.data(), scales.data()}, ActQ16{}, y.data(), 4, 512, nullptr), Error);
+    EXPECT_THROW(matvec_q8s_cuda(Q8SplitConst{codes.data(), scales.data()}, ActQ16{}, y.data(), 4, 512, nullptr),
+                 Error);
     EXPECT_THROW(matvec_q8s_cuda(Q8SplitConst{codes.data(), nullptr}, ActQ16{xq.data(), xd.data()}, y.data(), 4, 512,
                                  nullptr), Error);
     EXPECT_THROW(q8_0_to_split_cuda(codes.data(), 4, 48, Q8Split{codes.data(), scales.data()}, nullptr), Error);
