@@ -8,7 +8,7 @@
 // (act_quant.cuh): the products are exact in W and differ from the f32-x product only by
 // x's rounding (~2e-5 relative). Measured in docs/perf-notes.md (session 23): faster than
 // q16x alone and chained (a 14B layer's four GEMVs 86 vs 87.6 us, 82 with each releasing the
-// next at entry), +1.2% at depth 0 in the engine but 0.5-2% slower at 8k-64k, so the engine
+// next at entry), +1.2% at depth 0 in the engine but up to 2% slower at 8k-64k, so the engine
 // keeps GGUF layout unless SPILLWAY_Q8_SPLIT says otherwise (cuda_model.h).
 #include <cuda_runtime.h>
 
