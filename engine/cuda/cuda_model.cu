@@ -221,8 +221,8 @@ __global__ void fill_random_kernel(uint8_t* dst, uint64_t n_units, int type, int
 // behind all the codes at the end. Scratch: one chunk (<= 64 MiB) + the group's scales.
 // Off by default: measured in the engine (docs/perf-notes.md, session 23; 14B shape, tok/s
 // GGUF -> every site split, identical to 0.2 twice): d = 0 faster (f16 207.6 -> 210.1, q4_0
-// 202.9 -> 205.5), but every depth slower (f16 64k 124.4 -> 123.8, q8_0 64k 138.3 -> 136.5,
-// q4_0 8k 189.0 -> 185.3, 64k 153.7 -> 150.6), with any subset of sites; not understood.
+// 202.9 -> 205.5), but slower at depth (f16 8k equal, 64k 124.4 -> 123.8, q8_0 64k 138.3 ->
+// 136.5, q4_0 8k 189.0 -> 185.3, 64k 153.7 -> 150.6), with any subset of sites; not understood.
 constexpr uint32_t kDefaultSplitSites = 0;
 
 struct SplitGroup {
