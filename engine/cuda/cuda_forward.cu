@@ -165,11 +165,11 @@ void matmul(CudaForwardState& st, const CudaMatrix& w, const float* x, uint32_t 
     matmul_prefill_f16act_cuda(st.cublas, w, n_tokens, y, st.prefill_gemm, st.stream, op_label);
 }
 
-// Decode with Q8_0 weights: the matvec (q16x for GGUF layout, q8s for the split layout)
-// reads its x as int16 blocks (act_quant.cuh) written by x's producer (rmsnorm, swiglu) or by
-// quantize_act_q16_cuda; other weights read f32 x.
+// Decode with Q8_0 weights: the matvec (q16x for GGUF layout, q8s for the split layout, whose
+// rows are a subset of q16x's) reads its x as int16 blocks (act_quant.cuh) written by x's
+// producer (rmsnorm, swiglu) or by quantize_act_q16_cuda; other weights read f32 x.
 bool takes_q16(const CudaMatrix& w, uint32_t n_tokens) {
-    return n_tokens == 1 && w.type == GgmlType::Q8_0 && (w.q8_scales != nullptr || matvec_q8_0_q16x_fits(w.n_in));
+    return n_tokens == 1 && w.type == GgmlType::Q8_0 && matvec_q8_0_q16x_fits(w.n_in);
 }
 // The fused post-QKV kernel's limits (qkv_post.cuh).
 bool qkv_post_fits(const CudaModel& m) {

@@ -106,12 +106,6 @@ __device__ __forceinline__ WarpShare warp_share(const DecodeGemvPhase& ph, uint3
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // All blocks of the grid (all resident: one per SM). words[0] counts arrivals, words[1] is
 // the generation; the last arrival resets the count and bumps the generation, so the words
 // are ready for the next barrier and the next launch. The fences publish every consumer's

@@ -45,12 +45,6 @@ constexpr int kUnroll = 4;            // 16-byte vectors per row in flight per l
 constexpr int kSlabBlocks = 64;       // Q8_0 blocks per row staged at a time
 constexpr int kSlabBytes = kSlabBlocks * 34;
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
-
 // Signed byte k of `biased` (bytes already xor 0x80) as a float: 0x4B0000xx is 2^23 + xx.
 template <int k>
 __device__ __forceinline__ float biased_byte_to_float(uint32_t biased) {

@@ -21,18 +21,13 @@
 #include "engine/cuda/gemv_shared.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
+#include "engine/cuda/q8_0_q16_device.cuh"
 
 namespace spillway {
 namespace {
 
 constexpr uint32_t kMaxCols = 32768;  // x in shared memory: 2.125 B per column, <= 68 KB
 constexpr uint32_t kUnitCols = 512;   // a unit: 16 codes per lane of one row pair
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
 
 // Why this shape: the q16x kernel (matvec.cu) stages W through a shared-memory ring because
 // GGUF's 68-byte block pairs cannot be read with aligned vectors; the f16 GEMV, which loads
@@ -124,17 +119,9 @@ __global__ void __launch_bounds__(kWarpsPB * 32, kMinBlocks) matvec_q8s_kernel(
             const float xs = x_d[seg * 16 + lane / 2];
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                // x values 0,1 | 2,3 | ... are the int16 pairs of xa, xb; codes 0-3 the bytes
-                // of w.x (dp2a lo: bytes 0-1, hi: bytes 2-3), 4-7 of w.y, ...
+                // x values 0-7 are xa's int16 pairs, codes 0-7 the bytes of w.x, w.y; 8-15 xb, w.z, w.w.
                 const uint4 w = s.w[i][r];
-                int isum = __dp2a_lo((int)xa.x, (int)w.x, 0);
-                isum = __dp2a_hi((int)xa.y, (int)w.x, isum);
-                isum = __dp2a_lo((int)xa.z, (int)w.y, isum);
-                isum = __dp2a_hi((int)xa.w, (int)w.y, isum);
-                isum = __dp2a_lo((int)xb.x, (int)w.z, isum);
-                isum = __dp2a_hi((int)xb.y, (int)w.z, isum);
-                isum = __dp2a_lo((int)xb.z, (int)w.w, isum);
-                isum = __dp2a_hi((int)xb.w, (int)w.w, isum);
+                const int isum = dot8_q16_q8(xb, (int)w.z, (int)w.w, dot8_q16_q8(xa, (int)w.x, (int)w.y, 0));
                 acc[r] = fmaf(__half2float(__ushort_as_half(s.d[i][r])) * xs, (float)isum, acc[r]);
             }
             if (seg + 1 == segs || g + i + 1 == u1) {  // this warp's part of the pair ends here

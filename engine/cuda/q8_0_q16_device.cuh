@@ -29,6 +29,23 @@ __device__ __forceinline__ Q8PairLane q8_pair_lane(uint32_t lane) {
     return l;
 }
 
+// The sum of v over the warp (every lane gets it): a GEMV row's partial sums.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// acc + sum of 8 int16 x values times 8 int8 weights: x values 0,1 | 2,3 | 4,5 | 6,7 are the
+// int16 pairs xv.x .. xv.w; weights 0-3 are the bytes of q0, 4-7 of q1 (dp2a lo: bytes 0-1,
+// hi: bytes 2-3).
+__device__ __forceinline__ int dot8_q16_q8(uint4 xv, int q0, int q1, int acc) {
+    acc = __dp2a_lo((int)xv.x, q0, acc);
+    acc = __dp2a_hi((int)xv.y, q0, acc);
+    acc = __dp2a_lo((int)xv.z, q1, acc);
+    return __dp2a_hi((int)xv.w, q1, acc);
+}
+
 // acc + d_w * xs * sum(w_i * x_i) over the lane's 8 weights of the pair at pw (17 words);
 // xv: the 8 int16 x values (pairs .x .. .w), xs: their block's scale.
 __device__ __forceinline__ float q8_pair_dot(const uint32_t* pw, const Q8PairLane& l, uint4 xv, float xs, float acc) {
@@ -37,12 +54,7 @@ __device__ __forceinline__ float q8_pair_dot(const uint32_t* pw, const Q8PairLan
     const int q0 = (int)__byte_perm(w0, w1, l.realign);
     const int q1 = (int)__byte_perm(w1, w2, l.realign);
     const float d = __half2float(__ushort_as_half((unsigned short)(dw >> l.scale_shift)));
-    // x values 0,1 | 2,3 | 4,5 | 6,7 are the int16 pairs xv.x .. xv.w; weights 0-3 are the
-    // bytes of q0, 4-7 of q1 (dp2a lo: bytes 0-1, hi: bytes 2-3).
-    int isum = __dp2a_lo((int)xv.x, q0, 0);
-    isum = __dp2a_hi((int)xv.y, q0, isum);
-    isum = __dp2a_lo((int)xv.z, q1, isum);
-    isum = __dp2a_hi((int)xv.w, q1, isum);
+    const int isum = dot8_q16_q8(xv, q0, q1, 0);
     return fmaf(d * xs, (float)isum, acc);
 }
 
