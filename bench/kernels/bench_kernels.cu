@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "engine/cuda/kv_write.cuh"
 #include "engine/cuda/act_quant.cuh"
 #include "engine/cuda/decode_layer.cuh"
+#include "engine/cuda/global_timer_device.cuh"
 #include "engine/cuda/matvec.cuh"
 #include "engine/cuda/matvec_q8s.cuh"
 #include "engine/cuda/qkv_post.cuh"
@@ -92,6 +94,34 @@ __global__ void read_kernel(const uint4* p, size_t n, uint32_t* sink) {
         acc ^= a.x ^ a.y ^ a.z ^ a.w;
     }
     if (acc == 0x12345678u) *sink = acc;  // practically never: keeps the loads alive
+}
+
+// Lab ("sm speed"): does an SM stream HBM at a speed of its own, launch after launch? One
+// block per SM (the dynamic shared memory keeps a second one out) streams the same number of
+// bytes while every other SM does too; the block records its SM and start / end (global ns).
+// If the slow SMs are the same ones in every launch, a GEMV or attention could give them less
+// work statically (session 19 saw a 17-28% spread of per-SM finish times in the attention).
+__global__ void __launch_bounds__(512, 1) sm_stream_kernel(const uint4* p, size_t per_block, uint64_t* stamps,
+                                                           uint32_t* sink) {
+    const uint4* base = p + blockIdx.x * per_block;
+    __syncthreads();
+    const uint64_t t0 = global_timer_ns();
+    uint32_t acc = 0;
+    size_t i = threadIdx.x;
+    for (; i + 3 * 512 < per_block; i += 4 * 512) {
+        const uint4 a = __ldcs(base + i), b = __ldcs(base + i + 512), c = __ldcs(base + i + 1024), d = __ldcs(base + i + 1536);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < per_block; i += 512) acc ^= __ldcs(base + i).x;
+    if (acc == 0x12345678u) *sink = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint32_t sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        stamps[3 * blockIdx.x] = sm;
+        stamps[3 * blockIdx.x + 1] = t0;
+        stamps[3 * blockIdx.x + 2] = global_timer_ns();
+    }
 }
 
 void fill_type(GgmlType type, void* p, size_t bytes, uint32_t salt) {
@@ -596,6 +626,99 @@ void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n
                 sum.merge_loads / L, sum.merge_sums / L, sum.merge_out / L);
 }
 
+// Pearson correlation of two equally long series.
+double correlation(const std::vector<double>& a, const std::vector<double>& b) {
+    const size_t n = a.size();
+    double ma = 0, mb = 0;
+    for (size_t i = 0; i < n; ++i) ma += a[i] / n, mb += b[i] / n;
+    double sab = 0, saa = 0, sbb = 0;
+    for (size_t i = 0; i < n; ++i) sab += (a[i] - ma) * (b[i] - mb), saa += (a[i] - ma) * (a[i] - ma), sbb += (b[i] - mb) * (b[i] - mb);
+    return saa > 0 && sbb > 0 ? sab / std::sqrt(saa * sbb) : 0.0;
+}
+
+// Per-SM streaming speed (lab, no table row): for a long (8 MiB per SM, ~250 us) and a
+// GEMV-sized (1 MiB per SM) launch, 12 launches each: per launch the spread of the blocks'
+// durations; across launches the correlation of per-SM durations between consecutive
+// launches and between the means of odd and even launches (1 = the same SMs slow every time).
+void bench_sm_speed(const Options& o, int sms) {
+    if (!o.only.empty() && std::string("sm speed").find(o.only) == std::string::npos) return;
+    constexpr int kLaunches = 12;
+    constexpr int kSmem = 160 * 1024;
+    SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(sm_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    for (const size_t per_sm : {size_t(8) << 20, size_t(1) << 20}) {
+        const size_t region = per_sm * sms;
+        const int copies = (int)std::max<size_t>(2, (kRotateBytes + region - 1) / region);
+        DeviceBuffer<uint8_t> buf(region * copies);
+        DeviceBuffer<uint64_t> stamps(3 * (size_t)sms * kLaunches);
+        DeviceBuffer<uint32_t> sink(1);
+        fill_type(GgmlType::F16, buf.data(), buf.size(), 7);
+        for (int l = -2; l < kLaunches; ++l) {  // two untimed launches first
+            const uint4* src = reinterpret_cast<const uint4*>(buf.data() + (size_t)((l + 2) % copies) * region);
+            sm_stream_kernel<<<sms, 512, kSmem>>>(src, per_sm / 16, stamps.data() + 3 * (size_t)sms * std::max(l, 0), sink.data());
+            SPILLWAY_CUDA_CHECK(cudaGetLastError());
+        }
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint64_t> h(stamps.size());
+        SPILLWAY_CUDA_CHECK(cudaMemcpy(h.data(), stamps.data(), stamps.bytes(), cudaMemcpyDeviceToHost));
+        // dur[l][k] in us for the k-th SM id seen in launch 0 (%smid values need not be
+        // contiguous); a launch that put two blocks on one SM is reported and skipped.
+        constexpr uint64_t kMaxSmId = 1024;
+        std::vector<int> slot_of(kMaxSmId, -1);
+        std::vector<int> sm_of;
+        for (int b = 0; b < sms; ++b) {
+            const uint64_t id = h[3 * (size_t)b];
+            if (id < kMaxSmId && slot_of[id] < 0) slot_of[id] = (int)sm_of.size(), sm_of.push_back((int)id);
+        }
+        std::vector<std::vector<double>> dur;
+        double spread_sum = 0, span_sum = 0, start_skew_sum = 0;
+        for (int l = 0; l < kLaunches; ++l) {
+            std::vector<double> d(sm_of.size(), -1.0);
+            uint64_t first = UINT64_MAX, last_start = 0, last_end = 0;
+            bool shared = false;
+            for (int b = 0; b < sms; ++b) {
+                const uint64_t* s = h.data() + 3 * ((size_t)l * sms + b);
+                const int k = s[0] < kMaxSmId ? slot_of[s[0]] : -1;
+                if (k < 0 || d[k] >= 0) { shared = true; continue; }
+                d[k] = (s[2] - s[1]) / 1e3;
+                first = std::min(first, s[1]), last_start = std::max(last_start, s[1]), last_end = std::max(last_end, s[2]);
+            }
+            if (shared || (int)sm_of.size() != sms) {
+                std::printf("sm speed: launch %d had two blocks on one SM, skipped\n", l);
+                continue;
+            }
+            const auto [mn, mx] = std::minmax_element(d.begin(), d.end());
+            spread_sum += (*mx - *mn) / *mn;
+            span_sum += (last_end - first) / 1e3;
+            start_skew_sum += (last_start - first) / 1e3;
+            dur.push_back(d);
+        }
+        if (dur.size() < 4) continue;
+        const size_t n = dur.size();
+        double consecutive = 0;
+        for (size_t l = 0; l + 1 < n; ++l) consecutive += correlation(dur[l], dur[l + 1]) / (n - 1);
+        std::vector<double> odd(sms, 0.0), even(sms, 0.0), mean(sms, 0.0);
+        for (size_t l = 0; l < n; ++l)
+            for (int s = 0; s < sms; ++s) (l % 2 ? odd : even)[s] += dur[l][s], mean[s] += dur[l][s] / n;
+        std::vector<int> order(sms);
+        for (int s = 0; s < sms; ++s) order[s] = s;
+        std::sort(order.begin(), order.end(), [&](int a, int b) { return mean[a] > mean[b]; });
+        const double mean_all = std::accumulate(mean.begin(), mean.end(), 0.0) / sms;
+        std::printf("sm speed %zu MiB per SM (%zu launches): span %.1f us, start skew %.1f us, duration spread (max-min)/min "
+                    "%.1f%%; per-SM mean %.1f us, slowest %.1f (SM %d), fastest %.1f (SM %d); correlation consecutive %.2f, "
+                    "odd vs even means %.2f\n",
+                    per_sm >> 20, n, span_sum / n, start_skew_sum / n, 100.0 * spread_sum / n, mean_all, mean[order[0]],
+                    sm_of[order[0]], mean[order[sms - 1]], sm_of[order[sms - 1]], consecutive, correlation(odd, even));
+        std::printf("  slowest SMs by mean (us):");
+        for (int k = 0; k < 16; ++k) std::printf(" %d:%.1f", sm_of[order[k]], mean[order[k]]);
+        std::vector<double> by_id(kMaxSmId, 0.0);
+        int max_id = 0;
+        for (int k = 0; k < sms; ++k) by_id[sm_of[k]] = mean[k] / mean_all, max_id = std::max(max_id, sm_of[k]);
+        std::printf("\n  per-SM mean / overall mean by SM id 0..%d (0 = absent):", max_id);
+        for (int id = 0; id <= max_id; ++id) std::printf("%s%.3f", id % 16 ? " " : "\n   ", by_id[id]);
+        std::printf("\n");
+    }
+}
+
 void bench_small_ops(Report& r, const Options& o) {
     if (!o.only.empty() && std::string("small").find(o.only) == std::string::npos) return;
     const uint32_t dim = 5120, ffn = 13824;
@@ -730,6 +853,7 @@ int main(int argc, char** argv) {
         for (AttentionKernel k : {AttentionKernel::int_dot, AttentionKernel::mma})
             bench_attention(r, o, KvType::q8_0, KvType::q4_0, 65536, prop.multiProcessorCount, &k);
         bench_small_ops(r, o);
+        bench_sm_speed(o, prop.multiProcessorCount);
 
         std::printf("\n| kernel | shape | MB moved | median us | GB/s | %% HBM read (%.0f) | %% copy (%.0f) |\n",
                     r.read_gbps, r.copy_gbps);
