@@ -80,11 +80,11 @@ __global__ void fill_f32(float* p, size_t n, uint32_t salt) {
         p[i] = hash_unit(i, salt);
 }
 
-// The HBM read ceiling: each thread sums 16-byte vectors, 4 in flight.
-__global__ void read_kernel(const uint4* p, size_t n, uint32_t* sink) {
+// XOR of the 16-byte vectors p[start], p[start + stride], ... below n, 4 loads in flight
+// (evict-first): a pure read stream whose result only keeps the loads alive.
+__device__ __forceinline__ uint32_t xor_stream(const uint4* p, size_t n, size_t start, size_t stride) {
     uint32_t acc = 0;
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    size_t i = start;
     for (; i + 3 * stride < n; i += 4 * stride) {
         const uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride), d = __ldcs(p + i + 3 * stride);
         acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
@@ -93,6 +93,12 @@ __global__ void read_kernel(const uint4* p, size_t n, uint32_t* sink) {
         const uint4 a = __ldcs(p + i);
         acc ^= a.x ^ a.y ^ a.z ^ a.w;
     }
+    return acc;
+}
+
+// The HBM read ceiling: each thread streams a grid-strided share.
+__global__ void read_kernel(const uint4* p, size_t n, uint32_t* sink) {
+    const uint32_t acc = xor_stream(p, n, blockIdx.x * (size_t)blockDim.x + threadIdx.x, (size_t)gridDim.x * blockDim.x);
     if (acc == 0x12345678u) *sink = acc;  // practically never: keeps the loads alive
 }
 
@@ -106,13 +112,7 @@ __global__ void __launch_bounds__(512, 1) sm_stream_kernel(const uint4* p, size_
     const uint4* base = p + blockIdx.x * per_block;
     __syncthreads();
     const uint64_t t0 = global_timer_ns();
-    uint32_t acc = 0;
-    size_t i = threadIdx.x;
-    for (; i + 3 * 512 < per_block; i += 4 * 512) {
-        const uint4 a = __ldcs(base + i), b = __ldcs(base + i + 512), c = __ldcs(base + i + 1024), d = __ldcs(base + i + 1536);
-        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
-    }
-    for (; i < per_block; i += 512) acc ^= __ldcs(base + i).x;
+    const uint32_t acc = xor_stream(base, per_block, threadIdx.x, blockDim.x);
     if (acc == 0x12345678u) *sink = acc;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -532,6 +532,24 @@ void bench_attention(Report& r, const Options& o, KvType kt, KvType vt, uint32_t
 // Where one mma decode attention launch's time goes (lab timeline, globaltimer stamps per
 // warp and per merge block; single launches, not graph-timed): per-warp means of each phase,
 // the tail of the last warp, and the split merge after it.
+// Pearson correlation of two equally long series.
+double correlation(const std::vector<double>& a, const std::vector<double>& b) {
+    const size_t n = a.size();
+    double ma = 0, mb = 0;
+    for (size_t i = 0; i < n; ++i) ma += a[i] / n, mb += b[i] / n;
+    double sab = 0, saa = 0, sbb = 0;
+    for (size_t i = 0; i < n; ++i) sab += (a[i] - ma) * (b[i] - mb), saa += (a[i] - ma) * (a[i] - ma), sbb += (b[i] - mb) * (b[i] - mb);
+    return saa > 0 && sbb > 0 ? sab / std::sqrt(saa * sbb) : 0.0;
+}
+
+// The mean correlation of consecutive series (per-SM times of consecutive launches): 1 when
+// the same SMs are late in every launch.
+double mean_consecutive_correlation(const std::vector<std::vector<double>>& series) {
+    double sum = 0.0;
+    for (size_t l = 1; l < series.size(); ++l) sum += correlation(series[l - 1], series[l]) / (double)(series.size() - 1);
+    return sum;
+}
+
 void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n_cells, int sms) {
     const std::string name = std::string("attention timeline ") + kv_type_name(kt) + "/" + kv_type_name(vt) + " " +
                              std::to_string(n_cells / 1024) + "k";
@@ -600,16 +618,7 @@ void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n
     std::vector<double> sm_mean(sms, 0.0);
     for (const auto& d : sm_done)
         for (int sm = 0; sm < sms; ++sm) sm_mean[sm] += d[sm] / (double)sm_done.size();
-    double corr = 0.0;
-    for (size_t l = 1; l < sm_done.size(); ++l) {
-        const auto &a = sm_done[l - 1], &b = sm_done[l];
-        double ma = 0, mb = 0;
-        for (int sm = 0; sm < sms; ++sm) ma += a[sm] / sms, mb += b[sm] / sms;
-        double sab = 0, saa = 0, sbb = 0;
-        for (int sm = 0; sm < sms; ++sm)
-            sab += (a[sm] - ma) * (b[sm] - mb), saa += (a[sm] - ma) * (a[sm] - ma), sbb += (b[sm] - mb) * (b[sm] - mb);
-        corr += sab / std::sqrt(std::max(1e-12, saa * sbb)) / (double)(sm_done.size() - 1);
-    }
+    const double corr = mean_consecutive_correlation(sm_done);
     const auto [sm_first, sm_last] = std::minmax_element(sm_mean.begin(), sm_mean.end());
     std::printf("  %s per SM: %d-%d blocks; last warp done at %.2f (earliest SM) .. %.2f (latest SM) us, mean of "
                 "launches; launch-to-launch correlation of per-SM finish %.2f\n",
@@ -624,16 +633,6 @@ void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n
                 sum.loop / std::max(1.0, sum.steps - kLaunches) / 1000.0, sum.barrier / L, sum.epilogue / L,
                 sum.stores / L, sum.tail / L, sum.merge_start / L, sum.merge_wait / L, sum.merge_run / L,
                 sum.merge_loads / L, sum.merge_sums / L, sum.merge_out / L);
-}
-
-// Pearson correlation of two equally long series.
-double correlation(const std::vector<double>& a, const std::vector<double>& b) {
-    const size_t n = a.size();
-    double ma = 0, mb = 0;
-    for (size_t i = 0; i < n; ++i) ma += a[i] / n, mb += b[i] / n;
-    double sab = 0, saa = 0, sbb = 0;
-    for (size_t i = 0; i < n; ++i) sab += (a[i] - ma) * (b[i] - mb), saa += (a[i] - ma) * (a[i] - ma), sbb += (b[i] - mb) * (b[i] - mb);
-    return saa > 0 && sbb > 0 ? sab / std::sqrt(saa * sbb) : 0.0;
 }
 
 // Per-SM streaming speed (lab, no table row): for a long (8 MiB per SM, ~250 us) and a
@@ -694,8 +693,7 @@ void bench_sm_speed(const Options& o, int sms) {
         }
         if (dur.size() < 4) continue;
         const size_t n = dur.size();
-        double consecutive = 0;
-        for (size_t l = 0; l + 1 < n; ++l) consecutive += correlation(dur[l], dur[l + 1]) / (n - 1);
+        const double consecutive = mean_consecutive_correlation(dur);
         std::vector<double> odd(sms, 0.0), even(sms, 0.0), mean(sms, 0.0);
         for (size_t l = 0; l < n; ++l)
             for (int s = 0; s < sms; ++s) (l % 2 ? odd : even)[s] += dur[l][s], mean[s] += dur[l][s] / n;
