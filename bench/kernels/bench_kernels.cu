@@ -436,64 +436,71 @@ void bench_decode_layer(Report& r, const Options& o) {
         a.n_phases = 4;
         return a;
     };
-    const double us = median_us([&](cudaStream_t st, int i) { decode_layer_cuda(layer_args(i), barrier.data(), st); },
-                                o.iters);
-    r.add(name, shape, (double)layer_bytes, us);
+    // Every ring shape (decode_layer.cuh), the engine's default first.
+    std::vector<DecodeRing> rings{decode_ring_default()};
+    for (uint32_t i = 0; i < kDecodeRingShapes; ++i)
+        if ((DecodeRing)i != rings[0]) rings.push_back((DecodeRing)i);
+    for (const DecodeRing ring : rings) {
+        const double us = median_us(
+            [&](cudaStream_t st, int i) { decode_layer_cuda(layer_args(i), barrier.data(), st, nullptr, ring); }, o.iters);
+        r.add(name + " " + decode_ring_name(ring), shape, (double)layer_bytes, us);
 
-    // Where a launch's time goes (lab timeline, globaltimer stamps per block): per phase the
-    // x prologue, the weight loop, and the wait at the grid barrier, averaged over blocks and
-    // launches; "span" is first start to last block done.
-    const uint32_t blocks = decode_layer_grid_blocks();
-    constexpr int kLaunches = 8;
-    DeviceBuffer<uint64_t> timeline((size_t)blocks * kDecodeTimelineSlots);
-    double prologue[4] = {}, loop[4] = {}, wait[4] = {}, span = 0, start_skew = 0, dep_wait = 0;
-    // Skew at each barrier: inside a block (its last warp done - its first) and across blocks
-    // (the last block done - the mean block), to tell which balance a fix must improve.
-    double warp_skew[4] = {}, block_skew[4] = {};
-    for (int l = 0; l < kLaunches; ++l) {
-        decode_layer_cuda(layer_args(l), barrier.data(), nullptr, timeline.data());
-        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-        std::vector<uint64_t> t((size_t)blocks * kDecodeTimelineSlots);
-        SPILLWAY_CUDA_CHECK(cudaMemcpy(t.data(), timeline.data(), t.size() * 8, cudaMemcpyDeviceToHost));
-        uint64_t first = UINT64_MAX, last = 0;
-        for (uint32_t b = 0; b < blocks; ++b) first = std::min(first, t[(size_t)b * kDecodeTimelineSlots]);
-        for (uint32_t b = 0; b < blocks; ++b) {
-            const uint64_t* tb = t.data() + (size_t)b * kDecodeTimelineSlots;
-            start_skew += (double)(tb[0] - first);
-            dep_wait += (double)(tb[1] - tb[0]);
-            for (int p = 0; p < 4; ++p) {
-                const uint64_t begin = p == 0 ? tb[1] : tb[4 + 3 * (p - 1)];
-                prologue[p] += (double)(tb[2 + 3 * p] - begin);
-                loop[p] += (double)(tb[3 + 3 * p] - tb[2 + 3 * p]);
-                if (p < 3) wait[p] += (double)(tb[4 + 3 * p] - tb[3 + 3 * p]);
-            }
-            last = std::max(last, tb[3 + 3 * 3]);
-            for (int p = 0; p < 4; ++p) {
-                const uint64_t* wd = tb + 2 + 3 * kDecodeMaxPhases + p * kDecodeLayerWarps;
-                warp_skew[p] += (double)(*std::max_element(wd, wd + kDecodeLayerWarps) -
-                                         *std::min_element(wd, wd + kDecodeLayerWarps));
-            }
-        }
-        for (int p = 0; p < 4; ++p) {
-            double mean = 0;
-            uint64_t latest = 0;
+        // Where a launch's time goes (lab timeline, globaltimer stamps per block): per phase the
+        // x prologue, the weight loop, and the wait at the grid barrier, averaged over blocks and
+        // launches; "span" is first start to last block done.
+        const uint32_t blocks = decode_layer_grid_blocks();
+        constexpr int kLaunches = 8;
+        DeviceBuffer<uint64_t> timeline((size_t)blocks * kDecodeTimelineSlots);
+        double prologue[4] = {}, loop[4] = {}, wait[4] = {}, span = 0, start_skew = 0, dep_wait = 0;
+        // Skew at each barrier: inside a block (its last warp done - its first) and across blocks
+        // (the last block done - the mean block), to tell which balance a fix must improve.
+        double warp_skew[4] = {}, block_skew[4] = {};
+        for (int l = 0; l < kLaunches; ++l) {
+            decode_layer_cuda(layer_args(l), barrier.data(), nullptr, timeline.data(), ring);
+            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+            std::vector<uint64_t> t((size_t)blocks * kDecodeTimelineSlots);
+            SPILLWAY_CUDA_CHECK(cudaMemcpy(t.data(), timeline.data(), t.size() * 8, cudaMemcpyDeviceToHost));
+            uint64_t first = UINT64_MAX, last = 0;
+            for (uint32_t b = 0; b < blocks; ++b) first = std::min(first, t[(size_t)b * kDecodeTimelineSlots]);
             for (uint32_t b = 0; b < blocks; ++b) {
-                const uint64_t done = t[(size_t)b * kDecodeTimelineSlots + 3 + 3 * p];
-                mean += (double)done / blocks;
-                latest = std::max(latest, done);
+                const uint64_t* tb = t.data() + (size_t)b * kDecodeTimelineSlots;
+                start_skew += (double)(tb[0] - first);
+                dep_wait += (double)(tb[1] - tb[0]);
+                for (int p = 0; p < 4; ++p) {
+                    const uint64_t begin = p == 0 ? tb[1] : tb[4 + 3 * (p - 1)];
+                    prologue[p] += (double)(tb[2 + 3 * p] - begin);
+                    loop[p] += (double)(tb[3 + 3 * p] - tb[2 + 3 * p]);
+                    if (p < 3) wait[p] += (double)(tb[4 + 3 * p] - tb[3 + 3 * p]);
+                }
+                last = std::max(last, tb[3 + 3 * 3]);
+                for (int p = 0; p < 4; ++p) {
+                    const uint64_t* wd = tb + 2 + 3 * kDecodeMaxPhases + p * kDecodeLayerWarps;
+                    warp_skew[p] += (double)(*std::max_element(wd, wd + kDecodeLayerWarps) -
+                                             *std::min_element(wd, wd + kDecodeLayerWarps));
+                }
             }
-            block_skew[p] += (double)latest - mean;
+            for (int p = 0; p < 4; ++p) {
+                double mean = 0;
+                uint64_t latest = 0;
+                for (uint32_t b = 0; b < blocks; ++b) {
+                    const uint64_t done = t[(size_t)b * kDecodeTimelineSlots + 3 + 3 * p];
+                    mean += (double)done / blocks;
+                    latest = std::max(latest, done);
+                }
+                block_skew[p] += (double)latest - mean;
+            }
+            span += (double)(last - first);
         }
-        span += (double)(last - first);
+        const double n = (double)blocks * kLaunches * 1000.0;  // sums of ns over blocks and launches -> mean us
+        std::printf("  decode layer %s timeline (us, mean over %u blocks x %d launches, not graph-timed): start skew %.2f, "
+                    "dependency wait %.2f, span %.2f\n", decode_ring_name(ring), blocks, kLaunches, start_skew / n,
+                    dep_wait / n, span / kLaunches / 1000.0);
+        const char* const names[] = {"wo", "gate|up", "down", "qkv"};
+        for (int p = 0; p < 4; ++p)
+            std::printf("    %-8s x prologue %6.2f  weight loop %7.2f  barrier wait %6.2f  skew in block %6.2f  across blocks %6.2f\n",
+                        names[p], prologue[p] / n, loop[p] / n, p < 3 ? wait[p] / n : 0.0,
+                        warp_skew[p] / n, block_skew[p] / kLaunches / 1000.0);
     }
-    const double n = (double)blocks * kLaunches * 1000.0;  // sums of ns over blocks and launches -> mean us
-    std::printf("  decode layer timeline (us, mean over %u blocks x %d launches, not graph-timed): start skew %.2f, "
-                "dependency wait %.2f, span %.2f\n", blocks, kLaunches, start_skew / n, dep_wait / n, span / kLaunches / 1000.0);
-    const char* const names[] = {"wo", "gate|up", "down", "qkv"};
-    for (int p = 0; p < 4; ++p)
-        std::printf("    %-8s x prologue %6.2f  weight loop %7.2f  barrier wait %6.2f  skew in block %6.2f  across blocks %6.2f\n",
-                    names[p], prologue[p] / n, loop[p] / n, p < 3 ? wait[p] / n : 0.0,
-                    warp_skew[p] / n, block_skew[p] / kLaunches / 1000.0);
 }
 
 // kernel == nullptr: attention_partial_cuda's default choice; otherwise that kernel, named.

@@ -5,18 +5,21 @@
 // integer MACs (dp2a) -> far below any compute rate. The separate launches take ~88 us of
 // GEMVs + ~12 us of small kernels per layer (perf-notes, session 11).
 //
-// Block: 16 warps, one block per SM. Each warp streams its range of each phase's chunks
-// (32 block pairs of two rows, 2 x 2176 bytes) through a 2-stage cp.async ring, exactly the
-// q16x matvec's loop (matvec.cu) with x in shared memory. Between phases: a grid barrier,
-// then the block builds the next x in shared memory (RMSNorm of the stream, or SwiGLU /
-// an f32 vector, quantized to int16 blocks), then the phase's first chunks go out (issuing
-// them across the barrier was measured slower: they delay the barrier and the x loads).
+// Block: 16 warps, one block per SM. Each warp streams its share of every phase's chunks
+// (row pairs x kChunkPairs block pairs of 68 bytes) through its own ring of bulk copies
+// (TMA, one lane issues, an mbarrier per slot), and the stream does not stop at a phase's
+// end: while a warp waits at the grid barrier and builds the next x, its ring fills with its
+// first chunks of the next phase (up to ~175 KB per SM, ~5 us of the SM's share of HBM), so
+// the barrier skew and the x prologue overlap the weight stream instead of idling it. The
+// x prologues load their f32 inputs straight into registers (one L2 round trip), so no weight
+// copy ever waits behind them and they never wait behind weight copies.
 //
-// Tried first and measured slower (docs/perf-notes.md, session 15): one TMA producer thread
-// per block feeding 16 consumer warps through a bulk-copy ring of 16-32 KB stages, with a
-// block or warp-group barrier per stage: 119-152 us per layer against 88 for the separate
-// GEMVs; the consumers issued 2x the instructions per byte of this loop (per-stage
-// synchronization, partial sums across warps, one row per stage for 13824 columns).
+// History (docs/perf-notes.md): session 15 measured one TMA producer per block feeding 16
+// consumer warps through shared stages (119-152 us per layer: per-stage block / group
+// barriers and cross-warp partial sums doubled the instructions per byte), then per-warp
+// cp.async rings (100 us; weight chunks issued across a barrier delayed the x prologue,
+// whose cp.async wait also waited for them). Session 25: the per-warp ring as bulk copies
+// that run on across the phases.
 #include "engine/cuda/decode_layer.cuh"
 
 #include <cuda/atomic>
@@ -28,11 +31,12 @@
 #include <string>
 
 #include "common/error.h"
-#include "engine/cuda/act_quant_device.cuh"
-#include "engine/cuda/cp_async_device.cuh"
+#include "engine/cuda/bulk_copy_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/global_timer_device.cuh"
+#include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
+#include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/q8_0_q16_device.cuh"
 
 namespace spillway {
@@ -40,12 +44,13 @@ namespace {
 
 constexpr int kWarps = kDecodeLayerWarps;
 constexpr int kThreads = kWarps * 32;
-constexpr int kStages = 2;                    // ring stages per warp
-constexpr int kRows = 2;                      // rows per warp unit (one x load serves both)
-constexpr uint32_t kChunkPairs = 32;          // block pairs per row per chunk
-constexpr uint32_t kChunkBytes = kChunkPairs * 68;
+constexpr int kRows = 2;  // rows per warp unit (one x load serves both)
 constexpr uint32_t kMaxCols = 14336;
 constexpr uint32_t kUnitCols = 256;  // columns of one warp step (4 block pairs)
+// The x prologue: each warp quantizes 4 blocks of 32 at a time (8 lanes per block), so a
+// thread holds at most kXSteps float4 of each input.
+constexpr uint32_t kXSteps = kMaxCols / 32 / (kWarps * 4);
+static_assert(kMaxCols / 32 % (kWarps * 4) == 0, "whole x steps");
 
 // Set where the kernel below is compiled for sm_90 (read by the host once): a build without
 // sm_90 code runs PTX JIT-compiled from an older architecture, where the kernel is a stub.
@@ -56,14 +61,24 @@ constexpr uint64_t kSpinLimit = 1ull << 28;  // polls (seconds) before a spin gi
 __device__ const int kDecodeLayerCompiled = 0;
 #endif
 
-// Shared memory: rings [warp][stage][row][chunk] | x q (int16) | x d (f32) | reduce | shares.
-constexpr size_t kRingBytes = (size_t)kWarps * kStages * kRows * kChunkBytes;
-constexpr size_t kXqOffset = kRingBytes;
-constexpr size_t kXdOffset = kXqOffset + (size_t)kMaxCols * 2;
-constexpr size_t kRedOffset = kXdOffset + (size_t)kMaxCols / 32 * 4;
-constexpr size_t kShareOffset = kRedOffset + 32 * 4;  // [warp][phase] WarpShare, computed once
-constexpr size_t kSmemBytes = kShareOffset + (size_t)kWarps * kDecodeMaxPhases * 32;
-static_assert(2 * kMaxCols * sizeof(float) <= kRingBytes, "the x prologue stages two f32 inputs in the ring");
+// Shared memory: rings [warp][slot][row][chunk] | mbarriers [warp][slot] | x q (int16) |
+// x d (f32) | reduce | shares.
+template <uint32_t kChunkPairs, uint32_t kSlots>
+struct RingLayout {
+    static constexpr uint32_t chunk_bytes = kChunkPairs * 68;  // one row's part of a chunk
+    static constexpr uint32_t slot_bytes = kRows * chunk_bytes;
+    static constexpr size_t ring_bytes = (size_t)kWarps * kSlots * slot_bytes;
+    static constexpr size_t bar_offset = ring_bytes;
+    static constexpr size_t xq_offset = bar_offset + (size_t)kWarps * kSlots * sizeof(uint64_t);
+    static constexpr size_t xd_offset = xq_offset + (size_t)kMaxCols * 2;
+    static constexpr size_t red_offset = xd_offset + (size_t)kMaxCols / 32 * 4;
+    static constexpr size_t share_offset = red_offset + 32 * 4;  // [warp][phase] WarpShare, computed once
+    static constexpr size_t smem_bytes = share_offset + (size_t)kWarps * kDecodeMaxPhases * 32;
+    // Bulk copies move multiples of 16 bytes between 16-byte aligned addresses: a chunk is
+    // whole 4-pair steps (272 bytes), and rows of cols % 256 == 0 are multiples of 272 bytes.
+    static_assert(kChunkPairs % 4 == 0 && chunk_bytes % 16 == 0, "chunks of whole 4-pair steps");
+    static_assert(smem_bytes <= 227 * 1024, "one block per SM within sm_90's 227 KB");
+};
 
 // One warp's share of a phase: chunks [c0, c1) of the phase's row pairs x chunks, split as
 // the q16x matvec splits (by chunks when that shortens the busiest warp and no row pair
@@ -72,25 +87,25 @@ struct WarpShare {
     uint32_t ppr, cpr, row_bytes, c0, c1;
     bool starts_cut, ends_cut;
 };
-static_assert(sizeof(WarpShare) <= 32, "kSmemBytes reserves 32 bytes per share");
+static_assert(sizeof(WarpShare) <= 32, "the layout reserves 32 bytes per share");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+template <uint32_t kChunkPairs>
 __device__ __forceinline__ bool phase_splits_by_chunks(uint32_t rows, uint32_t cols, uint32_t n_warps) {
     const uint64_t n_pairs = (rows + kRows - 1) / kRows, cpr = (cols / 64 + kChunkPairs - 1) / kChunkPairs;
     const uint64_t busiest_by_pairs = (n_pairs + n_warps - 1) / n_warps * cpr;
     const uint64_t busiest_by_chunks = (n_pairs * cpr + n_warps - 1) / n_warps;
     return busiest_by_chunks < busiest_by_pairs && n_pairs * cpr / n_warps >= cpr;
 }
-#endif
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+template <uint32_t kChunkPairs>
 __device__ __forceinline__ WarpShare warp_share(const DecodeGemvPhase& ph, uint32_t gw, uint32_t n_warps) {
     WarpShare s;
     s.ppr = ph.cols / 64;
     s.cpr = (s.ppr + kChunkPairs - 1) / kChunkPairs;
     s.row_bytes = s.ppr * 68;
     const uint32_t n_pairs = (ph.rows + kRows - 1) / kRows, total = n_pairs * s.cpr;  // swiglu_pairs: rows even
-    if (phase_splits_by_chunks(ph.rows, ph.cols, n_warps)) {
+    if (phase_splits_by_chunks<kChunkPairs>(ph.rows, ph.cols, n_warps)) {
         s.c0 = (uint32_t)((uint64_t)gw * total / n_warps);
         s.c1 = (uint32_t)((uint64_t)(gw + 1) * total / n_warps);
     } else {
@@ -101,9 +116,7 @@ __device__ __forceinline__ WarpShare warp_share(const DecodeGemvPhase& ph, uint3
     s.ends_cut = s.c1 % s.cpr != 0 && s.c1 > s.c0;
     return s;
 }
-#endif
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 // All blocks of the grid (all resident: one per SM). words[0] counts arrivals, words[1] is
@@ -133,14 +146,12 @@ __device__ void grid_barrier(uint32_t* words, uint32_t n_blocks) {
     __syncthreads();
 }
 
-// x of phase p into shared memory (q int16, d f32 per 32 values), by the whole block.
-// RMSNorm and SwiGLU read their f32 inputs in ONE round trip: cp.async of the whole inputs
-// into `stage` (the block's weight ring, idle between phases), then computed from shared
-// memory. (Measured first with per-warp batches of L2 loads: 5 us per RMSNorm prologue and
-// 11 us for SwiGLU's 110 KB, several dependent round trips each.) cp.async.cg reads L2, which
-// is coherent with the other SMs' writes before the grid barrier.
-__device__ void load_x(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, int16_t* xq, float* xd, float* red,
-                       float* stage) {
+// x of phase p into shared memory (q int16, d f32 per 32 values), by the whole block. The
+// f32 inputs (at most kXSteps float4 of each per thread) are all loaded into registers
+// before any is used: one L2 round trip (__ldcg: coherent with the other SMs' writes before
+// the grid barrier). Each warp quantizes 4 blocks at a time, 8 lanes per block with 4 values
+// each (the rounding of act_quant.cuh).
+__device__ void load_x(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, int16_t* xq, float* xd, float* red) {
     const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const uint32_t cols = ph.cols, n_blocks = cols / 32;
     if (ph.x == DecodeX::act_q16) {
@@ -154,83 +165,55 @@ __device__ void load_x(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, int1
     const bool one_input = ph.x == DecodeX::f32;
     const float* first = ph.x == DecodeX::swiglu ? ph.gate_up : one_input ? ph.x_f32 : a.stream;
     const float* second = ph.x == DecodeX::swiglu ? ph.gate_up + cols : ph.norm_weight;
-    const uint32_t vecs = cols / 4;
-    for (uint32_t i = tid; i < vecs; i += kThreads) {
-        cp_async16(stage + 4 * i, first + 4 * i);
-        if (!one_input) cp_async16(stage + cols + 4 * i, second + 4 * i);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-    // Each warp quantizes 4 blocks at a time, 8 lanes per block with 4 values each (the
-    // rounding of act_quant.cuh): a quarter of the dependent shuffle chains of one block per
-    // warp, which made SwiGLU's prologue 10 us (432 blocks, 27 per warp, one after another).
     const uint32_t group_block = lane / 8, in_block = 4 * (lane % 8);
-    if (ph.x == DecodeX::swiglu || one_input) {
-        for (uint32_t b = warp * 4 + group_block; b - group_block < n_blocks; b += kWarps * 4) {
-            if (b < n_blocks) {  // whole 8-lane groups in or out
-                const uint32_t i = b * 32 + in_block;
-                float4 v = *reinterpret_cast<const float4*>(stage + i);
-                if (!one_input) {
-                    const float4 u = *reinterpret_cast<const float4*>(stage + cols + i);
-                    v = make_float4(silu_times(v.x, u.x), silu_times(v.y, u.y), silu_times(v.z, u.z), silu_times(v.w, u.w));
-                }
-                quantize_act_q16_group(v, lane, xq + i, xd + b);
-            }
-        }
-        return;
-    }
-    // stream_rmsnorm: out = (x * inv_rms) * w, inv_rms = 1 / sqrt(mean(x^2) + eps), as rmsnorm.cu.
-    float sum = 0.0f;
-    for (uint32_t i = 4 * tid; i < cols; i += 4 * kThreads) {
-        const float4 v = *reinterpret_cast<const float4*>(stage + i);
-        sum = fmaf(v.x, v.x, sum);
-        sum = fmaf(v.y, v.y, sum);
-        sum = fmaf(v.z, v.z, sum);
-        sum = fmaf(v.w, v.w, sum);
-    }
-    sum = warp_sum(sum);
-    if (lane == 0) red[warp] = sum;
-    __syncthreads();
-    float total = 0.0f;
+    const auto block_of = [&](uint32_t step) { return warp * 4 + group_block + step * kWarps * 4; };
+    float4 v[kXSteps], u[kXSteps];
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) total += red[w];  // the same order in every thread
-    const float inv_rms = rsqrtf(total / (float)cols + a.eps);
-    for (uint32_t b = warp * 4 + group_block; b - group_block < n_blocks; b += kWarps * 4) {
+    for (uint32_t step = 0; step < kXSteps; ++step) {
+        const uint32_t b = block_of(step);
+        v[step] = u[step] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (b < n_blocks) {
-            const uint32_t i = b * 32 + in_block;
-            const float4 x = *reinterpret_cast<const float4*>(stage + i);
-            const float4 w = *reinterpret_cast<const float4*>(stage + cols + i);
-            quantize_act_q16_group(make_float4(x.x * inv_rms * w.x, x.y * inv_rms * w.y, x.z * inv_rms * w.z,
-                                               x.w * inv_rms * w.w),
-                                   lane, xq + i, xd + b);
+            v[step] = __ldcg(reinterpret_cast<const float4*>(first + b * 32 + in_block));
+            if (!one_input) u[step] = __ldcg(reinterpret_cast<const float4*>(second + b * 32 + in_block));
         }
+    }
+    float inv_rms = 1.0f;
+    if (ph.x == DecodeX::stream_rmsnorm) {
+        // out = (x * inv_rms) * w, inv_rms = 1 / sqrt(mean(x^2) + eps), as rmsnorm.cu.
+        float sum = 0.0f;
+#pragma unroll
+        for (uint32_t step = 0; step < kXSteps; ++step) {
+            sum = fmaf(v[step].x, v[step].x, sum);
+            sum = fmaf(v[step].y, v[step].y, sum);
+            sum = fmaf(v[step].z, v[step].z, sum);
+            sum = fmaf(v[step].w, v[step].w, sum);
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) red[warp] = sum;
+        __syncthreads();
+        float total = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) total += red[w];  // the same order in every thread
+        inv_rms = rsqrtf(total / (float)cols + a.eps);
+    }
+#pragma unroll
+    for (uint32_t step = 0; step < kXSteps; ++step) {
+        const uint32_t b = block_of(step);
+        if (b >= n_blocks) continue;  // whole 8-lane groups in or out
+        float4 x = v[step];
+        const float4 w = u[step];
+        if (ph.x == DecodeX::stream_rmsnorm)
+            x = make_float4(x.x * inv_rms * w.x, x.y * inv_rms * w.y, x.z * inv_rms * w.z, x.w * inv_rms * w.w);
+        else if (ph.x == DecodeX::swiglu)
+            x = make_float4(silu_times(x.x, w.x), silu_times(x.y, w.y), silu_times(x.z, w.z), silu_times(x.w, w.w));
+        quantize_act_q16_group(x, lane, xq + b * 32 + in_block, xd + b);
     }
 }
-#endif
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // Row r of the phase's row pair rp: consecutive rows, or gate row rp and up row n + rp.
 __device__ __forceinline__ uint32_t unit_row(const DecodeGemvPhase& ph, uint32_t rp, int r) {
     if (ph.y == DecodeY::swiglu_pairs) return r == 0 ? rp : ph.rows / 2 + rp;
     return min(kRows * rp + r, ph.rows - 1);
-}
-
-// Chunk i of this warp's share of a phase into ring slot `dst`; past the share's end, an
-// empty group (the wait counts stay uniform).
-__device__ __forceinline__ void issue_chunk(const DecodeGemvPhase& ph, const WarpShare& s, uint32_t lane, uint8_t* dst,
-                                            uint32_t i) {
-    if (s.c0 + i < s.c1) {
-        const uint32_t rp = (s.c0 + i) / s.cpr, ci = (s.c0 + i) % s.cpr;
-        const uint32_t vecs = min(kChunkPairs, s.ppr - ci * kChunkPairs) * 68 / 16;
-        const uint8_t* w = static_cast<const uint8_t*>(ph.w);
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-            const uint8_t* src = w + (size_t)unit_row(ph, rp, r) * s.row_bytes + (size_t)ci * kChunkBytes;
-            for (uint32_t v = lane; v < vecs; v += 32) cp_async16(dst + r * kChunkBytes + 16 * v, src + 16 * v);
-        }
-    }
-    cp_async_commit();
 }
 
 // A row pair's totals: stored, added to the stream, or combined by SwiGLU.
@@ -249,35 +232,80 @@ __device__ __forceinline__ void pair_out(const DecodeLayerArgs& a, const DecodeG
     }
 }
 
+// One warp's weight stream over all phases: the next chunk to copy (phase p, chunk k of its
+// share), the ring slot it goes to, and that slot's fill parity.
+struct ChunkCursor {
+    uint32_t p, k, slot, parity;
+};
+
+template <uint32_t kSlots>
+__device__ __forceinline__ void advance_slot(ChunkCursor& c) {
+    if (++c.slot == kSlots) {
+        c.slot = 0;
+        c.parity ^= 1u;
+    }
+}
+
+// Copies the warp's next chunk into its ring slot (lane 0 issues; every lane advances the
+// cursor the same way). Nothing when the warp's chunks of every phase have been issued.
+template <uint32_t kChunkPairs, uint32_t kSlots>
+__device__ __forceinline__ void issue_next_chunk(const DecodeLayerArgs& a, const WarpShare* shares, ChunkCursor& c,
+                                                 uint8_t* ring, uint64_t* full, uint32_t lane, uint64_t l2_policy) {
+    using L = RingLayout<kChunkPairs, kSlots>;
+    while (c.p < a.n_phases && c.k >= shares[c.p].c1) {
+        if (++c.p < a.n_phases) c.k = shares[c.p].c0;
+    }
+    if (c.p >= a.n_phases) return;
+    if (lane == 0) {
+        const DecodeGemvPhase& ph = a.phases[c.p];
+        const WarpShare& s = shares[c.p];
+        const uint32_t rp = c.k / s.cpr, ci = c.k % s.cpr;
+        const uint32_t bytes = min(kChunkPairs, s.ppr - ci * kChunkPairs) * 68;
+        uint8_t* dst = ring + (size_t)c.slot * L::slot_bytes;
+        const uint8_t* w = static_cast<const uint8_t*>(ph.w) + (size_t)ci * L::chunk_bytes;
+        fence_proxy_async_shared();  // the warp's reads of this slot (ordered by __syncwarp) come first
+        mbarrier_arrive_expect_tx(&full[c.slot], kRows * bytes);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+            bulk_copy_global_to_shared(dst + r * L::chunk_bytes, w + (size_t)unit_row(ph, rp, r) * s.row_bytes, bytes,
+                                       &full[c.slot], l2_policy);
+    }
+    ++c.k;
+    advance_slot<kSlots>(c);
+}
+
+template <uint32_t kChunkPairs, uint32_t kSlots>
 __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeLayerArgs a, uint32_t* barrier,
                                                                   unsigned long long* carry, uint64_t* timeline) {
+    using L = RingLayout<kChunkPairs, kSlots>;
     // timeline (lab): per block, kDecodeTimelineSlots timestamps (decode_layer.cuh).
     uint64_t* tl = timeline != nullptr ? timeline + (size_t)blockIdx.x * kDecodeTimelineSlots : nullptr;
     if (tl != nullptr && threadIdx.x == 0) tl[0] = global_timer_ns();
     extern __shared__ __align__(128) uint8_t smem[];
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const uint32_t gw = blockIdx.x * kWarps + warp, n_warps = gridDim.x * kWarps;
-    uint8_t* ring = smem + (size_t)warp * kStages * kRows * kChunkBytes;
-    int16_t* xq = reinterpret_cast<int16_t*>(smem + kXqOffset);
-    float* xd = reinterpret_cast<float*>(smem + kXdOffset);
-    float* red = reinterpret_cast<float*>(smem + kRedOffset);
-    WarpShare* shares = reinterpret_cast<WarpShare*>(smem + kShareOffset) + (size_t)warp * kDecodeMaxPhases;
-    if (lane < a.n_phases) shares[lane] = warp_share(a.phases[lane], gw, n_warps);
+    uint8_t* ring = smem + (size_t)warp * kSlots * L::slot_bytes;
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::bar_offset) + (size_t)warp * kSlots;
+    int16_t* xq = reinterpret_cast<int16_t*>(smem + L::xq_offset);
+    float* xd = reinterpret_cast<float*>(smem + L::xd_offset);
+    float* red = reinterpret_cast<float*>(smem + L::red_offset);
+    WarpShare* shares = reinterpret_cast<WarpShare*>(smem + L::share_offset) + (size_t)warp * kDecodeMaxPhases;
+    if (lane < a.n_phases) shares[lane] = warp_share<kChunkPairs>(a.phases[lane], gw, n_warps);
+    if (lane == 0) {
+        for (uint32_t s = 0; s < kSlots; ++s) mbarrier_init(&full[s], 1);  // lane 0's arrival + the bytes
+        mbarrier_init_fence();
+    }
     __syncwarp();
 
     // Lane roles, as in the q16x matvec: 8 lanes per 68-byte block pair (4 pairs = 256 columns
     // per step), lanes 0-3 on block A's 32 weights, 4-7 on block B's.
     const uint32_t sub = lane / 8;
     const Q8PairLane pl = q8_pair_lane(lane);
+    const uint64_t l2_policy = l2_evict_first_policy();
 
-    // Weights never depend on earlier kernels: phase 0's first chunk goes out before the wait.
-    // Later phases issue theirs only after their x is built: weight chunks in flight delay the
-    // grid barrier's atomics and the x loads queued behind them (measured with two chunks
-    // per warp issued across each barrier: 18 MB ahead, x prologues 3.6-11.4 us, barrier
-    // waits 4-5 us; docs/perf-notes.md, session 15).
-    // (Only when phase 0's x does not use the ring as its staging area.)
-    const bool early_chunk = a.phases[0].x == DecodeX::act_q16;
-    if (early_chunk) issue_chunk(a.phases[0], shares[0], lane, ring, 0);
+    // Weights never depend on earlier kernels: the whole ring goes out before the wait.
+    ChunkCursor issue{0, shares[0].c0, 0, 0}, use{0, 0, 0, 0};
+    for (uint32_t i = 0; i < kSlots; ++i) issue_next_chunk<kChunkPairs, kSlots>(a, shares, issue, ring, full, lane, l2_policy);
     cudaGridDependencySynchronize();  // x_q16 and the stream come from earlier kernels
     if (tl != nullptr && threadIdx.x == 0) tl[1] = global_timer_ns();
 
@@ -291,20 +319,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
             grid_barrier(barrier, gridDim.x);  // the previous phase's outputs, from every block
             if (tl != nullptr && threadIdx.x == 0) tl[2 + 3 * (p - 1) + 2] = global_timer_ns();  // barrier passed
         }
-        load_x(a, ph, xq, xd, red, reinterpret_cast<float*>(smem));
+        load_x(a, ph, xq, xd, red);
         __syncthreads();
         if (tl != nullptr && threadIdx.x == 0) tl[2 + 3 * p] = global_timer_ns();  // x ready
         const WarpShare s = shares[p];
-        for (uint32_t i = p == 0 && early_chunk ? 1 : 0; i < (uint32_t)kStages; ++i)
-            issue_chunk(ph, s, lane, ring + i * kRows * kChunkBytes, i);
         float acc[kRows] = {};
         for (uint32_t k = s.c0; k < s.c1; ++k) {
-            const uint32_t i = k - s.c0;
-            cp_async_wait<kStages - 1>();  // chunk i has landed (i + 1 may still be in flight)
-            __syncwarp();
+            mbarrier_wait_parity(&full[use.slot], use.parity);  // chunk k has landed
             const uint32_t ci = k % s.cpr;
             const uint32_t pairs = min(kChunkPairs, s.ppr - ci * kChunkPairs);
-            const uint32_t* buf = reinterpret_cast<const uint32_t*>(ring + (i % kStages) * kRows * kChunkBytes);
+            const uint32_t* buf = reinterpret_cast<const uint32_t*>(ring + (size_t)use.slot * L::slot_bytes);
 #pragma unroll
             for (uint32_t j = 0; j < kChunkPairs / 4; ++j) {
                 const uint32_t pp = 4 * j + sub;
@@ -314,10 +338,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
                 const float xs = xd[col / 32];
 #pragma unroll
                 for (int r = 0; r < kRows; ++r)
-                    acc[r] = q8_pair_dot(buf + r * (kChunkBytes / 4) + pp * 17, pl, xv, xs, acc[r]);
+                    acc[r] = q8_pair_dot(buf + r * (L::chunk_bytes / 4) + pp * 17, pl, xv, xs, acc[r]);
             }
-            __syncwarp();  // the slot is free: refill it two chunks ahead
-            issue_chunk(ph, s, lane, ring + (i % kStages) * kRows * kChunkBytes, i + kStages);
+            __syncwarp();  // the slot is free: refill it kSlots chunks ahead (maybe of a later phase)
+            advance_slot<kSlots>(use);
+            issue_next_chunk<kChunkPairs, kSlots>(a, shares, issue, ring, full, lane, l2_policy);
             if (ci == s.cpr - 1) {
                 const uint32_t rp = k / s.cpr;
                 const bool publish = s.starts_cut && rp == s.c0 / s.cpr;  // the second part of a cut pair
@@ -334,7 +359,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
                 if (lane == 0 && !publish) pair_out(a, ph, rp, total);
             }
         }
-        cp_async_wait<0>();  // the empty groups past the share's end
         if (s.ends_cut) {  // the first part of pair c1 / cpr: add the next warp's second part
             const uint32_t rp = s.c1 / s.cpr;
             float total[kRows];
@@ -357,17 +381,31 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
         }
         if (tl != nullptr && lane == 0) tl[2 + 3 * kDecodeMaxPhases + p * kWarps + warp] = global_timer_ns();  // this warp done
     }
-    cp_async_wait<0>();  // no copy in flight into shared memory of an exiting block
+    // Every copy issued was waited for above (the cursor issues exactly the chunks consumed).
     if (tl != nullptr) {
         __syncthreads();
         if (threadIdx.x == 0) tl[2 + 3 * (a.n_phases - 1) + 1] = global_timer_ns();
     }
 }
 #else
+template <uint32_t kChunkPairs, uint32_t kSlots>
 __global__ void decode_layer_kernel(const DecodeLayerArgs, uint32_t*, unsigned long long*, uint64_t*) {
     __trap();  // never launched: decode_layer_supported() reads kDecodeLayerCompiled
 }
 #endif
+
+// The ring shapes (DecodeRing order): block pairs per chunk x slots per warp, ~170-190 KB
+// of ring per SM each.
+struct RingKernel {
+    void (*kernel)(const DecodeLayerArgs, uint32_t*, unsigned long long*, uint64_t*);
+    size_t smem_bytes;
+};
+template <uint32_t kChunkPairs, uint32_t kSlots>
+constexpr RingKernel ring_kernel() {
+    return {decode_layer_kernel<kChunkPairs, kSlots>, RingLayout<kChunkPairs, kSlots>::smem_bytes};
+}
+const RingKernel kRingKernels[kDecodeRingShapes] = {ring_kernel<16, 5>(), ring_kernel<8, 11>(), ring_kernel<32, 2>(),
+                                                    ring_kernel<12, 7>()};
 
 // What the host needs per device, checked once (a process may drive GPUs of different kinds;
 // the launch path then costs a map lookup, no driver query).
@@ -389,18 +427,23 @@ const DeviceFit& device_fit() {
     SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     fit.sms = (uint32_t)sms;
-    if (major >= 9 && (size_t)smem_optin >= kSmemBytes) {
+    size_t widest = 0;
+    for (const RingKernel& k : kRingKernels) widest = std::max(widest, k.smem_bytes);
+    if (major >= 9 && (size_t)smem_optin >= widest) {
         if (cudaMemcpyFromSymbol(&compiled, kDecodeLayerCompiled, sizeof compiled) != cudaSuccess) {
             (void)cudaGetLastError();
             compiled = 0;
         }
     }
     if (compiled == 1) {
-        SPILLWAY_CUDA_CHECK(
-            cudaFuncSetAttribute(decode_layer_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
-        int per_sm = 0;
-        SPILLWAY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_layer_kernel, kThreads, kSmemBytes));
-        fit.supported = per_sm >= 1;
+        fit.supported = true;
+        for (const RingKernel& k : kRingKernels) {
+            SPILLWAY_CUDA_CHECK(
+                cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k.smem_bytes));
+            int per_sm = 0;
+            SPILLWAY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.kernel, kThreads, k.smem_bytes));
+            fit.supported = fit.supported && per_sm >= 1;
+        }
     }
     return by_device.emplace(device, fit).first->second;
 }
@@ -408,6 +451,19 @@ const DeviceFit& device_fit() {
 }  // namespace
 
 bool decode_layer_supported() { return device_fit().supported; }
+
+const char* decode_ring_name(DecodeRing ring) {
+    static const char* const names[kDecodeRingShapes] = {"16x5", "8x11", "32x2", "12x7"};
+    return (uint32_t)ring < kDecodeRingShapes ? names[(uint32_t)ring] : "?";
+}
+
+DecodeRing decode_ring_default() {
+    static const DecodeRing ring = [] {
+        const int i = lab_knob_choice("SPILLWAY_DECODE_RING", {"16x5", "8x11", "32x2", "12x7"});
+        return i < 0 ? DecodeRing::pairs16x5 : (DecodeRing)i;
+    }();
+    return ring;
+}
 
 bool decode_layer_phase_fits(uint32_t rows, uint32_t cols) {
     return rows >= 1 && cols >= kUnitCols && cols % kUnitCols == 0 && cols <= kMaxCols;
@@ -455,9 +511,11 @@ bool phase_writes_what_it_reads(const DecodeLayerArgs& a, const DecodeGemvPhase&
 
 }  // namespace
 
-void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, uint64_t* timeline) {
+void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, uint64_t* timeline,
+                       DecodeRing ring) {
     const std::string where = "decode_layer_cuda: ";
-    if (!decode_layer_supported()) fail(where + "needs an sm_90+ GPU with " + std::to_string(kSmemBytes) + " bytes of shared memory per block");
+    if (!decode_layer_supported()) fail(where + "needs an sm_90+ GPU with 227 KB of shared memory per block");
+    if ((uint32_t)ring >= kDecodeRingShapes) fail(where + "unknown ring shape");
     if (args.n_phases < 1 || args.n_phases > kDecodeMaxPhases) fail(where + "1 to 4 phases");
     if (scratch == nullptr) fail(where + "no scratch");
     for (uint32_t p = 0; p < args.n_phases; ++p) {
@@ -500,8 +558,9 @@ void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t 
     const uint32_t sms = device_fit().sms;  // the current device's: one block per SM
     uint32_t* barrier = static_cast<uint32_t*>(scratch);
     unsigned long long* carry = reinterpret_cast<unsigned long long*>(static_cast<uint8_t*>(scratch) + 16);
-    launch_with_pdl(true, decode_layer_kernel, dim3((unsigned)sms), dim3(kThreads), kSmemBytes, stream, args, barrier,
-                    carry, timeline);
+    const RingKernel& k = kRingKernels[(uint32_t)ring];
+    launch_with_pdl(true, k.kernel, dim3((unsigned)sms), dim3(kThreads), k.smem_bytes, stream, args, barrier, carry,
+                    timeline);
 }
 
 }  // namespace spillway

@@ -7,10 +7,11 @@
 // us after a launch) and the tail (the last warps stream alone), and the small kernels
 // between them are time in which HBM idles (docs/perf-notes.md, sessions 9-11: the four
 // GEMVs of a 14B layer take ~88 us for a 65 us floor). Here every warp streams its share of
-// each phase's weights through its own small cp.async ring (the q16x matvec's loop), phase
-// after phase with grid-wide barriers between them, and each block builds the next x itself
-// (the activations are tiny: a 5120-value x is 20 KB, read from L2). Measured 4% slower than
-// the separate kernels so far (docs/perf-notes.md, session 15): a lab path.
+// each phase's weights through its own ring of bulk copies, and the stream runs on across
+// the grid-wide barriers between phases (the ring fills with the next phase's weights while
+// the warp waits), and each block builds the next x itself (the activations are tiny: a
+// 5120-value x is 20 KB, read from L2). A lab path (SPILLWAY_DECODE_LAYER=1); its measured
+// speed against the separate kernels is in docs/perf-notes.md (sessions 15, 25).
 //
 // Each phase: y = W x with W [rows][cols] Q8_0 rows, x quantized to int16 blocks of 32 with
 // the rounding of act_quant.cuh (so the products are those of matvec_q8_0_q16x_cuda on the
@@ -89,6 +90,16 @@ size_t decode_layer_scratch_bytes();
 constexpr uint32_t kDecodeLayerWarps = 16;
 constexpr uint32_t kDecodeTimelineSlots = 2 + 3 * kDecodeMaxPhases + kDecodeMaxPhases * kDecodeLayerWarps;
 uint32_t decode_layer_grid_blocks();
-void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, uint64_t* timeline = nullptr);
+
+// The weight ring's shape (lab): block pairs per chunk x chunks in flight per warp, each
+// ~170-190 KB per SM. The default is SPILLWAY_DECODE_RING's choice ("16x5", "8x11", "32x2",
+// "12x7"), else 16x5.
+enum class DecodeRing : uint32_t { pairs16x5, pairs8x11, pairs32x2, pairs12x7 };
+constexpr uint32_t kDecodeRingShapes = 4;
+const char* decode_ring_name(DecodeRing ring);
+DecodeRing decode_ring_default();
+
+void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, uint64_t* timeline = nullptr,
+                       DecodeRing ring = decode_ring_default());
 
 }  // namespace spillway

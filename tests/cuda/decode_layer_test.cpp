@@ -123,38 +123,43 @@ void check_decode_layer(const LayerCase& c) {
                                   d_attn_w.data(), nullptr, d_out.data()};
     a.n_phases = c.with_qkv ? 4 : 3;
 
-    // Several launches from the same inputs (each finds the barrier words the last one left):
-    // outputs poisoned before each, and bit-identical between them. Repeats matter: a ring
-    // protocol error shows up as a wrong stage read only when some consumer runs ahead.
-    std::vector<float> first_stream, first_gu, first_out;
-    for (int run = 0; run < c.runs; ++run) {
-        SPILLWAY_CUDA_CHECK(cudaMemcpy(d_stream.data(), h0.data(), h0.size() * 4, cudaMemcpyHostToDevice));
-        poison(d_gate_up);
-        poison(d_out);
-        decode_layer_cuda(a, barrier.data(), nullptr);
-        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-        const std::vector<float> got_stream = to_host(d_stream), got_gu = to_host(d_gate_up), got_out = to_host(d_out);
-        if (c.paired) {
-            EXPECT_LT(rel_error(got_gu.data(), act.data(), c.ff), 2e-4) << "SwiGLU of gate|up, run " << run;
-            EXPECT_EQ(count_nan(std::vector<float>(got_gu.begin() + c.ff, got_gu.end())), (size_t)c.ff)
-                << "swiglu_pairs wrote past its n outputs";
-        } else {
-            EXPECT_LT(rel_error(got_gu, ref_gu), 2e-4) << "gate|up, run " << run;
-        }
-        EXPECT_LT(rel_error(got_stream, ref_h2), 2e-4) << "stream after down, run " << run;
-        if (c.with_qkv) {
-            EXPECT_LT(rel_error(got_out, ref_qkv), 2e-4) << "q|k|v, run " << run;
-        } else {
-            EXPECT_EQ(count_nan(got_out), got_out.size()) << "a 3-phase launch wrote the 4th phase's output";
-        }
-        if (run == 0) {
-            first_stream = got_stream;
-            first_gu = got_gu;
-            first_out = got_out;
-        } else {
-            EXPECT_EQ(std::memcmp(first_stream.data(), got_stream.data(), got_stream.size() * 4), 0) << "not deterministic";
-            EXPECT_EQ(std::memcmp(first_gu.data(), got_gu.data(), got_gu.size() * 4), 0) << "not deterministic";
-            if (c.with_qkv) EXPECT_EQ(std::memcmp(first_out.data(), got_out.data(), got_out.size() * 4), 0);
+    // Every ring shape; per shape several launches from the same inputs (each finds the
+    // barrier words the last one left): outputs poisoned before each, and bit-identical between
+    // them (shapes cut rows between warps at different chunks, so they may differ by rounding).
+    // Repeats matter: a ring protocol error shows up as a wrong stage read only when some
+    // consumer runs ahead.
+    for (uint32_t ring = 0; ring < kDecodeRingShapes; ++ring) {
+        SCOPED_TRACE(std::string("ring ") + decode_ring_name((DecodeRing)ring));
+        std::vector<float> first_stream, first_gu, first_out;
+        for (int run = 0; run < c.runs; ++run) {
+            SPILLWAY_CUDA_CHECK(cudaMemcpy(d_stream.data(), h0.data(), h0.size() * 4, cudaMemcpyHostToDevice));
+            poison(d_gate_up);
+            poison(d_out);
+            decode_layer_cuda(a, barrier.data(), nullptr, nullptr, (DecodeRing)ring);
+            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+            const std::vector<float> got_stream = to_host(d_stream), got_gu = to_host(d_gate_up), got_out = to_host(d_out);
+            if (c.paired) {
+                EXPECT_LT(rel_error(got_gu.data(), act.data(), c.ff), 2e-4) << "SwiGLU of gate|up, run " << run;
+                EXPECT_EQ(count_nan(std::vector<float>(got_gu.begin() + c.ff, got_gu.end())), (size_t)c.ff)
+                    << "swiglu_pairs wrote past its n outputs";
+            } else {
+                EXPECT_LT(rel_error(got_gu, ref_gu), 2e-4) << "gate|up, run " << run;
+            }
+            EXPECT_LT(rel_error(got_stream, ref_h2), 2e-4) << "stream after down, run " << run;
+            if (c.with_qkv) {
+                EXPECT_LT(rel_error(got_out, ref_qkv), 2e-4) << "q|k|v, run " << run;
+            } else {
+                EXPECT_EQ(count_nan(got_out), got_out.size()) << "a 3-phase launch wrote the 4th phase's output";
+            }
+            if (run == 0) {
+                first_stream = got_stream;
+                first_gu = got_gu;
+                first_out = got_out;
+            } else {
+                EXPECT_EQ(std::memcmp(first_stream.data(), got_stream.data(), got_stream.size() * 4), 0) << "not deterministic";
+                EXPECT_EQ(std::memcmp(first_gu.data(), got_gu.data(), got_gu.size() * 4), 0) << "not deterministic";
+                if (c.with_qkv) EXPECT_EQ(std::memcmp(first_out.data(), got_out.data(), got_out.size() * 4), 0);
+            }
         }
     }
     // The scratch is left ready for the next launch: arrival count zero, every hand-over slot
@@ -172,8 +177,8 @@ TEST(CudaDecodeLayer, MatchesCpuChain) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     if (!decode_layer_supported()) GTEST_SKIP() << "the persistent decode layer kernel needs sm_90";
     // The tiny preset (fewer rows than blocks: some blocks own no rows of a phase), an odd
-    // mid-size shape (partial last stage), and the Qwen2.5-14B layer (2 rows per stage for
-    // down, 6 for the others; several stages per block).
+    // mid-size shape (partial last chunk of a row), and the Qwen2.5-14B layer (many chunks
+    // per warp, row pairs cut between warps, the ring running on across the phases).
     check_decode_layer({256, 768, 512, true});
     check_decode_layer({1280, 3328, 1792, false});
     check_decode_layer({5120, 13824, 7168, true, 8});
@@ -185,8 +190,8 @@ TEST(CudaDecodeLayer, MatchesCpuChain) {
     check_decode_layer({256, 14336, 512, true, 2, true});
 }
 
-// One phase whose x is the RMSNorm of the stream (the first phase then stages its inputs in
-// the ring, which no weight chunk may occupy yet), against the same reference.
+// One phase whose x is the RMSNorm of the stream (built while the whole ring of weight copies
+// is in flight), against the same reference, with every ring shape.
 TEST(CudaDecodeLayer, SinglePhaseFromTheStream) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     if (!decode_layer_supported()) GTEST_SKIP() << "the persistent decode layer kernel needs sm_90";
@@ -202,17 +207,19 @@ TEST(CudaDecodeLayer, SinglePhaseFromTheStream) {
         DeviceBuffer<uint8_t> d_w = to_device(w.bytes), scratch(decode_layer_scratch_bytes());
         SPILLWAY_CUDA_CHECK(cudaMemset(scratch.data(), 0, scratch.bytes()));
         DeviceBuffer<float> d_h = to_device(h), d_norm = to_device(norm_w), d_out(rows);
-        poison(d_out);
         DecodeLayerArgs a;
         a.stream = d_h.data();
         a.eps = 1e-6f;
         a.n_phases = 1;
         a.phases[0] = DecodeGemvPhase{d_w.data(), rows, cols, DecodeX::stream_rmsnorm, DecodeY::store, d_norm.data(),
                                       nullptr, d_out.data()};
-        decode_layer_cuda(a, scratch.data(), nullptr);
-        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-        EXPECT_LT(rel_error(to_host(d_out), ref), 2e-4) << rows << "x" << cols;
-        EXPECT_EQ(to_host(d_h), h) << "a store phase changed the stream";
+        for (uint32_t ring = 0; ring < kDecodeRingShapes; ++ring) {
+            poison(d_out);
+            decode_layer_cuda(a, scratch.data(), nullptr, nullptr, (DecodeRing)ring);
+            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+            EXPECT_LT(rel_error(to_host(d_out), ref), 2e-4) << rows << "x" << cols << " ring " << ring;
+            EXPECT_EQ(to_host(d_h), h) << "a store phase changed the stream";
+        }
     }
 }
 
@@ -256,6 +263,7 @@ TEST(CudaDecodeLayer, RejectsUnsupportedInputs) {
     EXPECT_THROW(decode_layer_cuda(a, barrier.data(), nullptr), Error);
     a.n_phases = 1;
     EXPECT_THROW(decode_layer_cuda(a, nullptr, nullptr), Error);
+    EXPECT_THROW(decode_layer_cuda(a, barrier.data(), nullptr, nullptr, static_cast<DecodeRing>(kDecodeRingShapes)), Error);
 }
 
 }  // namespace

@@ -1,0 +1,69 @@
+#pragma once
+// Bulk copies global -> shared memory (sm_90's TMA engine, no tensor map) completed on an
+// mbarrier, for kernels that stream weights through shared memory without spending one
+// instruction per 16 bytes per lane (decode_layer.cu). A copy is tracked only by its
+// mbarrier, not by cp.async groups, so a kernel may wait for other cp.async traffic (an
+// activation vector) while weight copies are still in flight.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace spillway {
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ uint32_t shared_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// `count` arrivals complete a phase. Call once per barrier, then mbarrier_init_fence() before
+// any other thread or the TMA engine uses it.
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// One arrival that also expects `bytes` more bytes of transactions in the current phase.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+
+// Spins until the phase with this parity has completed (parity = fill number & 1).
+__device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_%=;\n"
+        "}\n" ::"r"(shared_addr(bar)),
+        "r"(parity)
+        : "memory");
+}
+
+// Orders this thread's earlier generic-proxy accesses of shared memory (e.g. reads of a ring
+// slot, made visible to it by __syncwarp) before later async-proxy writes (a bulk copy into
+// that slot).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// An L2 policy for data read once (weights in a decode step): evicted first.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
+}
+
+// bytes % 16 == 0, both addresses 16-byte aligned; completes `bytes` transactions on bar.
+__device__ __forceinline__ void bulk_copy_global_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                                           uint64_t l2_policy) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
+            shared_addr(dst)),
+        "l"(src), "r"(bytes), "r"(shared_addr(bar)), "l"(l2_policy)
+        : "memory");
+}
+#endif
+
+}  // namespace spillway
