@@ -32,6 +32,7 @@
 
 #include "common/error.h"
 #include "engine/cuda/bulk_copy_device.cuh"
+#include "engine/cuda/cp_async_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/global_timer_device.cuh"
 #include "engine/cuda/lab_knob.h"
@@ -246,35 +247,50 @@ __device__ __forceinline__ void advance_slot(ChunkCursor& c) {
     }
 }
 
-// Copies the warp's next chunk into its ring slot (lane 0 issues; every lane advances the
-// cursor the same way). Nothing when the warp's chunks of every phase have been issued.
-template <uint32_t kChunkPairs, uint32_t kSlots>
+// Copies the warp's next chunk into its ring slot; nothing when the warp's chunks of every
+// phase up to last_phase have been issued. kBulk: two bulk copies (TMA) issued by lane 0, completed on the
+// slot's mbarrier; else 16-byte cp.async by every lane, one commit group per call (an empty
+// one past the end, so that "all but the newest kSlots - 1 groups" is always the next chunk).
+template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk>
 __device__ __forceinline__ void issue_next_chunk(const DecodeLayerArgs& a, const WarpShare* shares, ChunkCursor& c,
-                                                 uint8_t* ring, uint64_t* full, uint32_t lane, uint64_t l2_policy) {
+                                                 uint8_t* ring, uint64_t* full, uint32_t lane, uint64_t l2_policy,
+                                                 uint32_t last_phase) {
     using L = RingLayout<kChunkPairs, kSlots>;
     while (c.p < a.n_phases && c.k >= shares[c.p].c1) {
         if (++c.p < a.n_phases) c.k = shares[c.p].c0;
     }
-    if (c.p >= a.n_phases) return;
-    if (lane == 0) {
+    if (c.p < a.n_phases && c.p <= last_phase) {
         const DecodeGemvPhase& ph = a.phases[c.p];
         const WarpShare& s = shares[c.p];
         const uint32_t rp = c.k / s.cpr, ci = c.k % s.cpr;
         const uint32_t bytes = min(kChunkPairs, s.ppr - ci * kChunkPairs) * 68;
         uint8_t* dst = ring + (size_t)c.slot * L::slot_bytes;
         const uint8_t* w = static_cast<const uint8_t*>(ph.w) + (size_t)ci * L::chunk_bytes;
-        fence_proxy_async_shared();  // the warp's reads of this slot (ordered by __syncwarp) come first
-        mbarrier_arrive_expect_tx(&full[c.slot], kRows * bytes);
+        if constexpr (kBulk) {
+            if (lane == 0) {
+                fence_proxy_async_shared();  // the warp's reads of this slot (ordered by __syncwarp) come first
+                mbarrier_arrive_expect_tx(&full[c.slot], kRows * bytes);
 #pragma unroll
-        for (int r = 0; r < kRows; ++r)
-            bulk_copy_global_to_shared(dst + r * L::chunk_bytes, w + (size_t)unit_row(ph, rp, r) * s.row_bytes, bytes,
-                                       &full[c.slot], l2_policy);
+                for (int r = 0; r < kRows; ++r)
+                    bulk_copy_global_to_shared(dst + r * L::chunk_bytes, w + (size_t)unit_row(ph, rp, r) * s.row_bytes,
+                                               bytes, &full[c.slot], l2_policy);
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+                const uint8_t* src = w + (size_t)unit_row(ph, rp, r) * s.row_bytes;
+                for (uint32_t v = lane; v < bytes / 16; v += 32) cp_async16(dst + r * L::chunk_bytes + 16 * v, src + 16 * v);
+            }
+        }
+        ++c.k;
+        advance_slot<kSlots>(c);
     }
-    ++c.k;
-    advance_slot<kSlots>(c);
+    if constexpr (!kBulk) cp_async_commit();
 }
 
-template <uint32_t kChunkPairs, uint32_t kSlots>
+// kAcross: the ring runs on into the next phase's chunks while the warp waits at the barrier;
+// else (lab) a phase's chunks are issued only once its x is built.
+template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross>
 __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeLayerArgs a, uint32_t* barrier,
                                                                   unsigned long long* carry, uint64_t* timeline) {
     using L = RingLayout<kChunkPairs, kSlots>;
@@ -291,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
     float* red = reinterpret_cast<float*>(smem + L::red_offset);
     WarpShare* shares = reinterpret_cast<WarpShare*>(smem + L::share_offset) + (size_t)warp * kDecodeMaxPhases;
     if (lane < a.n_phases) shares[lane] = warp_share<kChunkPairs>(a.phases[lane], gw, n_warps);
-    if (lane == 0) {
+    if (kBulk && lane == 0) {
         for (uint32_t s = 0; s < kSlots; ++s) mbarrier_init(&full[s], 1);  // lane 0's arrival + the bytes
         mbarrier_init_fence();
     }
@@ -305,7 +321,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
 
     // Weights never depend on earlier kernels: the whole ring goes out before the wait.
     ChunkCursor issue{0, shares[0].c0, 0, 0}, use{0, 0, 0, 0};
-    for (uint32_t i = 0; i < kSlots; ++i) issue_next_chunk<kChunkPairs, kSlots>(a, shares, issue, ring, full, lane, l2_policy);
+    for (uint32_t i = 0; i < kSlots; ++i)
+        issue_next_chunk<kChunkPairs, kSlots, kBulk>(a, shares, issue, ring, full, lane, l2_policy, kAcross ? a.n_phases : 0);
     cudaGridDependencySynchronize();  // x_q16 and the stream come from earlier kernels
     if (tl != nullptr && threadIdx.x == 0) tl[1] = global_timer_ns();
 
@@ -322,10 +339,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
         load_x(a, ph, xq, xd, red);
         __syncthreads();
         if (tl != nullptr && threadIdx.x == 0) tl[2 + 3 * p] = global_timer_ns();  // x ready
+        if (!kAcross && p > 0) {
+            for (uint32_t i = 0; i < kSlots; ++i)
+                issue_next_chunk<kChunkPairs, kSlots, kBulk>(a, shares, issue, ring, full, lane, l2_policy, p);
+        }
         const WarpShare s = shares[p];
         float acc[kRows] = {};
         for (uint32_t k = s.c0; k < s.c1; ++k) {
-            mbarrier_wait_parity(&full[use.slot], use.parity);  // chunk k has landed
+            if constexpr (kBulk) {
+                mbarrier_wait_parity(&full[use.slot], use.parity);  // chunk k has landed
+            } else {
+                cp_async_wait<kSlots - 1>();  // chunk k has landed (the newer ones may still be in flight)
+                __syncwarp();
+            }
             const uint32_t ci = k % s.cpr;
             const uint32_t pairs = min(kChunkPairs, s.ppr - ci * kChunkPairs);
             const uint32_t* buf = reinterpret_cast<const uint32_t*>(ring + (size_t)use.slot * L::slot_bytes);
@@ -342,7 +368,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
             }
             __syncwarp();  // the slot is free: refill it kSlots chunks ahead (maybe of a later phase)
             advance_slot<kSlots>(use);
-            issue_next_chunk<kChunkPairs, kSlots>(a, shares, issue, ring, full, lane, l2_policy);
+            issue_next_chunk<kChunkPairs, kSlots, kBulk>(a, shares, issue, ring, full, lane, l2_policy,
+                                                         kAcross ? a.n_phases : p);
             if (ci == s.cpr - 1) {
                 const uint32_t rp = k / s.cpr;
                 const bool publish = s.starts_cut && rp == s.c0 / s.cpr;  // the second part of a cut pair
@@ -381,31 +408,35 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
         }
         if (tl != nullptr && lane == 0) tl[2 + 3 * kDecodeMaxPhases + p * kWarps + warp] = global_timer_ns();  // this warp done
     }
-    // Every copy issued was waited for above (the cursor issues exactly the chunks consumed).
+    // Every copy issued was waited for above (the cursor issues exactly the chunks consumed);
+    // the cp.async ring may still count empty groups.
+    if constexpr (!kBulk) cp_async_wait<0>();
     if (tl != nullptr) {
         __syncthreads();
         if (threadIdx.x == 0) tl[2 + 3 * (a.n_phases - 1) + 1] = global_timer_ns();
     }
 }
 #else
-template <uint32_t kChunkPairs, uint32_t kSlots>
+template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross>
 __global__ void decode_layer_kernel(const DecodeLayerArgs, uint32_t*, unsigned long long*, uint64_t*) {
     __trap();  // never launched: decode_layer_supported() reads kDecodeLayerCompiled
 }
 #endif
 
-// The ring shapes (DecodeRing order): block pairs per chunk x slots per warp, ~170-190 KB
-// of ring per SM each.
+// The ring shapes (DecodeRing order): block pairs per chunk x slots per warp, bulk copies or
+// cp.async.
 struct RingKernel {
     void (*kernel)(const DecodeLayerArgs, uint32_t*, unsigned long long*, uint64_t*);
     size_t smem_bytes;
 };
-template <uint32_t kChunkPairs, uint32_t kSlots>
+template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross = true>
 constexpr RingKernel ring_kernel() {
-    return {decode_layer_kernel<kChunkPairs, kSlots>, RingLayout<kChunkPairs, kSlots>::smem_bytes};
+    return {decode_layer_kernel<kChunkPairs, kSlots, kBulk, kAcross>, RingLayout<kChunkPairs, kSlots>::smem_bytes};
 }
-const RingKernel kRingKernels[kDecodeRingShapes] = {ring_kernel<16, 5>(), ring_kernel<8, 11>(), ring_kernel<32, 2>(),
-                                                    ring_kernel<12, 7>()};
+const RingKernel kRingKernels[kDecodeRingShapes] = {
+    ring_kernel<32, 2, false>(), ring_kernel<24, 3, false>(), ring_kernel<16, 5, false>(),
+    ring_kernel<32, 2, true>(),  ring_kernel<16, 5, true>(),  ring_kernel<32, 2, false, false>()};
+const char* const kRingNames[kDecodeRingShapes] = {"cp32x2", "cp24x3", "cp16x5", "tma32x2", "tma16x5", "cp32x2-phase"};
 
 // What the host needs per device, checked once (a process may drive GPUs of different kinds;
 // the launch path then costs a map lookup, no driver query).
@@ -453,14 +484,13 @@ const DeviceFit& device_fit() {
 bool decode_layer_supported() { return device_fit().supported; }
 
 const char* decode_ring_name(DecodeRing ring) {
-    static const char* const names[kDecodeRingShapes] = {"16x5", "8x11", "32x2", "12x7"};
-    return (uint32_t)ring < kDecodeRingShapes ? names[(uint32_t)ring] : "?";
+    return (uint32_t)ring < kDecodeRingShapes ? kRingNames[(uint32_t)ring] : "?";
 }
 
 DecodeRing decode_ring_default() {
     static const DecodeRing ring = [] {
-        const int i = lab_knob_choice("SPILLWAY_DECODE_RING", {"16x5", "8x11", "32x2", "12x7"});
-        return i < 0 ? DecodeRing::pairs16x5 : (DecodeRing)i;
+        const int i = lab_knob_choice("SPILLWAY_DECODE_RING", {"cp32x2", "cp24x3", "cp16x5", "tma32x2", "tma16x5", "cp32x2-phase"});
+        return i < 0 ? DecodeRing::cp32x2 : (DecodeRing)i;
     }();
     return ring;
 }

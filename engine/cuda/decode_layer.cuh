@@ -91,11 +91,12 @@ constexpr uint32_t kDecodeLayerWarps = 16;
 constexpr uint32_t kDecodeTimelineSlots = 2 + 3 * kDecodeMaxPhases + kDecodeMaxPhases * kDecodeLayerWarps;
 uint32_t decode_layer_grid_blocks();
 
-// The weight ring's shape (lab): block pairs per chunk x chunks in flight per warp, each
-// ~170-190 KB per SM. The default is SPILLWAY_DECODE_RING's choice ("16x5", "8x11", "32x2",
-// "12x7"), else 16x5.
-enum class DecodeRing : uint32_t { pairs16x5, pairs8x11, pairs32x2, pairs12x7 };
-constexpr uint32_t kDecodeRingShapes = 4;
+// The weight ring (lab): 16-byte cp.async by every lane or bulk copies (TMA) by one, and
+// block pairs per chunk x chunks in flight per warp (140-175 KB per SM), running on across
+// the phases ("-phase": a phase's chunks only once its x is built). The default is
+// SPILLWAY_DECODE_RING's choice (the names below, e.g. "tma16x5"), else cp32x2.
+enum class DecodeRing : uint32_t { cp32x2, cp24x3, cp16x5, tma32x2, tma16x5, cp32x2_phase };
+constexpr uint32_t kDecodeRingShapes = 6;
 const char* decode_ring_name(DecodeRing ring);
 DecodeRing decode_ring_default();
 
