@@ -247,6 +247,34 @@ __device__ __forceinline__ void advance_slot(ChunkCursor& c) {
     }
 }
 
+// Moves c past finished phases to the warp's next chunk; false when there is none up to
+// last_phase.
+__device__ __forceinline__ bool next_chunk(const DecodeLayerArgs& a, const WarpShare* shares, ChunkCursor& c,
+                                           uint32_t last_phase) {
+    while (c.p < a.n_phases && c.k >= shares[c.p].c1) {
+        if (++c.p < a.n_phases) c.k = shares[c.p].c0;
+    }
+    return c.p < a.n_phases && c.p <= last_phase;
+}
+
+// Asks L2 for the warp's next chunk (lane 0) and moves c past it: the L2 look-ahead, which
+// runs kL2Ahead chunks ahead of the ring (lab).
+template <uint32_t kChunkPairs>
+__device__ __forceinline__ void prefetch_next_chunk_l2(const DecodeLayerArgs& a, const WarpShare* shares,
+                                                       ChunkCursor& c, uint32_t lane) {
+    if (!next_chunk(a, shares, c, a.n_phases)) return;
+    if (lane == 0) {
+        const DecodeGemvPhase& ph = a.phases[c.p];
+        const WarpShare& s = shares[c.p];
+        const uint32_t rp = c.k / s.cpr, ci = c.k % s.cpr;
+        const uint32_t bytes = min(kChunkPairs, s.ppr - ci * kChunkPairs) * 68;
+        const uint8_t* w = static_cast<const uint8_t*>(ph.w) + (size_t)ci * kChunkPairs * 68;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) bulk_prefetch_l2(w + (size_t)unit_row(ph, rp, r) * s.row_bytes, bytes);
+    }
+    ++c.k;
+}
+
 // Copies the warp's next chunk into its ring slot; nothing when the warp's chunks of every
 // phase up to last_phase have been issued. kBulk: two bulk copies (TMA) issued by lane 0, completed on the
 // slot's mbarrier; else 16-byte cp.async by every lane, one commit group per call (an empty
@@ -256,10 +284,7 @@ __device__ __forceinline__ void issue_next_chunk(const DecodeLayerArgs& a, const
                                                  uint8_t* ring, uint64_t* full, uint32_t lane, uint64_t l2_policy,
                                                  uint32_t last_phase) {
     using L = RingLayout<kChunkPairs, kSlots>;
-    while (c.p < a.n_phases && c.k >= shares[c.p].c1) {
-        if (++c.p < a.n_phases) c.k = shares[c.p].c0;
-    }
-    if (c.p < a.n_phases && c.p <= last_phase) {
+    if (next_chunk(a, shares, c, last_phase)) {
         const DecodeGemvPhase& ph = a.phases[c.p];
         const WarpShare& s = shares[c.p];
         const uint32_t rp = c.k / s.cpr, ci = c.k % s.cpr;
@@ -289,8 +314,9 @@ __device__ __forceinline__ void issue_next_chunk(const DecodeLayerArgs& a, const
 }
 
 // kAcross: the ring runs on into the next phase's chunks while the warp waits at the barrier;
-// else (lab) a phase's chunks are issued only once its x is built.
-template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross>
+// else (lab) a phase's chunks are issued only once its x is built. kL2Ahead (with kAcross):
+// chunks requested into L2 ahead of the ring.
+template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross, uint32_t kL2Ahead>
 __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeLayerArgs a, uint32_t* barrier,
                                                                   unsigned long long* carry, uint64_t* timeline) {
     using L = RingLayout<kChunkPairs, kSlots>;
@@ -323,6 +349,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
     ChunkCursor issue{0, shares[0].c0, 0, 0}, use{0, 0, 0, 0};
     for (uint32_t i = 0; i < kSlots; ++i)
         issue_next_chunk<kChunkPairs, kSlots, kBulk>(a, shares, issue, ring, full, lane, l2_policy, kAcross ? a.n_phases : 0);
+    static_assert(kAcross || kL2Ahead == 0, "the L2 look-ahead runs across the phases");
+    ChunkCursor l2_ahead = issue;
+    for (uint32_t i = 0; i < kL2Ahead; ++i) prefetch_next_chunk_l2<kChunkPairs>(a, shares, l2_ahead, lane);
     cudaGridDependencySynchronize();  // x_q16 and the stream come from earlier kernels
     if (tl != nullptr && threadIdx.x == 0) tl[1] = global_timer_ns();
 
@@ -370,6 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
             advance_slot<kSlots>(use);
             issue_next_chunk<kChunkPairs, kSlots, kBulk>(a, shares, issue, ring, full, lane, l2_policy,
                                                          kAcross ? a.n_phases : p);
+            if constexpr (kL2Ahead > 0) prefetch_next_chunk_l2<kChunkPairs>(a, shares, l2_ahead, lane);
             if (ci == s.cpr - 1) {
                 const uint32_t rp = k / s.cpr;
                 const bool publish = s.starts_cut && rp == s.c0 / s.cpr;  // the second part of a cut pair
@@ -417,7 +447,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
     }
 }
 #else
-template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross>
+template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross, uint32_t kL2Ahead>
 __global__ void decode_layer_kernel(const DecodeLayerArgs, uint32_t*, unsigned long long*, uint64_t*) {
     __trap();  // never launched: decode_layer_supported() reads kDecodeLayerCompiled
 }
@@ -429,14 +459,16 @@ struct RingKernel {
     void (*kernel)(const DecodeLayerArgs, uint32_t*, unsigned long long*, uint64_t*);
     size_t smem_bytes;
 };
-template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross = true>
+template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross = true, uint32_t kL2Ahead = 0>
 constexpr RingKernel ring_kernel() {
-    return {decode_layer_kernel<kChunkPairs, kSlots, kBulk, kAcross>, RingLayout<kChunkPairs, kSlots>::smem_bytes};
+    return {decode_layer_kernel<kChunkPairs, kSlots, kBulk, kAcross, kL2Ahead>, RingLayout<kChunkPairs, kSlots>::smem_bytes};
 }
 const RingKernel kRingKernels[kDecodeRingShapes] = {
-    ring_kernel<32, 2, false>(), ring_kernel<24, 3, false>(), ring_kernel<16, 5, false>(),
-    ring_kernel<32, 2, true>(),  ring_kernel<16, 5, true>(),  ring_kernel<32, 2, false, false>()};
-const char* const kRingNames[kDecodeRingShapes] = {"cp32x2", "cp24x3", "cp16x5", "tma32x2", "tma16x5", "cp32x2-phase"};
+    ring_kernel<32, 2, false>(),          ring_kernel<32, 2, false, false>(),  ring_kernel<32, 2, true>(),
+    ring_kernel<16, 5, true>(),           ring_kernel<32, 2, false, true, 2>(), ring_kernel<32, 2, false, true, 4>(),
+    ring_kernel<16, 5, true, true, 4>(), ring_kernel<16, 5, true, true, 8>()};
+const char* const kRingNames[kDecodeRingShapes] = {"cp32x2",    "cp32x2-phase", "tma32x2",      "tma16x5",
+                                                   "cp32x2-l2x2", "cp32x2-l2x4", "tma16x5-l2x4", "tma16x5-l2x8"};
 
 // What the host needs per device, checked once (a process may drive GPUs of different kinds;
 // the launch path then costs a map lookup, no driver query).
@@ -489,7 +521,8 @@ const char* decode_ring_name(DecodeRing ring) {
 
 DecodeRing decode_ring_default() {
     static const DecodeRing ring = [] {
-        const int i = lab_knob_choice("SPILLWAY_DECODE_RING", {"cp32x2", "cp24x3", "cp16x5", "tma32x2", "tma16x5", "cp32x2-phase"});
+        const int i = lab_knob_choice("SPILLWAY_DECODE_RING", {"cp32x2", "cp32x2-phase", "tma32x2", "tma16x5", "cp32x2-l2x2",
+                                                               "cp32x2-l2x4", "tma16x5-l2x4", "tma16x5-l2x8"});
         return i < 0 ? DecodeRing::cp32x2 : (DecodeRing)i;
     }();
     return ring;
