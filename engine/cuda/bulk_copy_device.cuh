@@ -65,11 +65,6 @@ __device__ __forceinline__ void bulk_copy_global_to_shared(void* dst, const void
         : "memory");
 }
 
-// Asks L2 to fetch [src, src + bytes) (bytes % 16 == 0, 16-byte aligned) without a
-// destination: a later read of it hits L2.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
 #endif
 
 }  // namespace spillway

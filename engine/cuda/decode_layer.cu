@@ -147,11 +147,29 @@ __device__ void grid_barrier(uint32_t* words, uint32_t n_blocks) {
     __syncthreads();
 }
 
+// quantize_act_q16_group with q = round(x * (1 / d)) instead of round(x / d) (lab): every
+// block quantizes the whole x redundantly, 27 divisions per thread for a 13824-value x, on
+// the path between two phases. The product may round one code differently from the division
+// where x / d sits within an ulp of a half-integer.
+__device__ __forceinline__ void quantize_act_q16_group_rcp(float4 v, uint32_t lane, int16_t* q4, float* d) {
+    const unsigned mask = 0xffu << (lane & 24u);
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    amax = fmaxf(amax, __shfl_xor_sync(mask, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(mask, amax, 2));
+    amax = fmaxf(amax, __shfl_xor_sync(mask, amax, 4));
+    const float scale = amax / kActQ16Max;
+    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    auto q = [inv](float x) -> uint32_t { return (uint32_t)min(32767, max(-32767, __float2int_rn(x * inv))) & 0xffffu; };
+    *reinterpret_cast<uint2*>(q4) = make_uint2(q(v.x) | (q(v.y) << 16), q(v.z) | (q(v.w) << 16));
+    if ((lane & 7u) == 0) *d = scale;
+}
+
 // x of phase p into shared memory (q int16, d f32 per 32 values), by the whole block. The
 // f32 inputs (at most kXSteps float4 of each per thread) are all loaded into registers
 // before any is used: one L2 round trip (__ldcg: coherent with the other SMs' writes before
 // the grid barrier). Each warp quantizes 4 blocks at a time, 8 lanes per block with 4 values
 // each (the rounding of act_quant.cuh).
+template <bool kFastQuant>
 __device__ void load_x(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, int16_t* xq, float* xd, float* red) {
     const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const uint32_t cols = ph.cols, n_blocks = cols / 32;
@@ -207,7 +225,8 @@ __device__ void load_x(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, int1
             x = make_float4(x.x * inv_rms * w.x, x.y * inv_rms * w.y, x.z * inv_rms * w.z, x.w * inv_rms * w.w);
         else if (ph.x == DecodeX::swiglu)
             x = make_float4(silu_times(x.x, w.x), silu_times(x.y, w.y), silu_times(x.z, w.z), silu_times(x.w, w.w));
-        quantize_act_q16_group(x, lane, xq + b * 32 + in_block, xd + b);
+        if constexpr (kFastQuant) quantize_act_q16_group_rcp(x, lane, xq + b * 32 + in_block, xd + b);
+        else quantize_act_q16_group(x, lane, xq + b * 32 + in_block, xd + b);
     }
 }
 
@@ -257,24 +276,6 @@ __device__ __forceinline__ bool next_chunk(const DecodeLayerArgs& a, const WarpS
     return c.p < a.n_phases && c.p <= last_phase;
 }
 
-// Asks L2 for the warp's next chunk (lane 0) and moves c past it: the L2 look-ahead, which
-// runs kL2Ahead chunks ahead of the ring (lab).
-template <uint32_t kChunkPairs>
-__device__ __forceinline__ void prefetch_next_chunk_l2(const DecodeLayerArgs& a, const WarpShare* shares,
-                                                       ChunkCursor& c, uint32_t lane) {
-    if (!next_chunk(a, shares, c, a.n_phases)) return;
-    if (lane == 0) {
-        const DecodeGemvPhase& ph = a.phases[c.p];
-        const WarpShare& s = shares[c.p];
-        const uint32_t rp = c.k / s.cpr, ci = c.k % s.cpr;
-        const uint32_t bytes = min(kChunkPairs, s.ppr - ci * kChunkPairs) * 68;
-        const uint8_t* w = static_cast<const uint8_t*>(ph.w) + (size_t)ci * kChunkPairs * 68;
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) bulk_prefetch_l2(w + (size_t)unit_row(ph, rp, r) * s.row_bytes, bytes);
-    }
-    ++c.k;
-}
-
 // Copies the warp's next chunk into its ring slot; nothing when the warp's chunks of every
 // phase up to last_phase have been issued. kBulk: two bulk copies (TMA) issued by lane 0, completed on the
 // slot's mbarrier; else 16-byte cp.async by every lane, one commit group per call (an empty
@@ -314,9 +315,9 @@ __device__ __forceinline__ void issue_next_chunk(const DecodeLayerArgs& a, const
 }
 
 // kAcross: the ring runs on into the next phase's chunks while the warp waits at the barrier;
-// else (lab) a phase's chunks are issued only once its x is built. kL2Ahead (with kAcross):
-// chunks requested into L2 ahead of the ring.
-template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross, uint32_t kL2Ahead>
+// else (lab) a phase's chunks are issued only once its x is built. kFastQuant (lab): x
+// quantized with a reciprocal multiply instead of act_quant's division (see load_x).
+template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross, bool kFastQuant>
 __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeLayerArgs a, uint32_t* barrier,
                                                                   unsigned long long* carry, uint64_t* timeline) {
     using L = RingLayout<kChunkPairs, kSlots>;
@@ -349,9 +350,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
     ChunkCursor issue{0, shares[0].c0, 0, 0}, use{0, 0, 0, 0};
     for (uint32_t i = 0; i < kSlots; ++i)
         issue_next_chunk<kChunkPairs, kSlots, kBulk>(a, shares, issue, ring, full, lane, l2_policy, kAcross ? a.n_phases : 0);
-    static_assert(kAcross || kL2Ahead == 0, "the L2 look-ahead runs across the phases");
-    ChunkCursor l2_ahead = issue;
-    for (uint32_t i = 0; i < kL2Ahead; ++i) prefetch_next_chunk_l2<kChunkPairs>(a, shares, l2_ahead, lane);
     cudaGridDependencySynchronize();  // x_q16 and the stream come from earlier kernels
     if (tl != nullptr && threadIdx.x == 0) tl[1] = global_timer_ns();
 
@@ -365,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
             grid_barrier(barrier, gridDim.x);  // the previous phase's outputs, from every block
             if (tl != nullptr && threadIdx.x == 0) tl[2 + 3 * (p - 1) + 2] = global_timer_ns();  // barrier passed
         }
-        load_x(a, ph, xq, xd, red);
+        load_x<kFastQuant>(a, ph, xq, xd, red);
         __syncthreads();
         if (tl != nullptr && threadIdx.x == 0) tl[2 + 3 * p] = global_timer_ns();  // x ready
         if (!kAcross && p > 0) {
@@ -399,7 +397,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
             advance_slot<kSlots>(use);
             issue_next_chunk<kChunkPairs, kSlots, kBulk>(a, shares, issue, ring, full, lane, l2_policy,
                                                          kAcross ? a.n_phases : p);
-            if constexpr (kL2Ahead > 0) prefetch_next_chunk_l2<kChunkPairs>(a, shares, l2_ahead, lane);
             if (ci == s.cpr - 1) {
                 const uint32_t rp = k / s.cpr;
                 const bool publish = s.starts_cut && rp == s.c0 / s.cpr;  // the second part of a cut pair
@@ -447,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
     }
 }
 #else
-template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross, uint32_t kL2Ahead>
+template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross, bool kFastQuant>
 __global__ void decode_layer_kernel(const DecodeLayerArgs, uint32_t*, unsigned long long*, uint64_t*) {
     __trap();  // never launched: decode_layer_supported() reads kDecodeLayerCompiled
 }
@@ -459,16 +456,15 @@ struct RingKernel {
     void (*kernel)(const DecodeLayerArgs, uint32_t*, unsigned long long*, uint64_t*);
     size_t smem_bytes;
 };
-template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross = true, uint32_t kL2Ahead = 0>
+template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross = true, bool kFastQuant = false>
 constexpr RingKernel ring_kernel() {
-    return {decode_layer_kernel<kChunkPairs, kSlots, kBulk, kAcross, kL2Ahead>, RingLayout<kChunkPairs, kSlots>::smem_bytes};
+    return {decode_layer_kernel<kChunkPairs, kSlots, kBulk, kAcross, kFastQuant>,
+            RingLayout<kChunkPairs, kSlots>::smem_bytes};
 }
-const RingKernel kRingKernels[kDecodeRingShapes] = {
-    ring_kernel<32, 2, false>(),          ring_kernel<32, 2, false, false>(),  ring_kernel<32, 2, true>(),
-    ring_kernel<16, 5, true>(),           ring_kernel<32, 2, false, true, 2>(), ring_kernel<32, 2, false, true, 4>(),
-    ring_kernel<16, 5, true, true, 4>(), ring_kernel<16, 5, true, true, 8>()};
-const char* const kRingNames[kDecodeRingShapes] = {"cp32x2",    "cp32x2-phase", "tma32x2",      "tma16x5",
-                                                   "cp32x2-l2x2", "cp32x2-l2x4", "tma16x5-l2x4", "tma16x5-l2x8"};
+const RingKernel kRingKernels[kDecodeRingShapes] = {ring_kernel<16, 5, true>(), ring_kernel<16, 5, true, true, true>(),
+                                                    ring_kernel<32, 2, true>(), ring_kernel<32, 2, false>(),
+                                                    ring_kernel<32, 2, false, false>()};
+const char* const kRingNames[kDecodeRingShapes] = {"tma16x5", "tma16x5-rcp", "tma32x2", "cp32x2", "cp32x2-phase"};
 
 // What the host needs per device, checked once (a process may drive GPUs of different kinds;
 // the launch path then costs a map lookup, no driver query).
@@ -521,9 +517,8 @@ const char* decode_ring_name(DecodeRing ring) {
 
 DecodeRing decode_ring_default() {
     static const DecodeRing ring = [] {
-        const int i = lab_knob_choice("SPILLWAY_DECODE_RING", {"cp32x2", "cp32x2-phase", "tma32x2", "tma16x5", "cp32x2-l2x2",
-                                                               "cp32x2-l2x4", "tma16x5-l2x4", "tma16x5-l2x8"});
-        return i < 0 ? DecodeRing::cp32x2 : (DecodeRing)i;
+        const int i = lab_knob_choice("SPILLWAY_DECODE_RING", {"tma16x5", "tma16x5-rcp", "tma32x2", "cp32x2", "cp32x2-phase"});
+        return i < 0 ? DecodeRing::tma16x5 : (DecodeRing)i;
     }();
     return ring;
 }

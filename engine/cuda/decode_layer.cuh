@@ -93,11 +93,11 @@ uint32_t decode_layer_grid_blocks();
 
 // The weight ring (lab): 16-byte cp.async by every lane or bulk copies (TMA) by one, and
 // block pairs per chunk x chunks in flight per warp (140-175 KB per SM), running on across
-// the phases ("-phase": a phase's chunks only once its x is built; "-l2xN": N more chunks
-// requested into L2 ahead of the ring). The default is SPILLWAY_DECODE_RING's choice (the
-// names below, e.g. "tma16x5"), else cp32x2.
-enum class DecodeRing : uint32_t { cp32x2, cp32x2_phase, tma32x2, tma16x5, cp32x2_l2x2, cp32x2_l2x4, tma16x5_l2x4, tma16x5_l2x8 };
-constexpr uint32_t kDecodeRingShapes = 8;
+// the phases ("-phase": a phase's chunks only once its x is built; "-rcp": x quantized by a
+// reciprocal multiply). The default is SPILLWAY_DECODE_RING's choice (the names below, e.g.
+// "cp32x2"), else tma16x5.
+enum class DecodeRing : uint32_t { tma16x5, tma16x5_rcp, tma32x2, cp32x2, cp32x2_phase };
+constexpr uint32_t kDecodeRingShapes = 5;
 const char* decode_ring_name(DecodeRing ring);
 DecodeRing decode_ring_default();
 
