@@ -455,6 +455,7 @@ void bench_decode_layer(Report& r, const Options& o) {
         // Skew at each barrier: inside a block (its last warp done - its first) and across blocks
         // (the last block done - the mean block), to tell which balance a fix must improve.
         double warp_skew[4] = {}, block_skew[4] = {};
+        double ring_in_flight[4] = {}, ring_landed[4] = {};  // per warp at x ready
         for (int l = 0; l < kLaunches; ++l) {
             decode_layer_cuda(layer_args(l), barrier.data(), nullptr, timeline.data(), ring);
             SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
@@ -473,6 +474,13 @@ void bench_decode_layer(Report& r, const Options& o) {
                     if (p < 3) wait[p] += (double)(tb[4 + 3 * p] - tb[3 + 3 * p]);
                 }
                 last = std::max(last, tb[3 + 3 * 3]);
+                for (int p = 0; p < 4; ++p) {
+                    const uint64_t* ring = tb + 2 + 3 * kDecodeMaxPhases + (kDecodeMaxPhases + p) * kDecodeLayerWarps;
+                    for (uint32_t w = 0; w < kDecodeLayerWarps; ++w) {
+                        ring_in_flight[p] += (double)(uint32_t)ring[w];
+                        ring_landed[p] += (double)(ring[w] >> 32);
+                    }
+                }
                 for (int p = 0; p < 4; ++p) {
                     const uint64_t* wd = tb + 2 + 3 * kDecodeMaxPhases + p * kDecodeLayerWarps;
                     warp_skew[p] += (double)(*std::max_element(wd, wd + kDecodeLayerWarps) -
@@ -497,9 +505,11 @@ void bench_decode_layer(Report& r, const Options& o) {
                     dep_wait / n, span / kLaunches / 1000.0);
         const char* const names[] = {"wo", "gate|up", "down", "qkv"};
         for (int p = 0; p < 4; ++p)
-            std::printf("    %-8s x prologue %6.2f  weight loop %7.2f  barrier wait %6.2f  skew in block %6.2f  across blocks %6.2f\n",
-                        names[p], prologue[p] / n, loop[p] / n, p < 3 ? wait[p] / n : 0.0,
-                        warp_skew[p] / n, block_skew[p] / kLaunches / 1000.0);
+            std::printf("    %-8s x prologue %6.2f  weight loop %7.2f  barrier wait %6.2f  skew in block %6.2f  across blocks "
+                        "%6.2f  ring at x ready: %.2f chunks in flight, %.2f landed\n",
+                        names[p], prologue[p] / n, loop[p] / n, p < 3 ? wait[p] / n : 0.0, warp_skew[p] / n,
+                        block_skew[p] / kLaunches / 1000.0, ring_in_flight[p] * 1000.0 / n / kDecodeLayerWarps,
+                        ring_landed[p] * 1000.0 / n / kDecodeLayerWarps);
     }
 }
 

@@ -41,6 +41,21 @@ __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t par
         : "memory");
 }
 
+// Whether the phase with this parity has completed, without waiting.
+__device__ __forceinline__ bool mbarrier_test_parity(uint64_t* bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(shared_addr(bar)), "r"(parity)
+        : "memory");
+    return done != 0;
+}
+
 // Orders this thread's earlier generic-proxy accesses of shared memory (e.g. reads of a ring
 // slot, made visible to it by __syncwarp) before later async-proxy writes (a bulk copy into
 // that slot).

@@ -253,13 +253,14 @@ __device__ __forceinline__ void pair_out(const DecodeLayerArgs& a, const DecodeG
 }
 
 // One warp's weight stream over all phases: the next chunk to copy (phase p, chunk k of its
-// share), the ring slot it goes to, and that slot's fill parity.
+// share), the ring slot it goes to, that slot's fill parity, and the chunks passed so far.
 struct ChunkCursor {
-    uint32_t p, k, slot, parity;
+    uint32_t p, k, slot, parity, n;
 };
 
 template <uint32_t kSlots>
 __device__ __forceinline__ void advance_slot(ChunkCursor& c) {
+    ++c.n;
     if (++c.slot == kSlots) {
         c.slot = 0;
         c.parity ^= 1u;
@@ -347,7 +348,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
     const uint64_t l2_policy = l2_evict_first_policy();
 
     // Weights never depend on earlier kernels: the whole ring goes out before the wait.
-    ChunkCursor issue{0, shares[0].c0, 0, 0}, use{0, 0, 0, 0};
+    ChunkCursor issue{0, shares[0].c0, 0, 0, 0}, use{0, 0, 0, 0, 0};
     for (uint32_t i = 0; i < kSlots; ++i)
         issue_next_chunk<kChunkPairs, kSlots, kBulk>(a, shares, issue, ring, full, lane, l2_policy, kAcross ? a.n_phases : 0);
     cudaGridDependencySynchronize();  // x_q16 and the stream come from earlier kernels
@@ -369,6 +370,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
         if (!kAcross && p > 0) {
             for (uint32_t i = 0; i < kSlots; ++i)
                 issue_next_chunk<kChunkPairs, kSlots, kBulk>(a, shares, issue, ring, full, lane, l2_policy, p);
+        }
+        if (tl != nullptr && lane == 0) {  // the ring at x ready: chunks in flight, and how many have landed (TMA only)
+            const uint32_t in_flight = issue.n - use.n;
+            uint32_t landed = 0;
+            if constexpr (kBulk) {
+                ChunkCursor c = use;
+                for (uint32_t i = 0; i < in_flight; ++i, advance_slot<kSlots>(c))
+                    landed += mbarrier_test_parity(&full[c.slot], c.parity) ? 1u : 0u;
+            }
+            tl[2 + 3 * kDecodeMaxPhases + (kDecodeMaxPhases + p) * kWarps + warp] = (uint64_t)landed << 32 | in_flight;
         }
         const WarpShare s = shares[p];
         float acc[kRows] = {};
@@ -518,7 +529,7 @@ const char* decode_ring_name(DecodeRing ring) {
 DecodeRing decode_ring_default() {
     static const DecodeRing ring = [] {
         const int i = lab_knob_choice("SPILLWAY_DECODE_RING", {"tma16x5", "tma16x5-rcp", "tma32x2", "cp32x2", "cp32x2-phase"});
-        return i < 0 ? DecodeRing::tma16x5 : (DecodeRing)i;
+        return i < 0 ? DecodeRing::tma16x5_rcp : (DecodeRing)i;
     }();
     return ring;
 }
