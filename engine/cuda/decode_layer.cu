@@ -52,6 +52,8 @@ constexpr uint32_t kUnitCols = 256;  // columns of one warp step (4 block pairs)
 // thread holds at most kXSteps float4 of each input.
 constexpr uint32_t kXSteps = kMaxCols / 32 / (kWarps * 4);
 static_assert(kMaxCols / 32 % (kWarps * 4) == 0, "whole x steps");
+static_assert(2 + 3 * kDecodeMaxPhases + 2 * kDecodeMaxPhases * kWarps <= kDecodeTimelineSlots,
+              "a block's timeline holds its stamps and its ring records");
 
 // Set where the kernel below is compiled for sm_90 (read by the host once): a build without
 // sm_90 code runs PTX JIT-compiled from an older architecture, where the kernel is a stub.

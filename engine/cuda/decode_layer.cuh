@@ -86,9 +86,11 @@ size_t decode_layer_scratch_bytes();
 // timeline (lab; null in the engine): decode_layer_grid_blocks() x kDecodeTimelineSlots
 // globaltimer stamps per launch: [0] start, [1] after the dependency wait, then per phase p
 // [2 + 3p] x ready, [3 + 3p] the block's warps done, [4 + 3p] grid barrier passed (p < last),
-// then [2 + 3 * kDecodeMaxPhases + p * kDecodeLayerWarps + w] warp w's weight loop done.
+// then [2 + 3 * kDecodeMaxPhases + p * kDecodeLayerWarps + w] warp w's weight loop done, then
+// [2 + 3 * kDecodeMaxPhases + (kDecodeMaxPhases + p) * kDecodeLayerWarps + w] warp w's ring
+// when phase p's x was ready: chunks in flight (low 32 bits) and landed (high; TMA rings).
 constexpr uint32_t kDecodeLayerWarps = 16;
-constexpr uint32_t kDecodeTimelineSlots = 2 + 3 * kDecodeMaxPhases + kDecodeMaxPhases * kDecodeLayerWarps;
+constexpr uint32_t kDecodeTimelineSlots = 2 + 3 * kDecodeMaxPhases + 2 * kDecodeMaxPhases * kDecodeLayerWarps;
 uint32_t decode_layer_grid_blocks();
 
 // The weight ring (lab): 16-byte cp.async by every lane or bulk copies (TMA) by one, and
