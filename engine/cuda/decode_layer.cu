@@ -6,20 +6,26 @@
 // GEMVs + ~12 us of small kernels per layer (perf-notes, session 11).
 //
 // Block: 16 warps, one block per SM. Each warp streams its share of every phase's chunks
-// (row pairs x kChunkPairs block pairs of 68 bytes) through its own ring of bulk copies
-// (TMA, one lane issues, an mbarrier per slot), and the stream does not stop at a phase's
-// end: while a warp waits at the grid barrier and builds the next x, its ring fills with its
-// first chunks of the next phase (up to ~175 KB per SM, ~5 us of the SM's share of HBM), so
-// the barrier skew and the x prologue overlap the weight stream instead of idling it. The
-// x prologues load their f32 inputs straight into registers (one L2 round trip), so no weight
-// copy ever waits behind them and they never wait behind weight copies.
+// (row pairs x kChunkPairs block pairs of 68 bytes) through its own ring in shared memory,
+// and the stream does not stop at a phase's end: while a warp waits at the grid barrier and
+// builds the next x, its ring fills with its first chunks of the next phase. The x prologues
+// load their f32 inputs straight into registers (one L2 round trip), so no weight copy waits
+// behind them and they never wait behind weight copies in a cp.async group.
 //
-// History (docs/perf-notes.md): session 15 measured one TMA producer per block feeding 16
-// consumer warps through shared stages (119-152 us per layer: per-stage block / group
-// barriers and cross-warp partial sums doubled the instructions per byte), then per-warp
-// cp.async rings (100 us; weight chunks issued across a barrier delayed the x prologue,
-// whose cp.async wait also waited for them). Session 25: the per-warp ring as bulk copies
-// that run on across the phases.
+// Measured (docs/perf-notes.md, session 25; 14B layer, us): the ring does fill across the
+// barrier (all 5 TMA chunks per warp have landed when x is ready), yet a phase's weight loop
+// is no shorter than without it (gate|up ~35 us either way, ~3.5 TB/s for what is left after
+// the prefetch): the layer takes 98-105 us with every ring below, against ~88 for the four
+// separate GEMVs. The default ring is bulk copies (TMA, one lane issues, an mbarrier per
+// slot) of 16 block pairs x 5 slots with x quantized by a reciprocal multiply (98.5 us).
+// Bulk copies cost a fixed ~15 ns each at the SM's TMA unit: 544-byte copies streamed 22 KB
+// per us per SM, 2176-byte ones 34 (8 x 11 and 12 x 7 rings: 111-129 us per layer).
+//
+// History: session 15 measured one TMA producer per block feeding 16 consumer warps through
+// shared stages (119-152 us per layer: per-stage block / group barriers and cross-warp
+// partial sums doubled the instructions per byte), then per-warp cp.async rings within a
+// phase (100 us). An L2 look-ahead (bulk prefetches 2-8 chunks ahead of the ring) made the
+// loops 10-40% slower (session 25).
 #include "engine/cuda/decode_layer.cuh"
 
 #include <cuda/atomic>
