@@ -14,13 +14,18 @@ namespace spillway {
 // exactly that group) with values 4*(lane%8) .. +3 of one block. q4 points at those 4 int16
 // slots, d at the block's scale. Rounding as the CPU reference in the tests: d = amax / 32767
 // (IEEE division), q = round-half-even(x / d), 0 for an all-zero block.
-__device__ __forceinline__ void quantize_act_q16_group(float4 v, uint32_t lane, int16_t* q4, float* d) {
+// The scale of the block held by lanes 8k..8k+7 (4 values each, all 8 lanes call it): amax / 32767.
+__device__ __forceinline__ float act_q16_group_scale(float4 v, uint32_t lane) {
     const unsigned mask = 0xffu << (lane & 24u);
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
     amax = fmaxf(amax, __shfl_xor_sync(mask, amax, 1));
     amax = fmaxf(amax, __shfl_xor_sync(mask, amax, 2));
     amax = fmaxf(amax, __shfl_xor_sync(mask, amax, 4));
-    const float scale = amax / kActQ16Max;
+    return amax / kActQ16Max;
+}
+
+__device__ __forceinline__ void quantize_act_q16_group(float4 v, uint32_t lane, int16_t* q4, float* d) {
+    const float scale = act_q16_group_scale(v, lane);
     auto q = [scale](float x) -> uint32_t {
         if (!(scale > 0.0f)) return 0u;
         return (uint32_t)min(32767, max(-32767, __float2int_rn(__fdiv_rn(x, scale)))) & 0xffffu;

@@ -160,12 +160,7 @@ __device__ void grid_barrier(uint32_t* words, uint32_t n_blocks) {
 // the path between two phases. The product may round one code differently from the division
 // where x / d sits within an ulp of a half-integer.
 __device__ __forceinline__ void quantize_act_q16_group_rcp(float4 v, uint32_t lane, int16_t* q4, float* d) {
-    const unsigned mask = 0xffu << (lane & 24u);
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-    amax = fmaxf(amax, __shfl_xor_sync(mask, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(mask, amax, 2));
-    amax = fmaxf(amax, __shfl_xor_sync(mask, amax, 4));
-    const float scale = amax / kActQ16Max;
+    const float scale = act_q16_group_scale(v, lane);
     const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
     auto q = [inv](float x) -> uint32_t { return (uint32_t)min(32767, max(-32767, __float2int_rn(x * inv))) & 0xffffu; };
     *reinterpret_cast<uint2*>(q4) = make_uint2(q(v.x) | (q(v.y) << 16), q(v.z) | (q(v.w) << 16));
