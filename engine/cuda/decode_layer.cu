@@ -51,7 +51,9 @@ namespace {
 
 constexpr int kWarps = kDecodeLayerWarps;
 constexpr int kThreads = kWarps * 32;
-constexpr int kRows = 2;  // rows per warp unit (one x load serves both)
+// Rows per warp unit (one x load serves them all; swiglu_pairs: half gate rows, half up rows):
+// 2, or 4 (lab); the hand-over slots hold up to kMaxUnitRows partial sums per warp.
+constexpr int kMaxUnitRows = 4;
 constexpr uint32_t kMaxCols = 14336;
 constexpr uint32_t kUnitCols = 256;  // columns of one warp step (4 block pairs)
 // The x prologue: each warp quantizes 4 blocks of 32 at a time (8 lanes per block), so a
@@ -72,10 +74,10 @@ __device__ const int kDecodeLayerCompiled = 0;
 
 // Shared memory: rings [warp][slot][row][chunk] | mbarriers [warp][slot] | x q (int16) |
 // x d (f32) | reduce | shares.
-template <uint32_t kChunkPairs, uint32_t kSlots>
+template <uint32_t kChunkPairs, uint32_t kSlots, int kUnitRows>
 struct RingLayout {
     static constexpr uint32_t chunk_bytes = kChunkPairs * 68;  // one row's part of a chunk
-    static constexpr uint32_t slot_bytes = kRows * chunk_bytes;
+    static constexpr uint32_t slot_bytes = kUnitRows * chunk_bytes;
     static constexpr size_t ring_bytes = (size_t)kWarps * kSlots * slot_bytes;
     static constexpr size_t bar_offset = ring_bytes;
     static constexpr size_t xq_offset = bar_offset + (size_t)kWarps * kSlots * sizeof(uint64_t);
@@ -89,40 +91,37 @@ struct RingLayout {
     static_assert(smem_bytes <= 227 * 1024, "one block per SM within sm_90's 227 KB");
 };
 
-// One warp's share of a phase: chunks [c0, c1) of the phase's row pairs x chunks, split as
-// the q16x matvec splits (by chunks when that shortens the busiest warp and no row pair
-// spans three warps, else by whole row pairs).
+// One warp's share of a phase: chunks [c0, c1) of the phase's row groups (kUnitRows rows) x
+// chunks (cpr per group), split by chunks when that shortens the busiest warp, else by whole
+// groups. A group cut between warps is summed by the warp holding its first chunk, which adds
+// the later warps' parts in warp order (results do not depend on timing).
 struct WarpShare {
-    uint32_t ppr, cpr, row_bytes, c0, c1;
-    bool starts_cut, ends_cut;
+    uint32_t ppr, cpr, row_bytes, c0, c1, total;  // total: the phase's chunks (by chunks) or 0
+    bool starts_cut;
 };
 static_assert(sizeof(WarpShare) <= 32, "the layout reserves 32 bytes per share");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-template <uint32_t kChunkPairs>
-__device__ __forceinline__ bool phase_splits_by_chunks(uint32_t rows, uint32_t cols, uint32_t n_warps) {
-    const uint64_t n_pairs = (rows + kRows - 1) / kRows, cpr = (cols / 64 + kChunkPairs - 1) / kChunkPairs;
-    const uint64_t busiest_by_pairs = (n_pairs + n_warps - 1) / n_warps * cpr;
-    const uint64_t busiest_by_chunks = (n_pairs * cpr + n_warps - 1) / n_warps;
-    return busiest_by_chunks < busiest_by_pairs && n_pairs * cpr / n_warps >= cpr;
-}
-
-template <uint32_t kChunkPairs>
+template <uint32_t kChunkPairs, int kUnitRows>
 __device__ __forceinline__ WarpShare warp_share(const DecodeGemvPhase& ph, uint32_t gw, uint32_t n_warps) {
     WarpShare s;
     s.ppr = ph.cols / 64;
     s.cpr = (s.ppr + kChunkPairs - 1) / kChunkPairs;
     s.row_bytes = s.ppr * 68;
-    const uint32_t n_pairs = (ph.rows + kRows - 1) / kRows, total = n_pairs * s.cpr;  // swiglu_pairs: rows even
-    if (phase_splits_by_chunks<kChunkPairs>(ph.rows, ph.cols, n_warps)) {
+    // swiglu_pairs: rows = 2n, groups of kUnitRows / 2 gate rows with their up rows: the same count.
+    const uint32_t n_groups = (ph.rows + kUnitRows - 1) / kUnitRows, total = n_groups * s.cpr;
+    const uint64_t busiest_by_groups = (uint64_t)(n_groups + n_warps - 1) / n_warps * s.cpr;
+    const uint64_t busiest_by_chunks = ((uint64_t)total + n_warps - 1) / n_warps;
+    if (busiest_by_chunks < busiest_by_groups) {
+        s.total = total;
         s.c0 = (uint32_t)((uint64_t)gw * total / n_warps);
         s.c1 = (uint32_t)((uint64_t)(gw + 1) * total / n_warps);
     } else {
-        s.c0 = (uint32_t)((uint64_t)gw * n_pairs / n_warps) * s.cpr;
-        s.c1 = (uint32_t)((uint64_t)(gw + 1) * n_pairs / n_warps) * s.cpr;
+        s.total = 0;
+        s.c0 = (uint32_t)((uint64_t)gw * n_groups / n_warps) * s.cpr;
+        s.c1 = (uint32_t)((uint64_t)(gw + 1) * n_groups / n_warps) * s.cpr;
     }
     s.starts_cut = s.c0 % s.cpr != 0 && s.c1 > s.c0;
-    s.ends_cut = s.c1 % s.cpr != 0 && s.c1 > s.c0;
     return s;
 }
 
@@ -233,22 +232,34 @@ __device__ void load_x(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, int1
     }
 }
 
-// Row r of the phase's row pair rp: consecutive rows, or gate row rp and up row n + rp.
-__device__ __forceinline__ uint32_t unit_row(const DecodeGemvPhase& ph, uint32_t rp, int r) {
-    if (ph.y == DecodeY::swiglu_pairs) return r == 0 ? rp : ph.rows / 2 + rp;
-    return min(kRows * rp + r, ph.rows - 1);
+// Row r of the phase's row group g: consecutive rows (the last repeated past the end), or
+// swiglu_pairs' gate rows g * h .. g * h + h - 1 then their up rows (n + the same), h = kUnitRows / 2.
+template <int kUnitRows>
+__device__ __forceinline__ uint32_t unit_row(const DecodeGemvPhase& ph, uint32_t g, int r) {
+    if (ph.y == DecodeY::swiglu_pairs) {
+        constexpr int h = kUnitRows / 2;
+        const uint32_t n = ph.rows / 2, j = min(g * h + r % h, n - 1);
+        return r < h ? j : n + j;
+    }
+    return min(kUnitRows * g + r, ph.rows - 1);
 }
 
-// A row pair's totals: stored, added to the stream, or combined by SwiGLU.
-__device__ __forceinline__ void pair_out(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, uint32_t rp,
-                                         const float (&total)[kRows]) {
+// A row group's totals: stored, added to the stream, or combined by SwiGLU.
+template <int kUnitRows>
+__device__ __forceinline__ void group_out(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, uint32_t g,
+                                          const float (&total)[kUnitRows]) {
     if (ph.y == DecodeY::swiglu_pairs) {
-        ph.out[rp] = silu_times(total[0], total[1]);
+        constexpr int h = kUnitRows / 2;
+#pragma unroll
+        for (int i = 0; i < h; ++i) {
+            const uint32_t j = g * h + i;
+            if (j < ph.rows / 2) ph.out[j] = silu_times(total[i], total[h + i]);
+        }
         return;
     }
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-        const uint32_t row = kRows * rp + r;
+    for (int r = 0; r < kUnitRows; ++r) {
+        const uint32_t row = kUnitRows * g + r;
         if (row >= ph.rows) continue;
         if (ph.y == DecodeY::add_to_stream) a.stream[row] = __ldcg(a.stream + row) + total[r];
         else ph.out[row] = total[r];
@@ -284,11 +295,11 @@ __device__ __forceinline__ bool next_chunk(const DecodeLayerArgs& a, const WarpS
 // phase up to last_phase have been issued. kBulk: two bulk copies (TMA) issued by lane 0, completed on the
 // slot's mbarrier; else 16-byte cp.async by every lane, one commit group per call (an empty
 // one past the end, so that "all but the newest kSlots - 1 groups" is always the next chunk).
-template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk>
+template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, int kUnitRows>
 __device__ __forceinline__ void issue_next_chunk(const DecodeLayerArgs& a, const WarpShare* shares, ChunkCursor& c,
                                                  uint8_t* ring, uint64_t* full, uint32_t lane, uint64_t l2_policy,
                                                  uint32_t last_phase) {
-    using L = RingLayout<kChunkPairs, kSlots>;
+    using L = RingLayout<kChunkPairs, kSlots, kUnitRows>;
     if (next_chunk(a, shares, c, last_phase)) {
         const DecodeGemvPhase& ph = a.phases[c.p];
         const WarpShare& s = shares[c.p];
@@ -299,16 +310,16 @@ __device__ __forceinline__ void issue_next_chunk(const DecodeLayerArgs& a, const
         if constexpr (kBulk) {
             if (lane == 0) {
                 fence_proxy_async_shared();  // the warp's reads of this slot (ordered by __syncwarp) come first
-                mbarrier_arrive_expect_tx(&full[c.slot], kRows * bytes);
+                mbarrier_arrive_expect_tx(&full[c.slot], kUnitRows * bytes);
 #pragma unroll
-                for (int r = 0; r < kRows; ++r)
-                    bulk_copy_global_to_shared(dst + r * L::chunk_bytes, w + (size_t)unit_row(ph, rp, r) * s.row_bytes,
+                for (int r = 0; r < kUnitRows; ++r)
+                    bulk_copy_global_to_shared(dst + r * L::chunk_bytes, w + (size_t)unit_row<kUnitRows>(ph, rp, r) * s.row_bytes,
                                                bytes, &full[c.slot], l2_policy);
             }
         } else {
 #pragma unroll
-            for (int r = 0; r < kRows; ++r) {
-                const uint8_t* src = w + (size_t)unit_row(ph, rp, r) * s.row_bytes;
+            for (int r = 0; r < kUnitRows; ++r) {
+                const uint8_t* src = w + (size_t)unit_row<kUnitRows>(ph, rp, r) * s.row_bytes;
                 for (uint32_t v = lane; v < bytes / 16; v += 32) cp_async16(dst + r * L::chunk_bytes + 16 * v, src + 16 * v);
             }
         }
@@ -318,13 +329,40 @@ __device__ __forceinline__ void issue_next_chunk(const DecodeLayerArgs& a, const
     if constexpr (!kBulk) cp_async_commit();
 }
 
+// A warp's part of a group cut between warps, in its hand-over slots (tagged: the high word
+// marks a value present), and the adding of another warp's part (the slots left zero).
+template <int kUnitRows>
+__device__ __forceinline__ void publish_part(unsigned long long* carry, uint32_t gw, const float (&total)[kUnitRows]) {
+#pragma unroll
+    for (int r = 0; r < kUnitRows; ++r) {
+        cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(carry[(size_t)gw * kMaxUnitRows + r]);
+        slot.store((1ull << 32) | __float_as_uint(total[r]), cuda::memory_order_relaxed);
+    }
+}
+template <int kUnitRows>
+__device__ __forceinline__ void add_part(unsigned long long* carry, uint32_t w, float (&total)[kUnitRows]) {
+#pragma unroll
+    for (int r = 0; r < kUnitRows; ++r) {
+        cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(carry[(size_t)w * kMaxUnitRows + r]);
+        unsigned long long v;
+        uint64_t polls = 0;
+        while (((v = slot.load(cuda::memory_order_relaxed)) >> 32) == 0) {
+            __nanosleep(32);
+            if (++polls > kSpinLimit) __trap();  // the partner warp never ran: see grid_barrier
+        }
+        slot.store(0ull, cuda::memory_order_relaxed);
+        total[r] += __uint_as_float((uint32_t)v);
+    }
+}
+
 // kAcross: the ring runs on into the next phase's chunks while the warp waits at the barrier;
 // else (lab) a phase's chunks are issued only once its x is built. kFastQuant (lab): x
 // quantized with a reciprocal multiply instead of act_quant's division (see load_x).
-template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross, bool kFastQuant>
+template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross, bool kFastQuant, int kUnitRows>
 __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeLayerArgs a, uint32_t* barrier,
                                                                   unsigned long long* carry, uint64_t* timeline) {
-    using L = RingLayout<kChunkPairs, kSlots>;
+    using L = RingLayout<kChunkPairs, kSlots, kUnitRows>;
+    static_assert(kUnitRows % 2 == 0 && kUnitRows <= kMaxUnitRows, "swiglu_pairs splits a group into gate and up halves");
     // timeline (lab): per block, kDecodeTimelineSlots timestamps (decode_layer.cuh).
     uint64_t* tl = timeline != nullptr ? timeline + (size_t)blockIdx.x * kDecodeTimelineSlots : nullptr;
     if (tl != nullptr && threadIdx.x == 0) tl[0] = global_timer_ns();
@@ -337,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
     float* xd = reinterpret_cast<float*>(smem + L::xd_offset);
     float* red = reinterpret_cast<float*>(smem + L::red_offset);
     WarpShare* shares = reinterpret_cast<WarpShare*>(smem + L::share_offset) + (size_t)warp * kDecodeMaxPhases;
-    if (lane < a.n_phases) shares[lane] = warp_share<kChunkPairs>(a.phases[lane], gw, n_warps);
+    if (lane < a.n_phases) shares[lane] = warp_share<kChunkPairs, kUnitRows>(a.phases[lane], gw, n_warps);
     if (kBulk && lane == 0) {
         for (uint32_t s = 0; s < kSlots; ++s) mbarrier_init(&full[s], 1);  // lane 0's arrival + the bytes
         mbarrier_init_fence();
@@ -353,7 +391,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
     // Weights never depend on earlier kernels: the whole ring goes out before the wait.
     ChunkCursor issue{0, shares[0].c0, 0, 0, 0}, use{0, 0, 0, 0, 0};
     for (uint32_t i = 0; i < kSlots; ++i)
-        issue_next_chunk<kChunkPairs, kSlots, kBulk>(a, shares, issue, ring, full, lane, l2_policy, kAcross ? a.n_phases : 0);
+        issue_next_chunk<kChunkPairs, kSlots, kBulk, kUnitRows>(a, shares, issue, ring, full, lane, l2_policy, kAcross ? a.n_phases : 0);
     cudaGridDependencySynchronize();  // x_q16 and the stream come from earlier kernels
     if (tl != nullptr && threadIdx.x == 0) tl[1] = global_timer_ns();
 
@@ -372,7 +410,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
         if (tl != nullptr && threadIdx.x == 0) tl[2 + 3 * p] = global_timer_ns();  // x ready
         if (!kAcross && p > 0) {
             for (uint32_t i = 0; i < kSlots; ++i)
-                issue_next_chunk<kChunkPairs, kSlots, kBulk>(a, shares, issue, ring, full, lane, l2_policy, p);
+                issue_next_chunk<kChunkPairs, kSlots, kBulk, kUnitRows>(a, shares, issue, ring, full, lane, l2_policy, p);
         }
         if (tl != nullptr && lane == 0) {  // the ring at x ready: chunks in flight, and how many have landed (TMA only)
             const uint32_t in_flight = issue.n - use.n;
@@ -385,7 +423,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
             tl[2 + 3 * kDecodeMaxPhases + (kDecodeMaxPhases + p) * kWarps + warp] = (uint64_t)landed << 32 | in_flight;
         }
         const WarpShare s = shares[p];
-        float acc[kRows] = {};
+        float acc[kUnitRows] = {};
         for (uint32_t k = s.c0; k < s.c1; ++k) {
             if constexpr (kBulk) {
                 mbarrier_wait_parity(&full[use.slot], use.parity);  // chunk k has landed
@@ -404,48 +442,45 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
                 const uint4 xv = *reinterpret_cast<const uint4*>(xq + col);
                 const float xs = xd[col / 32];
 #pragma unroll
-                for (int r = 0; r < kRows; ++r)
+                for (int r = 0; r < kUnitRows; ++r)
                     acc[r] = q8_pair_dot(buf + r * (L::chunk_bytes / 4) + pp * 17, pl, xv, xs, acc[r]);
             }
             __syncwarp();  // the slot is free: refill it kSlots chunks ahead (maybe of a later phase)
             advance_slot<kSlots>(use);
-            issue_next_chunk<kChunkPairs, kSlots, kBulk>(a, shares, issue, ring, full, lane, l2_policy,
-                                                         kAcross ? a.n_phases : p);
-            if (ci == s.cpr - 1) {
-                const uint32_t rp = k / s.cpr;
-                const bool publish = s.starts_cut && rp == s.c0 / s.cpr;  // the second part of a cut pair
-                float total[kRows];
+            issue_next_chunk<kChunkPairs, kSlots, kBulk, kUnitRows>(a, shares, issue, ring, full, lane, l2_policy,
+                                                                    kAcross ? a.n_phases : p);
+            if (ci == s.cpr - 1) {  // the end of group g inside this share
+                const uint32_t g = k / s.cpr;
+                const bool publish = s.starts_cut && g == s.c0 / s.cpr;  // g began in an earlier warp's share
+                float total[kUnitRows];
 #pragma unroll
-                for (int r = 0; r < kRows; ++r) {
+                for (int r = 0; r < kUnitRows; ++r) {
                     total[r] = warp_sum(acc[r]);
                     acc[r] = 0.0f;
-                    if (lane == 0 && publish) {
-                        cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(carry[(size_t)gw * kRows + r]);
-                        slot.store((1ull << 32) | __float_as_uint(total[r]), cuda::memory_order_relaxed);
-                    }
                 }
-                if (lane == 0 && !publish) pair_out(a, ph, rp, total);
+                if (lane == 0 && publish) publish_part<kUnitRows>(carry, gw, total);
+                if (lane == 0 && !publish) group_out<kUnitRows>(a, ph, g, total);
             }
         }
-        if (s.ends_cut) {  // the first part of pair c1 / cpr: add the next warp's second part
-            const uint32_t rp = s.c1 / s.cpr;
-            float total[kRows];
+        if (s.c1 % s.cpr != 0 && s.c1 > s.c0) {  // the share ends inside group g
+            const uint32_t g = s.c1 / s.cpr;
+            float total[kUnitRows];
 #pragma unroll
-            for (int r = 0; r < kRows; ++r) {
-                total[r] = warp_sum(acc[r]);
-                if (lane == 0) {
-                    cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(carry[(size_t)(gw + 1) * kRows + r]);
-                    unsigned long long v;
-                    uint64_t polls = 0;
-                    while (((v = slot.load(cuda::memory_order_relaxed)) >> 32) == 0) {
-                        __nanosleep(32);
-                        if (++polls > kSpinLimit) __trap();  // the partner warp never ran: see grid_barrier
+            for (int r = 0; r < kUnitRows; ++r) total[r] = warp_sum(acc[r]);
+            if (lane == 0) {
+                if (g * s.cpr >= s.c0) {  // g's first chunk is ours: add the later warps' parts in warp order
+                    const uint32_t group_end = (g + 1) * s.cpr;
+                    for (uint32_t w = gw + 1; w < n_warps; ++w) {
+                        const uint32_t w0 = (uint32_t)((uint64_t)w * s.total / n_warps);
+                        const uint32_t w1 = (uint32_t)((uint64_t)(w + 1) * s.total / n_warps);
+                        if (w0 >= group_end) break;
+                        if (w1 > w0) add_part<kUnitRows>(carry, w, total);
                     }
-                    slot.store(0ull, cuda::memory_order_relaxed);
-                    total[r] += __uint_as_float((uint32_t)v);
+                    group_out<kUnitRows>(a, ph, g, total);
+                } else {  // g began before this share and goes on after it
+                    publish_part<kUnitRows>(carry, gw, total);
                 }
             }
-            if (lane == 0) pair_out(a, ph, rp, total);
         }
         if (tl != nullptr && lane == 0) tl[2 + 3 * kDecodeMaxPhases + p * kWarps + warp] = global_timer_ns();  // this warp done
     }
@@ -458,7 +493,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
     }
 }
 #else
-template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross, bool kFastQuant>
+template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross, bool kFastQuant, int kUnitRows>
 __global__ void decode_layer_kernel(const DecodeLayerArgs, uint32_t*, unsigned long long*, uint64_t*) {
     __trap();  // never launched: decode_layer_supported() reads kDecodeLayerCompiled
 }
@@ -470,15 +505,18 @@ struct RingKernel {
     void (*kernel)(const DecodeLayerArgs, uint32_t*, unsigned long long*, uint64_t*);
     size_t smem_bytes;
 };
-template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross = true, bool kFastQuant = false>
+template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross = true, bool kFastQuant = false,
+          int kUnitRows = 2>
 constexpr RingKernel ring_kernel() {
-    return {decode_layer_kernel<kChunkPairs, kSlots, kBulk, kAcross, kFastQuant>,
-            RingLayout<kChunkPairs, kSlots>::smem_bytes};
+    return {decode_layer_kernel<kChunkPairs, kSlots, kBulk, kAcross, kFastQuant, kUnitRows>,
+            RingLayout<kChunkPairs, kSlots, kUnitRows>::smem_bytes};
 }
-const RingKernel kRingKernels[kDecodeRingShapes] = {ring_kernel<16, 5, true>(), ring_kernel<16, 5, true, true, true>(),
-                                                    ring_kernel<32, 2, true>(), ring_kernel<32, 2, false>(),
-                                                    ring_kernel<32, 2, false, false>()};
-const char* const kRingNames[kDecodeRingShapes] = {"tma16x5", "tma16x5-rcp", "tma32x2", "cp32x2", "cp32x2-phase"};
+const RingKernel kRingKernels[kDecodeRingShapes] = {
+    ring_kernel<16, 5, true>(),   ring_kernel<16, 5, true, true, true>(), ring_kernel<32, 2, true>(),
+    ring_kernel<32, 2, false>(),  ring_kernel<32, 2, false, false>(),     ring_kernel<16, 2, true, true, true, 4>(),
+    ring_kernel<12, 3, false, true, true, 4>(), ring_kernel<8, 5, false, true, true, 4>()};
+const char* const kRingNames[kDecodeRingShapes] = {"tma16x5", "tma16x5-rcp", "tma32x2",     "cp32x2",
+                                                   "cp32x2-phase", "tma16x2r4-rcp", "cp12x3r4-rcp", "cp8x5r4-rcp"};
 
 // What the host needs per device, checked once (a process may drive GPUs of different kinds;
 // the launch path then costs a map lookup, no driver query).
@@ -531,7 +569,8 @@ const char* decode_ring_name(DecodeRing ring) {
 
 DecodeRing decode_ring_default() {
     static const DecodeRing ring = [] {
-        const int i = lab_knob_choice("SPILLWAY_DECODE_RING", {"tma16x5", "tma16x5-rcp", "tma32x2", "cp32x2", "cp32x2-phase"});
+        const int i = lab_knob_choice("SPILLWAY_DECODE_RING", {"tma16x5", "tma16x5-rcp", "tma32x2", "cp32x2", "cp32x2-phase",
+                                                               "tma16x2r4-rcp", "cp12x3r4-rcp", "cp8x5r4-rcp"});
         return i < 0 ? DecodeRing::tma16x5_rcp : (DecodeRing)i;
     }();
     return ring;
@@ -545,7 +584,7 @@ uint32_t decode_layer_grid_blocks() { return device_fit().sms; }
 
 size_t decode_layer_scratch_bytes() {
     const uint32_t sms = device_fit().sms;
-    return 16 + (size_t)sms * kWarps * kRows * sizeof(unsigned long long);  // barrier words, then the slots
+    return 16 + (size_t)sms * kWarps * kMaxUnitRows * sizeof(unsigned long long);  // barrier words, then the slots
 }
 
 namespace {
