@@ -101,20 +101,6 @@ struct WarpShare {
 };
 static_assert(sizeof(WarpShare) <= 32, "the layout reserves 32 bytes per share");
 
-// The claiming kernel's shared memory (decode_layer_claim_kernel): the ring layout, then the
-// slots' chunk tags, the claim counters and the block's row sums of one phase.
-constexpr uint32_t kClaimPartials = 2048;  // row sums per block and phase: chunks x kUnitRows
-
-template <uint32_t kChunkPairs, uint32_t kSlots, int kUnitRows>
-struct ClaimLayout {
-    using Ring = RingLayout<kChunkPairs, kSlots, kUnitRows>;
-    static constexpr size_t tag_offset = Ring::smem_bytes;  // [warp][slot] phase << 28 | chunk
-    static constexpr size_t next_offset = tag_offset + (size_t)kWarps * kSlots * 4;  // [phase] next chunk to claim
-    static constexpr size_t part_offset = next_offset + kDecodeMaxPhases * 4;      // [chunk - c0][row]
-    static constexpr size_t smem_bytes = part_offset + (size_t)kClaimPartials * 4;
-    static_assert(smem_bytes <= 227 * 1024, "one block per SM within sm_90's 227 KB");
-};
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 template <uint32_t kChunkPairs, int kUnitRows>
 __device__ __forceinline__ WarpShare warp_share(const DecodeGemvPhase& ph, uint32_t gw, uint32_t n_warps) {
@@ -516,176 +502,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
     }
 }
 
-// Chunks claimed at run time inside a block (lab, the "-claim" rings). The block's share of a
-// phase is fixed (chunks [c0, c1) of the phase, split by chunks over the blocks); its warps
-// take the next chunk from a shared-memory counter whenever a ring slot frees (going on to
-// the next phase's counter when one runs out), so they finish a phase within about one chunk
-// of each other instead of 2-8 us apart. Each chunk's row sums go to shared memory; once the
-// block's warps are done, its threads sum each group's chunks in chunk order (the results do
-// not depend on which warp took which chunk), and a group cut between blocks is summed by the
-// block holding its first chunk, adding the later blocks' parts in block order.
-
-// The warp's next chunk: (phase, chunk) from the first phase at or after `phase` whose block
-// share is not used up; false when every phase's is. Uniform across the warp.
-__device__ __forceinline__ bool claim_chunk(const DecodeLayerArgs& a, const WarpShare* shares, uint32_t* next,
-                                            uint32_t& phase, uint32_t& chunk, uint32_t lane) {
-    for (; phase < a.n_phases; ++phase) {
-        uint32_t got = 0;
-        if (lane == 0) got = atomicAdd(&next[phase], 1u);
-        got = __shfl_sync(0xffffffffu, got, 0);
-        if (got < shares[phase].c1) {
-            chunk = got;
-            return true;
-        }
-    }
-    return false;
-}
-
-// After the block's warps are done with phase p: every group with a chunk in the block's
-// share, summed in chunk order from `part`; written out, or handed over across blocks.
-template <int kUnitRows>
-__device__ void finish_block_groups(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, const WarpShare& s,
-                                    const float* part, unsigned long long* carry) {
-    if (s.c1 <= s.c0) return;
-    const uint32_t blk = blockIdx.x, n_blocks = gridDim.x;
-    for (uint32_t g = s.c0 / s.cpr + threadIdx.x; g <= (s.c1 - 1) / s.cpr; g += kThreads) {
-        const uint32_t k0 = max(g * s.cpr, s.c0), k1 = min((g + 1) * s.cpr, s.c1);
-        float total[kUnitRows] = {};
-        for (uint32_t k = k0; k < k1; ++k) {
-#pragma unroll
-            for (int r = 0; r < kUnitRows; ++r) total[r] += part[(k - s.c0) * kUnitRows + r];
-        }
-        if (g * s.cpr < s.c0) {  // g began in an earlier block's share
-            publish_part<kUnitRows>(carry, blk, total);
-            continue;
-        }
-        const uint32_t group_end = (g + 1) * s.cpr;
-        for (uint32_t b = blk + 1; b < n_blocks && group_end > s.c1; ++b) {
-            const uint32_t b0 = (uint32_t)((uint64_t)b * s.total / n_blocks);
-            const uint32_t b1 = (uint32_t)((uint64_t)(b + 1) * s.total / n_blocks);
-            if (b0 >= group_end) break;
-            if (b1 > b0) add_part<kUnitRows>(carry, b, total);
-        }
-        group_out<kUnitRows>(a, ph, g, total);
-    }
-}
-
-template <uint32_t kChunkPairs, uint32_t kSlots, int kUnitRows>
-__global__ void __launch_bounds__(kThreads, 1) decode_layer_claim_kernel(const DecodeLayerArgs a, uint32_t* barrier,
-                                                                        unsigned long long* carry, uint64_t* timeline) {
-    using L = RingLayout<kChunkPairs, kSlots, kUnitRows>;
-    using C = ClaimLayout<kChunkPairs, kSlots, kUnitRows>;
-    static_assert(kUnitRows % 2 == 0 && kUnitRows <= kMaxUnitRows, "swiglu_pairs splits a group into gate and up halves");
-    uint64_t* tl = timeline != nullptr ? timeline + (size_t)blockIdx.x * kDecodeTimelineSlots : nullptr;
-    if (tl != nullptr && threadIdx.x == 0) tl[0] = global_timer_ns();
-    extern __shared__ __align__(128) uint8_t smem[];
-    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    uint8_t* ring = smem + (size_t)warp * kSlots * L::slot_bytes;
-    uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::bar_offset) + (size_t)warp * kSlots;
-    int16_t* xq = reinterpret_cast<int16_t*>(smem + L::xq_offset);
-    float* xd = reinterpret_cast<float*>(smem + L::xd_offset);
-    float* red = reinterpret_cast<float*>(smem + L::red_offset);
-    WarpShare* shares = reinterpret_cast<WarpShare*>(smem + L::share_offset);  // [phase]: the block's shares
-    uint32_t* tags = reinterpret_cast<uint32_t*>(smem + C::tag_offset) + (size_t)warp * kSlots;
-    uint32_t* next = reinterpret_cast<uint32_t*>(smem + C::next_offset);
-    float* part = reinterpret_cast<float*>(smem + C::part_offset);
-    if (threadIdx.x < a.n_phases) {
-        shares[threadIdx.x] = warp_share<kChunkPairs, kUnitRows>(a.phases[threadIdx.x], blockIdx.x, gridDim.x);
-        next[threadIdx.x] = shares[threadIdx.x].c0;
-    }
-    if (lane == 0) {
-        for (uint32_t i = 0; i < kSlots; ++i) mbarrier_init(&full[i], 1);
-        mbarrier_init_fence();
-    }
-    __syncthreads();
-
-    const uint32_t sub = lane / 8;
-    const Q8PairLane pl = q8_pair_lane(lane);
-    const uint64_t l2_policy = l2_evict_first_policy();
-    ChunkCursor issue{0, 0, 0, 0, 0}, use{0, 0, 0, 0, 0};  // slots, parities and counts only
-    uint32_t claim_phase = 0;
-    const auto issue_one = [&]() {
-        uint32_t chunk = 0;
-        if (!claim_chunk(a, shares, next, claim_phase, chunk, lane)) return;
-        if (lane == 0) {
-            tags[issue.slot] = claim_phase << 28 | chunk;
-            bulk_copy_chunk<kChunkPairs, kUnitRows>(a.phases[claim_phase], shares[claim_phase], chunk,
-                                                    ring + (size_t)issue.slot * L::slot_bytes, &full[issue.slot], l2_policy);
-        }
-        __syncwarp();  // the tag, for every lane
-        advance_slot<kSlots>(issue);
-    };
-    for (uint32_t i = 0; i < kSlots; ++i) issue_one();  // weights never depend on earlier kernels
-    cudaGridDependencySynchronize();
-    if (tl != nullptr && threadIdx.x == 0) tl[1] = global_timer_ns();
-
-    for (uint32_t p = 0; p < a.n_phases; ++p) {
-        const DecodeGemvPhase& ph = a.phases[p];
-        if (p > 0) {
-            if (tl != nullptr) {
-                __syncthreads();
-                if (threadIdx.x == 0) tl[2 + 3 * (p - 1) + 1] = global_timer_ns();
-            }
-            grid_barrier(barrier, gridDim.x);
-            if (tl != nullptr && threadIdx.x == 0) tl[2 + 3 * (p - 1) + 2] = global_timer_ns();
-        }
-        load_x<true>(a, ph, xq, xd, red);
-        __syncthreads();
-        if (tl != nullptr && threadIdx.x == 0) tl[2 + 3 * p] = global_timer_ns();
-        if (tl != nullptr && lane == 0) {
-            const uint32_t in_flight = issue.n - use.n;
-            uint32_t landed = 0;
-            ChunkCursor c = use;
-            for (uint32_t i = 0; i < in_flight; ++i, advance_slot<kSlots>(c))
-                landed += mbarrier_test_parity(&full[c.slot], c.parity) ? 1u : 0u;
-            tl[2 + 3 * kDecodeMaxPhases + (kDecodeMaxPhases + p) * kWarps + warp] = (uint64_t)landed << 32 | in_flight;
-        }
-        const WarpShare s = shares[p];
-        while (issue.n != use.n) {
-            const uint32_t tag = tags[use.slot];
-            if (tag >> 28 != p) break;  // the warp's chunks of this phase are done
-            const uint32_t k = tag & 0x0fffffffu, ci = k % s.cpr;
-            mbarrier_wait_parity(&full[use.slot], use.parity);
-            const uint32_t pairs = min(kChunkPairs, s.ppr - ci * kChunkPairs);
-            const uint32_t* buf = reinterpret_cast<const uint32_t*>(ring + (size_t)use.slot * L::slot_bytes);
-            float acc[kUnitRows] = {};
-#pragma unroll
-            for (uint32_t j = 0; j < kChunkPairs / 4; ++j) {
-                const uint32_t pp = 4 * j + sub;
-                if (4 * j >= pairs) break;
-                const uint32_t col = (ci * kChunkPairs + pp) * 64 + pl.col_in_pair;
-                const uint4 xv = *reinterpret_cast<const uint4*>(xq + col);
-                const float xs = xd[col / 32];
-#pragma unroll
-                for (int r = 0; r < kUnitRows; ++r)
-                    acc[r] = q8_pair_dot(buf + r * (L::chunk_bytes / 4) + pp * 17, pl, xv, xs, acc[r]);
-            }
-#pragma unroll
-            for (int r = 0; r < kUnitRows; ++r) {
-                const float total = warp_sum(acc[r]);
-                if (lane == 0) part[(k - s.c0) * kUnitRows + r] = total;
-            }
-            __syncwarp();  // the slot is free
-            advance_slot<kSlots>(use);
-            issue_one();
-        }
-        if (tl != nullptr && lane == 0) tl[2 + 3 * kDecodeMaxPhases + p * kWarps + warp] = global_timer_ns();
-        __syncthreads();  // every chunk of the block's share has its row sums
-        finish_block_groups<kUnitRows>(a, ph, s, part, carry);
-    }
-    if (tl != nullptr) {
-        __syncthreads();
-        if (threadIdx.x == 0) tl[2 + 3 * (a.n_phases - 1) + 1] = global_timer_ns();
-    }
-}
 #else
 template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross, bool kFastQuant, int kUnitRows>
 __global__ void decode_layer_kernel(const DecodeLayerArgs, uint32_t*, unsigned long long*, uint64_t*) {
     __trap();  // never launched: decode_layer_supported() reads kDecodeLayerCompiled
-}
-template <uint32_t kChunkPairs, uint32_t kSlots, int kUnitRows>
-__global__ void decode_layer_claim_kernel(const DecodeLayerArgs, uint32_t*, unsigned long long*, uint64_t*) {
-    __trap();
 }
 #endif
 
@@ -694,26 +514,18 @@ __global__ void decode_layer_claim_kernel(const DecodeLayerArgs, uint32_t*, unsi
 struct RingKernel {
     void (*kernel)(const DecodeLayerArgs, uint32_t*, unsigned long long*, uint64_t*);
     size_t smem_bytes;
-    uint32_t unit_rows = 2, chunk_pairs = 0;
-    bool claims = false;  // chunks claimed at run time: each block's row sums fit kClaimPartials
 };
 template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross = true, bool kFastQuant = false,
           int kUnitRows = 2>
 constexpr RingKernel ring_kernel() {
     return {decode_layer_kernel<kChunkPairs, kSlots, kBulk, kAcross, kFastQuant, kUnitRows>,
-            RingLayout<kChunkPairs, kSlots, kUnitRows>::smem_bytes, kUnitRows, kChunkPairs, false};
-}
-template <uint32_t kChunkPairs, uint32_t kSlots, int kUnitRows>
-constexpr RingKernel claim_kernel() {
-    return {decode_layer_claim_kernel<kChunkPairs, kSlots, kUnitRows>, ClaimLayout<kChunkPairs, kSlots, kUnitRows>::smem_bytes,
-            kUnitRows, kChunkPairs, true};
+            RingLayout<kChunkPairs, kSlots, kUnitRows>::smem_bytes};
 }
 const RingKernel kRingKernels[kDecodeRingShapes] = {
     ring_kernel<16, 5, true>(),  ring_kernel<16, 5, true, true, true>(), ring_kernel<32, 2, true>(),
-    ring_kernel<32, 2, false>(), ring_kernel<32, 2, false, false>(),     ring_kernel<16, 2, true, true, true, 4>(),
-    claim_kernel<16, 5, 2>(),    claim_kernel<16, 2, 4>()};
-const char* const kRingNames[kDecodeRingShapes] = {"tma16x5",      "tma16x5-rcp",   "tma32x2",      "cp32x2",
-                                                   "cp32x2-phase", "tma16x2r4-rcp", "tma16x5-claim", "tma16x2r4-claim"};
+    ring_kernel<32, 2, false>(), ring_kernel<32, 2, false, false>(),     ring_kernel<16, 2, true, true, true, 4>()};
+const char* const kRingNames[kDecodeRingShapes] = {"tma16x5", "tma16x5-rcp",  "tma32x2",
+                                                   "cp32x2",  "cp32x2-phase", "tma16x2r4-rcp"};
 
 // What the host needs per device, checked once (a process may drive GPUs of different kinds;
 // the launch path then costs a map lookup, no driver query).
@@ -766,8 +578,8 @@ const char* decode_ring_name(DecodeRing ring) {
 
 DecodeRing decode_ring_default() {
     static const DecodeRing ring = [] {
-        const int i = lab_knob_choice("SPILLWAY_DECODE_RING", {"tma16x5", "tma16x5-rcp", "tma32x2", "cp32x2", "cp32x2-phase",
-                                                               "tma16x2r4-rcp", "tma16x5-claim", "tma16x2r4-claim"});
+        const int i = lab_knob_choice("SPILLWAY_DECODE_RING",
+                                      {"tma16x5", "tma16x5-rcp", "tma32x2", "cp32x2", "cp32x2-phase", "tma16x2r4-rcp"});
         return i < 0 ? DecodeRing::tma16x5_rcp : (DecodeRing)i;
     }();
     return ring;
@@ -867,16 +679,6 @@ void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t 
     uint32_t* barrier = static_cast<uint32_t*>(scratch);
     unsigned long long* carry = reinterpret_cast<unsigned long long*>(static_cast<uint8_t*>(scratch) + 16);
     const RingKernel& k = kRingKernels[(uint32_t)ring];
-    if (k.claims) {  // a block's row sums of a phase live in shared memory
-        for (uint32_t p = 0; p < args.n_phases; ++p) {
-            const DecodeGemvPhase& ph = args.phases[p];
-            const uint64_t groups = (ph.rows + k.unit_rows - 1) / k.unit_rows;
-            const uint64_t cpr = (ph.cols / 64 + k.chunk_pairs - 1) / k.chunk_pairs;
-            if ((groups + sms - 1) / sms * cpr * k.unit_rows > kClaimPartials)
-                fail(where + "phase " + std::to_string(p) + ": too many rows for ring " + decode_ring_name(ring) +
-                     " on this GPU");
-        }
-    }
     launch_with_pdl(true, k.kernel, dim3((unsigned)sms), dim3(kThreads), k.smem_bytes, stream, args, barrier, carry,
                     timeline);
 }
