@@ -16,7 +16,8 @@
 // barrier (all 5 TMA chunks per warp have landed when x is ready), yet a phase's weight loop
 // is no shorter than without it (gate|up ~35 us either way, ~3.5 TB/s for what is left after
 // the prefetch): the layer takes 98-105 us with every ring below, against ~88 for the four
-// separate GEMVs. The default ring is bulk copies (TMA, one lane issues, an mbarrier per
+// separate GEMVs. 20 warps per block, 4-row units (r4) and chunks claimed at run time inside
+// a block (branch decode-layer-claim) each traded faster loops for more skew or the reverse. The default ring is bulk copies (TMA, one lane issues, an mbarrier per
 // slot) of 16 block pairs x 5 slots with x quantized by a reciprocal multiply (98.5 us).
 // Bulk copies cost a fixed ~15 ns each at the SM's TMA unit: 544-byte copies streamed 22 KB
 // per us per SM, 2176-byte ones 34 (8 x 11 and 12 x 7 rings: 111-129 us per layer).
