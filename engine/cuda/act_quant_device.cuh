@@ -34,6 +34,18 @@ __device__ __forceinline__ void quantize_act_q16_group(float4 v, uint32_t lane, 
     if ((lane & 7u) == 0) *d = scale;
 }
 
+// quantize_act_q16_group with q = round(x * (1 / d)) instead of round(x / d): for the lab
+// decode layer kernel, where every block quantizes the whole x redundantly (27 divisions per
+// thread for a 13824-value x) between two phases. The product may round one code differently
+// from the division where x / d sits within an ulp of a half-integer.
+__device__ __forceinline__ void quantize_act_q16_group_rcp(float4 v, uint32_t lane, int16_t* q4, float* d) {
+    const float scale = act_q16_group_scale(v, lane);
+    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    auto q = [inv](float x) -> uint32_t { return (uint32_t)min(32767, max(-32767, __float2int_rn(x * inv))) & 0xffffu; };
+    *reinterpret_cast<uint2*>(q4) = make_uint2(q(v.x) | (q(v.y) << 16), q(v.z) | (q(v.w) << 16));
+    if ((lane & 7u) == 0) *d = scale;
+}
+
 // The whole warp quantizes one 32-value block, one value per lane (lane i holds value i):
 // the same operations as quantize_act_q16_group, so the same q and d.
 __device__ __forceinline__ void quantize_act_q16_warp(float v, uint32_t lane, int16_t* q32, float* d) {

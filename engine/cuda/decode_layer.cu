@@ -17,8 +17,9 @@
 // is no shorter than without it (gate|up ~35 us either way, ~3.5 TB/s for what is left after
 // the prefetch): the layer takes 98-105 us with every ring below, against ~88 for the four
 // separate GEMVs. 20 warps per block, 4-row units (r4) and chunks claimed at run time inside
-// a block (branch decode-layer-claim) each traded faster loops for more skew or the reverse. The default ring is bulk copies (TMA, one lane issues, an mbarrier per
-// slot) of 16 block pairs x 5 slots with x quantized by a reciprocal multiply (98.5 us).
+// a block (branch decode-layer-claim) each traded faster loops for more skew or the reverse.
+// The default ring is bulk copies (TMA, one lane issues, an mbarrier per slot) of 16 block
+// pairs x 5 slots with x quantized by a reciprocal multiply (98.5 us).
 // Bulk copies cost a fixed ~15 ns each at the SM's TMA unit: 544-byte copies streamed 22 KB
 // per us per SM, 2176-byte ones 34 (8 x 11 and 12 x 7 rings: 111-129 us per layer).
 //
@@ -38,13 +39,13 @@
 #include <string>
 
 #include "common/error.h"
+#include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/bulk_copy_device.cuh"
 #include "engine/cuda/cp_async_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/global_timer_device.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
-#include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/q8_0_q16_device.cuh"
 
 namespace spillway {
@@ -153,18 +154,6 @@ __device__ void grid_barrier(uint32_t* words, uint32_t n_blocks) {
         __threadfence();
     }
     __syncthreads();
-}
-
-// quantize_act_q16_group with q = round(x * (1 / d)) instead of round(x / d) (lab): every
-// block quantizes the whole x redundantly, 27 divisions per thread for a 13824-value x, on
-// the path between two phases. The product may round one code differently from the division
-// where x / d sits within an ulp of a half-integer.
-__device__ __forceinline__ void quantize_act_q16_group_rcp(float4 v, uint32_t lane, int16_t* q4, float* d) {
-    const float scale = act_q16_group_scale(v, lane);
-    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-    auto q = [inv](float x) -> uint32_t { return (uint32_t)min(32767, max(-32767, __float2int_rn(x * inv))) & 0xffffu; };
-    *reinterpret_cast<uint2*>(q4) = make_uint2(q(v.x) | (q(v.y) << 16), q(v.z) | (q(v.w) << 16));
-    if ((lane & 7u) == 0) *d = scale;
 }
 
 // x of phase p into shared memory (q int16, d f32 per 32 values), by the whole block. The
@@ -292,26 +281,11 @@ __device__ __forceinline__ bool next_chunk(const DecodeLayerArgs& a, const WarpS
     return c.p < a.n_phases && c.p <= last_phase;
 }
 
-// Chunk k of a phase (share s) into dst by bulk copies, one per row, completing on bar (one
-// thread calls it).
-template <uint32_t kChunkPairs, int kUnitRows>
-__device__ __forceinline__ void bulk_copy_chunk(const DecodeGemvPhase& ph, const WarpShare& s, uint32_t k, uint8_t* dst,
-                                                uint64_t* bar, uint64_t l2_policy) {
-    const uint32_t g = k / s.cpr, ci = k % s.cpr;
-    const uint32_t bytes = min(kChunkPairs, s.ppr - ci * kChunkPairs) * 68;
-    const uint8_t* w = static_cast<const uint8_t*>(ph.w) + (size_t)ci * kChunkPairs * 68;
-    fence_proxy_async_shared();  // the warp's reads of this slot (ordered by __syncwarp) come first
-    mbarrier_arrive_expect_tx(bar, kUnitRows * bytes);
-#pragma unroll
-    for (int r = 0; r < kUnitRows; ++r)
-        bulk_copy_global_to_shared(dst + r * kChunkPairs * 68, w + (size_t)unit_row<kUnitRows>(ph, g, r) * s.row_bytes, bytes,
-                                   bar, l2_policy);
-}
-
 // Copies the warp's next chunk into its ring slot; nothing when the warp's chunks of every
-// phase up to last_phase have been issued. kBulk: two bulk copies (TMA) issued by lane 0, completed on the
-// slot's mbarrier; else 16-byte cp.async by every lane, one commit group per call (an empty
-// one past the end, so that "all but the newest kSlots - 1 groups" is always the next chunk).
+// phase up to last_phase have been issued. kBulk: a bulk copy (TMA) per row issued by lane 0,
+// completed on the slot's mbarrier; else 16-byte cp.async by every lane, one commit group per
+// call (an empty one past the end, so that "all but the newest kSlots - 1 groups" is always
+// the next chunk).
 template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, int kUnitRows>
 __device__ __forceinline__ void issue_next_chunk(const DecodeLayerArgs& a, const WarpShare* shares, ChunkCursor& c,
                                                  uint8_t* ring, uint64_t* full, uint32_t lane, uint64_t l2_policy,
@@ -325,7 +299,14 @@ __device__ __forceinline__ void issue_next_chunk(const DecodeLayerArgs& a, const
         uint8_t* dst = ring + (size_t)c.slot * L::slot_bytes;
         const uint8_t* w = static_cast<const uint8_t*>(ph.w) + (size_t)ci * L::chunk_bytes;
         if constexpr (kBulk) {
-            if (lane == 0) bulk_copy_chunk<kChunkPairs, kUnitRows>(ph, s, c.k, dst, &full[c.slot], l2_policy);
+            if (lane == 0) {
+                fence_proxy_async_shared();  // the warp's reads of this slot (ordered by __syncwarp) come first
+                mbarrier_arrive_expect_tx(&full[c.slot], kUnitRows * bytes);
+#pragma unroll
+                for (int r = 0; r < kUnitRows; ++r)
+                    bulk_copy_global_to_shared(dst + r * L::chunk_bytes, w + (size_t)unit_row<kUnitRows>(ph, rp, r) * s.row_bytes,
+                                               bytes, &full[c.slot], l2_policy);
+            }
         } else {
 #pragma unroll
             for (int r = 0; r < kUnitRows; ++r) {

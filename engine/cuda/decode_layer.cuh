@@ -96,11 +96,9 @@ uint32_t decode_layer_grid_blocks();
 // The weight ring (lab): 16-byte cp.async by every lane or bulk copies (TMA) by one, and
 // block pairs per chunk x chunks in flight per warp (140-175 KB per SM), running on across
 // the phases ("-phase": a phase's chunks only once its x is built; "-rcp": x quantized by a
-// reciprocal multiply; "r4": 4 rows per warp unit instead of 2). The default is SPILLWAY_DECODE_RING's choice (the names below, e.g.
-// "cp32x2"), else tma16x5-rcp.
-enum class DecodeRing : uint32_t {
-    tma16x5, tma16x5_rcp, tma32x2, cp32x2, cp32x2_phase, tma16x2r4_rcp
-};
+// reciprocal multiply; "r4": 4 rows per warp unit instead of 2). The default is
+// SPILLWAY_DECODE_RING's choice (the names below, e.g. "cp32x2"), else tma16x5-rcp.
+enum class DecodeRing : uint32_t { tma16x5, tma16x5_rcp, tma32x2, cp32x2, cp32x2_phase, tma16x2r4_rcp };
 constexpr uint32_t kDecodeRingShapes = 6;
 const char* decode_ring_name(DecodeRing ring);
 DecodeRing decode_ring_default();
