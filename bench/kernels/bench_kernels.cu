@@ -511,6 +511,14 @@ void bench_decode_layer(Report& r, const Options& o) {
                         block_skew[p] / kLaunches / 1000.0, ring_in_flight[p] * 1000.0 / n / kDecodeLayerWarps,
                         ring_landed[p] * 1000.0 / n / kDecodeLayerWarps);
     }
+    // How much of the default ring's time the phase boundaries cost: the same launch without
+    // the grid barriers (each block still syncs and builds x), then without any boundary.
+    // Timing only: the outputs are wrong.
+    for (const int bound : {1, 2}) {
+        const double us = median_us(
+            [&](cudaStream_t st, int i) { decode_layer_timing_bound_cuda(layer_args(i), barrier.data(), st, bound); }, o.iters);
+        r.add(name + (bound == 1 ? " bound: no grid barrier" : " bound: no boundary"), shape, (double)layer_bytes, us);
+    }
 }
 
 // kernel == nullptr: attention_partial_cuda's default choice; otherwise that kernel, named.

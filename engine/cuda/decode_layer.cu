@@ -349,7 +349,10 @@ __device__ __forceinline__ void add_part(unsigned long long* carry, uint32_t w, 
 // kAcross: the ring runs on into the next phase's chunks while the warp waits at the barrier;
 // else (lab) a phase's chunks are issued only once its x is built. kFastQuant (lab): x
 // quantized with a reciprocal multiply instead of act_quant's division (see load_x).
-template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross, bool kFastQuant, int kUnitRows>
+// kBound (bench only, results wrong): 1 = no grid barrier (a block syncs only its own warps
+// before each x prologue), 2 = no barrier, no sync and no x prologue after the first phase.
+template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross, bool kFastQuant, int kUnitRows,
+          int kBound = 0>
 __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeLayerArgs a, uint32_t* barrier,
                                                                   unsigned long long* carry, uint64_t* timeline) {
     using L = RingLayout<kChunkPairs, kSlots, kUnitRows>;
@@ -393,11 +396,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
                 __syncthreads();
                 if (threadIdx.x == 0) tl[2 + 3 * (p - 1) + 1] = global_timer_ns();  // the block's warps are done
             }
-            grid_barrier(barrier, gridDim.x);  // the previous phase's outputs, from every block
+            if constexpr (kBound == 0) grid_barrier(barrier, gridDim.x);  // the previous phase's outputs, from every block
+            if constexpr (kBound == 1) __syncthreads();
             if (tl != nullptr && threadIdx.x == 0) tl[2 + 3 * (p - 1) + 2] = global_timer_ns();  // barrier passed
         }
-        load_x<kFastQuant>(a, ph, xq, xd, red);
-        __syncthreads();
+        if (kBound < 2 || p == 0) {
+            load_x<kFastQuant>(a, ph, xq, xd, red);
+            __syncthreads();
+        }
         if (tl != nullptr && threadIdx.x == 0) tl[2 + 3 * p] = global_timer_ns();  // x ready
         if (!kAcross && p > 0) {
             for (uint32_t i = 0; i < kSlots; ++i)
@@ -449,7 +455,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
                     total[r] = warp_sum(acc[r]);
                     acc[r] = 0.0f;
                 }
-                if (lane == 0 && publish) publish_part<kUnitRows>(carry, gw, total);
+                if (kBound == 0 && lane == 0 && publish) publish_part<kUnitRows>(carry, gw, total);
                 if (lane == 0 && !publish) group_out<kUnitRows>(a, ph, g, total);
             }
         }
@@ -465,10 +471,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
                         const uint32_t w0 = (uint32_t)((uint64_t)w * s.total / n_warps);
                         const uint32_t w1 = (uint32_t)((uint64_t)(w + 1) * s.total / n_warps);
                         if (w0 >= group_end) break;
-                        if (w1 > w0) add_part<kUnitRows>(carry, w, total);
+                        // (the timing bounds skip the hand-over: without barriers a slot could be reused
+                        // before it is read)
+                        if (kBound == 0 && w1 > w0) add_part<kUnitRows>(carry, w, total);
                     }
                     group_out<kUnitRows>(a, ph, g, total);
-                } else {  // g began before this share and goes on after it
+                } else if (kBound == 0) {  // g began before this share and goes on after it
                     publish_part<kUnitRows>(carry, gw, total);
                 }
             }
@@ -485,7 +493,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
 }
 
 #else
-template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross, bool kFastQuant, int kUnitRows>
+template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross, bool kFastQuant, int kUnitRows, int kBound = 0>
 __global__ void decode_layer_kernel(const DecodeLayerArgs, uint32_t*, unsigned long long*, uint64_t*) {
     __trap();  // never launched: decode_layer_supported() reads kDecodeLayerCompiled
 }
@@ -498,14 +506,17 @@ struct RingKernel {
     size_t smem_bytes;
 };
 template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross = true, bool kFastQuant = false,
-          int kUnitRows = 2>
+          int kUnitRows = 2, int kBound = 0>
 constexpr RingKernel ring_kernel() {
-    return {decode_layer_kernel<kChunkPairs, kSlots, kBulk, kAcross, kFastQuant, kUnitRows>,
+    return {decode_layer_kernel<kChunkPairs, kSlots, kBulk, kAcross, kFastQuant, kUnitRows, kBound>,
             RingLayout<kChunkPairs, kSlots, kUnitRows>::smem_bytes};
 }
 const RingKernel kRingKernels[kDecodeRingShapes] = {
     ring_kernel<16, 5, true>(),  ring_kernel<16, 5, true, true, true>(), ring_kernel<32, 2, true>(),
     ring_kernel<32, 2, false>(), ring_kernel<32, 2, false, false>(),     ring_kernel<16, 2, true, true, true, 4>()};
+// The timing bounds (bench only): the default ring without the grid barriers, then without
+// the x prologues too.
+const RingKernel kBoundKernels[2] = {ring_kernel<16, 5, true, true, true, 2, 1>(), ring_kernel<16, 5, true, true, true, 2, 2>()};
 const char* const kRingNames[kDecodeRingShapes] = {"tma16x5", "tma16x5-rcp",  "tma32x2",
                                                    "cp32x2",  "cp32x2-phase", "tma16x2r4-rcp"};
 
@@ -539,6 +550,8 @@ const DeviceFit& device_fit() {
     }
     if (compiled == 1) {
         fit.supported = true;
+        for (const RingKernel& k : kBoundKernels)
+            SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k.smem_bytes));
         for (const RingKernel& k : kRingKernels) {
             SPILLWAY_CUDA_CHECK(
                 cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k.smem_bytes));
@@ -613,6 +626,19 @@ bool phase_writes_what_it_reads(const DecodeLayerArgs& a, const DecodeGemvPhase&
 
 }  // namespace
 
+namespace {
+
+void launch_decode_layer(const RingKernel& k, const DecodeLayerArgs& args, void* scratch, cudaStream_t stream,
+                         uint64_t* timeline) {
+    const uint32_t sms = device_fit().sms;  // the current device's: one block per SM
+    uint32_t* barrier = static_cast<uint32_t*>(scratch);
+    unsigned long long* carry = reinterpret_cast<unsigned long long*>(static_cast<uint8_t*>(scratch) + 16);
+    launch_with_pdl(true, k.kernel, dim3((unsigned)sms), dim3(kThreads), k.smem_bytes, stream, args, barrier, carry,
+                    timeline);
+}
+
+}  // namespace
+
 void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, uint64_t* timeline,
                        DecodeRing ring) {
     const std::string where = "decode_layer_cuda: ";
@@ -657,12 +683,13 @@ void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t 
         // so what a phase writes must not overlap anything it reads.
         if (phase_writes_what_it_reads(args, ph)) fail(at + "its output overlaps its own input");
     }
-    const uint32_t sms = device_fit().sms;  // the current device's: one block per SM
-    uint32_t* barrier = static_cast<uint32_t*>(scratch);
-    unsigned long long* carry = reinterpret_cast<unsigned long long*>(static_cast<uint8_t*>(scratch) + 16);
-    const RingKernel& k = kRingKernels[(uint32_t)ring];
-    launch_with_pdl(true, k.kernel, dim3((unsigned)sms), dim3(kThreads), k.smem_bytes, stream, args, barrier, carry,
-                    timeline);
+    launch_decode_layer(kRingKernels[(uint32_t)ring], args, scratch, stream, timeline);
+}
+
+void decode_layer_timing_bound_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, int bound) {
+    if (!decode_layer_supported()) fail("decode_layer_timing_bound_cuda: needs an sm_90+ GPU");
+    if (bound < 1 || bound > 2) fail("decode_layer_timing_bound_cuda: bound 1 or 2");
+    launch_decode_layer(kBoundKernels[bound - 1], args, scratch, stream, nullptr);
 }
 
 }  // namespace spillway
