@@ -65,10 +65,10 @@ static_assert(kMaxCols / 32 % (kWarps * 4) == 0, "whole x steps");
 static_assert(2 + 3 * kDecodeMaxPhases + 2 * kDecodeMaxPhases * kWarps <= kDecodeTimelineSlots,
               "a block's timeline holds its stamps and its ring records");
 
-// The flow kernel (decode_layer_flow_kernel below) runs each phase as four quarters: (low
-// rows, low columns), (high rows, low columns), (low rows, high columns), (high rows, high
-// columns). The column split is a multiple of 256; a phase's row-group split (2 rows per group,
-// or a gate row with its up row) makes its low output rows the next phase's low columns.
+// The flow kernel (decode_layer_flow_kernel below) runs each phase as up to four shares: row
+// half x column half. The column split is a multiple of 256; a phase's row-group split (2 rows
+// per group, or a gate row with its up row) makes its low output rows the next phase's low
+// columns.
 constexpr uint32_t kQuarters = 4;
 constexpr uint32_t kFlowShares = kDecodeMaxPhases * kQuarters;
 constexpr uint32_t kClaimCols = 512;                         // x columns one warp builds per claim
@@ -81,13 +81,45 @@ static_assert(16 + kFlowWords * 4 <= kScratchWordBytes, "the scratch's counter w
 
 __host__ __device__ constexpr uint32_t flow_groups(uint32_t rows) { return (rows + 1) / 2; }
 __host__ __device__ constexpr uint32_t flow_col_split(uint32_t cols) { return cols / 2 / kUnitCols * kUnitCols; }
-__host__ __device__ inline uint32_t flow_group_split(const DecodeLayerArgs& a, uint32_t p) {
+// A phase's x is split in halves where it reads the previous phase's outputs (not x_q16, which
+// is written before the launch); its rows are split where the next phase's x is. A phase with
+// neither runs as one share, with one as two, with both as four (flow_share_range).
+struct FlowPlan {
+    bool split_cols, split_rows;
+    uint32_t cs, gs;  // low columns [0, cs) (cols when not split), low row groups [0, gs) (all when not split)
+};
+__host__ __device__ inline bool flow_splits_cols(const DecodeLayerArgs& a, uint32_t p) {
+    return p > 0 && a.phases[p].x != DecodeX::act_q16;
+}
+__host__ __device__ inline FlowPlan flow_plan(const DecodeLayerArgs& a, uint32_t p) {
     const DecodeGemvPhase& ph = a.phases[p];
+    FlowPlan f;
+    f.split_cols = flow_splits_cols(a, p);
+    f.split_rows = p + 1 < a.n_phases && flow_splits_cols(a, p + 1);
+    f.cs = f.split_cols ? flow_col_split(ph.cols) : ph.cols;
     const uint32_t groups = flow_groups(ph.rows);
-    if (p + 1 == a.n_phases) return groups / 2;
-    const uint32_t next = flow_col_split(a.phases[p + 1].cols);
-    const uint32_t split = ph.y == DecodeY::swiglu_pairs ? next : next / 2;
-    return split < groups ? split : groups;
+    f.gs = groups;
+    if (f.split_rows) {
+        const uint32_t next = flow_col_split(a.phases[p + 1].cols);
+        const uint32_t split = ph.y == DecodeY::swiglu_pairs ? next : next / 2;
+        f.gs = split < groups ? split : groups;
+    }
+    return f;
+}
+// Share q of a phase (q & 1: high rows, q >> 1: high columns): row groups [g0, g0 + n_groups),
+// columns [c0, c0 + n_cols); empty where the phase does not split that way.
+struct FlowRange {
+    uint32_t g0, n_groups, c0, n_cols;
+};
+__host__ __device__ inline FlowRange flow_share_range(const DecodeGemvPhase& ph, const FlowPlan& f, uint32_t q) {
+    const bool high_rows = (q & 1) != 0, high_cols = (q >> 1) != 0;
+    const uint32_t groups = flow_groups(ph.rows);
+    FlowRange r;
+    r.g0 = high_rows ? f.gs : 0;
+    r.n_groups = high_rows ? groups - f.gs : f.gs;
+    r.c0 = high_cols ? f.cs : 0;
+    r.n_cols = high_cols ? ph.cols - f.cs : f.cs;
+    return r;
 }
 
 // Set where the kernel below is compiled for sm_90 (read by the host once): a build without
@@ -158,6 +190,10 @@ template <uint32_t kChunkPairs>
 __device__ __forceinline__ WarpShare warp_share(const DecodeGemvPhase& ph, uint32_t gw, uint32_t n_warps, uint32_t g0,
                                                 uint32_t n_groups, uint32_t pair0, uint32_t ppr) {
     WarpShare s;
+    if (n_groups == 0 || ppr == 0) {  // an empty range (a flow share the phase does not use)
+        s = WarpShare{0, 1, 0, false, 0, 0, 0, 0, 0};
+        return s;
+    }
     s.ppr = (uint16_t)ppr;
     s.cpr = (uint16_t)((ppr + kChunkPairs - 1) / kChunkPairs);
     s.pair0 = (uint16_t)pair0;
@@ -595,18 +631,20 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
 // ---------------------------------------------------------------------------------------------
 // The dataflow kernel (ring "flow16x5", lab). Why: the kernel above takes ~100 us per 14B layer,
 // ~92 without its grid barriers and ~81 without any phase boundary (bench_kernels' timing
-// bounds, session 26). Here no block waits for the whole grid. Each phase runs as four quarters
-// (flow_group_split above), so its low output rows are final after its third quarter and the
-// next phase's low half of x can be built while slow blocks are still in the fourth; the high
-// half is needed only half a phase later. The low-column quarters leave each row group's sums
-// in a partial slot that the high-column quarter adds (low + high: a fixed order). A block
-// builds an x half by claims of 512 columns taken by whichever of its warps get there first
-// (no warp waits for its block's slowest warp); the first claim of a warp waits until the
-// half's buffer is free in its block and the previous phase's rows of that half are final in
-// every block (a count of blocks per phase and row half, against the launch's epoch).
-// RMSNorm's 1 / rms is one scalar: the halves are quantized without it (a block's int16 codes
-// do not depend on its scale) and the rows' totals are multiplied by it.
-
+// bounds, session 26). Here no block waits for the whole grid. A phase whose x reads the previous
+// phase's outputs takes x in two column halves, and a phase whose outputs the next one reads
+// produces them in two row halves (flow_plan): gate|up and down run as four shares, (low rows,
+// low columns), (high rows, low columns), (low rows, high columns), (high rows, high columns),
+// wo as (low rows), (high rows), q|k|v as (low columns), (high columns). So a phase's low rows
+// are final before its last share, and the next phase's low half of x can be built while slow
+// blocks are still in it; the high half is needed only half a phase later. A low-column share
+// leaves each row group's sums in a partial slot that the high-column share adds (low + high: a
+// fixed order). A block builds an x half by claims of 512 columns taken by whichever of its
+// warps get there first (no warp waits for its block's slowest warp); the first claim of a warp
+// waits until the half's buffer is free in its block and the previous phase's rows of that half
+// are final in every block (a count of blocks per phase and row half, against the launch's
+// epoch). RMSNorm's 1 / rms is one scalar: x is quantized without it (a block's int16 codes do
+// not depend on its scale) and the rows' totals are multiplied by it.
 // Takes claims of x half [c0, c0 + n_cols) of phase p until none is left, building each (16
 // blocks of 32: 4 steps of 4 blocks, 8 lanes per block) into the half's buffer with load_x's
 // rounding but without RMSNorm's 1 / rms (each claim's sum of squares goes to red[claim]). The
@@ -614,7 +652,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
 // phase's half) and done_word (every block done with the previous phase's rows of this half).
 __device__ void flow_build_half(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, uint32_t c0, uint32_t n_cols,
                                 int16_t* xq, float* xd, float* red, uint32_t* claims, uint32_t* built, uint64_t* ready,
-                                uint64_t* free_bar, uint32_t* done_word, uint32_t target, uint32_t lane) {
+                                uint64_t* const (&free_bars)[2], uint32_t* const (&done_words)[2], uint32_t target,
+                                uint32_t lane) {
     const uint32_t n_claims = (n_cols + kClaimCols - 1) / kClaimCols, n_blocks = n_cols / 32;
     bool waited = false;
     for (;;) {
@@ -623,12 +662,16 @@ __device__ void flow_build_half(const DecodeLayerArgs& a, const DecodeGemvPhase&
         u = __shfl_sync(0xffffffffu, u, 0);
         if (u >= n_claims) return;
         if (!waited) {
-            if (lane == 0 && free_bar != nullptr) {
-                mbarrier_wait_parity(free_bar, 0);
-                cuda::atomic_ref<uint32_t, cuda::thread_scope_device> done(*done_word);
-                uint64_t polls = 0;
-                while ((int32_t)(done.load(cuda::memory_order_acquire) - target) < 0) {
-                    if (++polls > kSpinLimit) __trap();  // a block never ran: see grid_barrier
+            if (lane == 0) {
+                for (int i = 0; i < 2; ++i)
+                    if (free_bars[i] != nullptr) mbarrier_wait_parity(free_bars[i], 0);
+                for (int i = 0; i < 2; ++i) {
+                    if (done_words[i] == nullptr) continue;
+                    cuda::atomic_ref<uint32_t, cuda::thread_scope_device> done(*done_words[i]);
+                    uint64_t polls = 0;
+                    while ((int32_t)(done.load(cuda::memory_order_acquire) - target) < 0) {
+                        if (++polls > kSpinLimit) __trap();  // a block never ran: see grid_barrier
+                    }
                 }
                 __threadfence();
             }
@@ -680,9 +723,15 @@ __device__ void flow_build_half(const DecodeLayerArgs& a, const DecodeGemvPhase&
 }
 
 template <uint32_t kChunkPairs, uint32_t kSlots>
+// timeline (lab, null in the engine): per block [0] start, [1] after the dependency wait, then per
+// phase p and warp w [2 + 3 * kDecodeMaxPhases + p * kWarps + w] the warp's end of the phase and
+// [2 + 3 * kDecodeMaxPhases + (kDecodeMaxPhases + p) * kWarps + w] the ns it spent building x
+// halves and waiting for them in the phase.
 __global__ void __launch_bounds__(kThreads, 1) decode_layer_flow_kernel(const DecodeLayerArgs a, uint32_t* words,
                                                                        unsigned long long* carry,
-                                                                       unsigned long long* partial) {
+                                                                       unsigned long long* partial, uint64_t* timeline) {
+    uint64_t* tl = timeline != nullptr ? timeline + (size_t)blockIdx.x * kDecodeTimelineSlots : nullptr;
+    if (tl != nullptr && threadIdx.x == 0) tl[0] = global_timer_ns();
     using L = FlowLayout<kChunkPairs, kSlots>;
     using Ring = typename L::Ring;
     extern __shared__ __align__(128) uint8_t smem[];
@@ -702,12 +751,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_flow_kernel(const De
     uint32_t* target_word = warps_done + 2 * kDecodeMaxPhases;
     WarpShare* shares = reinterpret_cast<WarpShare*>(smem + L::share_offset) + (size_t)warp * kFlowShares;
     if (lane < n_shares) {
-        const uint32_t p = lane / kQuarters, q = lane % kQuarters;
-        const DecodeGemvPhase& ph = a.phases[p];
-        const uint32_t groups = flow_groups(ph.rows), gs = flow_group_split(a, p), cs = flow_col_split(ph.cols);
-        const bool high_rows = (q & 1) != 0, high_cols = (q >> 1) != 0;
-        shares[lane] = warp_share<kChunkPairs>(ph, gw, n_warps, high_rows ? gs : 0, high_rows ? groups - gs : gs,
-                                               high_cols ? cs / 64 : 0, (high_cols ? ph.cols - cs : cs) / 64);
+        const DecodeGemvPhase& ph = a.phases[lane / kQuarters];
+        const FlowRange r = flow_share_range(ph, flow_plan(a, lane / kQuarters), lane % kQuarters);
+        shares[lane] = warp_share<kChunkPairs>(ph, gw, n_warps, r.g0, r.n_groups, r.c0 / 64, r.n_cols / 64);
     }
     if (threadIdx.x < 3 * 2 * kDecodeMaxPhases) claims[threadIdx.x] = 0;
     if (warp == 0 && lane < 2 * kDecodeMaxPhases) {
@@ -733,24 +779,34 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_flow_kernel(const De
     }
     __syncthreads();
     const uint32_t target = *target_word;
+    if (tl != nullptr && threadIdx.x == 0) tl[1] = global_timer_ns();
+    uint64_t x_wait_ns = 0;
 
     float inv_rms = 1.0f;
     for (uint32_t v = 0; v < n_shares; ++v) {
         const uint32_t p = v / kQuarters, q = v % kQuarters, h = q >> 1, row_half = q & 1;
         const DecodeGemvPhase& ph = a.phases[p];
-        const uint32_t cs = flow_col_split(ph.cols);
-        int16_t* xq_h = xq + (size_t)h * kMaxHalfCols;
-        float* xd_h = xd + (size_t)h * (kMaxHalfCols / 32);
-        if (row_half == 0) {  // the first quarter on x half h
-            flow_build_half(a, ph, h ? cs : 0, h ? ph.cols - cs : cs, xq_h, xd_h, red + ((p & 1) * 2 + h) * kMaxClaims,
-                            &claims[2 * p + h], &built[2 * p + h], &x_ready[2 * p + h],
-                            p > 0 ? &x_free[2 * (p - 1) + h] : nullptr, p > 0 ? &words[2 + 2 * (p - 1) + h] : nullptr,
-                            target, lane);
+        const FlowPlan f = flow_plan(a, p);
+        // x: split, half h at h * kMaxHalfCols; else the whole x from 0 (over both regions).
+        int16_t* xq_h = xq + (size_t)(f.split_cols ? h : 0) * kMaxHalfCols;
+        float* xd_h = xd + (size_t)(f.split_cols ? h : 0) * (kMaxHalfCols / 32);
+        if (q == 0 || (q == 2 && f.split_cols)) {  // the first share on x half h (or on the whole x)
+            const uint64_t t0 = tl != nullptr ? global_timer_ns() : 0;
+            // Waits: the region(s) this half overwrites free in the block (the previous phase's
+            // last readers), and the previous phase's rows of this half (or all rows) final.
+            uint64_t* const free_bars[2] = {p > 0 && (!f.split_cols || h == 0) ? &x_free[2 * (p - 1)] : nullptr,
+                                            p > 0 && (!f.split_cols || h == 1) ? &x_free[2 * (p - 1) + 1] : nullptr};
+            uint32_t* const done_words[2] = {p > 0 && (!f.split_cols || h == 0) ? &words[2 + 2 * (p - 1)] : nullptr,
+                                             p > 0 && (!f.split_cols || h == 1) ? &words[2 + 2 * (p - 1) + 1] : nullptr};
+            flow_build_half(a, ph, h ? f.cs : 0, h ? ph.cols - f.cs : f.cs, xq_h, xd_h,
+                            red + ((p & 1) * 2 + (f.split_cols ? h : 0)) * kMaxClaims, &claims[2 * p + h], &built[2 * p + h],
+                            &x_ready[2 * p + h], free_bars, done_words, target, lane);
             mbarrier_wait_parity(&x_ready[2 * p + h], 0);
-            if (h == 1 && ph.x == DecodeX::stream_rmsnorm) {  // both halves' sums of squares are in
+            if (tl != nullptr) x_wait_ns += global_timer_ns() - t0;
+            if ((h == 1 || !f.split_cols) && ph.x == DecodeX::stream_rmsnorm) {  // every sum of squares is in
                 float total = 0.0f;
-                for (uint32_t hh = 0; hh < 2; ++hh) {
-                    const uint32_t n = ((hh ? ph.cols - cs : cs) + kClaimCols - 1) / kClaimCols;
+                for (uint32_t hh = 0; hh < (f.split_cols ? 2u : 1u); ++hh) {
+                    const uint32_t n = ((hh ? ph.cols - f.cs : f.cs) + kClaimCols - 1) / kClaimCols;
                     for (uint32_t u = 0; u < n; ++u) total += red[((p & 1) * 2 + hh) * kMaxClaims + u];
                 }
                 inv_rms = rsqrtf(total / (float)ph.cols + a.eps);
@@ -762,6 +818,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_flow_kernel(const De
             a, shares, v, issue, use, ring, full, lane, l2_policy, n_shares, xq_h, xd_h,
             carry + (size_t)v * n_warps * kMaxUnitRows, gw, n_warps,
             [&](uint32_t g, const float(&total)[2], const unsigned long long(&early)[2]) {
+                if (!f.split_cols) {
+                    const float out[2] = {total[0] * scale, total[1] * scale};
+                    group_out<2>(a, ph, g, out);
+                    return;
+                }
                 if (h == 0) {  // the low columns' sums, for the high-column quarter of the same rows
                     for (int r = 0; r < 2; ++r) {
                         cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(part[2 * (size_t)g + r]);
@@ -784,16 +845,26 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_flow_kernel(const De
                 group_out<2>(a, ph, g, out);
             },
             [&](uint32_t g, unsigned long long(&early)[2]) {
-                if (h == 0) return;
+                if (h == 0 || !f.split_cols) return;
                 for (int r = 0; r < 2; ++r)
                     early[r] = cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>(part[2 * (size_t)g + r])
                                    .load(cuda::memory_order_relaxed);
             });
         __syncwarp();
+        if (tl != nullptr && lane == 0 && q == kQuarters - 1) {  // (the shares a phase does not use are empty)
+            tl[2 + 3 * kDecodeMaxPhases + p * kWarps + warp] = global_timer_ns();
+            tl[2 + 3 * kDecodeMaxPhases + (kDecodeMaxPhases + p) * kWarps + warp] = x_wait_ns;
+            x_wait_ns = 0;
+        }
         if (lane == 0) {
-            if (row_half == 1) mbarrier_arrive(&x_free[2 * p + h]);  // the warp is done with x half h
-            if (h == 1 && p + 1 < a.n_phases) {  // the warp's outputs of this row half are written
-                __threadfence();
+            // The last share reading each x region (split: low columns in shares 0-1, high in
+            // 2-3; whole: both regions in 0-1), and the share that completes each row half
+            // (low rows in share 0, or 2 after a low-column share; high rows in 1, or 3).
+            const uint32_t last_row_share = f.split_rows ? 1 : 0;
+            if (q == last_row_share) mbarrier_arrive(&x_free[2 * p]);
+            if (q == (f.split_cols ? 2 + last_row_share : last_row_share)) mbarrier_arrive(&x_free[2 * p + 1]);
+            if (q >= (f.split_cols ? 2u : 0u) && q - (f.split_cols ? 2u : 0u) < 2 && p + 1 < a.n_phases) {
+                __threadfence();  // the warp's outputs of row half q & 1 are written
                 if (atomicAdd(&warps_done[2 * p + row_half], 1u) == kWarps - 1) {
                     __threadfence();
                     cuda::atomic_ref<uint32_t, cuda::thread_scope_device> done(words[2 + 2 * p + row_half]);
@@ -823,7 +894,8 @@ __global__ void decode_layer_kernel(const DecodeLayerArgs, uint32_t*, unsigned l
     __trap();  // never launched: decode_layer_supported() reads kDecodeLayerCompiled
 }
 template <uint32_t kChunkPairs, uint32_t kSlots>
-__global__ void decode_layer_flow_kernel(const DecodeLayerArgs, uint32_t*, unsigned long long*, unsigned long long*) {
+__global__ void decode_layer_flow_kernel(const DecodeLayerArgs, uint32_t*, unsigned long long*, unsigned long long*,
+                                         uint64_t*) {
     __trap();
 }
 #endif
@@ -1032,12 +1104,12 @@ void launch_decode_layer(const RingKernel& k, const DecodeLayerArgs& args, void*
                     timeline);
 }
 
-void launch_decode_layer_flow(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream) {
+void launch_decode_layer_flow(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, uint64_t* timeline) {
     const ScratchLayout l = scratch_layout();
     auto* base = static_cast<uint8_t*>(scratch);
     launch_with_pdl(true, kFlowKernel, dim3((unsigned)device_fit().sms), dim3(kThreads), kFlowSmem, stream, args,
                     reinterpret_cast<uint32_t*>(base + 16), reinterpret_cast<unsigned long long*>(base + l.flow_carry),
-                    reinterpret_cast<unsigned long long*>(base + l.partial));
+                    reinterpret_cast<unsigned long long*>(base + l.partial), timeline);
 }
 
 }  // namespace
@@ -1088,7 +1160,7 @@ void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t 
     }
     if (ring == DecodeRing::flow16x5) {
         if (const std::string why = flow_misfit(args); !why.empty()) fail(where + "ring flow16x5: " + why);
-        launch_decode_layer_flow(args, scratch, stream);  // (no timeline)
+        launch_decode_layer_flow(args, scratch, stream, timeline);
         return;
     }
     launch_decode_layer(kRingKernels[(uint32_t)ring], args, scratch, stream, timeline);

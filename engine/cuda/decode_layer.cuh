@@ -102,7 +102,8 @@ uint32_t decode_layer_grid_blocks();
 // the phases ("-phase": a phase's chunks only once its x is built; "-rcp": x quantized by a
 // reciprocal multiply; "r4": 4 rows per warp unit instead of 2). "flow16x5": the dataflow kernel
 // (no grid barriers: each phase in four row-half x column-half quarters, x built per half as the
-// previous phase's rows of that half are done; tma16x5-rcp's ring; no timeline), for phases
+// previous phase's rows of that half are done; tma16x5-rcp's ring; its own timeline, see
+// decode_layer_flow_kernel), for phases
 // where decode_layer_flow_fits. The default is SPILLWAY_DECODE_RING's choice (the names below,
 // e.g. "cp32x2"), else tma16x5-rcp.
 enum class DecodeRing : uint32_t { tma16x5, tma16x5_rcp, tma32x2, cp32x2, cp32x2_phase, tma16x2r4_rcp, flow16x5 };
