@@ -559,10 +559,12 @@ void bench_decode_layer(Report& r, const Options& o) {
     // How much of the default ring's time the phase boundaries cost: the same launch without
     // the grid barriers (each block still syncs and builds x), then without any boundary.
     // Timing only: the outputs are wrong.
-    for (const int bound : {1, 2}) {
+    const char* const bound_names[] = {" bound: no grid barrier", " bound: no boundary", " bound: flow, no hand-over",
+                                       " bound: flow, no hand-over, no waits"};
+    for (const int bound : {1, 2, 3, 4}) {
         const double us = median_us(
             [&](cudaStream_t st, int i) { decode_layer_timing_bound_cuda(layer_args(i), barrier.data(), st, bound); }, o.iters);
-        r.add(name + (bound == 1 ? " bound: no grid barrier" : " bound: no boundary"), shape, (double)layer_bytes, us);
+        r.add(name + bound_names[bound - 1], shape, (double)layer_bytes, us);
     }
 }
 

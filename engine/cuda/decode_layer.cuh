@@ -120,8 +120,10 @@ void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t 
 
 // Bench only: what the default ring's launch would take without the waits between blocks
 // (bound 1: no grid barrier, each block still syncs its warps and builds every x) or without
-// any phase boundary (bound 2: no barrier, no sync, x built once). The outputs are WRONG
-// (phases read x before it is written); no argument checks beyond the device's.
+// any phase boundary (bound 2: no barrier, no sync, x built once); the flow ring without the
+// hand-over of rows cut between warps (bound 3), and also without waiting for other blocks'
+// phases (bound 4). The outputs are WRONG (phases read x before it is written); no argument
+// checks beyond the device's (and the flow ring's fit).
 void decode_layer_timing_bound_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, int bound);
 
 }  // namespace spillway
