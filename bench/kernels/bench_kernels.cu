@@ -450,7 +450,7 @@ void bench_decode_layer(Report& r, const Options& o) {
             const uint32_t blocks = decode_layer_grid_blocks();
             constexpr int kLaunches = 8;
             DeviceBuffer<uint64_t> timeline((size_t)blocks * kDecodeTimelineSlots);
-            double phase[4] = {}, x_wait[4] = {}, warp_skew[4] = {}, block_skew[4] = {}, span = 0;
+            double phase[4] = {}, x_wait[4] = {}, dep_wait[4] = {}, warp_skew[4] = {}, block_skew[4] = {}, span = 0;
             const size_t ends = 2 + 3 * kDecodeMaxPhases, waits = ends + kDecodeMaxPhases * kDecodeLayerWarps;
             for (int l = 0; l < kLaunches; ++l) {
                 decode_layer_cuda(layer_args(l), barrier.data(), nullptr, timeline.data(), ring);
@@ -469,6 +469,7 @@ void bench_decode_layer(Report& r, const Options& o) {
                             const uint64_t begin = p == 0 ? tb[1] : tb[ends + (p - 1) * kDecodeLayerWarps + w];
                             phase[p] += (double)(e[w] - begin);
                             x_wait[p] += (double)tb[waits + p * kDecodeLayerWarps + w];
+                            dep_wait[p] += (double)tb[waits + (kDecodeMaxPhases + p) * kDecodeLayerWarps + w];
                             mean_end += (double)e[w] / (blocks * kDecodeLayerWarps);
                             latest = std::max(latest, e[w]);
                         }
@@ -484,8 +485,9 @@ void bench_decode_layer(Report& r, const Options& o) {
                         kLaunches, span / kLaunches / 1000.0);
             const char* const names[] = {"wo", "gate|up", "down", "qkv"};
             for (int p = 0; p < 4; ++p)
-                std::printf("    %-8s per warp %7.2f  of it x built / awaited %6.2f  skew in block %6.2f  latest - mean %6.2f\n",
-                            names[p], phase[p] / n, x_wait[p] / n, warp_skew[p] * kDecodeLayerWarps / n,
+                std::printf("    %-8s per warp %7.2f  of it x built / awaited %6.2f (waiting for the previous phase %6.2f)  skew in "
+                            "block %6.2f  latest - mean %6.2f\n",
+                            names[p], phase[p] / n, x_wait[p] / n, dep_wait[p] / n, warp_skew[p] * kDecodeLayerWarps / n,
                             block_skew[p] / kLaunches / 1000.0);
             continue;
         }

@@ -680,7 +680,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
 __device__ void flow_build_half(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, uint32_t c0, uint32_t n_cols,
                                 int16_t* xq, float* xd, float* red, uint32_t* claims, uint32_t* built, uint64_t* ready,
                                 uint64_t* const (&free_bars)[2], uint32_t* const (&done_words)[2], uint32_t target,
-                                uint32_t lane) {
+                                uint32_t lane, uint64_t* dep_wait_ns) {
     const uint32_t n_claims = (n_cols + kClaimCols - 1) / kClaimCols, n_blocks = n_cols / 32;
     bool waited = false;
     for (;;) {
@@ -690,6 +690,7 @@ __device__ void flow_build_half(const DecodeLayerArgs& a, const DecodeGemvPhase&
         if (u >= n_claims) return;
         if (!waited) {
             if (lane == 0) {
+                const uint64_t t0 = dep_wait_ns != nullptr ? global_timer_ns() : 0;
                 for (int i = 0; i < 2; ++i)
                     if (free_bars[i] != nullptr) mbarrier_wait_parity(free_bars[i], 0);
                 for (int i = 0; i < 2; ++i) {
@@ -701,6 +702,7 @@ __device__ void flow_build_half(const DecodeLayerArgs& a, const DecodeGemvPhase&
                     }
                 }
                 __threadfence();
+                if (dep_wait_ns != nullptr) *dep_wait_ns += global_timer_ns() - t0;
             }
             __syncwarp();
             waited = true;
@@ -752,7 +754,8 @@ __device__ void flow_build_half(const DecodeLayerArgs& a, const DecodeGemvPhase&
 // timeline (lab, null in the engine): per block [0] start, [1] after the dependency wait, then per
 // phase p and warp w [2 + 3 * kDecodeMaxPhases + p * kWarps + w] the warp's end of the phase and
 // [2 + 3 * kDecodeMaxPhases + (kDecodeMaxPhases + p) * kWarps + w] the ns it spent building x
-// halves and waiting for them in the phase.
+// halves and waiting for them in the phase, [... + (2 * kDecodeMaxPhases + p) * kWarps + w] the
+// part of that spent waiting for the buffers and the previous phase (lane 0, first claims).
 // kFlowBound (bench only, results wrong): 1 = no hand-over of the parts of row groups cut between
 // warps (each part is taken as the group's sum), 2 = also no waits for other blocks' phases.
 template <uint32_t kChunkPairs, uint32_t kSlots, int kFlowBound = 0>
@@ -809,7 +812,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_flow_kernel(const De
     __syncthreads();
     const uint32_t target = *target_word;
     if (tl != nullptr && threadIdx.x == 0) tl[1] = global_timer_ns();
-    uint64_t x_wait_ns = 0;
+    uint64_t x_wait_ns = 0, dep_wait_ns = 0;
 
     float inv_rms = 1.0f;
     for (uint32_t v = 0; v < n_shares; ++v) {
@@ -830,7 +833,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_flow_kernel(const De
                                              deps && (!f.split_cols || h == 1) ? &words[2 + 2 * (p - 1) + 1] : nullptr};
             flow_build_half(a, ph, h ? f.cs : 0, h ? ph.cols - f.cs : f.cs, xq_h, xd_h,
                             red + ((p & 1) * 2 + (f.split_cols ? h : 0)) * kMaxClaims, &claims[2 * p + h], &built[2 * p + h],
-                            &x_ready[2 * p + h], free_bars, done_words, target, lane);
+                            &x_ready[2 * p + h], free_bars, done_words, target, lane, tl != nullptr ? &dep_wait_ns : nullptr);
             mbarrier_wait_parity(&x_ready[2 * p + h], 0);
             if (tl != nullptr) x_wait_ns += global_timer_ns() - t0;
             if ((h == 1 || !f.split_cols) && ph.x == DecodeX::stream_rmsnorm) {  // every sum of squares is in
@@ -884,7 +887,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_flow_kernel(const De
         if (tl != nullptr && lane == 0 && q == kQuarters - 1) {  // (the shares a phase does not use are empty)
             tl[2 + 3 * kDecodeMaxPhases + p * kWarps + warp] = global_timer_ns();
             tl[2 + 3 * kDecodeMaxPhases + (kDecodeMaxPhases + p) * kWarps + warp] = x_wait_ns;
-            x_wait_ns = 0;
+            tl[2 + 3 * kDecodeMaxPhases + (2 * kDecodeMaxPhases + p) * kWarps + warp] = dep_wait_ns;
+            x_wait_ns = dep_wait_ns = 0;
         }
         if (lane == 0) {
             // The last share reading each x region (split: low columns in shares 0-1, high in

@@ -94,7 +94,9 @@ size_t decode_layer_scratch_counter_bytes();
 // [2 + 3 * kDecodeMaxPhases + (kDecodeMaxPhases + p) * kDecodeLayerWarps + w] warp w's ring
 // when phase p's x was ready: chunks in flight (low 32 bits) and landed (high; TMA rings).
 constexpr uint32_t kDecodeLayerWarps = 16;
-constexpr uint32_t kDecodeTimelineSlots = 2 + 3 * kDecodeMaxPhases + 2 * kDecodeMaxPhases * kDecodeLayerWarps;
+// (The flow ring uses a third set of kDecodeMaxPhases x kDecodeLayerWarps slots: see
+// decode_layer_flow_kernel.)
+constexpr uint32_t kDecodeTimelineSlots = 2 + 3 * kDecodeMaxPhases + 3 * kDecodeMaxPhases * kDecodeLayerWarps;
 uint32_t decode_layer_grid_blocks();
 
 // The weight ring (lab): 16-byte cp.async by every lane or bulk copies (TMA) by one, and
