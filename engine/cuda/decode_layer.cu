@@ -344,26 +344,6 @@ __device__ __forceinline__ void group_out(const DecodeLayerArgs& a, const Decode
     }
 }
 
-// The order in which a warp streams its share: first the part of a group cut at its start
-// (then published for the warp that holds the group's first chunk), then its own part of a
-// group cut at its end (kept, finished last with the later warps' parts, which they publish
-// first in their shares: so no warp waits for a neighbour that started the share later), then
-// its whole groups. Position i of the share [c0, c1) -> chunk.
-struct ShareOrder {
-    uint32_t a_end, b_begin;  // [c0, a_end): start cut; [b_begin, c1): end cut; [a_end, b_begin): whole groups
-};
-__host__ __device__ inline ShareOrder share_order(const WarpShare& s) {
-    ShareOrder o;
-    o.a_end = s.starts_cut ? min(s.c1, (s.c0 / s.cpr + 1) * s.cpr) : s.c0;
-    const uint32_t e = s.c1 % s.cpr != 0 ? s.c1 / s.cpr * s.cpr : s.c1;
-    o.b_begin = max(e, o.a_end);
-    return o;
-}
-__host__ __device__ inline uint32_t share_chunk(const WarpShare& s, const ShareOrder& o, uint32_t k) {
-    const uint32_t a = o.a_end - s.c0, b = s.c1 - o.b_begin, i = k - s.c0;
-    return i < a ? k : i < a + b ? o.b_begin + (i - a) : o.a_end + (i - a - b);
-}
-
 // One warp's weight stream over all phases: the next chunk to copy (phase p, chunk k of its
 // share), the ring slot it goes to, that slot's fill parity, and the chunks passed so far.
 struct ChunkCursor {
@@ -404,8 +384,7 @@ __device__ __forceinline__ void issue_next_chunk(const DecodeLayerArgs& a, const
     if (next_chunk<kPerPhase>(a, shares, c, last)) {
         const DecodeGemvPhase& ph = a.phases[c.p / kPerPhase];
         const WarpShare& s = shares[c.p];
-        const uint32_t kk = share_chunk(s, share_order(s), c.k);
-        const uint32_t rp = s.g0 + kk / s.cpr, ci = kk % s.cpr;
+        const uint32_t rp = s.g0 + c.k / s.cpr, ci = c.k % s.cpr;
         const uint32_t bytes = min(kChunkPairs, s.ppr - ci * kChunkPairs) * 68;
         uint8_t* dst = ring + (size_t)c.slot * L::slot_bytes;
         const uint8_t* w = static_cast<const uint8_t*>(ph.w) + (size_t)s.pair0 * 68 + (size_t)ci * L::chunk_bytes;
@@ -468,14 +447,14 @@ __device__ __forceinline__ void prefetch_part(const unsigned long long* carry, u
                       .load(cuda::memory_order_relaxed);
 }
 
-// Streams the warp's share v of the weights through its ring in share_order (refilling each
-// slot with the cursor's next chunk, up to share issue_last) against x (xq, xd: the share's
-// columns from 0), and calls finish(group, totals, early) in lane 0 for every row group whose
-// first chunk is the warp's, once the later warps' parts of it are added (kHandOver; the timing
-// bounds skip the hand-over: without barriers a slot could be reused before it is read). early
-// is what prefetch(group, early) loaded at the group's first chunk (the flow kernel's partial
-// sums), so that the loads' latency hides behind the group's chunks; the next warp's part of
-// the end-cut group is loaded one group before the end. carry: this share's hand-over slots.
+// Streams the warp's share v of the weights through its ring (refilling each slot with the
+// cursor's next chunk, up to share issue_last) against x (xq, xd: the share's columns from 0),
+// and calls finish(group, totals, early) in lane 0 for every row group whose first chunk is
+// the warp's, once the later warps' parts of it are added (kHandOver; the timing bounds skip
+// the hand-over: without barriers a slot could be reused before it is read). early is what
+// prefetch(group, early) loaded at the group's first chunk (the flow kernel's partial sums),
+// so that the loads' latency hides behind the group's chunks; the next warp's part of a group
+// cut at the share's end is loaded there too. carry: this share's hand-over slots.
 template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, int kUnitRows, uint32_t kPerPhase, bool kHandOver,
           typename Finish, typename Prefetch>
 __device__ __forceinline__ void stream_share(const DecodeLayerArgs& a, const WarpShare* shares, uint32_t v,
@@ -489,27 +468,20 @@ __device__ __forceinline__ void stream_share(const DecodeLayerArgs& a, const War
     const uint32_t sub = lane / 8;
     const Q8PairLane pl = q8_pair_lane(lane);
     const WarpShare s = shares[v];
-    const ShareOrder o = share_order(s);
-    float acc[kUnitRows] = {}, cut_total[kUnitRows] = {};
-    // lane 0's prefetches: for the group being streamed, for the end-cut group, the next warp's part
-    unsigned long long early[kUnitRows] = {}, early_cut[kUnitRows] = {}, next_part[kUnitRows] = {};
-    const bool has_cut = o.b_begin < s.c1;
+    float acc[kUnitRows] = {};
+    unsigned long long early[kUnitRows] = {}, next_part[kUnitRows] = {};  // lane 0's prefetches
     for (uint32_t k = s.c0; k < s.c1; ++k) {
-        const uint32_t kk = share_chunk(s, o, k);
-        if (kk % s.cpr == 0 && lane == 0) {  // group kk / cpr starts here: this warp finishes it
-            if (kk == o.b_begin) prefetch(s.g0 + kk / s.cpr, early_cut);
-            else prefetch(s.g0 + kk / s.cpr, early);
+        if (k % s.cpr == 0 && lane == 0) {  // group k / cpr starts here: this warp finishes it
+            prefetch(s.g0 + k / s.cpr, early);
+            if (kHandOver && k + s.cpr > s.c1 && gw + 1 < n_warps) prefetch_part<kUnitRows>(carry, gw + 1, next_part);
         }
-        // The next warp's part of the end-cut group, one group before it is needed.
-        if (kHandOver && has_cut && lane == 0 && gw + 1 < n_warps && k + min(s.cpr, s.c1 - s.c0) == s.c1)
-            prefetch_part<kUnitRows>(carry, gw + 1, next_part);
         if constexpr (kBulk) {
-            mbarrier_wait_parity(&full[use.slot], use.parity);  // chunk kk has landed
+            mbarrier_wait_parity(&full[use.slot], use.parity);  // chunk k has landed
         } else {
-            cp_async_wait<kSlots - 1>();  // chunk kk has landed (the newer ones may still be in flight)
+            cp_async_wait<kSlots - 1>();  // chunk k has landed (the newer ones may still be in flight)
             __syncwarp();
         }
-        const uint32_t ci = kk % s.cpr;
+        const uint32_t ci = k % s.cpr;
         const uint32_t pairs = min(kChunkPairs, s.ppr - ci * kChunkPairs);
         const uint32_t* buf = reinterpret_cast<const uint32_t*>(ring + (size_t)use.slot * L::slot_bytes);
 #pragma unroll
@@ -523,45 +495,46 @@ __device__ __forceinline__ void stream_share(const DecodeLayerArgs& a, const War
             for (int r = 0; r < kUnitRows; ++r)
                 acc[r] = q8_pair_dot(buf + r * (L::chunk_bytes / 4) + pp * 17, pl, xv, xs, acc[r]);
         }
-        __syncwarp();  // the slot is free: refill it kSlots chunks ahead (maybe of a later share)
+        __syncwarp();  // the slot is free: refill it kSlots chunks ahead (maybe of a later phase)
         advance_slot<kSlots>(use);
         issue_next_chunk<kChunkPairs, kSlots, kBulk, kUnitRows, kPerPhase>(a, shares, issue, ring, full, lane, l2_policy,
-                                                                            issue_last);
-        const bool end_a = kk + 1 == o.a_end && o.a_end > s.c0;  // the start-cut part is done
-        const bool end_b = has_cut && kk + 1 == s.c1;            // this warp's part of the end-cut group
-        const bool end_whole = kk >= o.a_end && kk < o.b_begin && ci == s.cpr - 1;
-        if (end_a || end_b || end_whole) {
+                                                                issue_last);
+        if (ci == s.cpr - 1) {  // the end of group g inside this share
+            const uint32_t g = k / s.cpr;
+            const bool publish = s.starts_cut && g == s.c0 / s.cpr;  // g began in an earlier warp's share
             float total[kUnitRows];
 #pragma unroll
             for (int r = 0; r < kUnitRows; ++r) {
                 total[r] = warp_sum(acc[r]);
                 acc[r] = 0.0f;
             }
-            if (end_b) {
-#pragma unroll
-                for (int r = 0; r < kUnitRows; ++r) cut_total[r] = total[r];
-            } else if (lane == 0) {
-                if (end_a) {
-                    if (kHandOver) publish_part<kUnitRows>(carry, gw, total);  // g began in an earlier warp's share
-                } else {
-                    finish(s.g0 + kk / s.cpr, total, early);
-                }
-            }
+            if (kHandOver && lane == 0 && publish) publish_part<kUnitRows>(carry, gw, total);
+            if (lane == 0 && !publish) finish(s.g0 + g, total, early);
         }
     }
-    if (has_cut && lane == 0) {  // the end-cut group: add the later warps' parts in warp order
-        const uint32_t g = s.c1 / s.cpr, group_end = (g + 1) * s.cpr;
-        for (uint32_t w = gw + 1; w < n_warps; ++w) {
-            const uint32_t w0 = (uint32_t)((uint64_t)w * s.total / n_warps);
-            const uint32_t w1 = (uint32_t)((uint64_t)(w + 1) * s.total / n_warps);
-            if (w0 >= group_end) break;
-            if (kHandOver && w1 > w0) {
-                const unsigned long long none[kUnitRows] = {};
-                if (w == gw + 1) add_part<kUnitRows>(carry, w, cut_total, next_part);
-                else add_part<kUnitRows>(carry, w, cut_total, none);
+    if (s.c1 % s.cpr != 0 && s.c1 > s.c0) {  // the share ends inside group g
+        const uint32_t g = s.c1 / s.cpr;
+        float total[kUnitRows];
+#pragma unroll
+        for (int r = 0; r < kUnitRows; ++r) total[r] = warp_sum(acc[r]);
+        if (lane == 0) {
+            if (g * s.cpr >= s.c0) {  // g's first chunk is ours: add the later warps' parts in warp order
+                const uint32_t group_end = (g + 1) * s.cpr;
+                for (uint32_t w = gw + 1; w < n_warps; ++w) {
+                    const uint32_t w0 = (uint32_t)((uint64_t)w * s.total / n_warps);
+                    const uint32_t w1 = (uint32_t)((uint64_t)(w + 1) * s.total / n_warps);
+                    if (w0 >= group_end) break;
+                    if (kHandOver && w1 > w0) {
+                        const unsigned long long none[kUnitRows] = {};
+                        if (w == gw + 1) add_part<kUnitRows>(carry, w, total, next_part);
+                        else add_part<kUnitRows>(carry, w, total, none);
+                    }
+                }
+                finish(s.g0 + g, total, early);
+            } else if (kHandOver) {  // g began before this share and goes on after it
+                publish_part<kUnitRows>(carry, gw, total);
             }
         }
-        finish(s.g0 + g, cut_total, early_cut);
     }
 }
 
