@@ -562,8 +562,8 @@ void bench_decode_layer(Report& r, const Options& o) {
     // the grid barriers (each block still syncs and builds x), then without any boundary.
     // Timing only: the outputs are wrong.
     const char* const bound_names[] = {" bound: no grid barrier", " bound: no boundary", " bound: flow, no hand-over",
-                                       " bound: flow, no hand-over, no waits"};
-    for (const int bound : {1, 2, 3, 4}) {
+                                       " bound: flow, no hand-over, no waits", " bound: flow, weights in column halves"};
+    for (const int bound : {1, 2, 3, 4, 5}) {
         const double us = median_us(
             [&](cudaStream_t st, int i) { decode_layer_timing_bound_cuda(layer_args(i), barrier.data(), st, bound); }, o.iters);
         r.add(name + bound_names[bound - 1], shape, (double)layer_bytes, us);

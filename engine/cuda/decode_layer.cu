@@ -376,7 +376,9 @@ __device__ __forceinline__ bool next_chunk(const DecodeLayerArgs& a, const WarpS
 // completed on the slot's mbarrier; else 16-byte cp.async by every lane, one commit group per
 // call (an empty one past the end, so that "all but the newest kSlots - 1 groups" is always
 // the next chunk).
-template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, int kUnitRows, uint32_t kPerPhase = 1>
+// kHalves (bench bound only): the weights as if stored column half by column half (every row's
+// part of a share's columns contiguous, the high halves after all low ones).
+template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, int kUnitRows, uint32_t kPerPhase = 1, bool kHalves = false>
 __device__ __forceinline__ void issue_next_chunk(const DecodeLayerArgs& a, const WarpShare* shares, ChunkCursor& c,
                                                  uint8_t* ring, uint64_t* full, uint32_t lane, uint64_t l2_policy,
                                                  uint32_t last) {
@@ -387,20 +389,22 @@ __device__ __forceinline__ void issue_next_chunk(const DecodeLayerArgs& a, const
         const uint32_t rp = s.g0 + c.k / s.cpr, ci = c.k % s.cpr;
         const uint32_t bytes = min(kChunkPairs, s.ppr - ci * kChunkPairs) * 68;
         uint8_t* dst = ring + (size_t)c.slot * L::slot_bytes;
-        const uint8_t* w = static_cast<const uint8_t*>(ph.w) + (size_t)s.pair0 * 68 + (size_t)ci * L::chunk_bytes;
+        const uint8_t* w = static_cast<const uint8_t*>(ph.w) + (size_t)s.pair0 * 68 * (kHalves ? ph.rows : 1u) +
+                           (size_t)ci * L::chunk_bytes;
+        const uint32_t row_bytes = kHalves ? s.ppr * 68u : s.row_bytes;
         if constexpr (kBulk) {
             if (lane == 0) {
                 fence_proxy_async_shared();  // the warp's reads of this slot (ordered by __syncwarp) come first
                 mbarrier_arrive_expect_tx(&full[c.slot], kUnitRows * bytes);
 #pragma unroll
                 for (int r = 0; r < kUnitRows; ++r)
-                    bulk_copy_global_to_shared(dst + r * L::chunk_bytes, w + (size_t)unit_row<kUnitRows>(ph, rp, r) * s.row_bytes,
+                    bulk_copy_global_to_shared(dst + r * L::chunk_bytes, w + (size_t)unit_row<kUnitRows>(ph, rp, r) * row_bytes,
                                                bytes, &full[c.slot], l2_policy);
             }
         } else {
 #pragma unroll
             for (int r = 0; r < kUnitRows; ++r) {
-                const uint8_t* src = w + (size_t)unit_row<kUnitRows>(ph, rp, r) * s.row_bytes;
+                const uint8_t* src = w + (size_t)unit_row<kUnitRows>(ph, rp, r) * row_bytes;
                 for (uint32_t v = lane; v < bytes / 16; v += 32) cp_async16(dst + r * L::chunk_bytes + 16 * v, src + 16 * v);
             }
         }
@@ -456,7 +460,7 @@ __device__ __forceinline__ void prefetch_part(const unsigned long long* carry, u
 // so that the loads' latency hides behind the group's chunks; the next warp's part of a group
 // cut at the share's end is loaded there too. carry: this share's hand-over slots.
 template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, int kUnitRows, uint32_t kPerPhase, bool kHandOver,
-          typename Finish, typename Prefetch>
+          bool kHalves, typename Finish, typename Prefetch>
 __device__ __forceinline__ void stream_share(const DecodeLayerArgs& a, const WarpShare* shares, uint32_t v,
                                              ChunkCursor& issue, ChunkCursor& use, uint8_t* ring, uint64_t* full,
                                              uint32_t lane, uint64_t l2_policy, uint32_t issue_last, const int16_t* xq,
@@ -497,7 +501,7 @@ __device__ __forceinline__ void stream_share(const DecodeLayerArgs& a, const War
         }
         __syncwarp();  // the slot is free: refill it kSlots chunks ahead (maybe of a later phase)
         advance_slot<kSlots>(use);
-        issue_next_chunk<kChunkPairs, kSlots, kBulk, kUnitRows, kPerPhase>(a, shares, issue, ring, full, lane, l2_policy,
+        issue_next_chunk<kChunkPairs, kSlots, kBulk, kUnitRows, kPerPhase, kHalves>(a, shares, issue, ring, full, lane, l2_policy,
                                                                 issue_last);
         if (ci == s.cpr - 1) {  // the end of group g inside this share
             const uint32_t g = k / s.cpr;
@@ -610,7 +614,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
             }
             tl[2 + 3 * kDecodeMaxPhases + (kDecodeMaxPhases + p) * kWarps + warp] = (uint64_t)landed << 32 | in_flight;
         }
-        stream_share<kChunkPairs, kSlots, kBulk, kUnitRows, 1, kBound == 0>(
+        stream_share<kChunkPairs, kSlots, kBulk, kUnitRows, 1, kBound == 0, false>(
             a, shares, p, issue, use, ring, full, lane, l2_policy, kAcross ? a.n_phases : p, xq, xd, carry, gw, n_warps,
             [&](uint32_t g, const float(&total)[kUnitRows], const unsigned long long(&)[kUnitRows]) {
                 group_out<kUnitRows>(a, ph, g, total);
@@ -730,7 +734,8 @@ __device__ void flow_build_half(const DecodeLayerArgs& a, const DecodeGemvPhase&
 // halves and waiting for them in the phase, [... + (2 * kDecodeMaxPhases + p) * kWarps + w] the
 // part of that spent waiting for the buffers and the previous phase (lane 0, first claims).
 // kFlowBound (bench only, results wrong): 1 = no hand-over of the parts of row groups cut between
-// warps (each part is taken as the group's sum), 2 = also no waits for other blocks' phases.
+// warps (each part is taken as the group's sum), 2 = also no waits for other blocks' phases, 3 =
+// the weights addressed as if stored column half by column half (issue_next_chunk's kHalves).
 template <uint32_t kChunkPairs, uint32_t kSlots, int kFlowBound = 0>
 __global__ void __launch_bounds__(kThreads, 1) decode_layer_flow_kernel(const DecodeLayerArgs a, uint32_t* words,
                                                                        unsigned long long* carry,
@@ -774,7 +779,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_flow_kernel(const De
     const uint64_t l2_policy = l2_evict_first_policy();
     ChunkCursor issue{0, shares[0].c0, 0, 0, 0}, use{0, 0, 0, 0, 0};
     for (uint32_t i = 0; i < kSlots; ++i)
-        issue_next_chunk<kChunkPairs, kSlots, true, 2, kQuarters>(a, shares, issue, ring, full, lane, l2_policy, n_shares);
+        issue_next_chunk<kChunkPairs, kSlots, true, 2, kQuarters, kFlowBound == 3>(a, shares, issue, ring, full, lane, l2_policy,
+                                                                                    n_shares);
     cudaGridDependencySynchronize();  // x_q16 and the stream come from earlier kernels
     if (threadIdx.x == 0) {
         // Every block reads the epoch before any block can finish (they all wait for each other
@@ -801,7 +807,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_flow_kernel(const De
             // last readers), and the previous phase's rows of this half (or all rows) final.
             uint64_t* const free_bars[2] = {p > 0 && (!f.split_cols || h == 0) ? &x_free[2 * (p - 1)] : nullptr,
                                             p > 0 && (!f.split_cols || h == 1) ? &x_free[2 * (p - 1) + 1] : nullptr};
-            const bool deps = p > 0 && kFlowBound < 2;
+            const bool deps = p > 0 && kFlowBound != 2;
             uint32_t* const done_words[2] = {deps && (!f.split_cols || h == 0) ? &words[2 + 2 * (p - 1)] : nullptr,
                                              deps && (!f.split_cols || h == 1) ? &words[2 + 2 * (p - 1) + 1] : nullptr};
             flow_build_half(a, ph, h ? f.cs : 0, h ? ph.cols - f.cs : f.cs, xq_h, xd_h,
@@ -820,7 +826,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_flow_kernel(const De
         }
         unsigned long long* part = partial + (size_t)(p & 1) * kFlowMaxRows;  // [group * 2 + r]
         const float scale = ph.x == DecodeX::stream_rmsnorm ? inv_rms : 1.0f;
-        stream_share<kChunkPairs, kSlots, true, 2, kQuarters, kFlowBound == 0>(
+        stream_share<kChunkPairs, kSlots, true, 2, kQuarters, kFlowBound != 1 && kFlowBound != 2, kFlowBound == 3>(
             a, shares, v, issue, use, ring, full, lane, l2_policy, n_shares, xq_h, xd_h,
             carry + (size_t)v * n_warps * kMaxUnitRows, gw, n_warps,
             [&](uint32_t g, const float(&total)[2], const unsigned long long(&early)[2]) {
@@ -841,7 +847,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_flow_kernel(const De
                     cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(part[2 * (size_t)g + r]);
                     unsigned long long low = early[r];  // loaded at the group's first chunk
                     uint64_t polls = 0;
-                    while (kFlowBound < 2 && (low >> 32) == 0 && ((low = slot.load(cuda::memory_order_relaxed)) >> 32) == 0) {
+                    while (kFlowBound != 2 && (low >> 32) == 0 && ((low = slot.load(cuda::memory_order_relaxed)) >> 32) == 0) {
                         __nanosleep(32);
                         if (++polls > kSpinLimit) __trap();
                     }
@@ -930,7 +936,8 @@ const char* const kRingNames[kDecodeRingShapes] = {"tma16x5", "tma16x5-rcp",   "
                                                    "cp32x2-phase", "tma16x2r4-rcp", "flow16x5"};
 using FlowKernelFn = void (*)(const DecodeLayerArgs, uint32_t*, unsigned long long*, unsigned long long*, uint64_t*);
 constexpr FlowKernelFn kFlowKernel = decode_layer_flow_kernel<16, 5>;
-const FlowKernelFn kFlowBoundKernels[2] = {decode_layer_flow_kernel<16, 5, 1>, decode_layer_flow_kernel<16, 5, 2>};
+const FlowKernelFn kFlowBoundKernels[3] = {decode_layer_flow_kernel<16, 5, 1>, decode_layer_flow_kernel<16, 5, 2>,
+                                           decode_layer_flow_kernel<16, 5, 3>};
 constexpr size_t kFlowSmem = FlowLayout<16, 5>::smem_bytes;
 
 // What the host needs per device, checked once (a process may drive GPUs of different kinds;
@@ -1180,7 +1187,7 @@ void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t 
 
 void decode_layer_timing_bound_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, int bound) {
     if (!decode_layer_supported()) fail("decode_layer_timing_bound_cuda: needs an sm_90+ GPU");
-    if (bound < 1 || bound > 4) fail("decode_layer_timing_bound_cuda: bound 1 to 4");
+    if (bound < 1 || bound > 5) fail("decode_layer_timing_bound_cuda: bound 1 to 5");
     if (bound <= 2) {
         launch_decode_layer(kBoundKernels[bound - 1], args, scratch, stream, nullptr);
         return;

@@ -124,7 +124,8 @@ void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t 
 // (bound 1: no grid barrier, each block still syncs its warps and builds every x) or without
 // any phase boundary (bound 2: no barrier, no sync, x built once); the flow ring without the
 // hand-over of rows cut between warps (bound 3), and also without waiting for other blocks'
-// phases (bound 4). The outputs are WRONG (phases read x before it is written); no argument
+// phases (bound 4); the flow ring reading its weights as if stored column half by column half
+// (every row's part of a share contiguous; bound 5). The outputs are WRONG (phases read x before it is written); no argument
 // checks beyond the device's (and the flow ring's fit).
 void decode_layer_timing_bound_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, int bound);
 
