@@ -444,53 +444,6 @@ void bench_decode_layer(Report& r, const Options& o) {
         const double us = median_us(
             [&](cudaStream_t st, int i) { decode_layer_cuda(layer_args(i), barrier.data(), st, nullptr, ring); }, o.iters);
         r.add(name + " " + decode_ring_name(ring), shape, (double)layer_bytes, us);
-        if (ring == DecodeRing::flow16x5) {
-            // Its own timeline: per warp and phase, the time from the previous phase's end (or the
-            // dependency wait) to this one's, and the part of it spent building / waiting for x.
-            const uint32_t blocks = decode_layer_grid_blocks();
-            constexpr int kLaunches = 8;
-            DeviceBuffer<uint64_t> timeline((size_t)blocks * kDecodeTimelineSlots);
-            double phase[4] = {}, x_wait[4] = {}, dep_wait[4] = {}, warp_skew[4] = {}, block_skew[4] = {}, span = 0;
-            const size_t ends = 2 + 3 * kDecodeMaxPhases, waits = ends + kDecodeMaxPhases * kDecodeLayerWarps;
-            for (int l = 0; l < kLaunches; ++l) {
-                decode_layer_cuda(layer_args(l), barrier.data(), nullptr, timeline.data(), ring);
-                SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-                std::vector<uint64_t> t((size_t)blocks * kDecodeTimelineSlots);
-                SPILLWAY_CUDA_CHECK(cudaMemcpy(t.data(), timeline.data(), t.size() * 8, cudaMemcpyDeviceToHost));
-                uint64_t first = UINT64_MAX, last = 0;
-                for (uint32_t b = 0; b < blocks; ++b) first = std::min(first, t[(size_t)b * kDecodeTimelineSlots]);
-                for (int p = 0; p < 4; ++p) {
-                    double mean_end = 0;
-                    uint64_t latest = 0;
-                    for (uint32_t b = 0; b < blocks; ++b) {
-                        const uint64_t* tb = t.data() + (size_t)b * kDecodeTimelineSlots;
-                        const uint64_t* e = tb + ends + p * kDecodeLayerWarps;
-                        for (uint32_t w = 0; w < kDecodeLayerWarps; ++w) {
-                            const uint64_t begin = p == 0 ? tb[1] : tb[ends + (p - 1) * kDecodeLayerWarps + w];
-                            phase[p] += (double)(e[w] - begin);
-                            x_wait[p] += (double)tb[waits + p * kDecodeLayerWarps + w];
-                            dep_wait[p] += (double)tb[waits + (kDecodeMaxPhases + p) * kDecodeLayerWarps + w];
-                            mean_end += (double)e[w] / (blocks * kDecodeLayerWarps);
-                            latest = std::max(latest, e[w]);
-                        }
-                        warp_skew[p] += (double)(*std::max_element(e, e + kDecodeLayerWarps) - *std::min_element(e, e + kDecodeLayerWarps));
-                    }
-                    block_skew[p] += (double)latest - mean_end;
-                    last = std::max(last, latest);
-                }
-                span += (double)(last - first);
-            }
-            const double n = (double)blocks * kDecodeLayerWarps * kLaunches * 1000.0;
-            std::printf("  decode layer flow16x5 timeline (us, mean over %u blocks x 16 warps x %d launches): span %.2f\n", blocks,
-                        kLaunches, span / kLaunches / 1000.0);
-            const char* const names[] = {"wo", "gate|up", "down", "qkv"};
-            for (int p = 0; p < 4; ++p)
-                std::printf("    %-8s per warp %7.2f  of it x built / awaited %6.2f (waiting for the previous phase %6.2f)  skew in "
-                            "block %6.2f  latest - mean %6.2f\n",
-                            names[p], phase[p] / n, x_wait[p] / n, dep_wait[p] / n, warp_skew[p] * kDecodeLayerWarps / n,
-                            block_skew[p] / kLaunches / 1000.0);
-            continue;
-        }
 
         // Where a launch's time goes (lab timeline, globaltimer stamps per block): per phase the
         // x prologue, the weight loop, and the wait at the grid barrier, averaged over blocks and
@@ -561,12 +514,10 @@ void bench_decode_layer(Report& r, const Options& o) {
     // How much of the default ring's time the phase boundaries cost: the same launch without
     // the grid barriers (each block still syncs and builds x), then without any boundary.
     // Timing only: the outputs are wrong.
-    const char* const bound_names[] = {" bound: no grid barrier", " bound: no boundary", " bound: flow, no hand-over",
-                                       " bound: flow, no hand-over, no waits", " bound: flow, weights in column halves"};
-    for (const int bound : {1, 2, 3, 4, 5}) {
+    for (const int bound : {1, 2}) {
         const double us = median_us(
             [&](cudaStream_t st, int i) { decode_layer_timing_bound_cuda(layer_args(i), barrier.data(), st, bound); }, o.iters);
-        r.add(name + bound_names[bound - 1], shape, (double)layer_bytes, us);
+        r.add(name + (bound == 1 ? " bound: no grid barrier" : " bound: no boundary"), shape, (double)layer_bytes, us);
     }
 }
 

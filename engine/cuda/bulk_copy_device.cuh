@@ -28,10 +28,6 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_
                  : "memory");
 }
 
-// One arrival (release: this thread's earlier shared-memory writes are seen by the waiters).
-__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_addr(bar)) : "memory");
-}
 // Spins until the phase with this parity has completed (parity = fill number & 1).
 __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t parity) {
     asm volatile(

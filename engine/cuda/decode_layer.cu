@@ -65,63 +65,6 @@ static_assert(kMaxCols / 32 % (kWarps * 4) == 0, "whole x steps");
 static_assert(2 + 3 * kDecodeMaxPhases + 2 * kDecodeMaxPhases * kWarps <= kDecodeTimelineSlots,
               "a block's timeline holds its stamps and its ring records");
 
-// The flow kernel (decode_layer_flow_kernel below) runs each phase as up to four shares: row
-// half x column half. The column split is a multiple of 256; a phase's row-group split (2 rows
-// per group, or a gate row with its up row) makes its low output rows the next phase's low
-// columns.
-constexpr uint32_t kQuarters = 4;
-constexpr uint32_t kFlowShares = kDecodeMaxPhases * kQuarters;
-constexpr uint32_t kClaimCols = 512;                         // x columns one warp builds per claim
-constexpr uint32_t kMaxHalfCols = kMaxCols / 2 + kUnitCols;  // the larger half of the widest x
-constexpr uint32_t kMaxClaims = (kMaxHalfCols + kClaimCols - 1) / kClaimCols;
-constexpr uint32_t kFlowMaxRows = 65536;  // partial-sum slots per phase parity (2 per row group)
-constexpr uint32_t kFlowWords = 2 + 2 * kDecodeMaxPhases;  // epoch, blocks finished, blocks done [phase][row half]
-constexpr size_t kScratchWordBytes = 64;                   // barrier words (16 bytes), then the flow words
-static_assert(16 + kFlowWords * 4 <= kScratchWordBytes, "the scratch's counter words");
-
-__host__ __device__ constexpr uint32_t flow_groups(uint32_t rows) { return (rows + 1) / 2; }
-__host__ __device__ constexpr uint32_t flow_col_split(uint32_t cols) { return cols / 2 / kUnitCols * kUnitCols; }
-// A phase's x is split in halves where it reads the previous phase's outputs (not x_q16, which
-// is written before the launch); its rows are split where the next phase's x is. A phase with
-// neither runs as one share, with one as two, with both as four (flow_share_range).
-struct FlowPlan {
-    bool split_cols, split_rows;
-    uint32_t cs, gs;  // low columns [0, cs) (cols when not split), low row groups [0, gs) (all when not split)
-};
-__host__ __device__ inline bool flow_splits_cols(const DecodeLayerArgs& a, uint32_t p) {
-    return p > 0 && a.phases[p].x != DecodeX::act_q16;
-}
-__host__ __device__ inline FlowPlan flow_plan(const DecodeLayerArgs& a, uint32_t p) {
-    const DecodeGemvPhase& ph = a.phases[p];
-    FlowPlan f;
-    f.split_cols = flow_splits_cols(a, p);
-    f.split_rows = p + 1 < a.n_phases && flow_splits_cols(a, p + 1);
-    f.cs = f.split_cols ? flow_col_split(ph.cols) : ph.cols;
-    const uint32_t groups = flow_groups(ph.rows);
-    f.gs = groups;
-    if (f.split_rows) {
-        const uint32_t next = flow_col_split(a.phases[p + 1].cols);
-        const uint32_t split = ph.y == DecodeY::swiglu_pairs ? next : next / 2;
-        f.gs = split < groups ? split : groups;
-    }
-    return f;
-}
-// Share q of a phase (q & 1: high rows, q >> 1: high columns): row groups [g0, g0 + n_groups),
-// columns [c0, c0 + n_cols); empty where the phase does not split that way.
-struct FlowRange {
-    uint32_t g0, n_groups, c0, n_cols;
-};
-__host__ __device__ inline FlowRange flow_share_range(const DecodeGemvPhase& ph, const FlowPlan& f, uint32_t q) {
-    const bool high_rows = (q & 1) != 0, high_cols = (q >> 1) != 0;
-    const uint32_t groups = flow_groups(ph.rows);
-    FlowRange r;
-    r.g0 = high_rows ? f.gs : 0;
-    r.n_groups = high_rows ? groups - f.gs : f.gs;
-    r.c0 = high_cols ? f.cs : 0;
-    r.n_cols = high_cols ? ph.cols - f.cs : f.cs;
-    return r;
-}
-
 // Set where the kernel below is compiled for sm_90 (read by the host once): a build without
 // sm_90 code runs PTX JIT-compiled from an older architecture, where the kernel is a stub.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -150,56 +93,25 @@ struct RingLayout {
     static_assert(smem_bytes <= 227 * 1024, "one block per SM within sm_90's 227 KB");
 };
 
-// The flow kernel's shared memory: the ring as RingLayout's, then its own barriers and x halves.
-template <uint32_t kChunkPairs, uint32_t kSlots>
-struct FlowLayout {
-    using Ring = RingLayout<kChunkPairs, kSlots, 2>;
-    static constexpr size_t bar_offset = Ring::ring_bytes;                              // [warp][slot]
-    static constexpr size_t xbar_offset = bar_offset + (size_t)kWarps * kSlots * 8;     // ready, free [phase][half]
-    static constexpr size_t xq_offset = xbar_offset + 2 * 2 * kDecodeMaxPhases * 8;     // [half][kMaxHalfCols]
-    static constexpr size_t xd_offset = xq_offset + 2 * (size_t)kMaxHalfCols * 2;       // [half][kMaxHalfCols / 32]
-    static constexpr size_t red_offset = xd_offset + 2 * (size_t)(kMaxHalfCols / 32) * 4;  // [parity][half][claim]
-    static constexpr size_t count_offset = red_offset + 2 * 2 * (size_t)kMaxClaims * 4;
-    static constexpr uint32_t n_counts = 3 * 2 * kDecodeMaxPhases + 1;  // claims, built, done [phase][half]; target
-    static constexpr size_t share_offset = (count_offset + n_counts * 4 + 31) / 32 * 32;
-    static constexpr size_t smem_bytes = share_offset + (size_t)kWarps * kFlowShares * 32;
-    static_assert(kMaxHalfCols % 32 == 0, "whole blocks per half");
-    static_assert(smem_bytes <= 227 * 1024, "one block per SM within sm_90's 227 KB");
-};
-
-// One warp's share of a phase (or of a quarter of one, in the flow kernel): chunks [c0, c1) of
-// the row groups [g0, g0 + groups) (kUnitRows rows each) x the chunks of block pairs [pair0,
-// pair0 + ppr) of each row (cpr per group), split by chunks when that shortens the busiest
-// warp, else by whole groups. A group cut between warps is summed by the warp holding its
-// first chunk, which adds the later warps' parts in warp order (results do not depend on timing).
+// One warp's share of a phase: chunks [c0, c1) of the phase's row groups (kUnitRows rows) x
+// chunks (cpr per group), split by chunks when that shortens the busiest warp, else by whole
+// groups. A group cut between warps is summed by the warp holding its first chunk, which adds
+// the later warps' parts in warp order (results do not depend on timing).
 struct WarpShare {
-    uint16_t ppr, cpr, pair0;
+    uint32_t ppr, cpr, row_bytes, c0, c1, total;  // total: the phase's chunks (by chunks) or 0
     bool starts_cut;
-    uint32_t row_bytes, g0, c0, c1, total;  // total: the share's range's chunks (split by chunks) or 0
 };
 static_assert(sizeof(WarpShare) <= 32, "the layout reserves 32 bytes per share");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Row groups of a phase: kUnitRows rows, or (swiglu_pairs) kUnitRows / 2 gate rows with their up rows.
-template <int kUnitRows>
-__device__ __forceinline__ uint32_t phase_groups(const DecodeGemvPhase& ph) {
-    return (ph.rows + kUnitRows - 1) / kUnitRows;
-}
-
-template <uint32_t kChunkPairs>
-__device__ __forceinline__ WarpShare warp_share(const DecodeGemvPhase& ph, uint32_t gw, uint32_t n_warps, uint32_t g0,
-                                                uint32_t n_groups, uint32_t pair0, uint32_t ppr) {
+template <uint32_t kChunkPairs, int kUnitRows>
+__device__ __forceinline__ WarpShare warp_share(const DecodeGemvPhase& ph, uint32_t gw, uint32_t n_warps) {
     WarpShare s;
-    if (n_groups == 0 || ppr == 0) {  // an empty range (a flow share the phase does not use)
-        s = WarpShare{0, 1, 0, false, 0, 0, 0, 0, 0};
-        return s;
-    }
-    s.ppr = (uint16_t)ppr;
-    s.cpr = (uint16_t)((ppr + kChunkPairs - 1) / kChunkPairs);
-    s.pair0 = (uint16_t)pair0;
-    s.row_bytes = ph.cols / 64 * 68;
-    s.g0 = g0;
-    const uint32_t total = n_groups * s.cpr;
+    s.ppr = ph.cols / 64;
+    s.cpr = (s.ppr + kChunkPairs - 1) / kChunkPairs;
+    s.row_bytes = s.ppr * 68;
+    // swiglu_pairs: rows = 2n, groups of kUnitRows / 2 gate rows with their up rows: the same count.
+    const uint32_t n_groups = (ph.rows + kUnitRows - 1) / kUnitRows, total = n_groups * s.cpr;
     const uint64_t busiest_by_groups = (uint64_t)(n_groups + n_warps - 1) / n_warps * s.cpr;
     const uint64_t busiest_by_chunks = ((uint64_t)total + n_warps - 1) / n_warps;
     if (busiest_by_chunks < busiest_by_groups) {
@@ -359,16 +271,14 @@ __device__ __forceinline__ void advance_slot(ChunkCursor& c) {
     }
 }
 
-// Moves c past finished shares to the warp's next chunk; false when there is none up to
-// share last (shares: one per phase, or kPerPhase per phase in the flow kernel).
-template <uint32_t kPerPhase>
+// Moves c past finished phases to the warp's next chunk; false when there is none up to
+// last_phase.
 __device__ __forceinline__ bool next_chunk(const DecodeLayerArgs& a, const WarpShare* shares, ChunkCursor& c,
-                                           uint32_t last) {
-    const uint32_t n = a.n_phases * kPerPhase;
-    while (c.p < n && c.k >= shares[c.p].c1) {
-        if (++c.p < n) c.k = shares[c.p].c0;
+                                           uint32_t last_phase) {
+    while (c.p < a.n_phases && c.k >= shares[c.p].c1) {
+        if (++c.p < a.n_phases) c.k = shares[c.p].c0;
     }
-    return c.p < n && c.p <= last;
+    return c.p < a.n_phases && c.p <= last_phase;
 }
 
 // Copies the warp's next chunk into its ring slot; nothing when the warp's chunks of every
@@ -376,35 +286,31 @@ __device__ __forceinline__ bool next_chunk(const DecodeLayerArgs& a, const WarpS
 // completed on the slot's mbarrier; else 16-byte cp.async by every lane, one commit group per
 // call (an empty one past the end, so that "all but the newest kSlots - 1 groups" is always
 // the next chunk).
-// kHalves (bench bound only): the weights as if stored column half by column half (every row's
-// part of a share's columns contiguous, the high halves after all low ones).
-template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, int kUnitRows, uint32_t kPerPhase = 1, bool kHalves = false>
+template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, int kUnitRows>
 __device__ __forceinline__ void issue_next_chunk(const DecodeLayerArgs& a, const WarpShare* shares, ChunkCursor& c,
                                                  uint8_t* ring, uint64_t* full, uint32_t lane, uint64_t l2_policy,
-                                                 uint32_t last) {
+                                                 uint32_t last_phase) {
     using L = RingLayout<kChunkPairs, kSlots, kUnitRows>;
-    if (next_chunk<kPerPhase>(a, shares, c, last)) {
-        const DecodeGemvPhase& ph = a.phases[c.p / kPerPhase];
+    if (next_chunk(a, shares, c, last_phase)) {
+        const DecodeGemvPhase& ph = a.phases[c.p];
         const WarpShare& s = shares[c.p];
-        const uint32_t rp = s.g0 + c.k / s.cpr, ci = c.k % s.cpr;
+        const uint32_t rp = c.k / s.cpr, ci = c.k % s.cpr;
         const uint32_t bytes = min(kChunkPairs, s.ppr - ci * kChunkPairs) * 68;
         uint8_t* dst = ring + (size_t)c.slot * L::slot_bytes;
-        const uint8_t* w = static_cast<const uint8_t*>(ph.w) + (size_t)s.pair0 * 68 * (kHalves ? ph.rows : 1u) +
-                           (size_t)ci * L::chunk_bytes;
-        const uint32_t row_bytes = kHalves ? s.ppr * 68u : s.row_bytes;
+        const uint8_t* w = static_cast<const uint8_t*>(ph.w) + (size_t)ci * L::chunk_bytes;
         if constexpr (kBulk) {
             if (lane == 0) {
                 fence_proxy_async_shared();  // the warp's reads of this slot (ordered by __syncwarp) come first
                 mbarrier_arrive_expect_tx(&full[c.slot], kUnitRows * bytes);
 #pragma unroll
                 for (int r = 0; r < kUnitRows; ++r)
-                    bulk_copy_global_to_shared(dst + r * L::chunk_bytes, w + (size_t)unit_row<kUnitRows>(ph, rp, r) * row_bytes,
+                    bulk_copy_global_to_shared(dst + r * L::chunk_bytes, w + (size_t)unit_row<kUnitRows>(ph, rp, r) * s.row_bytes,
                                                bytes, &full[c.slot], l2_policy);
             }
         } else {
 #pragma unroll
             for (int r = 0; r < kUnitRows; ++r) {
-                const uint8_t* src = w + (size_t)unit_row<kUnitRows>(ph, rp, r) * row_bytes;
+                const uint8_t* src = w + (size_t)unit_row<kUnitRows>(ph, rp, r) * s.row_bytes;
                 for (uint32_t v = lane; v < bytes / 16; v += 32) cp_async16(dst + r * L::chunk_bytes + 16 * v, src + 16 * v);
             }
         }
@@ -424,121 +330,19 @@ __device__ __forceinline__ void publish_part(unsigned long long* carry, uint32_t
         slot.store((1ull << 32) | __float_as_uint(total[r]), cuda::memory_order_relaxed);
     }
 }
-// seen: the slots' values loaded earlier (prefetch_part), used when already tagged.
 template <int kUnitRows>
-__device__ __forceinline__ void add_part(unsigned long long* carry, uint32_t w, float (&total)[kUnitRows],
-                                         const unsigned long long (&seen)[kUnitRows]) {
+__device__ __forceinline__ void add_part(unsigned long long* carry, uint32_t w, float (&total)[kUnitRows]) {
 #pragma unroll
     for (int r = 0; r < kUnitRows; ++r) {
         cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(carry[(size_t)w * kMaxUnitRows + r]);
-        unsigned long long v = seen[r];
+        unsigned long long v;
         uint64_t polls = 0;
-        while ((v >> 32) == 0 && ((v = slot.load(cuda::memory_order_relaxed)) >> 32) == 0) {
+        while (((v = slot.load(cuda::memory_order_relaxed)) >> 32) == 0) {
             __nanosleep(32);
             if (++polls > kSpinLimit) __trap();  // the partner warp never ran: see grid_barrier
         }
         slot.store(0ull, cuda::memory_order_relaxed);
         total[r] += __uint_as_float((uint32_t)v);
-    }
-}
-template <int kUnitRows>
-__device__ __forceinline__ void prefetch_part(const unsigned long long* carry, uint32_t w,
-                                              unsigned long long (&seen)[kUnitRows]) {
-#pragma unroll
-    for (int r = 0; r < kUnitRows; ++r)
-        seen[r] = cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>(
-                      const_cast<unsigned long long&>(carry[(size_t)w * kMaxUnitRows + r]))
-                      .load(cuda::memory_order_relaxed);
-}
-
-// Streams the warp's share v of the weights through its ring (refilling each slot with the
-// cursor's next chunk, up to share issue_last) against x (xq, xd: the share's columns from 0),
-// and calls finish(group, totals, early) in lane 0 for every row group whose first chunk is
-// the warp's, once the later warps' parts of it are added (kHandOver; the timing bounds skip
-// the hand-over: without barriers a slot could be reused before it is read). early is what
-// prefetch(group, early) loaded at the group's first chunk (the flow kernel's partial sums),
-// so that the loads' latency hides behind the group's chunks; the next warp's part of a group
-// cut at the share's end is loaded there too. carry: this share's hand-over slots.
-template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, int kUnitRows, uint32_t kPerPhase, bool kHandOver,
-          bool kHalves, typename Finish, typename Prefetch>
-__device__ __forceinline__ void stream_share(const DecodeLayerArgs& a, const WarpShare* shares, uint32_t v,
-                                             ChunkCursor& issue, ChunkCursor& use, uint8_t* ring, uint64_t* full,
-                                             uint32_t lane, uint64_t l2_policy, uint32_t issue_last, const int16_t* xq,
-                                             const float* xd, unsigned long long* carry, uint32_t gw, uint32_t n_warps,
-                                             Finish&& finish, Prefetch&& prefetch) {
-    using L = RingLayout<kChunkPairs, kSlots, kUnitRows>;
-    // Lane roles, as in the q16x matvec: 8 lanes per 68-byte block pair (4 pairs = 256 columns
-    // per step), lanes 0-3 on block A's 32 weights, 4-7 on block B's.
-    const uint32_t sub = lane / 8;
-    const Q8PairLane pl = q8_pair_lane(lane);
-    const WarpShare s = shares[v];
-    float acc[kUnitRows] = {};
-    unsigned long long early[kUnitRows] = {}, next_part[kUnitRows] = {};  // lane 0's prefetches
-    for (uint32_t k = s.c0; k < s.c1; ++k) {
-        if (k % s.cpr == 0 && lane == 0) {  // group k / cpr starts here: this warp finishes it
-            prefetch(s.g0 + k / s.cpr, early);
-            if (kHandOver && k + s.cpr > s.c1 && gw + 1 < n_warps) prefetch_part<kUnitRows>(carry, gw + 1, next_part);
-        }
-        if constexpr (kBulk) {
-            mbarrier_wait_parity(&full[use.slot], use.parity);  // chunk k has landed
-        } else {
-            cp_async_wait<kSlots - 1>();  // chunk k has landed (the newer ones may still be in flight)
-            __syncwarp();
-        }
-        const uint32_t ci = k % s.cpr;
-        const uint32_t pairs = min(kChunkPairs, s.ppr - ci * kChunkPairs);
-        const uint32_t* buf = reinterpret_cast<const uint32_t*>(ring + (size_t)use.slot * L::slot_bytes);
-#pragma unroll
-        for (uint32_t j = 0; j < kChunkPairs / 4; ++j) {
-            const uint32_t pp = 4 * j + sub;
-            if (4 * j >= pairs) break;
-            const uint32_t col = (ci * kChunkPairs + pp) * 64 + pl.col_in_pair;
-            const uint4 xv = *reinterpret_cast<const uint4*>(xq + col);
-            const float xs = xd[col / 32];
-#pragma unroll
-            for (int r = 0; r < kUnitRows; ++r)
-                acc[r] = q8_pair_dot(buf + r * (L::chunk_bytes / 4) + pp * 17, pl, xv, xs, acc[r]);
-        }
-        __syncwarp();  // the slot is free: refill it kSlots chunks ahead (maybe of a later phase)
-        advance_slot<kSlots>(use);
-        issue_next_chunk<kChunkPairs, kSlots, kBulk, kUnitRows, kPerPhase, kHalves>(a, shares, issue, ring, full, lane, l2_policy,
-                                                                issue_last);
-        if (ci == s.cpr - 1) {  // the end of group g inside this share
-            const uint32_t g = k / s.cpr;
-            const bool publish = s.starts_cut && g == s.c0 / s.cpr;  // g began in an earlier warp's share
-            float total[kUnitRows];
-#pragma unroll
-            for (int r = 0; r < kUnitRows; ++r) {
-                total[r] = warp_sum(acc[r]);
-                acc[r] = 0.0f;
-            }
-            if (kHandOver && lane == 0 && publish) publish_part<kUnitRows>(carry, gw, total);
-            if (lane == 0 && !publish) finish(s.g0 + g, total, early);
-        }
-    }
-    if (s.c1 % s.cpr != 0 && s.c1 > s.c0) {  // the share ends inside group g
-        const uint32_t g = s.c1 / s.cpr;
-        float total[kUnitRows];
-#pragma unroll
-        for (int r = 0; r < kUnitRows; ++r) total[r] = warp_sum(acc[r]);
-        if (lane == 0) {
-            if (g * s.cpr >= s.c0) {  // g's first chunk is ours: add the later warps' parts in warp order
-                const uint32_t group_end = (g + 1) * s.cpr;
-                for (uint32_t w = gw + 1; w < n_warps; ++w) {
-                    const uint32_t w0 = (uint32_t)((uint64_t)w * s.total / n_warps);
-                    const uint32_t w1 = (uint32_t)((uint64_t)(w + 1) * s.total / n_warps);
-                    if (w0 >= group_end) break;
-                    if (kHandOver && w1 > w0) {
-                        const unsigned long long none[kUnitRows] = {};
-                        if (w == gw + 1) add_part<kUnitRows>(carry, w, total, next_part);
-                        else add_part<kUnitRows>(carry, w, total, none);
-                    }
-                }
-                finish(s.g0 + g, total, early);
-            } else if (kHandOver) {  // g began before this share and goes on after it
-                publish_part<kUnitRows>(carry, gw, total);
-            }
-        }
     }
 }
 
@@ -565,16 +369,17 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
     float* xd = reinterpret_cast<float*>(smem + L::xd_offset);
     float* red = reinterpret_cast<float*>(smem + L::red_offset);
     WarpShare* shares = reinterpret_cast<WarpShare*>(smem + L::share_offset) + (size_t)warp * kDecodeMaxPhases;
-    if (lane < a.n_phases) {
-        const DecodeGemvPhase& ph = a.phases[lane];
-        shares[lane] = warp_share<kChunkPairs>(ph, gw, n_warps, 0, phase_groups<kUnitRows>(ph), 0, ph.cols / 64);
-    }
+    if (lane < a.n_phases) shares[lane] = warp_share<kChunkPairs, kUnitRows>(a.phases[lane], gw, n_warps);
     if (kBulk && lane == 0) {
         for (uint32_t s = 0; s < kSlots; ++s) mbarrier_init(&full[s], 1);  // lane 0's arrival + the bytes
         mbarrier_init_fence();
     }
     __syncwarp();
 
+    // Lane roles, as in the q16x matvec: 8 lanes per 68-byte block pair (4 pairs = 256 columns
+    // per step), lanes 0-3 on block A's 32 weights, 4-7 on block B's.
+    const uint32_t sub = lane / 8;
+    const Q8PairLane pl = q8_pair_lane(lane);
     const uint64_t l2_policy = l2_evict_first_policy();
 
     // Weights never depend on earlier kernels: the whole ring goes out before the wait.
@@ -614,12 +419,68 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
             }
             tl[2 + 3 * kDecodeMaxPhases + (kDecodeMaxPhases + p) * kWarps + warp] = (uint64_t)landed << 32 | in_flight;
         }
-        stream_share<kChunkPairs, kSlots, kBulk, kUnitRows, 1, kBound == 0, false>(
-            a, shares, p, issue, use, ring, full, lane, l2_policy, kAcross ? a.n_phases : p, xq, xd, carry, gw, n_warps,
-            [&](uint32_t g, const float(&total)[kUnitRows], const unsigned long long(&)[kUnitRows]) {
-                group_out<kUnitRows>(a, ph, g, total);
-            },
-            [](uint32_t, unsigned long long(&)[kUnitRows]) {});
+        const WarpShare s = shares[p];
+        float acc[kUnitRows] = {};
+        for (uint32_t k = s.c0; k < s.c1; ++k) {
+            if constexpr (kBulk) {
+                mbarrier_wait_parity(&full[use.slot], use.parity);  // chunk k has landed
+            } else {
+                cp_async_wait<kSlots - 1>();  // chunk k has landed (the newer ones may still be in flight)
+                __syncwarp();
+            }
+            const uint32_t ci = k % s.cpr;
+            const uint32_t pairs = min(kChunkPairs, s.ppr - ci * kChunkPairs);
+            const uint32_t* buf = reinterpret_cast<const uint32_t*>(ring + (size_t)use.slot * L::slot_bytes);
+#pragma unroll
+            for (uint32_t j = 0; j < kChunkPairs / 4; ++j) {
+                const uint32_t pp = 4 * j + sub;
+                if (4 * j >= pairs) break;
+                const uint32_t col = (ci * kChunkPairs + pp) * 64 + pl.col_in_pair;
+                const uint4 xv = *reinterpret_cast<const uint4*>(xq + col);
+                const float xs = xd[col / 32];
+#pragma unroll
+                for (int r = 0; r < kUnitRows; ++r)
+                    acc[r] = q8_pair_dot(buf + r * (L::chunk_bytes / 4) + pp * 17, pl, xv, xs, acc[r]);
+            }
+            __syncwarp();  // the slot is free: refill it kSlots chunks ahead (maybe of a later phase)
+            advance_slot<kSlots>(use);
+            issue_next_chunk<kChunkPairs, kSlots, kBulk, kUnitRows>(a, shares, issue, ring, full, lane, l2_policy,
+                                                                    kAcross ? a.n_phases : p);
+            if (ci == s.cpr - 1) {  // the end of group g inside this share
+                const uint32_t g = k / s.cpr;
+                const bool publish = s.starts_cut && g == s.c0 / s.cpr;  // g began in an earlier warp's share
+                float total[kUnitRows];
+#pragma unroll
+                for (int r = 0; r < kUnitRows; ++r) {
+                    total[r] = warp_sum(acc[r]);
+                    acc[r] = 0.0f;
+                }
+                if (kBound == 0 && lane == 0 && publish) publish_part<kUnitRows>(carry, gw, total);
+                if (lane == 0 && !publish) group_out<kUnitRows>(a, ph, g, total);
+            }
+        }
+        if (s.c1 % s.cpr != 0 && s.c1 > s.c0) {  // the share ends inside group g
+            const uint32_t g = s.c1 / s.cpr;
+            float total[kUnitRows];
+#pragma unroll
+            for (int r = 0; r < kUnitRows; ++r) total[r] = warp_sum(acc[r]);
+            if (lane == 0) {
+                if (g * s.cpr >= s.c0) {  // g's first chunk is ours: add the later warps' parts in warp order
+                    const uint32_t group_end = (g + 1) * s.cpr;
+                    for (uint32_t w = gw + 1; w < n_warps; ++w) {
+                        const uint32_t w0 = (uint32_t)((uint64_t)w * s.total / n_warps);
+                        const uint32_t w1 = (uint32_t)((uint64_t)(w + 1) * s.total / n_warps);
+                        if (w0 >= group_end) break;
+                        // (the timing bounds skip the hand-over: without barriers a slot could be reused
+                        // before it is read)
+                        if (kBound == 0 && w1 > w0) add_part<kUnitRows>(carry, w, total);
+                    }
+                    group_out<kUnitRows>(a, ph, g, total);
+                } else if (kBound == 0) {  // g began before this share and goes on after it
+                    publish_part<kUnitRows>(carry, gw, total);
+                }
+            }
+        }
         if (tl != nullptr && lane == 0) tl[2 + 3 * kDecodeMaxPhases + p * kWarps + warp] = global_timer_ns();  // this warp done
     }
     // Every copy issued was waited for above (the cursor issues exactly the chunks consumed);
@@ -631,285 +492,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_layer_kernel(const DecodeL
     }
 }
 
-
-// ---------------------------------------------------------------------------------------------
-// The dataflow kernel (ring "flow16x5", lab). Why: the kernel above takes ~100 us per 14B layer,
-// ~92 without its grid barriers and ~81 without any phase boundary (bench_kernels' timing
-// bounds, session 26). Here no block waits for the whole grid. A phase whose x reads the previous
-// phase's outputs takes x in two column halves, and a phase whose outputs the next one reads
-// produces them in two row halves (flow_plan): gate|up and down run as four shares, (low rows,
-// low columns), (high rows, low columns), (low rows, high columns), (high rows, high columns),
-// wo as (low rows), (high rows), q|k|v as (low columns), (high columns). So a phase's low rows
-// are final before its last share, and the next phase's low half of x can be built while slow
-// blocks are still in it; the high half is needed only half a phase later. A low-column share
-// leaves each row group's sums in a partial slot that the high-column share adds (low + high: a
-// fixed order). A block builds an x half by claims of 512 columns taken by whichever of its
-// warps get there first (no warp waits for its block's slowest warp); the first claim of a warp
-// waits until the half's buffer is free in its block and the previous phase's rows of that half
-// are final in every block (a count of blocks per phase and row half, against the launch's
-// epoch). RMSNorm's 1 / rms is one scalar: x is quantized without it (a block's int16 codes do
-// not depend on its scale) and the rows' totals are multiplied by it.
-// Takes claims of x half [c0, c0 + n_cols) of phase p until none is left, building each (16
-// blocks of 32: 4 steps of 4 blocks, 8 lanes per block) into the half's buffer with load_x's
-// rounding but without RMSNorm's 1 / rms (each claim's sum of squares goes to red[claim]). The
-// warp's first claim waits for free_bar (every warp of the block done with the previous
-// phase's half) and done_word (every block done with the previous phase's rows of this half).
-__device__ void flow_build_half(const DecodeLayerArgs& a, const DecodeGemvPhase& ph, uint32_t c0, uint32_t n_cols,
-                                int16_t* xq, float* xd, float* red, uint32_t* claims, uint32_t* built, uint64_t* ready,
-                                uint64_t* const (&free_bars)[2], uint32_t* const (&done_words)[2], uint32_t target,
-                                uint32_t lane, uint64_t* dep_wait_ns) {
-    const uint32_t n_claims = (n_cols + kClaimCols - 1) / kClaimCols, n_blocks = n_cols / 32;
-    bool waited = false;
-    for (;;) {
-        uint32_t u = 0;
-        if (lane == 0) u = atomicAdd(claims, 1u);
-        u = __shfl_sync(0xffffffffu, u, 0);
-        if (u >= n_claims) return;
-        if (!waited) {
-            if (lane == 0) {
-                const uint64_t t0 = dep_wait_ns != nullptr ? global_timer_ns() : 0;
-                for (int i = 0; i < 2; ++i)
-                    if (free_bars[i] != nullptr) mbarrier_wait_parity(free_bars[i], 0);
-                for (int i = 0; i < 2; ++i) {
-                    if (done_words[i] == nullptr) continue;
-                    cuda::atomic_ref<uint32_t, cuda::thread_scope_device> done(*done_words[i]);
-                    uint64_t polls = 0;
-                    while ((int32_t)(done.load(cuda::memory_order_acquire) - target) < 0) {
-                        if (++polls > kSpinLimit) __trap();  // a block never ran: see grid_barrier
-                    }
-                }
-                __threadfence();
-                if (dep_wait_ns != nullptr) *dep_wait_ns += global_timer_ns() - t0;
-            }
-            __syncwarp();
-            waited = true;
-        }
-        const uint32_t b_first = u * (kClaimCols / 32);
-        if (ph.x == DecodeX::act_q16) {  // copied as it is (written before the launch)
-            const uint32_t nb = min(kClaimCols / 32, n_blocks - b_first);
-            for (uint32_t i = lane; i < nb * 4; i += 32)  // 4 uint4 per block of 32 int16
-                reinterpret_cast<uint4*>(xq + b_first * 32)[i] =
-                    __ldcg(reinterpret_cast<const uint4*>(a.x_q16.q + c0 + b_first * 32) + i);
-            if (lane < nb) xd[b_first + lane] = __ldcg(a.x_q16.d + (c0 / 32) + b_first + lane);
-        } else {
-            const bool rms = ph.x == DecodeX::stream_rmsnorm;
-            const float* first = rms ? a.stream : ph.x_f32;
-            const uint32_t group_block = lane / 8, in_block = 4 * (lane % 8);
-            float4 v[4], w[4];
-#pragma unroll
-            for (uint32_t step = 0; step < 4; ++step) {
-                const uint32_t b = b_first + step * 4 + group_block;
-                v[step] = w[step] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (b < n_blocks) {
-                    v[step] = __ldcg(reinterpret_cast<const float4*>(first + c0 + b * 32 + in_block));
-                    if (rms) w[step] = __ldcg(reinterpret_cast<const float4*>(ph.norm_weight + c0 + b * 32 + in_block));
-                }
-            }
-            float sum = 0.0f;
-#pragma unroll
-            for (uint32_t step = 0; step < 4; ++step) {
-                const uint32_t b = b_first + step * 4 + group_block;
-                if (b >= n_blocks) continue;  // whole 8-lane groups in or out
-                float4 x = v[step];
-                if (rms) {
-                    sum = fmaf(x.x, x.x, fmaf(x.y, x.y, fmaf(x.z, x.z, fmaf(x.w, x.w, sum))));
-                    x = make_float4(x.x * w[step].x, x.y * w[step].y, x.z * w[step].z, x.w * w[step].w);
-                }
-                quantize_act_q16_group_rcp(x, lane, xq + b * 32 + in_block, xd + b);
-            }
-            sum = warp_sum(sum);
-            if (lane == 0) red[u] = sum;
-        }
-        __syncwarp();
-        if (lane == 0) {
-            __threadfence_block();
-            if (atomicAdd(built, 1u) == n_claims - 1) mbarrier_arrive(ready);  // the half is complete
-        }
-    }
-}
-
-// timeline (lab, null in the engine): per block [0] start, [1] after the dependency wait, then per
-// phase p and warp w [2 + 3 * kDecodeMaxPhases + p * kWarps + w] the warp's end of the phase and
-// [2 + 3 * kDecodeMaxPhases + (kDecodeMaxPhases + p) * kWarps + w] the ns it spent building x
-// halves and waiting for them in the phase, [... + (2 * kDecodeMaxPhases + p) * kWarps + w] the
-// part of that spent waiting for the buffers and the previous phase (lane 0, first claims).
-// kFlowBound (bench only, results wrong): 1 = no hand-over of the parts of row groups cut between
-// warps (each part is taken as the group's sum), 2 = also no waits for other blocks' phases, 3 =
-// the weights addressed as if stored column half by column half (issue_next_chunk's kHalves).
-template <uint32_t kChunkPairs, uint32_t kSlots, int kFlowBound = 0>
-__global__ void __launch_bounds__(kThreads, 1) decode_layer_flow_kernel(const DecodeLayerArgs a, uint32_t* words,
-                                                                       unsigned long long* carry,
-                                                                       unsigned long long* partial, uint64_t* timeline) {
-    uint64_t* tl = timeline != nullptr ? timeline + (size_t)blockIdx.x * kDecodeTimelineSlots : nullptr;
-    if (tl != nullptr && threadIdx.x == 0) tl[0] = global_timer_ns();
-    using L = FlowLayout<kChunkPairs, kSlots>;
-    using Ring = typename L::Ring;
-    extern __shared__ __align__(128) uint8_t smem[];
-    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const uint32_t gw = blockIdx.x * kWarps + warp, n_warps = gridDim.x * kWarps;
-    const uint32_t n_shares = a.n_phases * kQuarters;
-    uint8_t* ring = smem + (size_t)warp * kSlots * Ring::slot_bytes;
-    uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::bar_offset) + (size_t)warp * kSlots;
-    uint64_t* x_ready = reinterpret_cast<uint64_t*>(smem + L::xbar_offset);  // [phase][half]
-    uint64_t* x_free = x_ready + 2 * kDecodeMaxPhases;                       // [phase][half]
-    int16_t* xq = reinterpret_cast<int16_t*>(smem + L::xq_offset);
-    float* xd = reinterpret_cast<float*>(smem + L::xd_offset);
-    float* red = reinterpret_cast<float*>(smem + L::red_offset);
-    uint32_t* claims = reinterpret_cast<uint32_t*>(smem + L::count_offset);  // [phase][half]
-    uint32_t* built = claims + 2 * kDecodeMaxPhases;
-    uint32_t* warps_done = built + 2 * kDecodeMaxPhases;  // [phase][row half]
-    uint32_t* target_word = warps_done + 2 * kDecodeMaxPhases;
-    WarpShare* shares = reinterpret_cast<WarpShare*>(smem + L::share_offset) + (size_t)warp * kFlowShares;
-    if (lane < n_shares) {
-        const DecodeGemvPhase& ph = a.phases[lane / kQuarters];
-        const FlowRange r = flow_share_range(ph, flow_plan(a, lane / kQuarters), lane % kQuarters);
-        shares[lane] = warp_share<kChunkPairs>(ph, gw, n_warps, r.g0, r.n_groups, r.c0 / 64, r.n_cols / 64);
-    }
-    if (threadIdx.x < 3 * 2 * kDecodeMaxPhases) claims[threadIdx.x] = 0;
-    if (warp == 0 && lane < 2 * kDecodeMaxPhases) {
-        mbarrier_init(&x_ready[lane], 1);
-        mbarrier_init(&x_free[lane], kWarps);
-    }
-    if (lane == 0)
-        for (uint32_t s = 0; s < kSlots; ++s) mbarrier_init(&full[s], 1);
-    mbarrier_init_fence();
-    __syncthreads();  // counters, barriers and shares before any warp uses them
-
-    // Weights never depend on earlier kernels: the whole ring goes out before the wait.
-    const uint64_t l2_policy = l2_evict_first_policy();
-    ChunkCursor issue{0, shares[0].c0, 0, 0, 0}, use{0, 0, 0, 0, 0};
-    for (uint32_t i = 0; i < kSlots; ++i)
-        issue_next_chunk<kChunkPairs, kSlots, true, 2, kQuarters, kFlowBound == 3>(a, shares, issue, ring, full, lane, l2_policy,
-                                                                                    n_shares);
-    cudaGridDependencySynchronize();  // x_q16 and the stream come from earlier kernels
-    if (threadIdx.x == 0) {
-        // Every block reads the epoch before any block can finish (they all wait for each other
-        // within the launch), and the previous launch has finished: its count is final.
-        cuda::atomic_ref<uint32_t, cuda::thread_scope_device> epoch(words[0]);
-        *target_word = (epoch.load(cuda::memory_order_acquire) + 1) * gridDim.x;
-    }
-    __syncthreads();
-    const uint32_t target = *target_word;
-    if (tl != nullptr && threadIdx.x == 0) tl[1] = global_timer_ns();
-    uint64_t x_wait_ns = 0, dep_wait_ns = 0;
-
-    float inv_rms = 1.0f;
-    for (uint32_t v = 0; v < n_shares; ++v) {
-        const uint32_t p = v / kQuarters, q = v % kQuarters, h = q >> 1, row_half = q & 1;
-        const DecodeGemvPhase& ph = a.phases[p];
-        const FlowPlan f = flow_plan(a, p);
-        // x: split, half h at h * kMaxHalfCols; else the whole x from 0 (over both regions).
-        int16_t* xq_h = xq + (size_t)(f.split_cols ? h : 0) * kMaxHalfCols;
-        float* xd_h = xd + (size_t)(f.split_cols ? h : 0) * (kMaxHalfCols / 32);
-        if (q == 0 || (q == 2 && f.split_cols)) {  // the first share on x half h (or on the whole x)
-            const uint64_t t0 = tl != nullptr ? global_timer_ns() : 0;
-            // Waits: the region(s) this half overwrites free in the block (the previous phase's
-            // last readers), and the previous phase's rows of this half (or all rows) final.
-            uint64_t* const free_bars[2] = {p > 0 && (!f.split_cols || h == 0) ? &x_free[2 * (p - 1)] : nullptr,
-                                            p > 0 && (!f.split_cols || h == 1) ? &x_free[2 * (p - 1) + 1] : nullptr};
-            const bool deps = p > 0 && kFlowBound != 2;
-            uint32_t* const done_words[2] = {deps && (!f.split_cols || h == 0) ? &words[2 + 2 * (p - 1)] : nullptr,
-                                             deps && (!f.split_cols || h == 1) ? &words[2 + 2 * (p - 1) + 1] : nullptr};
-            flow_build_half(a, ph, h ? f.cs : 0, h ? ph.cols - f.cs : f.cs, xq_h, xd_h,
-                            red + ((p & 1) * 2 + (f.split_cols ? h : 0)) * kMaxClaims, &claims[2 * p + h], &built[2 * p + h],
-                            &x_ready[2 * p + h], free_bars, done_words, target, lane, tl != nullptr ? &dep_wait_ns : nullptr);
-            mbarrier_wait_parity(&x_ready[2 * p + h], 0);
-            if (tl != nullptr) x_wait_ns += global_timer_ns() - t0;
-            if ((h == 1 || !f.split_cols) && ph.x == DecodeX::stream_rmsnorm) {  // every sum of squares is in
-                float total = 0.0f;
-                for (uint32_t hh = 0; hh < (f.split_cols ? 2u : 1u); ++hh) {
-                    const uint32_t n = ((hh ? ph.cols - f.cs : f.cs) + kClaimCols - 1) / kClaimCols;
-                    for (uint32_t u = 0; u < n; ++u) total += red[((p & 1) * 2 + hh) * kMaxClaims + u];
-                }
-                inv_rms = rsqrtf(total / (float)ph.cols + a.eps);
-            }
-        }
-        unsigned long long* part = partial + (size_t)(p & 1) * kFlowMaxRows;  // [group * 2 + r]
-        const float scale = ph.x == DecodeX::stream_rmsnorm ? inv_rms : 1.0f;
-        stream_share<kChunkPairs, kSlots, true, 2, kQuarters, kFlowBound != 1 && kFlowBound != 2, kFlowBound == 3>(
-            a, shares, v, issue, use, ring, full, lane, l2_policy, n_shares, xq_h, xd_h,
-            carry + (size_t)v * n_warps * kMaxUnitRows, gw, n_warps,
-            [&](uint32_t g, const float(&total)[2], const unsigned long long(&early)[2]) {
-                if (!f.split_cols) {
-                    const float out[2] = {total[0] * scale, total[1] * scale};
-                    group_out<2>(a, ph, g, out);
-                    return;
-                }
-                if (h == 0) {  // the low columns' sums, for the high-column quarter of the same rows
-                    for (int r = 0; r < 2; ++r) {
-                        cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(part[2 * (size_t)g + r]);
-                        slot.store((1ull << 32) | __float_as_uint(total[r]), cuda::memory_order_relaxed);
-                    }
-                    return;
-                }
-                float out[2];
-                for (int r = 0; r < 2; ++r) {
-                    cuda::atomic_ref<unsigned long long, cuda::thread_scope_device> slot(part[2 * (size_t)g + r]);
-                    unsigned long long low = early[r];  // loaded at the group's first chunk
-                    uint64_t polls = 0;
-                    while (kFlowBound != 2 && (low >> 32) == 0 && ((low = slot.load(cuda::memory_order_relaxed)) >> 32) == 0) {
-                        __nanosleep(32);
-                        if (++polls > kSpinLimit) __trap();
-                    }
-                    slot.store(0ull, cuda::memory_order_relaxed);
-                    out[r] = (__uint_as_float((uint32_t)low) + total[r]) * scale;
-                }
-                group_out<2>(a, ph, g, out);
-            },
-            [&](uint32_t g, unsigned long long(&early)[2]) {
-                if (h == 0 || !f.split_cols) return;
-                for (int r = 0; r < 2; ++r)
-                    early[r] = cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>(part[2 * (size_t)g + r])
-                                   .load(cuda::memory_order_relaxed);
-            });
-        __syncwarp();
-        if (tl != nullptr && lane == 0 && q == kQuarters - 1) {  // (the shares a phase does not use are empty)
-            tl[2 + 3 * kDecodeMaxPhases + p * kWarps + warp] = global_timer_ns();
-            tl[2 + 3 * kDecodeMaxPhases + (kDecodeMaxPhases + p) * kWarps + warp] = x_wait_ns;
-            tl[2 + 3 * kDecodeMaxPhases + (2 * kDecodeMaxPhases + p) * kWarps + warp] = dep_wait_ns;
-            x_wait_ns = dep_wait_ns = 0;
-        }
-        if (lane == 0) {
-            // The last share reading each x region (split: low columns in shares 0-1, high in
-            // 2-3; whole: both regions in 0-1), and the share that completes each row half
-            // (low rows in share 0, or 2 after a low-column share; high rows in 1, or 3).
-            const uint32_t last_row_share = f.split_rows ? 1 : 0;
-            if (q == last_row_share) mbarrier_arrive(&x_free[2 * p]);
-            if (q == (f.split_cols ? 2 + last_row_share : last_row_share)) mbarrier_arrive(&x_free[2 * p + 1]);
-            if (q >= (f.split_cols ? 2u : 0u) && q - (f.split_cols ? 2u : 0u) < 2 && p + 1 < a.n_phases) {
-                __threadfence();  // the warp's outputs of row half q & 1 are written
-                if (atomicAdd(&warps_done[2 * p + row_half], 1u) == kWarps - 1) {
-                    __threadfence();
-                    cuda::atomic_ref<uint32_t, cuda::thread_scope_device> done(words[2 + 2 * p + row_half]);
-                    done.fetch_add(1u, cuda::memory_order_release);
-                }
-            }
-        }
-    }
-    // The last block out moves the epoch on (and zeroes the count) for the next launch. Every
-    // per-phase count must grow by one per block and launch, also those of phases this launch
-    // has not (a 3-phase launch after 4-phase ones) or whose outputs nothing here waits for.
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (uint32_t i = 2 * (a.n_phases - 1); i < 2 * kDecodeMaxPhases; ++i) atomicAdd(&words[2 + i], 1u);
-        cuda::atomic_ref<uint32_t, cuda::thread_scope_device> finished(words[1]), epoch(words[0]);
-        __threadfence();
-        if (finished.fetch_add(1u, cuda::memory_order_acq_rel) == gridDim.x - 1) {
-            finished.store(0u, cuda::memory_order_relaxed);
-            epoch.fetch_add(1u, cuda::memory_order_release);
-        }
-    }
-}
-
 #else
 template <uint32_t kChunkPairs, uint32_t kSlots, bool kBulk, bool kAcross, bool kFastQuant, int kUnitRows, int kBound = 0>
 __global__ void decode_layer_kernel(const DecodeLayerArgs, uint32_t*, unsigned long long*, uint64_t*) {
     __trap();  // never launched: decode_layer_supported() reads kDecodeLayerCompiled
-}
-template <uint32_t kChunkPairs, uint32_t kSlots, int kFlowBound = 0>
-__global__ void decode_layer_flow_kernel(const DecodeLayerArgs, uint32_t*, unsigned long long*, unsigned long long*,
-                                         uint64_t*) {
-    __trap();
 }
 #endif
 
@@ -925,20 +511,14 @@ constexpr RingKernel ring_kernel() {
     return {decode_layer_kernel<kChunkPairs, kSlots, kBulk, kAcross, kFastQuant, kUnitRows, kBound>,
             RingLayout<kChunkPairs, kSlots, kUnitRows>::smem_bytes};
 }
-constexpr uint32_t kBarrierRings = 6;  // the DecodeRing values before flow16x5
-const RingKernel kRingKernels[kBarrierRings] = {
+const RingKernel kRingKernels[kDecodeRingShapes] = {
     ring_kernel<16, 5, true>(),  ring_kernel<16, 5, true, true, true>(), ring_kernel<32, 2, true>(),
     ring_kernel<32, 2, false>(), ring_kernel<32, 2, false, false>(),     ring_kernel<16, 2, true, true, true, 4>()};
 // The timing bounds (bench only): the default ring without the grid barriers, then without
 // the x prologues too.
 const RingKernel kBoundKernels[2] = {ring_kernel<16, 5, true, true, true, 2, 1>(), ring_kernel<16, 5, true, true, true, 2, 2>()};
-const char* const kRingNames[kDecodeRingShapes] = {"tma16x5", "tma16x5-rcp",   "tma32x2", "cp32x2",
-                                                   "cp32x2-phase", "tma16x2r4-rcp", "flow16x5"};
-using FlowKernelFn = void (*)(const DecodeLayerArgs, uint32_t*, unsigned long long*, unsigned long long*, uint64_t*);
-constexpr FlowKernelFn kFlowKernel = decode_layer_flow_kernel<16, 5>;
-const FlowKernelFn kFlowBoundKernels[3] = {decode_layer_flow_kernel<16, 5, 1>, decode_layer_flow_kernel<16, 5, 2>,
-                                           decode_layer_flow_kernel<16, 5, 3>};
-constexpr size_t kFlowSmem = FlowLayout<16, 5>::smem_bytes;
+const char* const kRingNames[kDecodeRingShapes] = {"tma16x5", "tma16x5-rcp",  "tma32x2",
+                                                   "cp32x2",  "cp32x2-phase", "tma16x2r4-rcp"};
 
 // What the host needs per device, checked once (a process may drive GPUs of different kinds;
 // the launch path then costs a map lookup, no driver query).
@@ -962,7 +542,6 @@ const DeviceFit& device_fit() {
     fit.sms = (uint32_t)sms;
     size_t widest = 0;
     for (const RingKernel& k : kRingKernels) widest = std::max(widest, k.smem_bytes);
-    widest = std::max(widest, kFlowSmem);
     if (major >= 9 && (size_t)smem_optin >= widest) {
         if (cudaMemcpyFromSymbol(&compiled, kDecodeLayerCompiled, sizeof compiled) != cudaSuccess) {
             (void)cudaGetLastError();
@@ -980,12 +559,6 @@ const DeviceFit& device_fit() {
             SPILLWAY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.kernel, kThreads, k.smem_bytes));
             fit.supported = fit.supported && per_sm >= 1;
         }
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kFlowKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kFlowSmem));
-        for (const FlowKernelFn k : kFlowBoundKernels)
-            SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kFlowSmem));
-        int per_sm = 0;
-        SPILLWAY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kFlowKernel, kThreads, kFlowSmem));
-        fit.supported = fit.supported && per_sm >= 1;
     }
     return by_device.emplace(device, fit).first->second;
 }
@@ -1001,8 +574,7 @@ const char* decode_ring_name(DecodeRing ring) {
 DecodeRing decode_ring_default() {
     static const DecodeRing ring = [] {
         const int i = lab_knob_choice("SPILLWAY_DECODE_RING",
-                                      {"tma16x5", "tma16x5-rcp", "tma32x2", "cp32x2", "cp32x2-phase", "tma16x2r4-rcp",
-                                       "flow16x5"});
+                                      {"tma16x5", "tma16x5-rcp", "tma32x2", "cp32x2", "cp32x2-phase", "tma16x2r4-rcp"});
         return i < 0 ? DecodeRing::tma16x5_rcp : (DecodeRing)i;
     }();
     return ring;
@@ -1014,28 +586,10 @@ bool decode_layer_phase_fits(uint32_t rows, uint32_t cols) {
 
 uint32_t decode_layer_grid_blocks() { return device_fit().sms; }
 
-namespace {
-
-// The scratch: counter words (kScratchWordBytes), then the barrier kernels' hand-over slots, the
-// flow kernel's (one set per quarter share) and its partial-sum slots (two phase parities).
-struct ScratchLayout {
-    size_t carry, flow_carry, partial, bytes;
-};
-ScratchLayout scratch_layout() {
-    const size_t slots = (size_t)device_fit().sms * kWarps * kMaxUnitRows * sizeof(unsigned long long);
-    ScratchLayout l;
-    l.carry = kScratchWordBytes;
-    l.flow_carry = l.carry + slots;
-    l.partial = l.flow_carry + kFlowShares * slots;
-    l.bytes = l.partial + 2 * (size_t)kFlowMaxRows * sizeof(unsigned long long);
-    return l;
+size_t decode_layer_scratch_bytes() {
+    const uint32_t sms = device_fit().sms;
+    return 16 + (size_t)sms * kWarps * kMaxUnitRows * sizeof(unsigned long long);  // barrier words, then the slots
 }
-
-}  // namespace
-
-size_t decode_layer_scratch_bytes() { return scratch_layout().bytes; }
-
-size_t decode_layer_scratch_counter_bytes() { return kScratchWordBytes; }
 
 namespace {
 
@@ -1070,46 +624,7 @@ bool phase_writes_what_it_reads(const DecodeLayerArgs& a, const DecodeGemvPhase&
     return overlaps(written, read[0]) || overlaps(written, read[1]);
 }
 
-ByteRange written_by(const DecodeLayerArgs& a, const DecodeGemvPhase& ph) {
-    return ph.y == DecodeY::add_to_stream ? ByteRange{a.stream, ph.rows * sizeof(float)}
-           : ph.y == DecodeY::swiglu_pairs ? ByteRange{ph.out, ph.rows / 2 * sizeof(float)}
-                                           : ByteRange{ph.out, ph.rows * sizeof(float)};
-}
-
-// Why the flow kernel cannot run these phases ("" if it can): its x halves follow the previous
-// phase's row halves, so a phase's x may read the previous phase's output only element for
-// element (x[j] from output j: RMSNorm of the stream after a residual add, or the f32 output
-// itself), and every x splits into two halves of whole 256-column steps.
-std::string flow_misfit(const DecodeLayerArgs& a) {
-    for (uint32_t p = 0; p < a.n_phases; ++p) {
-        const DecodeGemvPhase& ph = a.phases[p];
-        const std::string at = "phase " + std::to_string(p) + ": ";
-        if (ph.cols < 2 * kUnitCols) return at + "fewer than 512 columns (no two halves)";
-        if (ph.x == DecodeX::swiglu) return at + "x as SwiGLU of gate|up (use swiglu_pairs, then f32)";
-        if (2 * (size_t)flow_groups(ph.rows) > kFlowMaxRows) return at + "more than 65536 rows";
-        if (p == 0) continue;
-        const DecodeGemvPhase& prev = a.phases[p - 1];
-        const ByteRange w = written_by(a, prev);
-        const uint32_t produced = prev.y == DecodeY::swiglu_pairs ? prev.rows / 2 : prev.rows;
-        bool element_wise = false, reads_prev = false;
-        if (ph.x == DecodeX::stream_rmsnorm) {
-            reads_prev = overlaps(w, {a.stream, ph.cols * sizeof(float)}) || overlaps(w, {ph.norm_weight, ph.cols * sizeof(float)});
-            element_wise = prev.y == DecodeY::add_to_stream;
-        } else if (ph.x == DecodeX::f32) {
-            reads_prev = overlaps(w, {ph.x_f32, ph.cols * sizeof(float)});
-            element_wise = prev.y != DecodeY::add_to_stream && ph.x_f32 == prev.out;
-        } else if (ph.x == DecodeX::act_q16) {
-            reads_prev = overlaps(w, {a.x_q16.q, ph.cols * sizeof(int16_t)}) || overlaps(w, {a.x_q16.d, ph.cols / 8});
-        }
-        if (reads_prev && !(element_wise && produced == ph.cols))
-            return at + "x reads the previous phase's output other than element for element";
-    }
-    return "";
-}
-
 }  // namespace
-
-bool decode_layer_flow_fits(const DecodeLayerArgs& args) { return args.n_phases >= 1 && flow_misfit(args).empty(); }
 
 namespace {
 
@@ -1117,18 +632,9 @@ void launch_decode_layer(const RingKernel& k, const DecodeLayerArgs& args, void*
                          uint64_t* timeline) {
     const uint32_t sms = device_fit().sms;  // the current device's: one block per SM
     uint32_t* barrier = static_cast<uint32_t*>(scratch);
-    auto* carry = reinterpret_cast<unsigned long long*>(static_cast<uint8_t*>(scratch) + scratch_layout().carry);
+    unsigned long long* carry = reinterpret_cast<unsigned long long*>(static_cast<uint8_t*>(scratch) + 16);
     launch_with_pdl(true, k.kernel, dim3((unsigned)sms), dim3(kThreads), k.smem_bytes, stream, args, barrier, carry,
                     timeline);
-}
-
-void launch_decode_layer_flow(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, uint64_t* timeline,
-                              FlowKernelFn kernel = kFlowKernel) {
-    const ScratchLayout l = scratch_layout();
-    auto* base = static_cast<uint8_t*>(scratch);
-    launch_with_pdl(true, kernel, dim3((unsigned)device_fit().sms), dim3(kThreads), kFlowSmem, stream, args,
-                    reinterpret_cast<uint32_t*>(base + 16), reinterpret_cast<unsigned long long*>(base + l.flow_carry),
-                    reinterpret_cast<unsigned long long*>(base + l.partial), timeline);
 }
 
 }  // namespace
@@ -1177,23 +683,13 @@ void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t 
         // so what a phase writes must not overlap anything it reads.
         if (phase_writes_what_it_reads(args, ph)) fail(at + "its output overlaps its own input");
     }
-    if (ring == DecodeRing::flow16x5) {
-        if (const std::string why = flow_misfit(args); !why.empty()) fail(where + "ring flow16x5: " + why);
-        launch_decode_layer_flow(args, scratch, stream, timeline);
-        return;
-    }
     launch_decode_layer(kRingKernels[(uint32_t)ring], args, scratch, stream, timeline);
 }
 
 void decode_layer_timing_bound_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, int bound) {
     if (!decode_layer_supported()) fail("decode_layer_timing_bound_cuda: needs an sm_90+ GPU");
-    if (bound < 1 || bound > 5) fail("decode_layer_timing_bound_cuda: bound 1 to 5");
-    if (bound <= 2) {
-        launch_decode_layer(kBoundKernels[bound - 1], args, scratch, stream, nullptr);
-        return;
-    }
-    if (const std::string why = flow_misfit(args); !why.empty()) fail("decode_layer_timing_bound_cuda: " + why);
-    launch_decode_layer_flow(args, scratch, stream, nullptr, kFlowBoundKernels[bound - 3]);
+    if (bound < 1 || bound > 2) fail("decode_layer_timing_bound_cuda: bound 1 or 2");
+    launch_decode_layer(kBoundKernels[bound - 1], args, scratch, stream, nullptr);
 }
 
 }  // namespace spillway

@@ -77,10 +77,6 @@ bool decode_layer_phase_fits(uint32_t rows, uint32_t cols);
 // must not run beside another of these or any kernel that holds SMs for long; a barrier that
 // waits for seconds stops the kernel with an error (a device trap) instead of hanging.
 size_t decode_layer_scratch_bytes();
-// The scratch's first bytes hold counters that may stay non-zero between launches (the barrier's
-// generation, the flow kernel's epoch and per-phase counts); every byte after them is zero
-// after each launch.
-size_t decode_layer_scratch_counter_bytes();
 
 // Runs the phases in order (each phase's x may depend on every earlier phase's output).
 // Launched with programmatic dependent launch on sm_90: the weight stream starts before the
@@ -94,27 +90,17 @@ size_t decode_layer_scratch_counter_bytes();
 // [2 + 3 * kDecodeMaxPhases + (kDecodeMaxPhases + p) * kDecodeLayerWarps + w] warp w's ring
 // when phase p's x was ready: chunks in flight (low 32 bits) and landed (high; TMA rings).
 constexpr uint32_t kDecodeLayerWarps = 16;
-// (The flow ring uses a third set of kDecodeMaxPhases x kDecodeLayerWarps slots: see
-// decode_layer_flow_kernel.)
-constexpr uint32_t kDecodeTimelineSlots = 2 + 3 * kDecodeMaxPhases + 3 * kDecodeMaxPhases * kDecodeLayerWarps;
+constexpr uint32_t kDecodeTimelineSlots = 2 + 3 * kDecodeMaxPhases + 2 * kDecodeMaxPhases * kDecodeLayerWarps;
 uint32_t decode_layer_grid_blocks();
 
 // The weight ring (lab): 16-byte cp.async by every lane or bulk copies (TMA) by one, and
 // block pairs per chunk x chunks in flight per warp (140-175 KB per SM), running on across
 // the phases ("-phase": a phase's chunks only once its x is built; "-rcp": x quantized by a
-// reciprocal multiply; "r4": 4 rows per warp unit instead of 2). "flow16x5": the dataflow kernel
-// (no grid barriers: each phase in four row-half x column-half quarters, x built per half as the
-// previous phase's rows of that half are done; tma16x5-rcp's ring; its own timeline, see
-// decode_layer_flow_kernel), for phases
-// where decode_layer_flow_fits. The default is SPILLWAY_DECODE_RING's choice (the names below,
-// e.g. "cp32x2"), else tma16x5-rcp.
-enum class DecodeRing : uint32_t { tma16x5, tma16x5_rcp, tma32x2, cp32x2, cp32x2_phase, tma16x2r4_rcp, flow16x5 };
-constexpr uint32_t kDecodeRingShapes = 7;
+// reciprocal multiply; "r4": 4 rows per warp unit instead of 2). The default is
+// SPILLWAY_DECODE_RING's choice (the names below, e.g. "cp32x2"), else tma16x5-rcp.
+enum class DecodeRing : uint32_t { tma16x5, tma16x5_rcp, tma32x2, cp32x2, cp32x2_phase, tma16x2r4_rcp };
+constexpr uint32_t kDecodeRingShapes = 6;
 const char* decode_ring_name(DecodeRing ring);
-// Whether the flow ring takes these phases: every x splits into two halves (cols >= 512), is
-// not DecodeX::swiglu, and reads the previous phase's output, if at all, element for element
-// (RMSNorm of the stream after add_to_stream, or f32 from the previous out).
-bool decode_layer_flow_fits(const DecodeLayerArgs& args);
 DecodeRing decode_ring_default();
 
 void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, uint64_t* timeline = nullptr,
@@ -122,11 +108,8 @@ void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t 
 
 // Bench only: what the default ring's launch would take without the waits between blocks
 // (bound 1: no grid barrier, each block still syncs its warps and builds every x) or without
-// any phase boundary (bound 2: no barrier, no sync, x built once); the flow ring without the
-// hand-over of rows cut between warps (bound 3), and also without waiting for other blocks'
-// phases (bound 4); the flow ring reading its weights as if stored column half by column half
-// (every row's part of a share contiguous; bound 5). The outputs are WRONG (phases read x before it is written); no argument
-// checks beyond the device's (and the flow ring's fit).
+// any phase boundary (bound 2: no barrier, no sync, x built once). The outputs are WRONG
+// (phases read x before it is written); no argument checks beyond the device's.
 void decode_layer_timing_bound_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, int bound);
 
 }  // namespace spillway

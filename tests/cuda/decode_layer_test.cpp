@@ -130,10 +130,6 @@ void check_decode_layer(const LayerCase& c) {
     // consumer runs ahead.
     for (uint32_t ring = 0; ring < kDecodeRingShapes; ++ring) {
         SCOPED_TRACE(std::string("ring ") + decode_ring_name((DecodeRing)ring));
-        if ((DecodeRing)ring == DecodeRing::flow16x5 && !decode_layer_flow_fits(a)) {
-            EXPECT_THROW(decode_layer_cuda(a, barrier.data(), nullptr, nullptr, DecodeRing::flow16x5), Error);
-            continue;
-        }
         std::vector<float> first_stream, first_gu, first_out;
         for (int run = 0; run < c.runs; ++run) {
             SPILLWAY_CUDA_CHECK(cudaMemcpy(d_stream.data(), h0.data(), h0.size() * 4, cudaMemcpyHostToDevice));
@@ -166,18 +162,14 @@ void check_decode_layer(const LayerCase& c) {
             }
         }
     }
-    // The scratch is left ready for the next launch: arrival counts zero, every hand-over and
-    // partial-sum slot zero (a stale slot would add an old partial sum to a cut row). Word 1 is
-    // the barrier's generation, which only grows; word 4 the flow kernel's epoch, word 5 its
-    // count of blocks finished, then its per-phase counts (monotonic).
+    // The scratch is left ready for the next launch: arrival count zero, every hand-over slot
+    // zero (a stale slot would add an old partial sum to a cut row). Word 1 is the barrier's
+    // generation, which only grows.
     const std::vector<uint8_t> scratch = to_host(barrier);
-    uint32_t count = 0, flow_finished = 0;
+    uint32_t count = 0;
     std::memcpy(&count, scratch.data(), 4);
-    std::memcpy(&flow_finished, scratch.data() + 20, 4);
     EXPECT_EQ(count, 0u) << "the barrier's arrival count must be back to zero after a launch";
-    EXPECT_EQ(flow_finished, 0u) << "the flow kernel's count of finished blocks must be back to zero";
-    const long words = (long)decode_layer_scratch_counter_bytes();
-    EXPECT_EQ(std::count(scratch.begin() + words, scratch.end(), 0), (long)scratch.size() - words)
+    EXPECT_EQ(std::count(scratch.begin() + 16, scratch.end(), 0), (long)(scratch.size() - 16))
         << "hand-over slots left set";
 }
 
@@ -196,72 +188,6 @@ TEST(CudaDecodeLayer, MatchesCpuChain) {
     // An odd q|k|v row count (a half row pair), and the widest x the kernel takes (14336).
     check_decode_layer({5120, 13824, 7167, true, 2, true});
     check_decode_layer({256, 14336, 512, true, 2, true});
-    // Shapes the flow ring takes besides the 14B layer: halves of unequal size (1280 -> 512 +
-    // 768 columns, 3328 -> 1536 + 1792) with partial chunks, and fewer row groups than warps
-    // (most warps' quarter shares empty or cut); and 3 phases (no q|k|v).
-    check_decode_layer({1280, 3328, 1792, true, 3, true});
-    check_decode_layer({512, 1024, 512, true, 3, true});
-    check_decode_layer({1280, 3328, 1792, false, 2, true});
-}
-
-// The flow ring's counters must stay in step when launches of 4 phases and of 3 (the engine's
-// last layer) share one scratch: a phase count left behind would make a later launch wait
-// forever (a device trap). Alternating launches, each against the barrier ring's result.
-TEST(CudaDecodeLayer, FlowAlternatesThreeAndFourPhases) {
-    SPILLWAY_SKIP_WITHOUT_GPU();
-    if (!decode_layer_supported()) GTEST_SKIP() << "the persistent decode layer kernel needs sm_90";
-    const uint32_t seed = fresh_seed();
-    SCOPED_TRACE("seed=" + std::to_string(seed));
-    std::mt19937 rng(seed);
-    const uint32_t embd = 512, ff = 1024;
-    const Q8Matrix wo = random_q8(rng, embd, embd), gu = random_q8(rng, 2 * ff, embd), down = random_q8(rng, embd, ff),
-                   qkv = random_q8(rng, 768, embd);
-    const HostActQ16 attn_q = quantize_act_q16_host(random_floats(rng, embd));
-    const std::vector<float> h0 = random_floats(rng, embd);
-    std::vector<float> norm_w = random_floats(rng, embd, 0.1f);
-    for (float& v : norm_w) v += 1.0f;
-    DeviceBuffer<uint8_t> d_wo = to_device(wo.bytes), d_gu = to_device(gu.bytes), d_down = to_device(down.bytes),
-                          d_qkv = to_device(qkv.bytes);
-    DeviceBuffer<int16_t> d_xq = to_device(attn_q.q);
-    DeviceBuffer<float> d_xd = to_device(attn_q.d), d_norm = to_device(norm_w), d_stream(embd), d_act(ff), d_out(768);
-    DeviceBuffer<uint8_t> scratch(decode_layer_scratch_bytes());
-    SPILLWAY_CUDA_CHECK(cudaMemset(scratch.data(), 0, scratch.bytes()));
-    DecodeLayerArgs a;
-    a.stream = d_stream.data();
-    a.x_q16 = ActQ16{d_xq.data(), d_xd.data()};
-    a.phases[0] = DecodeGemvPhase{d_wo.data(), embd, embd, DecodeX::act_q16, DecodeY::add_to_stream};
-    a.phases[1] = DecodeGemvPhase{d_gu.data(), 2 * ff, embd, DecodeX::stream_rmsnorm, DecodeY::swiglu_pairs, d_norm.data(),
-                                  nullptr, d_act.data()};
-    a.phases[2] = DecodeGemvPhase{d_down.data(), embd, ff, DecodeX::f32, DecodeY::add_to_stream, nullptr, nullptr, nullptr,
-                                  d_act.data()};
-    a.phases[3] = DecodeGemvPhase{d_qkv.data(), 768, embd, DecodeX::stream_rmsnorm, DecodeY::store, d_norm.data(), nullptr,
-                                  d_out.data()};
-    const auto run = [&](uint32_t n_phases, DecodeRing ring) {
-        a.n_phases = n_phases;
-        SPILLWAY_CUDA_CHECK(cudaMemcpy(d_stream.data(), h0.data(), h0.size() * 4, cudaMemcpyHostToDevice));
-        poison(d_out);
-        decode_layer_cuda(a, scratch.data(), nullptr, nullptr, ring);
-        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-        std::vector<float> got = to_host(d_stream);
-        if (n_phases == 4) {
-            const std::vector<float> out = to_host(d_out);
-            got.insert(got.end(), out.begin(), out.end());
-        }
-        return got;
-    };
-    const std::vector<float> ref3 = run(3, DecodeRing::tma16x5_rcp), ref4 = run(4, DecodeRing::tma16x5_rcp);
-    std::vector<float> first3, first4;
-    for (int i = 0; i < 6; ++i) {
-        const uint32_t n = i % 2 == 0 ? 4 : 3;
-        const std::vector<float> got = run(n, DecodeRing::flow16x5);
-        EXPECT_LT(rel_error(got, n == 4 ? ref4 : ref3), 2e-4) << "launch " << i << ", " << n << " phases";
-        std::vector<float>& first = n == 4 ? first4 : first3;
-        if (first.empty()) first = got;
-        else EXPECT_EQ(std::memcmp(first.data(), got.data(), got.size() * 4), 0) << "not deterministic, launch " << i;
-    }
-    const std::vector<uint8_t> bytes = to_host(scratch);
-    const long words = (long)decode_layer_scratch_counter_bytes();
-    EXPECT_EQ(std::count(bytes.begin() + words, bytes.end(), 0), (long)bytes.size() - words) << "slots left set";
 }
 
 // One phase whose x is the RMSNorm of the stream (built while the whole ring of weight copies
@@ -288,10 +214,6 @@ TEST(CudaDecodeLayer, SinglePhaseFromTheStream) {
         a.phases[0] = DecodeGemvPhase{d_w.data(), rows, cols, DecodeX::stream_rmsnorm, DecodeY::store, d_norm.data(),
                                       nullptr, d_out.data()};
         for (uint32_t ring = 0; ring < kDecodeRingShapes; ++ring) {
-            if ((DecodeRing)ring == DecodeRing::flow16x5 && !decode_layer_flow_fits(a)) {
-                ADD_FAILURE() << "the flow ring should take one phase of " << rows << "x" << cols;
-                continue;
-            }
             poison(d_out);
             decode_layer_cuda(a, scratch.data(), nullptr, nullptr, (DecodeRing)ring);
             SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
@@ -342,27 +264,6 @@ TEST(CudaDecodeLayer, RejectsUnsupportedInputs) {
     a.n_phases = 1;
     EXPECT_THROW(decode_layer_cuda(a, nullptr, nullptr), Error);
     EXPECT_THROW(decode_layer_cuda(a, barrier.data(), nullptr, nullptr, static_cast<DecodeRing>(kDecodeRingShapes)), Error);
-    // The flow ring: no x of fewer than 512 columns, no x read from gate|up as SwiGLU, and an
-    // x that reads the previous phase's output only element for element.
-    DeviceBuffer<float> gate_up(1024), out2(512);
-    a.phases[0] = DecodeGemvPhase{w.data(), 256, 512, DecodeX::stream_rmsnorm, DecodeY::store, stream.data(), nullptr,
-                                  out.data()};
-    EXPECT_TRUE(decode_layer_flow_fits(a));
-    a.phases[0].rows = 512;
-    a.phases[1] = DecodeGemvPhase{w.data(), 512, 512, DecodeX::swiglu, DecodeY::store, nullptr, gate_up.data(),
-                                  out2.data()};
-    a.n_phases = 2;
-    EXPECT_FALSE(decode_layer_flow_fits(a));
-    EXPECT_THROW(decode_layer_cuda(a, barrier.data(), nullptr, nullptr, DecodeRing::flow16x5), Error);
-    a.phases[1].x = DecodeX::f32;
-    a.phases[1].x_f32 = out.data();  // phase 0's 512 outputs, element for element
-    EXPECT_TRUE(decode_layer_flow_fits(a));
-    a.phases[1].x_f32 = out.data() + 256;  // shifted by 256: x[j] would need output j + 256
-    a.phases[0].rows = 768;
-    DeviceBuffer<float> out3(768);
-    a.phases[0].out = out3.data();
-    a.phases[1].x_f32 = out3.data() + 256;
-    EXPECT_FALSE(decode_layer_flow_fits(a));
 }
 
 }  // namespace
