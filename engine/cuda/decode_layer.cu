@@ -624,10 +624,6 @@ bool phase_writes_what_it_reads(const DecodeLayerArgs& a, const DecodeGemvPhase&
     return overlaps(written, read[0]) || overlaps(written, read[1]);
 }
 
-}  // namespace
-
-namespace {
-
 void launch_decode_layer(const RingKernel& k, const DecodeLayerArgs& args, void* scratch, cudaStream_t stream,
                          uint64_t* timeline) {
     const uint32_t sms = device_fit().sms;  // the current device's: one block per SM
@@ -639,11 +635,9 @@ void launch_decode_layer(const RingKernel& k, const DecodeLayerArgs& args, void*
 
 }  // namespace
 
-void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, uint64_t* timeline,
-                       DecodeRing ring) {
-    const std::string where = "decode_layer_cuda: ";
+// Fails unless the device runs the kernel and the phases are ones it takes.
+void check_decode_layer_args(const DecodeLayerArgs& args, const void* scratch, const std::string& where) {
     if (!decode_layer_supported()) fail(where + "needs an sm_90+ GPU with 227 KB of shared memory per block");
-    if ((uint32_t)ring >= kDecodeRingShapes) fail(where + "unknown ring shape");
     if (args.n_phases < 1 || args.n_phases > kDecodeMaxPhases) fail(where + "1 to 4 phases");
     if (scratch == nullptr) fail(where + "no scratch");
     for (uint32_t p = 0; p < args.n_phases; ++p) {
@@ -683,12 +677,22 @@ void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t 
         // so what a phase writes must not overlap anything it reads.
         if (phase_writes_what_it_reads(args, ph)) fail(at + "its output overlaps its own input");
     }
+}
+
+}  // namespace
+
+void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, uint64_t* timeline,
+                       DecodeRing ring) {
+    const std::string where = "decode_layer_cuda: ";
+    if ((uint32_t)ring >= kDecodeRingShapes) fail(where + "unknown ring shape");
+    check_decode_layer_args(args, scratch, where);
     launch_decode_layer(kRingKernels[(uint32_t)ring], args, scratch, stream, timeline);
 }
 
 void decode_layer_timing_bound_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, int bound) {
-    if (!decode_layer_supported()) fail("decode_layer_timing_bound_cuda: needs an sm_90+ GPU");
-    if (bound < 1 || bound > 2) fail("decode_layer_timing_bound_cuda: bound 1 or 2");
+    const std::string where = "decode_layer_timing_bound_cuda: ";
+    if (bound < 1 || bound > 2) fail(where + "bound 1 or 2");
+    check_decode_layer_args(args, scratch, where);
     launch_decode_layer(kBoundKernels[bound - 1], args, scratch, stream, nullptr);
 }
 

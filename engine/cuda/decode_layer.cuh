@@ -109,7 +109,7 @@ void decode_layer_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t 
 // Bench only: what the default ring's launch would take without the waits between blocks
 // (bound 1: no grid barrier, each block still syncs its warps and builds every x) or without
 // any phase boundary (bound 2: no barrier, no sync, x built once). The outputs are WRONG
-// (phases read x before it is written); no argument checks beyond the device's.
+// (phases read x before it is written); the arguments are checked as decode_layer_cuda's.
 void decode_layer_timing_bound_cuda(const DecodeLayerArgs& args, void* scratch, cudaStream_t stream, int bound);
 
 }  // namespace spillway
