@@ -633,8 +633,6 @@ void launch_decode_layer(const RingKernel& k, const DecodeLayerArgs& args, void*
                     timeline);
 }
 
-}  // namespace
-
 // Fails unless the device runs the kernel and the phases are ones it takes.
 void check_decode_layer_args(const DecodeLayerArgs& args, const void* scratch, const std::string& where) {
     if (!decode_layer_supported()) fail(where + "needs an sm_90+ GPU with 227 KB of shared memory per block");
