@@ -20,6 +20,7 @@
 
 #include "engine/cuda/attention.cuh"
 #include "engine/cuda/attention_timeline.h"
+#include "engine/cuda/bulk_copy_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/kv_write.cuh"
 #include "engine/cuda/act_quant.cuh"
@@ -664,6 +665,106 @@ void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n
 // GEMV-sized (1 MiB per SM) launch, 12 launches each: per launch the spread of the blocks'
 // durations; across launches the correlation of per-SM durations between consecutive
 // launches and between the means of odd and even launches (1 = the same SMs slow every time).
+
+// Lab ("stream shapes"): how fast ONE block per SM streams HBM with a given number of bytes in
+// flight, the persistent decode kernel's situation (16 warps, ~174 KB of bulk copies in flight
+// per SM; its layer streams at ~3.6 TB/s with no boundary at all, session 26) against the read
+// ceiling's 2048 threads x 4 loads per SM. Loads: every thread keeps kLoads 16-byte loads in
+// flight; bulk: every warp keeps `slots` bulk copies of `chunk` bytes in flight (lane 0 issues,
+// an mbarrier per slot), the warps of a block taking adjacent chunks in turn.
+template <int kLoads>
+__global__ void __launch_bounds__(1024, 1) stream_loads_kernel(const uint4* p, size_t per_block, uint32_t* sink) {
+    const uint4* base = p + blockIdx.x * per_block;
+    uint32_t acc = 0;
+    for (size_t i = threadIdx.x; i + (kLoads - 1) * (size_t)blockDim.x < per_block; i += kLoads * (size_t)blockDim.x) {
+        uint4 v[kLoads];
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u) v[u] = __ldcs(base + i + u * (size_t)blockDim.x);
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    if (acc == 0x12345678u) *sink = acc;
+}
+
+__global__ void __launch_bounds__(1024, 1) stream_bulk_kernel(const uint8_t* p, size_t per_block, uint32_t slots,
+                                                              uint32_t chunk, uint32_t* sink) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) uint8_t smem[];
+    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    uint8_t* ring = smem + (size_t)warp * slots * chunk;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + (size_t)warps * slots * chunk) + (size_t)warp * slots;
+    const uint8_t* base = p + blockIdx.x * per_block;
+    const size_t per_warp = per_block / chunk / warps;  // chunks warp, warp + warps, ...
+    const uint64_t policy = l2_evict_first_policy();
+    if (lane == 0) {
+        for (uint32_t s = 0; s < slots; ++s) mbarrier_init(&bars[s], 1);
+        mbarrier_init_fence();
+        for (uint32_t s = 0; s < slots && s < per_warp; ++s) {
+            mbarrier_arrive_expect_tx(&bars[s], chunk);
+            bulk_copy_global_to_shared(ring + (size_t)s * chunk, base + ((size_t)s * warps + warp) * chunk, chunk, &bars[s],
+                                       policy);
+        }
+    }
+    __syncwarp();
+    uint32_t acc = 0;
+    for (size_t k = 0; k < per_warp; ++k) {
+        const uint32_t s = (uint32_t)(k % slots);
+        mbarrier_wait_parity(&bars[s], (uint32_t)(k / slots) & 1u);
+        acc ^= reinterpret_cast<const uint32_t*>(ring + (size_t)s * chunk)[lane];
+        __syncwarp();
+        if (lane == 0 && k + slots < per_warp) {
+            fence_proxy_async_shared();
+            mbarrier_arrive_expect_tx(&bars[s], chunk);
+            bulk_copy_global_to_shared(ring + (size_t)s * chunk, base + ((k + slots) * warps + warp) * chunk, chunk, &bars[s],
+                                       policy);
+        }
+    }
+    if (acc == 0x12345678u) *sink = acc;
+#endif
+}
+
+void bench_stream_shapes(Report& r, const Options& o, int sms) {
+    const std::string name = "stream shapes";
+    if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
+    const size_t per_sm = size_t(8) << 20, region = per_sm * sms;
+    DeviceBuffer<uint8_t> buf(2 * region);
+    DeviceBuffer<uint32_t> sink(1);
+    fill_type(GgmlType::F16, buf.data(), buf.size(), 11);
+    const auto src = [&](int i) { return buf.data() + (size_t)(i % 2) * region; };
+    const auto loads = [&](auto kernel, int threads, int in_flight) {
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
+        const double us = median_us([&](cudaStream_t st, int i) {
+            kernel<<<sms, threads, 160 * 1024, st>>>(reinterpret_cast<const uint4*>(src(i)), per_sm / 16, sink.data());
+            SPILLWAY_CUDA_CHECK(cudaGetLastError());
+        }, 6);
+        r.add(name + " loads", std::to_string(threads) + " threads x " + std::to_string(in_flight) + " in flight, " +
+                                   std::to_string(threads * in_flight * 16 / 1024) + " KB/SM", (double)region, us);
+    };
+    loads(stream_loads_kernel<4>, 512, 4);
+    loads(stream_loads_kernel<8>, 512, 8);
+    loads(stream_loads_kernel<16>, 512, 16);
+    loads(stream_loads_kernel<4>, 1024, 4);
+    loads(stream_loads_kernel<8>, 1024, 8);
+    int major = 0;
+    SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+    if (major < 9) return;
+    SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(stream_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+    struct Shape { uint32_t warps, slots, chunk; };
+    for (const Shape sh : {Shape{16, 2, 2048}, Shape{16, 4, 2048}, Shape{16, 5, 2176}, Shape{16, 6, 2048}, Shape{16, 10, 1088},
+                           Shape{16, 3, 4096}, Shape{16, 1, 8192}, Shape{16, 2, 6144}, Shape{8, 2, 12288}, Shape{4, 3, 16384},
+                           Shape{32, 3, 2048}, Shape{32, 1, 6144}}) {
+        const size_t smem = (size_t)sh.warps * sh.slots * (sh.chunk + 8);
+        const double us = median_us([&](cudaStream_t st, int i) {
+            stream_bulk_kernel<<<sms, sh.warps * 32, smem, st>>>(src(i), per_sm, sh.slots, sh.chunk, sink.data());
+            SPILLWAY_CUDA_CHECK(cudaGetLastError());
+        }, 6);
+        const double streamed = (double)sms * (per_sm / sh.chunk / sh.warps) * sh.warps * sh.chunk;  // whole chunks per warp
+        r.add(name + " bulk", std::to_string(sh.warps) + " warps x " + std::to_string(sh.slots) + " x " + std::to_string(sh.chunk) +
+                                  " B, " + std::to_string(sh.warps * sh.slots * sh.chunk / 1024) + " KB/SM",
+              streamed, us);
+    }
+}
+
 void bench_sm_speed(const Options& o, int sms) {
     if (!o.only.empty() && std::string("sm speed").find(o.only) == std::string::npos) return;
     constexpr int kLaunches = 12;
@@ -877,6 +978,7 @@ int main(int argc, char** argv) {
             bench_attention(r, o, KvType::q8_0, KvType::q4_0, 65536, prop.multiProcessorCount, &k);
         bench_small_ops(r, o);
         bench_sm_speed(o, prop.multiProcessorCount);
+        bench_stream_shapes(r, o, prop.multiProcessorCount);
 
         std::printf("\n| kernel | shape | MB moved | median us | GB/s | %% HBM read (%.0f) | %% copy (%.0f) |\n",
                     r.read_gbps, r.copy_gbps);
