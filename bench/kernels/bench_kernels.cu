@@ -753,7 +753,8 @@ void bench_stream_shapes(Report& r, const Options& o, int sms) {
     for (const Shape sh : {Shape{16, 2, 2048}, Shape{16, 4, 2048}, Shape{16, 5, 2176}, Shape{16, 6, 2048}, Shape{16, 10, 1088},
                            Shape{16, 3, 4096}, Shape{16, 1, 8192}, Shape{16, 2, 6144}, Shape{8, 2, 12288}, Shape{4, 3, 16384},
                            Shape{32, 3, 2048}, Shape{32, 1, 6144}}) {
-        const size_t smem = (size_t)sh.warps * sh.slots * (sh.chunk + 8);
+        // (at least 120 KB, so that no SM holds two blocks)
+        const size_t smem = std::max<size_t>((size_t)sh.warps * sh.slots * (sh.chunk + 8), 120 * 1024);
         const double us = median_us([&](cudaStream_t st, int i) {
             stream_bulk_kernel<<<sms, sh.warps * 32, smem, st>>>(src(i), per_sm, sh.slots, sh.chunk, sink.data());
             SPILLWAY_CUDA_CHECK(cudaGetLastError());
