@@ -28,6 +28,7 @@
 #include "engine/cuda/global_timer_device.cuh"
 #include "engine/cuda/matvec.cuh"
 #include "engine/cuda/matvec_q8s.cuh"
+#include "engine/cuda/pdl_launch.cuh"
 #include "engine/cuda/qkv_post.cuh"
 #include "engine/cuda/rmsnorm.cuh"
 #include "engine/cuda/rope.cuh"
@@ -312,7 +313,7 @@ struct Q8SplitBuffers {
 };
 
 const char* q8s_name(MatvecQ8sKernel k) {
-    static const char* const kNames[] = {"w8u4", "w8u8", "w4u4", "w8u4p", "w8u4nc"};
+    static const char* const kNames[] = {"w8u4", "w8u8", "w4u4", "w8u4p", "w8u4nc", "sweep1", "sweep2"};
     return kNames[(int)k];
 }
 
@@ -766,6 +767,72 @@ void bench_stream_shapes(Report& r, const Options& o, int sms) {
     }
 }
 
+// Lab ("stream chain"): the floor of the separate-launch decode design. One 14B layer's GEMV
+// weights (qkv 39.0, wo 27.9, gate|up 150.4, down 75.2 MB) streamed with no arithmetic at
+// all: as one launch; as four plain launches; as four programmatic launches chained as the
+// engine chains its GEMVs (each releases the next at entry and waits for its predecessor
+// after its first loads); and as four programmatic launches that never wait (what perfect
+// overlap between launches would give). Each block reads a contiguous region with every
+// thread keeping kLoads 16-byte loads in flight; 512 threads and no shared memory, so the next
+// launch's blocks fit beside this one's on an SM.
+template <int kLoads>
+__global__ void __launch_bounds__(512) stream_phase_kernel(const uint4* p, size_t n_vecs, uint32_t wait, uint32_t* sink) {
+    pdl_release_dependents();
+    const size_t per_block = (n_vecs + gridDim.x - 1) / gridDim.x;
+    const size_t begin = min(n_vecs, blockIdx.x * per_block), end = min(n_vecs, begin + per_block);
+    uint32_t acc = 0;
+    size_t i = begin + threadIdx.x;
+    for (bool first = true; i + (kLoads - 1) * (size_t)blockDim.x < end; i += kLoads * (size_t)blockDim.x, first = false) {
+        uint4 v[kLoads];
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u) v[u] = __ldcs(p + i + u * (size_t)blockDim.x);
+        if (first && wait) pdl_wait_for_producer();  // the GEMV's dependency wait, behind its first loads
+#pragma unroll
+        for (int u = 0; u < kLoads; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (; i < end; i += blockDim.x) {
+        const uint4 v = __ldcs(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x12345678u) *sink = acc;
+}
+
+void bench_stream_chain(Report& r, const Options& o, int sms) {
+    const std::string name = "stream chain";
+    if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
+    const std::vector<std::pair<uint32_t, uint32_t>> shapes{{7168, 5120}, {5120, 5120}, {27648, 5120}, {5120, 13824}};
+    std::vector<size_t> part_vecs;
+    size_t layer_bytes = 0;
+    for (const auto& [rows, cols] : shapes) {
+        const size_t bytes = (*ggml_row_bytes(GgmlType::Q8_0, cols) * rows + 15) / 16 * 16;
+        part_vecs.push_back(bytes / 16);
+        layer_bytes += bytes;
+    }
+    const size_t n_sets = rotation_count(layer_bytes);
+    DeviceBuffer<uint8_t> buf(n_sets * layer_bytes);
+    fill_type(GgmlType::F16, buf.data(), buf.size(), 13);
+    DeviceBuffer<uint32_t> sink(1);
+    const auto set = [&](int i) { return reinterpret_cast<const uint4*>(buf.data() + (size_t)(i % n_sets) * layer_bytes); };
+    constexpr int kLoads = 8;
+    for (const int blocks_per_sm : {1, 2}) {
+        const dim3 grid(sms * blocks_per_sm), block(512);
+        const std::string shape = std::to_string(blocks_per_sm) + " x 512 thr/SM x " + std::to_string(kLoads) + " loads";
+        r.add(name + " one launch", shape, (double)layer_bytes, median_us([&](cudaStream_t st, int i) {
+            launch_with_pdl(false, stream_phase_kernel<kLoads>, grid, block, 0, st, set(i), layer_bytes / 16, 0u, sink.data());
+        }, o.iters));
+        struct Mode { const char* label; bool pdl; uint32_t wait; };
+        for (const Mode m : {Mode{" 4 plain", false, 0u}, Mode{" 4 chained", true, 1u}, Mode{" 4 no wait", true, 0u}}) {
+            r.add(name + m.label, shape, (double)layer_bytes, median_us([&](cudaStream_t st, int i) {
+                const uint4* p = set(i);
+                for (const size_t vecs : part_vecs) {
+                    launch_with_pdl(m.pdl, stream_phase_kernel<kLoads>, grid, block, 0, st, p, vecs, m.wait, sink.data());
+                    p += vecs;
+                }
+            }, o.iters));
+        }
+    }
+}
+
 void bench_sm_speed(const Options& o, int sms) {
     if (!o.only.empty() && std::string("sm speed").find(o.only) == std::string::npos) return;
     constexpr int kLaunches = 12;
@@ -936,7 +1003,7 @@ int main(int argc, char** argv) {
                 bench_matvec_q16x(r, o, rows, cols, k);
         }
         bench_q16x_layer_chain(r, o);
-        for (int ki = 0; ki <= (int)MatvecQ8sKernel::w8u4nc; ++ki) {
+        for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep2; ++ki) {
             const auto k = (MatvecQ8sKernel)ki;
             for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
                      {5120, 13824}, {13824, 5120}, {152064, 5120}, {27648, 5120}, {7168, 5120}, {5120, 5120}})
@@ -980,6 +1047,7 @@ int main(int argc, char** argv) {
         bench_small_ops(r, o);
         bench_sm_speed(o, prop.multiProcessorCount);
         bench_stream_shapes(r, o, prop.multiProcessorCount);
+        bench_stream_chain(r, o, prop.multiProcessorCount);
 
         std::printf("\n| kernel | shape | MB moved | median us | GB/s | %% HBM read (%.0f) | %% copy (%.0f) |\n",
                     r.read_gbps, r.copy_gbps);

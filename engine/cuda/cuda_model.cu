@@ -219,11 +219,12 @@ __global__ void fill_random_kernel(uint8_t* dst, uint64_t n_units, int type, int
 // the group's start + r0 * n_in (which ends before the next chunk's GGUF bytes begin, as a
 // row of codes is shorter than a GGUF row), its scales to a second scratch buffer that lands
 // behind all the codes at the end. Scratch: one chunk (<= 64 MiB) + the group's scales.
-// Off by default: measured in the engine (docs/perf-notes.md, session 23; 14B shape, tok/s
-// GGUF -> every site split, identical to 0.2 twice): d = 0 faster (f16 207.6 -> 210.1, q4_0
-// 202.9 -> 205.5), but slower at depth (f16 8k equal, 64k 124.4 -> 123.8, q8_0 64k 138.3 ->
-// 136.5, q4_0 8k 189.0 -> 185.3, 64k 153.7 -> 150.6), with any subset of sites; not understood.
-constexpr uint32_t kDefaultSplitSites = 0;
+// On by default since session 27, when the split-layout GEMV became the sweep kernel (a block
+// per contiguous row range, its warps interleaved over the range in address order; 14B
+// shape, f16 KV, tok/s GGUF q16x -> split sweep1 in one call: d = 0 205.9 -> 214.5, 8k 184.0
+// -> 191.6; docs/perf-notes.md). With session 23's w8u4 kernel the split layout had gained
+// only at d = 0 and lost up to 2% at depth.
+constexpr uint32_t kDefaultSplitSites = 31;
 
 struct SplitGroup {
     std::vector<CudaMatrix*> members;  // back to back, same n_in

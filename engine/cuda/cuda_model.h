@@ -47,8 +47,8 @@ struct CudaLayerWeights {
     bool fused_gate_up = false;   // ffn_gate|ffn_up contiguous and of one type
 };
 
-// SPILLWAY_Q8_SPLIT=<bit mask> (lab; 0, i.e. GGUF layout everywhere, by default: slower at
-// depth, cuda_model.cu): the decode sites whose Q8_0 matrices are converted to the split
+// SPILLWAY_Q8_SPLIT=<bit mask> (lab; 31, every site, by default; 0 keeps GGUF layout
+// everywhere, cuda_model.cu): the decode sites whose Q8_0 matrices are converted to the split
 // layout after upload (1 q|k|v, 2 wo, 4 gate|up, 8 down, 16 head), where the split-layout GEMV
 // takes their rows; fused q|k|v and gate|up convert as one matrix each (their decode GEMV
 // stays one launch); a tied head stays GGUF (the embedding reads its rows).

@@ -180,6 +180,134 @@ __global__ void __launch_bounds__(kWarpsPB * 32, kMinBlocks) matvec_q8s_kernel(
     }
 }
 
+// The sweep variants: a block owns a contiguous range of whole rows, and its warps take that
+// range's 512-code segments in address order, interleaved (warp w: segments w, w + 16, ...),
+// so each SM reads one contiguous region front to back, as the plain streaming kernel that
+// reaches ~97% of the HBM read ceiling chained in four launches (bench "stream chain",
+// session 27), instead of one region per warp. A segment's 32 lane sums are reduced at once
+// and kept in shared memory; after the sweep each row adds its segments in column order (no
+// hand-over between warps or blocks: blocks need not be resident together). kUnroll segments
+// per warp in flight; a slot is reloaded as soon as it is summed.
+constexpr int kSweepWarps = 16;
+constexpr size_t kSweepPartialBytes = 48 * 1024;
+
+template <int kUnroll, int kMinBlocks>
+__global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep_kernel(
+    const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const int16_t* __restrict__ xq,
+    const float* __restrict__ xd, float* __restrict__ y, uint32_t rows, uint32_t cols, uint32_t rows_per_block,
+    uint32_t release_at_entry) {
+    if (release_at_entry) pdl_release_dependents();
+    extern __shared__ uint4 q8s_smem[];  // x: q [cols] int16, d [cols / 32] f32; then the segment sums
+    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const uint32_t segs = cols / kUnitCols, row_vecs = cols / 16, row_blocks = cols / 32;
+    const uint32_t r0 = min(rows, blockIdx.x * rows_per_block), r1 = min(rows, r0 + rows_per_block);
+    const uint32_t n = (r1 - r0) * segs;
+    // Rows are contiguous, so the block's segment j starts at codes + (r0 * row_vecs + 32 j) and
+    // its scales at scales + (r0 * row_blocks + 16 j).
+    const uint4* w_base = codes + (size_t)r0 * row_vecs + lane;
+    const unsigned short* d_base = scales + (size_t)r0 * row_blocks + lane / 2;
+    uint4 w[kUnroll];
+    unsigned short d[kUnroll];
+    const auto load = [&](int i, uint32_t j) {
+        if (j < n) {
+            w[i] = __ldcs(w_base + (size_t)j * 32);
+            d[i] = __ldcs(d_base + (size_t)j * 16);
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < kUnroll; ++i) load(i, warp + kSweepWarps * i);
+    pdl_wait_for_producer();  // W went out first: it does not depend on x's producer
+    const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
+    {
+        uint8_t* dst = reinterpret_cast<uint8_t*>(q8s_smem);
+        const uint32_t q_vecs = cols * 2 / 16, d_vecs = cols / 8 / 16;
+        for (uint32_t i = threadIdx.x; i < q_vecs; i += kSweepWarps * 32)
+            cp_async16(dst + 16 * i, reinterpret_cast<const uint8_t*>(xq) + 16 * i);
+        for (uint32_t i = threadIdx.x; i < d_vecs; i += kSweepWarps * 32)
+            cp_async16(dst + cols * 2 + 16 * i, reinterpret_cast<const uint8_t*>(xd) + 16 * i);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+    }
+    const uint4* x_q = q8s_smem;
+    const float* x_d = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(q8s_smem) + cols * 2);
+    float* part = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(q8s_smem) + x_bytes);
+    // Slot i's column segment, advanced without a division (segments move by 16 kUnroll per round).
+    uint32_t seg_of[kUnroll];
+    const uint32_t advance = (kSweepWarps * kUnroll) % segs;
+#pragma unroll
+    for (int i = 0; i < kUnroll; ++i) seg_of[i] = (warp + kSweepWarps * i) % segs;
+    for (uint32_t j0 = warp; j0 < n; j0 += kSweepWarps * kUnroll) {
+        // Every slot is summed (a slot past the end holds zeros' worth: its sum is not stored),
+        // so the kUnroll dot products and reductions interleave without branches.
+        float v[kUnroll];
+#pragma unroll
+        for (int i = 0; i < kUnroll; ++i) {
+            const uint32_t j = j0 + kSweepWarps * i, seg = seg_of[i];
+            const uint4 xa = x_q[seg * 64 + 2 * lane], xb = x_q[seg * 64 + 2 * lane + 1];
+            const float xs = x_d[seg * 16 + lane / 2];
+            const uint4 wv = w[i];
+            const float scale = __half2float(__ushort_as_half(d[i])) * xs;
+            load(i, j + kSweepWarps * kUnroll);
+            const int isum = dot8_q16_q8(xb, (int)wv.z, (int)wv.w, dot8_q16_q8(xa, (int)wv.x, (int)wv.y, 0));
+            v[i] = j < n ? scale * (float)isum : 0.0f;
+            seg_of[i] = seg + advance >= segs ? seg + advance - segs : seg + advance;
+        }
+        // kUnroll = 8 sums over the warp at once: halve the values held per lane at each of
+        // the first three exchanges (4 + 2 + 1 shuffles), then two plain steps: lane l (l % 4
+        // == 0) ends with slot (l / 4) % 8's total. Fixed order: deterministic.
+        static_assert(kUnroll == 8, "the reduction below is written for 8 slots");
+        const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+        float h4[4], h2[2];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const float send = b4 ? v[k] : v[k + 4], keep = b4 ? v[k + 4] : v[k];
+            h4[k] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+        }
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const float send = b3 ? h4[k] : h4[k + 2], keep = b3 ? h4[k + 2] : h4[k];
+            h2[k] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+        }
+        float total = (b2 ? h2[1] : h2[0]) + __shfl_xor_sync(0xffffffffu, b2 ? h2[0] : h2[1], 4);
+        total += __shfl_xor_sync(0xffffffffu, total, 2);
+        total += __shfl_xor_sync(0xffffffffu, total, 1);
+        const uint32_t j = j0 + kSweepWarps * ((lane / 4) % 8);
+        if (lane % 4 == 0 && j < n) part[j] = total;
+    }
+    __syncthreads();
+    for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
+        float total = 0.0f;
+        for (uint32_t seg = 0; seg < segs; ++seg) total += part[r * segs + seg];  // column order
+        y[r0 + r] = total;
+    }
+}
+
+template <int kUnroll, int kBlocksPerSm>
+void launch_q8s_sweep(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
+                      bool release_at_entry) {
+    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm>;
+    const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
+    static const int sms = [] {
+        const size_t max_smem = ((size_t)kMaxCols * 2 + kMaxCols / 8 + 15) / 16 * 16 + kSweepPartialBytes;
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)max_smem));
+        int device = 0, count = 0;
+        SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
+        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+        return count;
+    }();
+    const uint32_t segs = cols / kUnitCols;
+    const uint32_t slots = (uint32_t)sms * kBlocksPerSm;
+    const uint32_t max_rows = (uint32_t)(kSweepPartialBytes / (segs * sizeof(float)));  // >= 192 (cols <= 32768)
+    const uint32_t rows_per_block = std::min((rows + slots - 1) / slots, max_rows);
+    const uint32_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+    const size_t smem = x_bytes + (size_t)rows_per_block * segs * sizeof(float);
+    launch_with_pdl(pdl_supported(), kKernel, dim3(blocks), dim3(kSweepWarps * 32), smem, stream,
+                    reinterpret_cast<const uint4*>(w.codes), reinterpret_cast<const unsigned short*>(w.scales),
+                    static_cast<const int16_t*>(x.q), static_cast<const float*>(x.d), y, rows, cols, rows_per_block,
+                    release_at_entry ? 1u : 0u);
+}
+
 // One thread per Q8_0 block: 34 bytes (f16 scale, 32 codes) -> 32 codes + the scale apart.
 __global__ void q8_0_to_split_kernel(const uint8_t* __restrict__ src, size_t n_blocks, int8_t* __restrict__ codes,
                                      uint16_t* __restrict__ scales) {
@@ -216,8 +344,8 @@ void launch_q8s(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols
 // SPILLWAY_Q8S_KERNEL=<variant name> (lab): every split-layout GEMV of the process uses it.
 std::optional<MatvecQ8sKernel> q8s_kernel_override() {
     static const std::optional<MatvecQ8sKernel> kernel = []() -> std::optional<MatvecQ8sKernel> {
-        static_assert((int)MatvecQ8sKernel::w8u4nc == 4, "the names below follow the enum");
-        const int i = lab_knob_choice("SPILLWAY_Q8S_KERNEL", {"w8u4", "w8u8", "w4u4", "w8u4p", "w8u4nc"});
+        static_assert((int)MatvecQ8sKernel::sweep2 == 6, "the names below follow the enum");
+        const int i = lab_knob_choice("SPILLWAY_Q8S_KERNEL", {"w8u4", "w8u8", "w4u4", "w8u4p", "w8u4nc", "sweep1", "sweep2"});
         if (i < 0) return std::nullopt;
         return (MatvecQ8sKernel)i;
     }();
@@ -241,13 +369,14 @@ void q8_0_to_split_cuda(const void* gguf_rows, uint32_t rows, uint32_t cols, Q8S
 
 bool matvec_q8s_fits(uint32_t cols) { return cols > 0 && cols % kUnitCols == 0 && cols <= kMaxCols; }
 
-// Measured (docs/perf-notes.md, session 23, H200, 14B shapes): w8u4 is the fastest or within
-// 2% on every layer shape and on the head; the layer's four GEMVs chained 85.9 us (q16x 87.6);
-// in the engine w8u8, w8u4p and w8u4nc were slower, w4u4 equal.
+// Measured (docs/perf-notes.md, session 27, H200, 14B shapes, us): sweep1 against w8u4 head
+// 188.7 vs 199.2 (97.8% of the HBM read ceiling), gate|up 39.2 vs 39.5, down 22.3 vs 22.7,
+// wo 11.3 vs 11.6, qkv 14.3 vs 13.3; in the engine +4% at d = 0 and 8k (session 23 had
+// w8u4 the fastest of its five variants; sweep2 spills at 64 registers and is slow).
 MatvecQ8sKernel matvec_q8s_kernel_for(uint32_t rows, uint32_t cols) {
     (void)rows;
     (void)cols;
-    return MatvecQ8sKernel::w8u4;
+    return MatvecQ8sKernel::sweep1;
 }
 
 void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols,
@@ -267,6 +396,8 @@ void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, floa
         case MatvecQ8sKernel::w8u4nc:
             launch_q8s<8, 4, 3, false, false>(w, x, y, rows, cols, stream, release_at_entry);
             break;
+        case MatvecQ8sKernel::sweep1: launch_q8s_sweep<8, 1>(w, x, y, rows, cols, stream, release_at_entry); break;
+        case MatvecQ8sKernel::sweep2: launch_q8s_sweep<8, 2>(w, x, y, rows, cols, stream, release_at_entry); break;
     }
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }

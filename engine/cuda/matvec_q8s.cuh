@@ -6,10 +6,9 @@
 // (GGUF's 34-byte blocks have to be staged through shared memory to be read with whole
 // words: matvec.cu's q16x kernel). x is pre-quantized to int16 blocks as for q16x
 // (act_quant.cuh): the products are exact in W and differ from the f32-x product only by
-// x's rounding (~2e-5 relative). Measured in docs/perf-notes.md (session 23): faster than
-// q16x alone and chained (a 14B layer's four GEMVs 86 vs 87.6 us, 82 with each releasing the
-// next at entry), +1.2% at depth 0 in the engine but up to 2% slower at 8k-64k, so the engine
-// keeps GGUF layout unless SPILLWAY_Q8_SPLIT says otherwise (cuda_model.h).
+// x's rounding (~2e-5 relative). The engine converts its Q8_0 decode matrices to this layout
+// after upload (cuda_model.h, SPILLWAY_Q8_SPLIT) and decodes them with the sweep kernel
+// (session 27: +4% tok/s over GGUF layout at depth 0 and 8k; docs/perf-notes.md).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -38,8 +37,10 @@ bool matvec_q8s_fits(uint32_t cols);
 // Variants (bench and tests; docs/perf-notes.md session 23): warps per block (8 or 4) and
 // 16-byte code loads in flight per row and lane (4 or 8); p: two register groups, the next
 // group's loads issued before the current one is summed; nc: W through the read-only path
-// instead of evict-first streaming loads.
-enum class MatvecQ8sKernel : uint8_t { w8u4, w8u8, w4u4, w8u4p, w8u4nc };
+// instead of evict-first streaming loads; sweep1 / sweep2: a block per contiguous row range,
+// its 16 warps interleaved over the range's 512-code segments in address order, 1 or 2
+// blocks per SM (lab, session 27).
+enum class MatvecQ8sKernel : uint8_t { w8u4, w8u8, w4u4, w8u4p, w8u4nc, sweep1, sweep2 };
 // Pure: the variant matvec_q8s_cuda uses (SPILLWAY_Q8S_KERNEL=<name> overrides it, lab).
 MatvecQ8sKernel matvec_q8s_kernel_for(uint32_t rows, uint32_t cols);
 
