@@ -29,6 +29,21 @@ namespace {
 constexpr uint32_t kMaxCols = 32768;  // x in shared memory: 2.125 B per column, <= 68 KB
 constexpr uint32_t kUnitCols = 512;   // a unit: 16 codes per lane of one row pair
 
+// x (int16 codes, then the f32 block scales) into the block's shared memory, by all of its
+// threads; returns when every thread's copies have landed.
+__device__ __forceinline__ void copy_x_to_shared(const int16_t* xq, const float* xd, uint32_t cols, uint4* smem,
+                                                 uint32_t n_threads) {
+    uint8_t* dst = reinterpret_cast<uint8_t*>(smem);
+    const uint32_t q_vecs = cols * 2 / 16, d_vecs = cols / 8 / 16;
+    for (uint32_t i = threadIdx.x; i < q_vecs; i += n_threads)
+        cp_async16(dst + 16 * i, reinterpret_cast<const uint8_t*>(xq) + 16 * i);
+    for (uint32_t i = threadIdx.x; i < d_vecs; i += n_threads)
+        cp_async16(dst + cols * 2 + 16 * i, reinterpret_cast<const uint8_t*>(xd) + 16 * i);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+}
+
 // Why this shape: the q16x kernel (matvec.cu) stages W through a shared-memory ring because
 // GGUF's 68-byte block pairs cannot be read with aligned vectors; the f16 GEMV, which loads
 // 16-byte vectors straight into registers, reads the head at 97% of HBM where q16x reaches
@@ -93,17 +108,7 @@ __global__ void __launch_bounds__(kWarpsPB * 32, kMinBlocks) matvec_q8s_kernel(
         if (u0 + kUnroll < u1) load_group(s1, u0 + kUnroll);
     }
     pdl_wait_for_producer();
-    {
-        uint8_t* dst = reinterpret_cast<uint8_t*>(q8s_smem);
-        const uint32_t q_vecs = cols * 2 / 16, d_vecs = cols / 8 / 16;
-        for (uint32_t i = threadIdx.x; i < q_vecs; i += kWarpsPB * 32)
-            cp_async16(dst + 16 * i, reinterpret_cast<const uint8_t*>(xq) + 16 * i);
-        for (uint32_t i = threadIdx.x; i < d_vecs; i += kWarpsPB * 32)
-            cp_async16(dst + cols * 2 + 16 * i, reinterpret_cast<const uint8_t*>(xd) + 16 * i);
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-    }
+    copy_x_to_shared(xq, xd, cols, q8s_smem, kWarpsPB * 32);
     const uint4* x_q = q8s_smem;
     const float* x_d = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(q8s_smem) + cols * 2);
 
@@ -218,17 +223,7 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     for (int i = 0; i < kUnroll; ++i) load(i, warp + kSweepWarps * i);
     pdl_wait_for_producer();  // W went out first: it does not depend on x's producer
     const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
-    {
-        uint8_t* dst = reinterpret_cast<uint8_t*>(q8s_smem);
-        const uint32_t q_vecs = cols * 2 / 16, d_vecs = cols / 8 / 16;
-        for (uint32_t i = threadIdx.x; i < q_vecs; i += kSweepWarps * 32)
-            cp_async16(dst + 16 * i, reinterpret_cast<const uint8_t*>(xq) + 16 * i);
-        for (uint32_t i = threadIdx.x; i < d_vecs; i += kSweepWarps * 32)
-            cp_async16(dst + cols * 2 + 16 * i, reinterpret_cast<const uint8_t*>(xd) + 16 * i);
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-    }
+    copy_x_to_shared(xq, xd, cols, q8s_smem, kSweepWarps * 32);
     const uint4* x_q = q8s_smem;
     const float* x_d = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(q8s_smem) + cols * 2);
     float* part = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(q8s_smem) + x_bytes);
