@@ -196,62 +196,81 @@ __global__ void __launch_bounds__(kWarpsPB * 32, kMinBlocks) matvec_q8s_kernel(
 constexpr int kSweepWarps = 16;
 constexpr size_t kSweepPartialBytes = 48 * 1024;
 
-template <int kUnroll, int kMinBlocks>
+// kRows = 2 (lab): a unit is a row pair's segment (the two rows' 512 codes at the same
+// columns share x's loads), units in pair-major order; kUnroll units x kRows rows = 8 sums.
+template <int kUnroll, int kMinBlocks, int kRows = 1>
 __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep_kernel(
     const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const int16_t* __restrict__ xq,
     const float* __restrict__ xd, float* __restrict__ y, uint32_t rows, uint32_t cols, uint32_t rows_per_block,
     uint32_t release_at_entry) {
+    static_assert(kUnroll * kRows == 8, "the reduction below is written for 8 sums");
     if (release_at_entry) pdl_release_dependents();
     extern __shared__ uint4 q8s_smem[];  // x: q [cols] int16, d [cols / 32] f32; then the segment sums
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const uint32_t segs = cols / kUnitCols, row_vecs = cols / 16, row_blocks = cols / 32;
     const uint32_t r0 = min(rows, blockIdx.x * rows_per_block), r1 = min(rows, r0 + rows_per_block);
-    const uint32_t n = (r1 - r0) * segs;
-    // Rows are contiguous, so the block's segment j starts at codes + (r0 * row_vecs + 32 j) and
-    // its scales at scales + (r0 * row_blocks + 16 j).
+    const uint32_t n_parts = (r1 - r0) * segs;                       // (row, segment) sums of the block
+    const uint32_t n = (r1 - r0 + kRows - 1) / kRows * segs;        // units
+    // Rows are contiguous, so (row r, segment s) of the block, part index r * segs + s, starts
+    // at codes + (r0 * row_vecs + 32 (r * segs + s)) and its scales at + 16 (r * segs + s).
+    // Unit j (segment s = j % segs) holds parts kRows j - (kRows - 1) s + k segs, k < kRows.
     const uint4* w_base = codes + (size_t)r0 * row_vecs + lane;
     const unsigned short* d_base = scales + (size_t)r0 * row_blocks + lane / 2;
-    uint4 w[kUnroll];
-    unsigned short d[kUnroll];
-    const auto load = [&](int i, uint32_t j) {
-        if (j < n) {
-            w[i] = __ldcs(w_base + (size_t)j * 32);
-            d[i] = __ldcs(d_base + (size_t)j * 16);
+    const auto part_of = [&](uint32_t j, uint32_t seg, int k) { return kRows * j - (kRows - 1) * seg + k * segs; };
+    uint4 w[kUnroll][kRows];
+    unsigned short d[kUnroll][kRows];
+    const auto load = [&](int i, uint32_t j, uint32_t seg) {
+#pragma unroll
+        for (int k = 0; k < kRows; ++k) {
+            const uint32_t q = part_of(j, seg, k);
+            if (j < n && q < n_parts) {
+                w[i][k] = __ldcs(w_base + (size_t)q * 32);
+                d[i][k] = __ldcs(d_base + (size_t)q * 16);
+            }
         }
     };
+    // Slot i's column segment, advanced without a division (segments move by 16 kUnroll per round).
+    uint32_t seg_of[kUnroll];
+    const uint32_t advance = (kSweepWarps * kUnroll) % segs;
 #pragma unroll
-    for (int i = 0; i < kUnroll; ++i) load(i, warp + kSweepWarps * i);
+    for (int i = 0; i < kUnroll; ++i) {
+        seg_of[i] = (warp + kSweepWarps * i) % segs;
+        load(i, warp + kSweepWarps * i, seg_of[i]);
+    }
     pdl_wait_for_producer();  // W went out first: it does not depend on x's producer
     const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
     copy_x_to_shared(xq, xd, cols, q8s_smem, kSweepWarps * 32);
     const uint4* x_q = q8s_smem;
     const float* x_d = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(q8s_smem) + cols * 2);
     float* part = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(q8s_smem) + x_bytes);
-    // Slot i's column segment, advanced without a division (segments move by 16 kUnroll per round).
-    uint32_t seg_of[kUnroll];
-    const uint32_t advance = (kSweepWarps * kUnroll) % segs;
-#pragma unroll
-    for (int i = 0; i < kUnroll; ++i) seg_of[i] = (warp + kSweepWarps * i) % segs;
     for (uint32_t j0 = warp; j0 < n; j0 += kSweepWarps * kUnroll) {
         // Every slot is summed (a slot past the end holds zeros' worth: its sum is not stored),
-        // so the kUnroll dot products and reductions interleave without branches.
-        float v[kUnroll];
+        // so the dot products and reductions interleave without branches.
+        float v[kUnroll * kRows];
 #pragma unroll
         for (int i = 0; i < kUnroll; ++i) {
             const uint32_t j = j0 + kSweepWarps * i, seg = seg_of[i];
             const uint4 xa = x_q[seg * 64 + 2 * lane], xb = x_q[seg * 64 + 2 * lane + 1];
             const float xs = x_d[seg * 16 + lane / 2];
-            const uint4 wv = w[i];
-            const float scale = __half2float(__ushort_as_half(d[i])) * xs;
-            load(i, j + kSweepWarps * kUnroll);
-            const int isum = dot8_q16_q8(xb, (int)wv.z, (int)wv.w, dot8_q16_q8(xa, (int)wv.x, (int)wv.y, 0));
-            v[i] = j < n ? scale * (float)isum : 0.0f;
-            seg_of[i] = seg + advance >= segs ? seg + advance - segs : seg + advance;
+            uint4 wv[kRows];
+            float scale[kRows];
+#pragma unroll
+            for (int k = 0; k < kRows; ++k) {
+                wv[k] = w[i][k];
+                scale[k] = __half2float(__ushort_as_half(d[i][k])) * xs;
+            }
+            const uint32_t next_seg = seg + advance >= segs ? seg + advance - segs : seg + advance;
+            load(i, j + kSweepWarps * kUnroll, next_seg);
+            seg_of[i] = next_seg;
+#pragma unroll
+            for (int k = 0; k < kRows; ++k) {
+                const int isum = dot8_q16_q8(xb, (int)wv[k].z, (int)wv[k].w, dot8_q16_q8(xa, (int)wv[k].x, (int)wv[k].y, 0));
+                v[i * kRows + k] = j < n && part_of(j, seg, k) < n_parts ? scale[k] * (float)isum : 0.0f;
+            }
         }
-        // kUnroll = 8 sums over the warp at once: halve the values held per lane at each of
-        // the first three exchanges (4 + 2 + 1 shuffles), then two plain steps: lane l (l % 4
-        // == 0) ends with slot (l / 4) % 8's total. Fixed order: deterministic.
-        static_assert(kUnroll == 8, "the reduction below is written for 8 slots");
+        // The 8 sums over the warp at once: halve the values held per lane at each of the
+        // first three exchanges (4 + 2 + 1 shuffles), then two plain steps: lane l (l % 4 ==
+        // 0) ends with value (l / 4) % 8's total. Fixed order: deterministic.
         const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
         float h4[4], h2[2];
 #pragma unroll
@@ -267,8 +286,11 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
         float total = (b2 ? h2[1] : h2[0]) + __shfl_xor_sync(0xffffffffu, b2 ? h2[0] : h2[1], 4);
         total += __shfl_xor_sync(0xffffffffu, total, 2);
         total += __shfl_xor_sync(0xffffffffu, total, 1);
-        const uint32_t j = j0 + kSweepWarps * ((lane / 4) % 8);
-        if (lane % 4 == 0 && j < n) part[j] = total;
+        const uint32_t value = (lane / 4) % 8, j = j0 + kSweepWarps * (value / kRows);
+        if (lane % 4 == 0 && j < n) {
+            const uint32_t q = kRows == 1 ? j : part_of(j, j % segs, (int)(value % kRows));
+            if (q < n_parts) part[q] = total;
+        }
     }
     __syncthreads();
     for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
@@ -278,10 +300,10 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     }
 }
 
-template <int kUnroll, int kBlocksPerSm>
+template <int kUnroll, int kBlocksPerSm, int kRows = 1>
 void launch_q8s_sweep(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
                       bool release_at_entry) {
-    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm>;
+    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows>;
     const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
     static const int sms = [] {
         const size_t max_smem = ((size_t)kMaxCols * 2 + kMaxCols / 8 + 15) / 16 * 16 + kSweepPartialBytes;
@@ -293,8 +315,9 @@ void launch_q8s_sweep(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_
     }();
     const uint32_t segs = cols / kUnitCols;
     const uint32_t slots = (uint32_t)sms * kBlocksPerSm;
-    const uint32_t max_rows = (uint32_t)(kSweepPartialBytes / (segs * sizeof(float)));  // >= 192 (cols <= 32768)
-    const uint32_t rows_per_block = std::min((rows + slots - 1) / slots, max_rows);
+    // Whole row groups of kRows per block; >= 192 rows of partial sums (cols <= 32768).
+    const uint32_t max_rows = (uint32_t)(kSweepPartialBytes / (segs * sizeof(float))) / kRows * kRows;
+    const uint32_t rows_per_block = std::min(((rows + slots - 1) / slots + kRows - 1) / kRows * kRows, max_rows);
     const uint32_t blocks = (rows + rows_per_block - 1) / rows_per_block;
     const size_t smem = x_bytes + (size_t)rows_per_block * segs * sizeof(float);
     launch_with_pdl(pdl_supported(), kKernel, dim3(blocks), dim3(kSweepWarps * 32), smem, stream,
@@ -339,8 +362,9 @@ void launch_q8s(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols
 // SPILLWAY_Q8S_KERNEL=<variant name> (lab): every split-layout GEMV of the process uses it.
 std::optional<MatvecQ8sKernel> q8s_kernel_override() {
     static const std::optional<MatvecQ8sKernel> kernel = []() -> std::optional<MatvecQ8sKernel> {
-        static_assert((int)MatvecQ8sKernel::sweep2 == 6, "the names below follow the enum");
-        const int i = lab_knob_choice("SPILLWAY_Q8S_KERNEL", {"w8u4", "w8u8", "w4u4", "w8u4p", "w8u4nc", "sweep1", "sweep2"});
+        static_assert((int)MatvecQ8sKernel::sweep1r2 == 7, "the names below follow the enum");
+        const int i = lab_knob_choice("SPILLWAY_Q8S_KERNEL",
+                                      {"w8u4", "w8u8", "w4u4", "w8u4p", "w8u4nc", "sweep1", "sweep2", "sweep1r2"});
         if (i < 0) return std::nullopt;
         return (MatvecQ8sKernel)i;
     }();
@@ -371,7 +395,7 @@ bool matvec_q8s_fits(uint32_t cols) { return cols > 0 && cols % kUnitCols == 0 &
 MatvecQ8sKernel matvec_q8s_kernel_for(uint32_t rows, uint32_t cols) {
     (void)rows;
     (void)cols;
-    return MatvecQ8sKernel::sweep1;
+    return MatvecQ8sKernel::sweep1r2;
 }
 
 void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols,
@@ -393,6 +417,7 @@ void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, floa
             break;
         case MatvecQ8sKernel::sweep1: launch_q8s_sweep<8, 1>(w, x, y, rows, cols, stream, release_at_entry); break;
         case MatvecQ8sKernel::sweep2: launch_q8s_sweep<8, 2>(w, x, y, rows, cols, stream, release_at_entry); break;
+        case MatvecQ8sKernel::sweep1r2: launch_q8s_sweep<4, 1, 2>(w, x, y, rows, cols, stream, release_at_entry); break;
     }
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }

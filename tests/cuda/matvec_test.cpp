@@ -328,7 +328,7 @@ void check_matvec_q8s(MatvecQ8sKernel kernel, uint32_t rows, uint32_t cols) {
 
 TEST(CudaMatvec, Q8SplitKernelsMatchCpu) {
     SPILLWAY_SKIP_WITHOUT_GPU();
-    for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep2; ++ki) {
+    for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r2; ++ki) {
         // One unit (1 x 512), a half row pair (odd rows), pairs cut between two and more warps
         // (the 14B wo / down shapes have fewer units than twice the warps), many pairs per warp.
         for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
@@ -336,7 +336,7 @@ TEST(CudaMatvec, Q8SplitKernelsMatchCpu) {
                  {20001, 512}, {3000, 27648}})
             check_matvec_q8s((MatvecQ8sKernel)ki, rows, cols);
     }
-    EXPECT_EQ(matvec_q8s_kernel_for(5120, 5120), MatvecQ8sKernel::sweep1);
+    EXPECT_EQ(matvec_q8s_kernel_for(5120, 5120), MatvecQ8sKernel::sweep1r2);
     DeviceBuffer<int8_t> codes(1 << 16);
     DeviceBuffer<uint16_t> scales(1 << 12);
     DeviceBuffer<int16_t> xq(1024);
