@@ -220,10 +220,10 @@ __global__ void fill_random_kernel(uint8_t* dst, uint64_t n_units, int type, int
 // row of codes is shorter than a GGUF row), its scales to a second scratch buffer that lands
 // behind all the codes at the end. Scratch: one chunk (<= 64 MiB) + the group's scales.
 // On by default since session 27, when the split-layout GEMV became the sweep kernel (a block
-// per contiguous row range, its warps interleaved over the range in address order; 14B
-// shape, f16 KV, tok/s GGUF q16x -> split sweep1 in one call: d = 0 205.9 -> 214.5, 8k 184.0
-// -> 191.6; docs/perf-notes.md). With session 23's w8u4 kernel the split layout had gained
-// only at d = 0 and lost up to 2% at depth.
+// per contiguous row range, its warps interleaved over it in address order, row pairs per
+// step; 14B shape, tok/s in one call, GGUF q16x -> split sweep1: f16 d = 0 205.9 -> 214.5,
+// 8k 184.0 -> 191.6; sweep1 -> sweep1r2 another +4.5-8.6%; docs/perf-notes.md). With session
+// 23's w8u4 kernel the split layout had gained only at d = 0 and lost up to 2% at depth.
 constexpr uint32_t kDefaultSplitSites = 31;
 
 struct SplitGroup {

@@ -388,10 +388,11 @@ void q8_0_to_split_cuda(const void* gguf_rows, uint32_t rows, uint32_t cols, Q8S
 
 bool matvec_q8s_fits(uint32_t cols) { return cols > 0 && cols % kUnitCols == 0 && cols <= kMaxCols; }
 
-// Measured (docs/perf-notes.md, session 27, H200, 14B shapes, us): sweep1 against w8u4 head
-// 188.7 vs 199.2 (97.8% of the HBM read ceiling), gate|up 39.2 vs 39.5, down 22.3 vs 22.7,
-// wo 11.3 vs 11.6, qkv 14.3 vs 13.3; in the engine +4% at d = 0 and 8k (session 23 had
-// w8u4 the fastest of its five variants; sweep2 spills at 64 registers and is slow).
+// Measured (docs/perf-notes.md, session 27, H200, 14B shapes, us, one call): sweep1r2 /
+// sweep1: head 183.6 / 185.0 (~98% of the HBM read ceiling), gate|up 36.9 / 38.9, down 20.3 /
+// 22.5, qkv 12.5 / 14.6, wo 10.3 / 11.4; a layer's four GEMVs chained with release 72.4 /
+// 79.8 (w8u4, session 23's pick: 82); engine f16 tok/s at 0 / 8k / 64k 226.6 / 200.5 / 129.7
+// vs 208.7 / 187.4 / 124.1. sweep2 spills at 64 registers and is slow.
 MatvecQ8sKernel matvec_q8s_kernel_for(uint32_t rows, uint32_t cols) {
     (void)rows;
     (void)cols;

@@ -8,7 +8,7 @@
 // (act_quant.cuh): the products are exact in W and differ from the f32-x product only by
 // x's rounding (~2e-5 relative). The engine converts its Q8_0 decode matrices to this layout
 // after upload (cuda_model.h, SPILLWAY_Q8_SPLIT) and decodes them with the sweep kernel
-// (session 27: +4% tok/s over GGUF layout at depth 0 and 8k; docs/perf-notes.md).
+// (session 27: sweep1r2, +4-9% decode tok/s over GGUF layout with q16x; docs/perf-notes.md).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -39,8 +39,8 @@ bool matvec_q8s_fits(uint32_t cols);
 // group's loads issued before the current one is summed; nc: W through the read-only path
 // instead of evict-first streaming loads; sweep1 / sweep2: a block per contiguous row range,
 // its 16 warps interleaved over the range's 512-code segments in address order, 1 or 2
-// blocks per SM (session 27; sweep1 is the default); sweep1r2: as sweep1 with row pairs per
-// warp step (lab).
+// blocks per SM (session 27); sweep1r2: as sweep1 with row pairs per warp step, x's loads
+// shared by the pair (the default).
 enum class MatvecQ8sKernel : uint8_t { w8u4, w8u8, w4u4, w8u4p, w8u4nc, sweep1, sweep2, sweep1r2 };
 // Pure: the variant matvec_q8s_cuda uses (SPILLWAY_Q8S_KERNEL=<name> overrides it, lab).
 MatvecQ8sKernel matvec_q8s_kernel_for(uint32_t rows, uint32_t cols);
