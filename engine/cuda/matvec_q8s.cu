@@ -389,7 +389,7 @@ void q8_0_to_split_cuda(const void* gguf_rows, uint32_t rows, uint32_t cols, Q8S
 bool matvec_q8s_fits(uint32_t cols) { return cols > 0 && cols % kUnitCols == 0 && cols <= kMaxCols; }
 
 // Measured (docs/perf-notes.md, session 27, H200, 14B shapes, us, one call): sweep1r2 /
-// sweep1: head 183.6 / 185.0 (~98% of the HBM read ceiling), gate|up 36.9 / 38.9, down 20.3 /
+// sweep1: head 183.6 / 185.0 (4.5 TB/s: about the HBM read ceiling), gate|up 36.9 / 38.9, down 20.3 /
 // 22.5, qkv 12.5 / 14.6, wo 10.3 / 11.4; a layer's four GEMVs chained with release 72.4 /
 // 79.8 (w8u4, session 23's pick: 82); engine f16 tok/s at 0 / 8k / 64k 226.6 / 200.5 / 129.7
 // vs 208.7 / 187.4 / 124.1. sweep2 spills at 64 registers and is slow.
