@@ -360,6 +360,48 @@ void bench_q8s_layer_chain(Report& r, const Options& o, MatvecQ8sKernel kernel, 
     r.add(name, shape, (double)layer_bytes, us);
 }
 
+// The same four GEMVs as the engine runs them fused (matvec_q8s_fused_cuda, session 28): q|k|v
+// and gate|up norm the f32 stream themselves, down forms SwiGLU from gate and up, wo and down
+// add into the stream; each lets the next be scheduled at its entry. Against "q8s layer chain
+// sweep1r2 release" it prices the fused prologues; against the engine's layer time, the rest.
+// which: "" all fused; "norms" only the RMSNorm prologues (down reads quantized x); "swiglu"
+// only down's; "adds" only the residual adds (every x quantized).
+void bench_q8s_layer_chain_fused(Report& r, const Options& o, const std::string& which) {
+    const std::string name = "q8s layer chain fused" + (which.empty() ? "" : " " + which);
+    const std::string shape = "qkv, wo, gate|up, down";
+    if (!o.only.empty() && (name + " " + shape).find(o.only) == std::string::npos) return;
+    const std::vector<std::pair<uint32_t, uint32_t>> shapes{{7168, 5120}, {5120, 5120}, {27648, 5120}, {5120, 13824}};
+    size_t layer_bytes = 0;
+    for (const auto& [rows, cols] : shapes) layer_bytes += *ggml_row_bytes(GgmlType::Q8_0, cols) * rows;
+    const size_t n_sets = rotation_count(layer_bytes);
+    std::vector<std::vector<Q8SplitBuffers>> w(n_sets);
+    for (size_t i = 0; i < n_sets; ++i) {
+        w[i].reserve(shapes.size());
+        for (size_t j = 0; j < shapes.size(); ++j)
+            w[i].emplace_back(shapes[j].first, shapes[j].second, 700 + 10 * (uint32_t)i + 2 * (uint32_t)j);
+    }
+    const QuantizedX x_q(13824);
+    DeviceBuffer<float> stream(5120), norm_w(5120), qkv(7168), gate_up(27648);
+    fill_f32<<<64, 256>>>(stream.data(), stream.size(), 11);
+    fill_f32<<<64, 256>>>(norm_w.data(), norm_w.size(), 12);
+    fill_f32<<<256, 256>>>(gate_up.data(), gate_up.size(), 13);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    const float eps = 1e-5f;
+    const bool norms = which.empty() || which == "norms", swiglu = which.empty() || which == "swiglu";
+    const GemvX normed = norms ? GemvX{GemvXFrom::rmsnorm, {}, stream.data(), norm_w.data(), eps}
+                               : GemvX{GemvXFrom::q16, x_q.act()};
+    const GemvX gated = swiglu ? GemvX{GemvXFrom::swiglu, {}, gate_up.data(), gate_up.data() + 13824}
+                               : GemvX{GemvXFrom::q16, x_q.act()};
+    const double us = median_us([&](cudaStream_t st, int i) {
+        const std::vector<Q8SplitBuffers>& L = w[i % n_sets];
+        matvec_q8s_fused_cuda(L[0].view(), normed, qkv.data(), false, 7168, 5120, st, true);
+        matvec_q8s_fused_cuda(L[1].view(), GemvX{GemvXFrom::q16, x_q.act()}, stream.data(), true, 5120, 5120, st, true);
+        matvec_q8s_fused_cuda(L[2].view(), normed, gate_up.data(), false, 27648, 5120, st, true);
+        matvec_q8s_fused_cuda(L[3].view(), gated, stream.data(), true, 5120, 13824, st, true);
+    }, o.iters);
+    r.add(name, shape, (double)layer_bytes, us);
+}
+
 // Rotating sets of random Q8_0 matrices of the given (rows, cols) shapes, enough sets that
 // consecutive launches miss L2; returns the bytes of one set.
 size_t rotating_q8_sets(const std::vector<std::pair<uint32_t, uint32_t>>& shapes, uint32_t salt,
@@ -1011,6 +1053,7 @@ int main(int argc, char** argv) {
             bench_q8s_layer_chain(r, o, k, false);
             bench_q8s_layer_chain(r, o, k, true);
         }
+        for (const char* which : {"", "norms", "swiglu", "adds"}) bench_q8s_layer_chain_fused(r, o, which);
         bench_decode_layer(r, o);
         bench_matvec(r, o, GgmlType::Q8_0, 896, 896, 1);  // 0.5B shape: unaligned rows, launch-bound
         for (uint32_t n : {2u, 4u, 8u}) bench_matvec(r, o, GgmlType::Q8_0, 13824, 5120, n);

@@ -248,6 +248,16 @@ bool decode_layer_fits(const CudaModel& m) {
     return true;
 }
 
+Q8SplitConst split_of(const CudaMatrix& w) { return Q8SplitConst{reinterpret_cast<const int8_t*>(w.data), w.q8_scales}; }
+
+// SPILLWAY_FUSED_RELEASE=<bit mask of GemvSite> (lab): the fused GEMVs that let their
+// successor launch at their entry. Default all: with fusion wo is followed by gate|up, a GEMV,
+// not by a small kernel (the separate path's mask, release_at_entry, leaves wo out).
+bool fused_release_at_entry(GemvSite site) {
+    static const uint32_t mask = lab_knob_uint("SPILLWAY_FUSED_RELEASE", 31, 31, 0);
+    return (mask & (uint32_t)site) != 0;
+}
+
 // Layer il's wo (x: the quantized attention output), gate|up (x: RMSNorm of the stream after
 // wo's residual add), down (x: SwiGLU) and, unless il is the last layer, layer il + 1's
 // q|k|v (x: its attention RMSNorm of the stream after down's add).
@@ -318,17 +328,24 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     // One token through the persistent layer kernel: from wo to the next layer's q|k|v in one
     // launch, residual adds into x inside it (so proj is not used).
     const bool decode_layer = T == 1 && st.decode_scratch.size() > 0;
+    // One token through the fused GEMVs: x is the residual stream with every add done (wo and
+    // down add into it), each GEMV norms or gates its own x; proj, xn and the norm / SwiGLU
+    // launches are not used.
+    const bool fused = T == 1 && !decode_layer && st.decode_fusion && decode_fusion_fits(m);
     for (uint32_t il = 0; il < s.n_layer; ++il) {
         const CudaLayerWeights& L = m.layers[il];
         // The previous layer's FFN output joins the residual stream inside the norm. A prefill
         // chunk's norm writes only the f16 input of the GEMMs.
-        if (!decode_layer || il == 0)
+        if ((!decode_layer || il == 0) && !fused)
             rmsnorm_cuda(x, il == 0 ? nullptr : proj, L.attn_norm, fused_prefill ? nullptr : xn, T, E, s.norm_eps,
                          stream, takes_q16(L.wq, T) || takes_q16(L.wk, T) || takes_q16(L.wv, T) ? act_q16(st) : ActQ16{},
                          fused_prefill ? st.act_f16.data() : nullptr);
         op_times_mark("rmsnorm", stream);
         if (decode_layer && il > 0) {
             // q|k|v came out of the previous layer's kernel.
+        } else if (fused) {
+            matvec_q8s_fused_cuda(split_of(L.wq), GemvX{GemvXFrom::rmsnorm, {}, x, L.attn_norm, s.norm_eps}, q, false,
+                                  qd + kd + vd, L.wq.n_in, stream, fused_release_at_entry(GemvSite::qkv));
         } else if (T == 1 && L.fused_qkv) {
             matvec_decode(st, L.wq, qd + kd + vd, xn, q, GemvSite::qkv);  // q|k|v contiguous
         } else if (T == 1) {
@@ -432,6 +449,16 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                 op_times_mark("decode layer (wo .. next q|k|v)", stream);
                 continue;
             }
+            if (fused) {
+                matvec_q8s_fused_cuda(split_of(L.wo), GemvX{GemvXFrom::q16, act_q16(st)}, x, true, E, L.wo.n_in,
+                                      stream, fused_release_at_entry(GemvSite::wo));
+                matvec_q8s_fused_cuda(split_of(L.ffn_gate), GemvX{GemvXFrom::rmsnorm, {}, x, L.ffn_norm, s.norm_eps},
+                                      gate, false, 2 * F, L.ffn_gate.n_in, stream,
+                                      fused_release_at_entry(GemvSite::gate_up));
+                matvec_q8s_fused_cuda(split_of(L.ffn_down), GemvX{GemvXFrom::swiglu, {}, gate, up}, x, true, E,
+                                      L.ffn_down.n_in, stream, fused_release_at_entry(GemvSite::down));
+                continue;
+            }
             matvec_decode(st, L.wo, L.wo.n_out, st.attn.data(), proj, GemvSite::wo);
         } else {
             matmul(st, L.wo, st.attn.data(), T, proj, "gemm o");
@@ -467,9 +494,16 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     // logits are wanted are normed (the stream is dead after this).
     const uint32_t first = st.all_logits ? 0 : T - 1;
     const uint32_t n_out = T - first;
-    rmsnorm_cuda(x + (size_t)first * E, decode_layer ? nullptr : proj + (size_t)first * E, m.output_norm, xn, n_out, E,
-                 s.norm_eps, stream,
-                 takes_q16(m.output, T) ? act_q16(st) : ActQ16{});
+    if (fused && m.output.q8_scales && matvec_q8s_fused_fits(m.output.n_in) &&
+        reinterpret_cast<uintptr_t>(m.output_norm) % 16 == 0) {
+        matvec_q8s_fused_cuda(split_of(m.output), GemvX{GemvXFrom::rmsnorm, {}, x, m.output_norm, s.norm_eps},
+                              st.logits.data(), false, m.output.n_out, m.output.n_in, stream,
+                              fused_release_at_entry(GemvSite::head));
+        op_times_mark("head", stream);
+        return;
+    }
+    rmsnorm_cuda(x + (size_t)first * E, decode_layer || fused ? nullptr : proj + (size_t)first * E, m.output_norm, xn,
+                 n_out, E, s.norm_eps, stream, takes_q16(m.output, T) ? act_q16(st) : ActQ16{});
     if (takes_q16(m.output, T)) matvec_decode(st, m.output, m.output.n_out, xn, st.logits.data(), GemvSite::head);
     else matmul(st, m.output, xn, n_out, st.logits.data(), "head");
     op_times_mark("head", stream);
@@ -491,6 +525,19 @@ void enqueue_decode(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st
 }
 
 }  // namespace
+
+// The head may be in another layout: its norm then runs as a launch of its own (enqueue_forward).
+bool decode_fusion_fits(const CudaModel& m) {
+    const ModelSpec& s = m.spec;
+    const auto fits = [](const CudaMatrix& w) { return w.q8_scales != nullptr && matvec_q8s_fused_fits(w.n_in); };
+    const auto aligned = [](const float* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    for (const CudaLayerWeights& L : m.layers) {
+        if (!L.fused_qkv || !L.fused_gate_up || L.wo.n_out != s.n_embd || L.ffn_down.n_out != s.n_embd) return false;
+        if (!aligned(L.attn_norm) || !aligned(L.ffn_norm)) return false;
+        if (!fits(L.wq) || !fits(L.wo) || !fits(L.ffn_gate) || !fits(L.ffn_down)) return false;
+    }
+    return true;
+}
 
 CudaKvCache make_cuda_kv_cache(const CudaModel& m, uint32_t n_ctx, KvType k_type, KvType v_type,
                                uint32_t resident_cells, uint32_t spill_chunk_cells) {
@@ -592,6 +639,7 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     // written for one decode token and the head's rows (the last one unless all logits are
     // wanted). 40 MiB less scratch at 2048-token chunks of the 14B shape.
     st.fused_prefill = !lab_knob("SPILLWAY_PREFILL_FUSED", "0", "1");
+    st.decode_fusion = !lab_knob("SPILLWAY_DECODE_FUSION", "0", "1");
     st.xn = DeviceBuffer<float>((st.fused_prefill && !all_logits ? 1 : T) * s.n_embd);
     st.proj = DeviceBuffer<float>(T * s.n_embd);
     st.qkv = DeviceBuffer<float>(T * (qd + kd + vd));

@@ -80,6 +80,10 @@ struct CudaForwardState {
     DeviceBuffer<float2> rope_cs;           // [max_tokens][n_rot/2] cos, sin: once per forward (rope.cuh);
                                             // empty: computed per head and layer
     bool fused_prefill = true;              // chunk producers write the GEMMs' f16 inputs (cuda_forward.cu)
+    // One token: the split-layout GEMVs form their x (RMSNorm, SwiGLU) and add into the residual
+    // stream themselves, without those launches between them (cuda_forward.cu, decode_fusion_fits;
+    // SPILLWAY_DECODE_FUSION=0, lab: off). Same bits either way.
+    bool decode_fusion = true;
     DeviceBuffer<int32_t> next_token;       // greedy argmax output (input of the next step)
     // Decode: the input of a Q8_0 matvec quantized to int16 blocks by its producer (act_quant.cuh):
     // [widest matvec input] values and one scale per 32.
@@ -130,6 +134,11 @@ void init_cuda_forward_state(CudaForwardState& state, const CudaModel& model, ui
 // docs/perf-notes.md, session 15); tests set it per state. Returns whether the kernel is on
 // (false when the model or the GPU does not take it). Before the state's first decode graph.
 bool set_cuda_decode_layer(CudaForwardState& state, const CudaModel& model, bool on);
+
+// Whether a decode step of this model can run fused (CudaForwardState::decode_fusion): every
+// layer's q|k|v and gate|up stored back to back, its four matrices in the split layout with
+// rows the fused sweep GEMV takes (matvec_q8s.cuh), 16-byte aligned norm weights.
+bool decode_fusion_fits(const CudaModel& model);
 // Scratch bytes the state holds (everything except the graphs).
 uint64_t cuda_forward_scratch_bytes(const CudaForwardState& state);
 

@@ -39,6 +39,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "engine/cuda/act_ops_device.cuh"
 #include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/bulk_copy_device.cuh"
 #include "engine/cuda/cp_async_device.cuh"
@@ -126,8 +127,6 @@ __device__ __forceinline__ WarpShare warp_share(const DecodeGemvPhase& ph, uint3
     s.starts_cut = s.c0 % s.cpr != 0 && s.c1 > s.c0;
     return s;
 }
-
-__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 // All blocks of the grid (all resident: one per SM). words[0] counts arrivals, words[1] is
 // the generation; the last arrival resets the count and bumps the generation, so the words

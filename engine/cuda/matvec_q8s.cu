@@ -16,6 +16,8 @@
 #include <string>
 
 #include "common/error.h"
+#include "engine/cuda/act_ops_device.cuh"
+#include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/cp_async_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/gemv_shared.cuh"
@@ -185,6 +187,67 @@ __global__ void __launch_bounds__(kWarpsPB * 32, kMinBlocks) matvec_q8s_kernel(
     }
 }
 
+// x's source and y's use for one sweep launch (GemvX in matvec_q8s.cuh, flattened).
+struct SweepIo {
+    const int16_t* xq;  // GemvXFrom::q16: x as int16 blocks
+    const float* xd;
+    const float* a;  // rmsnorm: the stream; swiglu: gate
+    const float* b;  // rmsnorm: the norm's weight; swiglu: up
+    float eps;
+    uint32_t from;  // GemvXFrom
+    uint32_t rcp;   // lab (SPILLWAY_FUSED_RCP=1): quantize with x * (1 / d), not x / d; other bits
+    float* y;
+    uint32_t accumulate;  // y += W x instead of y = W x
+};
+
+// x formed from f32 vectors by the block itself, into shared memory as int16 blocks (q then
+// d, where copy_x_to_shared leaves them), with the same operations in the same order as
+// rmsnorm_cuda's one-row kernel (512 threads) and swiglu_q16_cuda: the same bits. stage: 8 *
+// cols bytes of shared memory; for RMSNorm the weight's copies were committed before the
+// producer wait (the weight does not depend on the producer).
+__device__ __forceinline__ void form_x_in_shared(const SweepIo& io, uint32_t cols, uint4* smem, float4* stage,
+                                                 float* warp_sums, uint32_t n_threads) {
+    const uint32_t n4 = cols / 4, lane = threadIdx.x % 32;
+    float4* s_a = stage;
+    float4* s_b = stage + n4;
+    for (uint32_t i = threadIdx.x; i < n4; i += n_threads) cp_async16(s_a + i, io.a + 4 * i);
+    if (io.from == (uint32_t)GemvXFrom::swiglu)
+        for (uint32_t i = threadIdx.x; i < n4; i += n_threads) cp_async16(s_b + i, io.b + 4 * i);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    int16_t* q = reinterpret_cast<int16_t*>(smem);
+    float* d = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(smem) + cols * 2);
+    // n4 % 128 == 0, so the 8 lanes of a 32-value block are in or out of the loops together.
+    if (io.from == (uint32_t)GemvXFrom::rmsnorm) {
+        float sum = 0.0f;
+        for (uint32_t i = threadIdx.x; i < n4; i += n_threads) {
+            const float4 v = s_a[i];
+            sum = fmaf(v.x, v.x, sum);
+            sum = fmaf(v.y, v.y, sum);
+            sum = fmaf(v.z, v.z, sum);
+            sum = fmaf(v.w, v.w, sum);
+        }
+        const float inv_rms = rsqrtf(block_sum(sum, warp_sums, n_threads / 32) / (float)cols + io.eps);
+        for (uint32_t i = threadIdx.x; i < n4; i += n_threads) {
+            const float4 v = s_a[i], g = s_b[i];
+            const float4 o = make_float4(v.x * inv_rms * g.x, v.y * inv_rms * g.y, v.z * inv_rms * g.z,
+                                         v.w * inv_rms * g.w);
+            if (io.rcp) quantize_act_q16_group_rcp(o, lane, q + 4 * i, d + i / 8);
+            else quantize_act_q16_group(o, lane, q + 4 * i, d + i / 8);
+        }
+    } else {
+        for (uint32_t i = threadIdx.x; i < n4; i += n_threads) {
+            const float4 g = s_a[i], u = s_b[i];
+            const float4 h = make_float4(silu_times(g.x, u.x), silu_times(g.y, u.y), silu_times(g.z, u.z),
+                                         silu_times(g.w, u.w));
+            if (io.rcp) quantize_act_q16_group_rcp(h, lane, q + 4 * i, d + i / 8);
+            else quantize_act_q16_group(h, lane, q + 4 * i, d + i / 8);
+        }
+    }
+    __syncthreads();
+}
+
 // The sweep variants: a block owns a contiguous range of whole rows, and its warps take that
 // range's 512-code segments in address order, interleaved (warp w: segments w, w + 16, ...),
 // so each SM reads one contiguous region front to back, as the plain streaming kernel that
@@ -195,17 +258,21 @@ __global__ void __launch_bounds__(kWarpsPB * 32, kMinBlocks) matvec_q8s_kernel(
 // per warp in flight; a slot is reloaded as soon as it is summed.
 constexpr int kSweepWarps = 16;
 constexpr size_t kSweepPartialBytes = 48 * 1024;
+// A fused x stages two f32 vectors of cols values beside x itself: 10.125 bytes per column,
+// 207 KB at 20480 columns (the 7B shape's down has 18944).
+constexpr uint32_t kFusedMaxCols = 20480;
+constexpr size_t kFusedStagePerCol = 8;
 
 // kRows = 2 (lab): a unit is a row pair's segment (the two rows' 512 codes at the same
 // columns share x's loads), units in pair-major order; kUnroll units x kRows rows = 8 sums.
 template <int kUnroll, int kMinBlocks, int kRows = 1>
 __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep_kernel(
-    const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const int16_t* __restrict__ xq,
-    const float* __restrict__ xd, float* __restrict__ y, uint32_t rows, uint32_t cols, uint32_t rows_per_block,
-    uint32_t release_at_entry) {
+    const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const SweepIo io, uint32_t rows,
+    uint32_t cols, uint32_t rows_per_block, uint32_t release_at_entry) {
     static_assert(kUnroll * kRows == 8, "the reduction below is written for 8 sums");
     if (release_at_entry) pdl_release_dependents();
     extern __shared__ uint4 q8s_smem[];  // x: q [cols] int16, d [cols / 32] f32; then the segment sums
+    __shared__ float warp_sums[kSweepWarps];
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const uint32_t segs = cols / kUnitCols, row_vecs = cols / 16, row_blocks = cols / 32;
     const uint32_t r0 = min(rows, blockIdx.x * rows_per_block), r1 = min(rows, r0 + rows_per_block);
@@ -237,12 +304,20 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
         seg_of[i] = (warp + kSweepWarps * i) % segs;
         load(i, warp + kSweepWarps * i, seg_of[i]);
     }
-    pdl_wait_for_producer();  // W went out first: it does not depend on x's producer
     const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
-    copy_x_to_shared(xq, xd, cols, q8s_smem, kSweepWarps * 32);
+    // The segment sums' region stages the f32 inputs of a fused x first.
+    float* part = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(q8s_smem) + x_bytes);
+    float4* stage = reinterpret_cast<float4*>(part);
+    if (io.from == (uint32_t)GemvXFrom::rmsnorm) {
+        for (uint32_t i = threadIdx.x; i < cols / 4; i += kSweepWarps * 32)
+            cp_async16(stage + cols / 4 + i, io.b + 4 * i);
+        cp_async_commit();
+    }
+    pdl_wait_for_producer();  // W went out first: it does not depend on x's producer
+    if (io.from == (uint32_t)GemvXFrom::q16) copy_x_to_shared(io.xq, io.xd, cols, q8s_smem, kSweepWarps * 32);
+    else form_x_in_shared(io, cols, q8s_smem, stage, warp_sums, kSweepWarps * 32);
     const uint4* x_q = q8s_smem;
     const float* x_d = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(q8s_smem) + cols * 2);
-    float* part = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(q8s_smem) + x_bytes);
     for (uint32_t j0 = warp; j0 < n; j0 += kSweepWarps * kUnroll) {
         // Every slot is summed (a slot past the end holds zeros' worth: its sum is not stored),
         // so the dot products and reductions interleave without branches.
@@ -296,18 +371,26 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
         float total = 0.0f;
         for (uint32_t seg = 0; seg < segs; ++seg) total += part[r * segs + seg];  // column order
-        y[r0 + r] = total;
+        io.y[r0 + r] = io.accumulate ? io.y[r0 + r] + total : total;
     }
 }
 
 template <int kUnroll, int kBlocksPerSm, int kRows = 1>
-void launch_q8s_sweep(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
+void launch_q8s_sweep(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
                       bool release_at_entry) {
     constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows>;
     const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
     static const int sms = [] {
-        const size_t max_smem = ((size_t)kMaxCols * 2 + kMaxCols / 8 + 15) / 16 * 16 + kSweepPartialBytes;
+        const auto x_bytes_of = [](size_t n) { return (n * 2 + n / 8 + 15) / 16 * 16; };
+        const size_t max_smem = std::max(x_bytes_of(kMaxCols) + kSweepPartialBytes,
+                                         x_bytes_of(kFusedMaxCols) + kFusedStagePerCol * kFusedMaxCols);
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)max_smem));
+        // SPILLWAY_SWEEP_CARVEOUT=<percent> (lab): the shared-memory share of L1 every launch of
+        // this kernel prefers, so launches with different x sizes need not reconfigure an SM.
+        const uint32_t carveout = lab_knob_uint("SPILLWAY_SWEEP_CARVEOUT", 101, 101);
+        if (carveout <= 100)
+            SPILLWAY_CUDA_CHECK(
+                cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout, (int)carveout));
         int device = 0, count = 0;
         SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
@@ -319,11 +402,25 @@ void launch_q8s_sweep(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_
     const uint32_t max_rows = (uint32_t)(kSweepPartialBytes / (segs * sizeof(float))) / kRows * kRows;
     const uint32_t rows_per_block = std::min(((rows + slots - 1) / slots + kRows - 1) / kRows * kRows, max_rows);
     const uint32_t blocks = (rows + rows_per_block - 1) / rows_per_block;
-    const size_t smem = x_bytes + (size_t)rows_per_block * segs * sizeof(float);
+    const size_t stage = io.from == (uint32_t)GemvXFrom::q16 ? 0 : kFusedStagePerCol * cols;
+    const size_t smem = x_bytes + std::max((size_t)rows_per_block * segs * sizeof(float), stage);
     launch_with_pdl(pdl_supported(), kKernel, dim3(blocks), dim3(kSweepWarps * 32), smem, stream,
-                    reinterpret_cast<const uint4*>(w.codes), reinterpret_cast<const unsigned short*>(w.scales),
-                    static_cast<const int16_t*>(x.q), static_cast<const float*>(x.d), y, rows, cols, rows_per_block,
-                    release_at_entry ? 1u : 0u);
+                    reinterpret_cast<const uint4*>(w.codes), reinterpret_cast<const unsigned short*>(w.scales), io,
+                    rows, cols, rows_per_block, release_at_entry ? 1u : 0u);
+}
+
+SweepIo q16_io(ActQ16 x, float* y) {
+    return SweepIo{x.q, x.d, nullptr, nullptr, 0.0f, (uint32_t)GemvXFrom::q16, 0u, y, 0u};
+}
+
+void launch_sweep(MatvecQ8sKernel kernel, Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols,
+                  cudaStream_t stream, bool release_at_entry) {
+    switch (kernel) {
+        case MatvecQ8sKernel::sweep1: launch_q8s_sweep<8, 1>(w, io, rows, cols, stream, release_at_entry); break;
+        case MatvecQ8sKernel::sweep2: launch_q8s_sweep<8, 2>(w, io, rows, cols, stream, release_at_entry); break;
+        case MatvecQ8sKernel::sweep1r2: launch_q8s_sweep<4, 1, 2>(w, io, rows, cols, stream, release_at_entry); break;
+        default: fail("matvec_q8s: not a sweep variant");
+    }
 }
 
 // One thread per Q8_0 block: 34 bytes (f16 scale, 32 codes) -> 32 codes + the scale apart.
@@ -416,10 +513,36 @@ void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, floa
         case MatvecQ8sKernel::w8u4nc:
             launch_q8s<8, 4, 3, false, false>(w, x, y, rows, cols, stream, release_at_entry);
             break;
-        case MatvecQ8sKernel::sweep1: launch_q8s_sweep<8, 1>(w, x, y, rows, cols, stream, release_at_entry); break;
-        case MatvecQ8sKernel::sweep2: launch_q8s_sweep<8, 2>(w, x, y, rows, cols, stream, release_at_entry); break;
-        case MatvecQ8sKernel::sweep1r2: launch_q8s_sweep<4, 1, 2>(w, x, y, rows, cols, stream, release_at_entry); break;
+        case MatvecQ8sKernel::sweep1:
+        case MatvecQ8sKernel::sweep2:
+        case MatvecQ8sKernel::sweep1r2:
+            launch_sweep(kernel, w, q16_io(x, y), rows, cols, stream, release_at_entry);
+            break;
     }
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+bool matvec_q8s_fused_fits(uint32_t cols) {
+    const std::optional<MatvecQ8sKernel> forced = q8s_kernel_override();
+    const bool sweep = !forced || *forced == MatvecQ8sKernel::sweep1 || *forced == MatvecQ8sKernel::sweep2 ||
+                       *forced == MatvecQ8sKernel::sweep1r2;
+    return sweep && matvec_q8s_fits(cols) && cols <= kFusedMaxCols;
+}
+
+void matvec_q8s_fused_cuda(Q8SplitConst w, const GemvX& x, float* y, bool accumulate, uint32_t rows, uint32_t cols,
+                           cudaStream_t stream, bool release_at_entry) {
+    if (rows == 0) return;
+    if (!matvec_q8s_fused_fits(cols))
+        fail("matvec_q8s_fused_cuda: cols must be a multiple of 512, at most 16384 (and a sweep variant chosen)");
+    const auto aligned = [](const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    if (!aligned(w.codes) || w.scales == nullptr || reinterpret_cast<uintptr_t>(w.scales) % 2 != 0 || y == nullptr)
+        fail("matvec_q8s_fused_cuda: codes must be 16-byte aligned, scales 2-byte aligned, y given");
+    if (x.from == GemvXFrom::q16 ? !aligned(x.q16.q) || !aligned(x.q16.d) : !aligned(x.a) || !aligned(x.b))
+        fail("matvec_q8s_fused_cuda: x's inputs must be given and 16-byte aligned");
+    static const bool rcp = lab_knob("SPILLWAY_FUSED_RCP", "1", "0");
+    const SweepIo io{x.q16.q, x.q16.d, x.a, x.b, x.eps, (uint32_t)x.from, rcp ? 1u : 0u, y, accumulate ? 1u : 0u};
+    const std::optional<MatvecQ8sKernel> forced = q8s_kernel_override();
+    launch_sweep(forced ? *forced : MatvecQ8sKernel::sweep1r2, w, io, rows, cols, stream, release_at_entry);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 

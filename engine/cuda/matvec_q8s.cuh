@@ -52,4 +52,30 @@ void matvec_q8s_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t
 void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols,
                           cudaStream_t stream, bool release_at_entry = false);
 
+// Decode fusion (session 28): the sweep GEMV forms x itself from what the previous ops left
+// in f32, so no RMSNorm or SwiGLU launch sits between two GEMVs, and adds W x into the
+// residual stream itself, so no launch is needed for the add. Every block computes the same
+// x with the same operations in the same order as rmsnorm_cuda's one-row kernel and
+// swiglu_q16_cuda, quantized as act_q16: the bits of the separate path.
+enum class GemvXFrom : uint8_t {
+    q16,      // x already quantized (q16)
+    rmsnorm,  // x = RMSNorm(a) * b: a the residual stream, b the norm's weight, eps
+    swiglu,   // x = silu(a) * b: a gate, b up
+};
+struct GemvX {
+    GemvXFrom from = GemvXFrom::q16;
+    ActQ16 q16;
+    const float* a = nullptr;
+    const float* b = nullptr;
+    float eps = 0.0f;
+};
+// Whether matvec_q8s_fused_cuda takes this row length: matvec_q8s_fits and cols <= 20480
+// (two f32 vectors staged in shared memory), and no non-sweep variant forced by the lab knob.
+// (rmsnorm_cuda's one-row kernel, whose bits the fused RMSNorm repeats, takes dim <= 16384.)
+bool matvec_q8s_fused_fits(uint32_t cols);
+// y = W x, or y += W x when accumulate (y[r] + (W x)[r], as rmsnorm_cuda's residual add);
+// inputs 16-byte aligned. release_at_entry as for matvec_q8s_cuda.
+void matvec_q8s_fused_cuda(Q8SplitConst w, const GemvX& x, float* y, bool accumulate, uint32_t rows, uint32_t cols,
+                           cudaStream_t stream, bool release_at_entry = false);
+
 }  // namespace spillway

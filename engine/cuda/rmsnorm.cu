@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "engine/cuda/act_ops_device.cuh"
 #include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/pdl_launch.cuh"
@@ -13,16 +14,6 @@ namespace spillway {
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float block_sum(float sum, float* warp_sums, int n_warps) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
-    __syncthreads();
-    float total = 0.0f;
-    for (int w = 0; w < n_warps; ++w) total += warp_sums[w];
-    return total;
-}
 
 // Any dim: one block per row, one value per thread per step.
 __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ add,

@@ -3,14 +3,13 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "engine/cuda/act_ops_device.cuh"
 #include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/pdl_launch.cuh"
 
 namespace spillway {
 namespace {
-
-__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 __global__ void swiglu_kernel(const float* gate, const float* up, float* out, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)

@@ -61,13 +61,14 @@ std::vector<float> cpu_logits(const CpuModel& m, const std::vector<int32_t>& pro
 // GPU: the same, decode through the graph path or direct launches.
 std::vector<float> gpu_logits(const CudaModel& m, const std::vector<int32_t>& prompt,
                               const std::vector<int32_t>& decode, KvType kt, KvType vt, bool use_graph,
-                              bool decode_layer = false) {
+                              bool decode_layer = false, bool decode_fusion = true) {
     const uint32_t V = m.spec.n_vocab, n_ctx = (uint32_t)(prompt.size() + decode.size());
     CudaKvCache cache = make_cuda_kv_cache(m, n_ctx, kt, vt);
     SPILLWAY_CUDA_CHECK(cudaMemset(cache.arena.data(), 0xFF, cache.arena.bytes()));  // poison: NaN halves
     CudaForwardState st;
     init_cuda_forward_state(st, m, (uint32_t)prompt.size(), true, n_ctx);
     EXPECT_EQ(set_cuda_decode_layer(st, m, decode_layer), decode_layer) << "the persistent layer kernel was refused";
+    st.decode_fusion = decode_fusion;
     std::vector<float> out((prompt.size() + decode.size()) * V);
     forward_cuda_tokens(m, cache, st, prompt.data(), (uint32_t)prompt.size(), 0);
     SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(out.data(), st.logits.data(), prompt.size() * V * 4, cudaMemcpyDeviceToHost,
@@ -225,7 +226,8 @@ TEST(CudaForward, GraphDecodeEqualsDirectDecode) {
 // GEMV in CudaMatvec.*), which 28 layers of random weights amplify: 6e-4 measured on the
 // H200 (session 23), bounded at 2e-3 (the f16 forward's bound against the CPU is 5e-3). A
 // prefill that wants only the last row runs the head as one GEMV on f32 x, which the split
-// layout rounds to int16 first (~2e-5 relative).
+// layout rounds to int16 first (~2e-5 relative). The split model's decode also runs without
+// the fused GEMVs (RMSNorm, SwiGLU and residual adds as launches of their own): the same bits.
 TEST(CudaForward, Q8SplitLayoutMatchesGgufLayout) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     size_t free_b = 0, total_b = 0;
@@ -246,12 +248,17 @@ TEST(CudaForward, Q8SplitLayoutMatchesGgufLayout) {
     EXPECT_EQ(L.wk.q8_scales, L.wq.q8_scales + (uint64_t)L.wq.n_out * L.wq.n_in / 32);
     EXPECT_EQ(L.ffn_up.q8_scales, L.ffn_gate.q8_scales + (uint64_t)L.ffn_gate.n_out * L.ffn_gate.n_in / 32);
     EXPECT_EQ(split.weight_bytes, gguf.weight_bytes);
+    EXPECT_TRUE(decode_fusion_fits(split));
+    EXPECT_FALSE(decode_fusion_fits(gguf));
 
     std::mt19937 rng(cuda_test::fresh_seed());
     const uint32_t V = split.spec.n_vocab;
     const std::vector<int32_t> prompt = random_tokens(rng, 24, V), decode = random_tokens(rng, 6, V);
     const std::vector<float> a = gpu_logits(gguf, prompt, decode, KvType::f16, KvType::f16, true);
     const std::vector<float> b = gpu_logits(split, prompt, decode, KvType::f16, KvType::f16, true);
+    const std::vector<float> b_separate = gpu_logits(split, prompt, decode, KvType::f16, KvType::f16, true, false, false);
+    EXPECT_EQ(rel_error(b, b_separate), 0.0) << "fused decode differs from the separate launches";
+    EXPECT_EQ(cuda_test::count_nan(b), 0u);
     const double prefill_err = worst_row(a, b, V, 0, prompt.size());
     const double decode_err = worst_row(a, b, V, prompt.size(), prompt.size() + decode.size());
     EXPECT_EQ(prefill_err, 0.0) << "prefill logits differ between the layouts";

@@ -3,6 +3,8 @@
 // f32, so the tolerance is f32 summation error: 1e-5 for every weight type.
 #include "engine/cuda/matvec.cuh"
 #include "engine/cuda/matvec_q8s.cuh"
+#include "engine/cuda/rmsnorm.cuh"
+#include "engine/cuda/swiglu.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -351,6 +353,114 @@ TEST(CudaMatvec, Q8SplitKernelsMatchCpu) {
     EXPECT_FALSE(matvec_q8s_fits(65536));
     EXPECT_FALSE(matvec_q8s_fits(896));
     EXPECT_TRUE(matvec_q8s_fits(13824));
+}
+
+// The fused sweep (matvec_q8s_fused_cuda): x formed in the GEMV from the f32 stream and the
+// norm's weight, or from gate and up, must give exactly the bits of rmsnorm_cuda or
+// swiglu_q16_cuda followed by the q16 GEMV, and y += W x exactly y0 + (W x); and against the
+// CPU (double sums over x quantized on the host: 1e-5, f32 summation and an inv_rms that may
+// sit an ulp apart).
+void check_fused_sweep(uint32_t rows, uint32_t cols) {
+    const uint32_t seed = fresh_seed();
+    SCOPED_TRACE("fused sweep rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + " seed=" +
+                 std::to_string(seed));
+    std::mt19937 rng(seed);
+    const HostWeights w = random_weights(rng, GgmlType::Q8_0, rows, cols);
+    const std::vector<float> stream = random_floats(rng, cols, 3.0f), norm_w = random_floats(rng, cols);
+    const std::vector<float> gate = random_floats(rng, cols, 2.0f), up = random_floats(rng, cols);
+    const std::vector<float> y0 = random_floats(rng, rows);
+    auto d_w = to_device(w.bytes);
+    DeviceBuffer<int8_t> codes((size_t)rows * cols);
+    DeviceBuffer<uint16_t> scales((size_t)rows * cols / 32);
+    q8_0_to_split_cuda(d_w.data(), rows, cols, Q8Split{codes.data(), scales.data()}, nullptr);
+    const Q8SplitConst split{codes.data(), scales.data()};
+    auto d_stream = to_device(stream), d_norm_w = to_device(norm_w), d_gate = to_device(gate), d_up = to_device(up);
+    DeviceBuffer<float> xn(cols), y_sep(rows), y_fused(rows);
+    DeviceBuffer<int16_t> q(cols);
+    DeviceBuffer<float> d(cols / 32);
+    const float eps = 1e-5f;
+    const auto host_ref = [&](const std::vector<float>& x) {  // W x over x quantized as the GPU does
+        const std::vector<float> x_seen = dequantize_act_q16_host(quantize_act_q16_host(x));
+        std::vector<float> ref(rows);
+        for (uint32_t r = 0; r < rows; ++r) {
+            double sum = 0.0;
+            for (uint32_t k = 0; k < cols; ++k) sum += (double)w.values[(size_t)r * cols + k] * x_seen[k];
+            ref[r] = (float)sum;
+        }
+        return ref;
+    };
+    const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
+        return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+    };
+
+    if (cols <= 16384) {  // rmsnorm_cuda's one-row kernel
+        rmsnorm_cuda(d_stream.data(), nullptr, d_norm_w.data(), xn.data(), 1, cols, eps, nullptr, ActQ16{q.data(), d.data()});
+        poison(y_sep);
+        poison(y_fused);
+        matvec_q8s_cuda_with(MatvecQ8sKernel::sweep1r2, split, ActQ16{q.data(), d.data()}, y_sep.data(), rows, cols,
+                             nullptr);
+        matvec_q8s_fused_cuda(split, GemvX{GemvXFrom::rmsnorm, {}, d_stream.data(), d_norm_w.data(), eps},
+                              y_fused.data(), false, rows, cols, nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> a = to_host(y_sep), b = to_host(y_fused);
+        EXPECT_EQ(count_nan(b), 0u);
+        EXPECT_TRUE(bits_equal(a, b)) << "RMSNorm: fused differs from separate, rel. " << rel_error(b, a);
+        double ss = 0.0;
+        for (float v : stream) ss += (double)v * v;
+        const float inv_rms = (float)(1.0 / std::sqrt(ss / cols + eps));
+        std::vector<float> x(cols);
+        for (uint32_t k = 0; k < cols; ++k) x[k] = stream[k] * inv_rms * norm_w[k];
+        EXPECT_LT(rel_error(b, host_ref(x)), 1e-5) << "RMSNorm: fused vs CPU";
+        EXPECT_TRUE(bits_equal(to_host(d_stream), stream)) << "the stream was written";
+    }
+    {
+        swiglu_q16_cuda(d_gate.data(), d_up.data(), cols, ActQ16{q.data(), d.data()}, nullptr);
+        poison(y_sep);
+        poison(y_fused);
+        matvec_q8s_cuda_with(MatvecQ8sKernel::sweep1r2, split, ActQ16{q.data(), d.data()}, y_sep.data(), rows, cols,
+                             nullptr);
+        matvec_q8s_fused_cuda(split, GemvX{GemvXFrom::swiglu, {}, d_gate.data(), d_up.data()}, y_fused.data(), false,
+                              rows, cols, nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> a = to_host(y_sep), b = to_host(y_fused);
+        EXPECT_EQ(count_nan(b), 0u);
+        EXPECT_TRUE(bits_equal(a, b)) << "SwiGLU: fused differs from separate, rel. " << rel_error(b, a);
+        std::vector<float> x(cols);
+        for (uint32_t k = 0; k < cols; ++k) x[k] = gate[k] / (1.0f + std::exp(-gate[k])) * up[k];
+        EXPECT_LT(rel_error(b, host_ref(x)), 1e-5) << "SwiGLU: fused vs CPU";
+    }
+    {  // accumulate, x given quantized (what the attention leaves for wo): y_sep holds W x from above
+        auto d_y = to_device(y0);
+        matvec_q8s_fused_cuda(split, GemvX{GemvXFrom::q16, ActQ16{q.data(), d.data()}}, d_y.data(), true, rows, cols,
+                              nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> wx = to_host(y_sep), got = to_host(d_y);
+        std::vector<float> want(rows);
+        for (uint32_t r = 0; r < rows; ++r) want[r] = y0[r] + wx[r];
+        EXPECT_TRUE(bits_equal(got, want)) << "y += W x differs from y0 + (W x), rel. " << rel_error(got, want);
+    }
+}
+
+TEST(CudaMatvec, FusedSweepEqualsSeparateLaunches) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    // One unit; one block's rows; 14B's down and gate|up; 7B's down (cols past the one-row
+    // RMSNorm's 16384: SwiGLU and accumulate only); the widest fused RMSNorm.
+    for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
+             {1, 512}, {7, 512}, {257, 5120}, {5120, 13824}, {27648, 5120}, {3584, 18944}, {100, 16384}, {33, 20480}})
+        check_fused_sweep(rows, cols);
+    DeviceBuffer<int8_t> codes(1 << 20);
+    DeviceBuffer<uint16_t> scales(1 << 16);
+    DeviceBuffer<float> a(20992), b(20992), y(16);
+    const Q8SplitConst split{codes.data(), scales.data()};
+    EXPECT_FALSE(matvec_q8s_fused_fits(20992));  // past the staging room
+    EXPECT_TRUE(matvec_q8s_fused_fits(20480));
+    EXPECT_THROW(matvec_q8s_fused_cuda(split, GemvX{GemvXFrom::swiglu, {}, a.data(), b.data()}, y.data(), false, 4,
+                                       20992, nullptr), Error);
+    EXPECT_THROW(matvec_q8s_fused_cuda(split, GemvX{GemvXFrom::rmsnorm, {}, a.data() + 1, b.data(), 1e-5f}, y.data(),
+                                       false, 4, 512, nullptr), Error);  // not 16-byte aligned
+    EXPECT_THROW(matvec_q8s_fused_cuda(split, GemvX{GemvXFrom::q16}, y.data(), false, 4, 512, nullptr), Error);
+    EXPECT_THROW(matvec_q8s_fused_cuda(split, GemvX{GemvXFrom::swiglu, {}, a.data(), b.data()}, nullptr, false, 4, 512,
+                                       nullptr), Error);
 }
 
 TEST(CudaMatvec, RejectsUnsupportedInputs) {
