@@ -313,7 +313,8 @@ struct Q8SplitBuffers {
 };
 
 const char* q8s_name(MatvecQ8sKernel k) {
-    static const char* const kNames[] = {"w8u4", "w8u8", "w4u4", "w8u4p", "w8u4nc", "sweep1", "sweep2", "sweep1r2"};
+    static const char* const kNames[] = {"w8u4",   "w8u8",   "w4u4",     "w8u4p",   "w8u4nc",
+                                         "sweep1", "sweep2", "sweep1r2", "sweep1r4", "sweep1r8"};
     return kNames[(int)k];
 }
 
@@ -1045,7 +1046,7 @@ int main(int argc, char** argv) {
                 bench_matvec_q16x(r, o, rows, cols, k);
         }
         bench_q16x_layer_chain(r, o);
-        for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r2; ++ki) {
+        for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r8; ++ki) {
             const auto k = (MatvecQ8sKernel)ki;
             for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
                      {5120, 13824}, {13824, 5120}, {152064, 5120}, {27648, 5120}, {7168, 5120}, {5120, 5120}})

@@ -455,8 +455,13 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                 matvec_q8s_fused_cuda(split_of(L.ffn_gate), GemvX{GemvXFrom::rmsnorm, {}, x, L.ffn_norm, s.norm_eps},
                                       gate, false, 2 * F, L.ffn_gate.n_in, stream,
                                       fused_release_at_entry(GemvSite::gate_up));
-                matvec_q8s_fused_cuda(split_of(L.ffn_down), GemvX{GemvXFrom::swiglu, {}, gate, up}, x, true, E,
-                                      L.ffn_down.n_in, stream, fused_release_at_entry(GemvSite::down));
+                GemvX down_x{GemvXFrom::swiglu, {}, gate, up};
+                if (!st.fused_swiglu) {
+                    swiglu_q16_cuda(gate, up, F, act_q16(st), stream);
+                    down_x = GemvX{GemvXFrom::q16, act_q16(st)};
+                }
+                matvec_q8s_fused_cuda(split_of(L.ffn_down), down_x, x, true, E, L.ffn_down.n_in, stream,
+                                      fused_release_at_entry(GemvSite::down));
                 continue;
             }
             matvec_decode(st, L.wo, L.wo.n_out, st.attn.data(), proj, GemvSite::wo);
@@ -639,7 +644,11 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     // written for one decode token and the head's rows (the last one unless all logits are
     // wanted). 40 MiB less scratch at 2048-token chunks of the 14B shape.
     st.fused_prefill = !lab_knob("SPILLWAY_PREFILL_FUSED", "0", "1");
-    st.decode_fusion = !lab_knob("SPILLWAY_DECODE_FUSION", "0", "1");
+    // Default norms: down forming SwiGLU itself costs more than the launch it saves (every
+    // block redoes 13824 exp and divisions; docs/perf-notes.md, session 28).
+    const int fusion = lab_knob_choice("SPILLWAY_DECODE_FUSION", {"0", "norms", "all"});
+    st.decode_fusion = fusion != 0;
+    st.fused_swiglu = fusion == 2;
     st.xn = DeviceBuffer<float>((st.fused_prefill && !all_logits ? 1 : T) * s.n_embd);
     st.proj = DeviceBuffer<float>(T * s.n_embd);
     st.qkv = DeviceBuffer<float>(T * (qd + kd + vd));

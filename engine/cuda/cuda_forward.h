@@ -80,10 +80,12 @@ struct CudaForwardState {
     DeviceBuffer<float2> rope_cs;           // [max_tokens][n_rot/2] cos, sin: once per forward (rope.cuh);
                                             // empty: computed per head and layer
     bool fused_prefill = true;              // chunk producers write the GEMMs' f16 inputs (cuda_forward.cu)
-    // One token: the split-layout GEMVs form their x (RMSNorm, SwiGLU) and add into the residual
-    // stream themselves, without those launches between them (cuda_forward.cu, decode_fusion_fits;
-    // SPILLWAY_DECODE_FUSION=0, lab: off). Same bits either way.
+    // One token: the split-layout GEMVs form their x (RMSNorm) and add into the residual stream
+    // themselves, without those launches between them (cuda_forward.cu, decode_fusion_fits);
+    // with fused_swiglu the down GEMV forms SwiGLU of gate and up too. Same bits either way.
+    // SPILLWAY_DECODE_FUSION=0|norms|all (lab).
     bool decode_fusion = true;
+    bool fused_swiglu = false;
     DeviceBuffer<int32_t> next_token;       // greedy argmax output (input of the next step)
     // Decode: the input of a Q8_0 matvec quantized to int16 blocks by its producer (act_quant.cuh):
     // [widest matvec input] values and one scale per 32.

@@ -419,6 +419,8 @@ void launch_sweep(MatvecQ8sKernel kernel, Q8SplitConst w, const SweepIo& io, uin
         case MatvecQ8sKernel::sweep1: launch_q8s_sweep<8, 1>(w, io, rows, cols, stream, release_at_entry); break;
         case MatvecQ8sKernel::sweep2: launch_q8s_sweep<8, 2>(w, io, rows, cols, stream, release_at_entry); break;
         case MatvecQ8sKernel::sweep1r2: launch_q8s_sweep<4, 1, 2>(w, io, rows, cols, stream, release_at_entry); break;
+        case MatvecQ8sKernel::sweep1r4: launch_q8s_sweep<2, 1, 4>(w, io, rows, cols, stream, release_at_entry); break;
+        case MatvecQ8sKernel::sweep1r8: launch_q8s_sweep<1, 1, 8>(w, io, rows, cols, stream, release_at_entry); break;
         default: fail("matvec_q8s: not a sweep variant");
     }
 }
@@ -459,9 +461,10 @@ void launch_q8s(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols
 // SPILLWAY_Q8S_KERNEL=<variant name> (lab): every split-layout GEMV of the process uses it.
 std::optional<MatvecQ8sKernel> q8s_kernel_override() {
     static const std::optional<MatvecQ8sKernel> kernel = []() -> std::optional<MatvecQ8sKernel> {
-        static_assert((int)MatvecQ8sKernel::sweep1r2 == 7, "the names below follow the enum");
+        static_assert((int)MatvecQ8sKernel::sweep1r8 == 9, "the names below follow the enum");
         const int i = lab_knob_choice("SPILLWAY_Q8S_KERNEL",
-                                      {"w8u4", "w8u8", "w4u4", "w8u4p", "w8u4nc", "sweep1", "sweep2", "sweep1r2"});
+                                      {"w8u4", "w8u8", "w4u4", "w8u4p", "w8u4nc", "sweep1", "sweep2", "sweep1r2",
+                                       "sweep1r4", "sweep1r8"});
         if (i < 0) return std::nullopt;
         return (MatvecQ8sKernel)i;
     }();
@@ -516,6 +519,8 @@ void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, floa
         case MatvecQ8sKernel::sweep1:
         case MatvecQ8sKernel::sweep2:
         case MatvecQ8sKernel::sweep1r2:
+        case MatvecQ8sKernel::sweep1r4:
+        case MatvecQ8sKernel::sweep1r8:
             launch_sweep(kernel, w, q16_io(x, y), rows, cols, stream, release_at_entry);
             break;
     }
@@ -525,7 +530,8 @@ void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, floa
 bool matvec_q8s_fused_fits(uint32_t cols) {
     const std::optional<MatvecQ8sKernel> forced = q8s_kernel_override();
     const bool sweep = !forced || *forced == MatvecQ8sKernel::sweep1 || *forced == MatvecQ8sKernel::sweep2 ||
-                       *forced == MatvecQ8sKernel::sweep1r2;
+                       *forced == MatvecQ8sKernel::sweep1r2 || *forced == MatvecQ8sKernel::sweep1r4 ||
+                       *forced == MatvecQ8sKernel::sweep1r8;
     return sweep && matvec_q8s_fits(cols) && cols <= kFusedMaxCols;
 }
 

@@ -330,7 +330,7 @@ void check_matvec_q8s(MatvecQ8sKernel kernel, uint32_t rows, uint32_t cols) {
 
 TEST(CudaMatvec, Q8SplitKernelsMatchCpu) {
     SPILLWAY_SKIP_WITHOUT_GPU();
-    for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r2; ++ki) {
+    for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r8; ++ki) {
         // One unit (1 x 512), a half row pair (odd rows), pairs cut between two and more warps
         // (the 14B wo / down shapes have fewer units than twice the warps), many pairs per warp.
         for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
