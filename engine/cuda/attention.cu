@@ -1044,17 +1044,17 @@ void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType 
                             const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                             uint32_t n_cells, float* out, float* lse, void* workspace,
                             size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16,
-                            uint32_t settled_cells, const AttentionPostQkv* post) {
+                            uint32_t settled_cells, const AttentionPostQkv* post, bool merge_programmatic) {
     attention_partial_cuda_with(attention_default_kernel(shape, k_type, v_type, n_cells), shape, q, k_type, k_cells, v_type,
                                 v_cells, n_cells, out, lse, workspace, workspace_bytes, sm_count, stream, out_q16,
-                                settled_cells, post);
+                                settled_cells, post, merge_programmatic);
 }
 
 void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& shape, const float* q,
                                  KvType k_type, const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                                  uint32_t n_cells, float* out, float* lse, void* workspace, size_t workspace_bytes,
                                  uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16, uint32_t settled_cells,
-                                 const AttentionPostQkv* post) {
+                                 const AttentionPostQkv* post, bool merge_programmatic) {
     if (out_q16 && (!out_q16.d || reinterpret_cast<uintptr_t>(out_q16.q) % 16 != 0))
         fail("attention_partial_cuda: the quantized output needs q (16-byte aligned) and d");
     if (!attention_kernel_supports(kernel, shape, k_type, v_type))
@@ -1141,13 +1141,14 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
         // After the split (tensor_core) kernel the block merge stays: engine f16 8k 185.4 vs
         // 183.3 tok/s with the warp merge (run 5); after mma / int_dot the warp merge gained
         // 0.2-0.6% (q8_0 8k 176.5 -> 177.6, q4_0 32k 162.8 -> 163.8).
+        const bool merge_pdl = merge_programmatic && pdl_site_on(PdlSite::merge);
         if (shape.head_dim_v % 32 == 0 && !merge_by_blocks() && kernel != AttentionKernel::tensor_core)
-            launch_with_pdl(pdl_site_on(PdlSite::merge), merge_splits_warp_kernel,
+            launch_with_pdl(merge_pdl, merge_splits_warp_kernel,
                             dim3(shape.head_dim_v / 32, shape.n_head), dim3(32), 0, stream, (const float*)p.part_out,
                             (const float*)p.part_lse, plan.n_splits, shape.n_head, shape.head_dim_v, out, lse,
                             out_q16.q, out_q16.d, merge_timeline);
         else
-            launch_with_pdl(pdl_site_on(PdlSite::merge), merge_splits_kernel, dim3(shape.n_head),
+            launch_with_pdl(merge_pdl, merge_splits_kernel, dim3(shape.n_head),
                             dim3(kMergeThreads / shape.head_dim_v * shape.head_dim_v), 0, stream,
                             (const float*)p.part_out, (const float*)p.part_lse, plan.n_splits, shape.n_head,
                             shape.head_dim_v, out, lse, out_q16.q, out_q16.d, merge_timeline);

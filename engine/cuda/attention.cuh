@@ -62,12 +62,16 @@ struct AttentionPostQkv {
 };
 bool attention_takes_post_qkv(const AttentionShape& shape, KvType k_type, KvType v_type, uint32_t n_cells,
                               uint32_t sm_count);
+// merge_programmatic = false: the split merge is an ordinary launch whatever SPILLWAY_PDL_SMALL
+// says (the fused decode, whose wo GEMV lets gate|up launch at its entry: with both early,
+// q8_0 KV at 8k ran 180 instead of 191.5 tok/s; docs/perf-notes.md, session 28).
 
 void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type,
                             const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                             uint32_t n_cells, float* out, float* lse, void* workspace,
                             size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16 = {},
-                            uint32_t settled_cells = 0, const AttentionPostQkv* post = nullptr);
+                            uint32_t settled_cells = 0, const AttentionPostQkv* post = nullptr,
+                            bool merge_programmatic = true);
 
 // Which split kernel attention_partial_cuda runs. tensor_core: the f16 wmma kernel that
 // dequantizes K/V to f16 tiles (every type pair, head dim 64/128, <= 16 query heads per KV
@@ -116,7 +120,8 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
                                  KvType k_type, const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                                  uint32_t n_cells, float* out, float* lse, void* workspace, size_t workspace_bytes,
                                  uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16 = {},
-                                 uint32_t settled_cells = 0, const AttentionPostQkv* post = nullptr);
+                                 uint32_t settled_cells = 0, const AttentionPostQkv* post = nullptr,
+                                 bool merge_programmatic = true);
 
 // Lab (benchmarks only, not thread-safe): while set, the mma kernel's warps and the split
 // merge's blocks write globaltimer stamps here. Warp w of block (kv_head, split) at

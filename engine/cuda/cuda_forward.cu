@@ -426,7 +426,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                    st.attn_workspace.size(), st.sm_count, stream,
                                    takes_q16(L.wo, T) && !separate_attention_quant() ? act_q16(st) : ActQ16{},
                                    pos0,  // cells before pos0: written by earlier steps
-                                   post_in_attention ? &post : nullptr);
+                                   post_in_attention ? &post : nullptr, !fused);
             if (st.attn_timeline != nullptr) attention_lab_timeline(nullptr);
         } else {
             if (!post_fused) {
@@ -644,10 +644,12 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     // written for one decode token and the head's rows (the last one unless all logits are
     // wanted). 40 MiB less scratch at 2048-token chunks of the 14B shape.
     st.fused_prefill = !lab_knob("SPILLWAY_PREFILL_FUSED", "0", "1");
-    // Default norms: down forming SwiGLU itself costs more than the launch it saves (every
-    // block redoes 13824 exp and divisions; docs/perf-notes.md, session 28).
+    // Off by default: measured a net loss with the fused sweep kernel as it is (128 registers:
+    // each GEMV ~2.5% slower than the plain instance, more than the launches saved; down
+    // forming SwiGLU itself is slower still: every block redoes 13824 exp and divisions;
+    // docs/perf-notes.md, session 28).
     const int fusion = lab_knob_choice("SPILLWAY_DECODE_FUSION", {"0", "norms", "all"});
-    st.decode_fusion = fusion != 0;
+    st.decode_fusion = fusion >= 1;
     st.fused_swiglu = fusion == 2;
     st.xn = DeviceBuffer<float>((st.fused_prefill && !all_logits ? 1 : T) * s.n_embd);
     st.proj = DeviceBuffer<float>(T * s.n_embd);

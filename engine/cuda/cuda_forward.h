@@ -83,8 +83,9 @@ struct CudaForwardState {
     // One token: the split-layout GEMVs form their x (RMSNorm) and add into the residual stream
     // themselves, without those launches between them (cuda_forward.cu, decode_fusion_fits);
     // with fused_swiglu the down GEMV forms SwiGLU of gate and up too. Same bits either way.
-    // SPILLWAY_DECODE_FUSION=0|norms|all (lab).
-    bool decode_fusion = true;
+    // Lab, off by default (measured slower, docs/perf-notes.md session 28; tests set it per
+    // state): SPILLWAY_DECODE_FUSION=0|norms|all.
+    bool decode_fusion = false;
     bool fused_swiglu = false;
     DeviceBuffer<int32_t> next_token;       // greedy argmax output (input of the next step)
     // Decode: the input of a Q8_0 matvec quantized to int16 blocks by its producer (act_quant.cuh):

@@ -195,7 +195,6 @@ struct SweepIo {
     const float* b;  // rmsnorm: the norm's weight; swiglu: up
     float eps;
     uint32_t from;  // GemvXFrom
-    uint32_t rcp;   // lab (SPILLWAY_FUSED_RCP=1): quantize with x * (1 / d), not x / d; other bits
     float* y;
     uint32_t accumulate;  // y += W x instead of y = W x
 };
@@ -206,7 +205,8 @@ struct SweepIo {
 // cols bytes of shared memory; for RMSNorm the weight's copies were committed before the
 // producer wait (the weight does not depend on the producer).
 __device__ __forceinline__ void form_x_in_shared(const SweepIo& io, uint32_t cols, uint4* smem, float4* stage,
-                                                 float* warp_sums, uint32_t n_threads) {
+                                                 uint32_t n_threads) {
+    __shared__ float warp_sums[32];
     const uint32_t n4 = cols / 4, lane = threadIdx.x % 32;
     float4* s_a = stage;
     float4* s_b = stage + n4;
@@ -233,16 +233,14 @@ __device__ __forceinline__ void form_x_in_shared(const SweepIo& io, uint32_t col
             const float4 v = s_a[i], g = s_b[i];
             const float4 o = make_float4(v.x * inv_rms * g.x, v.y * inv_rms * g.y, v.z * inv_rms * g.z,
                                          v.w * inv_rms * g.w);
-            if (io.rcp) quantize_act_q16_group_rcp(o, lane, q + 4 * i, d + i / 8);
-            else quantize_act_q16_group(o, lane, q + 4 * i, d + i / 8);
+            quantize_act_q16_group(o, lane, q + 4 * i, d + i / 8);
         }
     } else {
         for (uint32_t i = threadIdx.x; i < n4; i += n_threads) {
             const float4 g = s_a[i], u = s_b[i];
             const float4 h = make_float4(silu_times(g.x, u.x), silu_times(g.y, u.y), silu_times(g.z, u.z),
                                          silu_times(g.w, u.w));
-            if (io.rcp) quantize_act_q16_group_rcp(h, lane, q + 4 * i, d + i / 8);
-            else quantize_act_q16_group(h, lane, q + 4 * i, d + i / 8);
+            quantize_act_q16_group(h, lane, q + 4 * i, d + i / 8);
         }
     }
     __syncthreads();
@@ -265,14 +263,16 @@ constexpr size_t kFusedStagePerCol = 8;
 
 // kRows = 2 (lab): a unit is a row pair's segment (the two rows' 512 codes at the same
 // columns share x's loads), units in pair-major order; kUnroll units x kRows rows = 8 sums.
-template <int kUnroll, int kMinBlocks, int kRows = 1>
+// kFused: x may be formed here (GemvX) and y accumulated; its own instance, so the plain
+// GEMV's code stays what was measured (with the fused code in one instance, the q16 path ran
+// 2.5% slower in the engine: 128 registers instead of 125; session 28).
+template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false>
 __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep_kernel(
     const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const SweepIo io, uint32_t rows,
     uint32_t cols, uint32_t rows_per_block, uint32_t release_at_entry) {
     static_assert(kUnroll * kRows == 8, "the reduction below is written for 8 sums");
     if (release_at_entry) pdl_release_dependents();
     extern __shared__ uint4 q8s_smem[];  // x: q [cols] int16, d [cols / 32] f32; then the segment sums
-    __shared__ float warp_sums[kSweepWarps];
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const uint32_t segs = cols / kUnitCols, row_vecs = cols / 16, row_blocks = cols / 32;
     const uint32_t r0 = min(rows, blockIdx.x * rows_per_block), r1 = min(rows, r0 + rows_per_block);
@@ -308,14 +308,16 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     // The segment sums' region stages the f32 inputs of a fused x first.
     float* part = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(q8s_smem) + x_bytes);
     float4* stage = reinterpret_cast<float4*>(part);
-    if (io.from == (uint32_t)GemvXFrom::rmsnorm) {
-        for (uint32_t i = threadIdx.x; i < cols / 4; i += kSweepWarps * 32)
-            cp_async16(stage + cols / 4 + i, io.b + 4 * i);
-        cp_async_commit();
+    if constexpr (kFused) {
+        if (io.from == (uint32_t)GemvXFrom::rmsnorm) {
+            for (uint32_t i = threadIdx.x; i < cols / 4; i += kSweepWarps * 32)
+                cp_async16(stage + cols / 4 + i, io.b + 4 * i);
+            cp_async_commit();
+        }
     }
     pdl_wait_for_producer();  // W went out first: it does not depend on x's producer
-    if (io.from == (uint32_t)GemvXFrom::q16) copy_x_to_shared(io.xq, io.xd, cols, q8s_smem, kSweepWarps * 32);
-    else form_x_in_shared(io, cols, q8s_smem, stage, warp_sums, kSweepWarps * 32);
+    if (!kFused || io.from == (uint32_t)GemvXFrom::q16) copy_x_to_shared(io.xq, io.xd, cols, q8s_smem, kSweepWarps * 32);
+    else form_x_in_shared(io, cols, q8s_smem, stage, kSweepWarps * 32);
     const uint4* x_q = q8s_smem;
     const float* x_d = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(q8s_smem) + cols * 2);
     for (uint32_t j0 = warp; j0 < n; j0 += kSweepWarps * kUnroll) {
@@ -371,26 +373,23 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
         float total = 0.0f;
         for (uint32_t seg = 0; seg < segs; ++seg) total += part[r * segs + seg];  // column order
-        io.y[r0 + r] = io.accumulate ? io.y[r0 + r] + total : total;
+        if constexpr (kFused) io.y[r0 + r] = io.accumulate ? io.y[r0 + r] + total : total;
+        else io.y[r0 + r] = total;
     }
 }
 
-template <int kUnroll, int kBlocksPerSm, int kRows = 1>
-void launch_q8s_sweep(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
-                      bool release_at_entry) {
-    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows>;
+template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused>
+void launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
+                         bool release_at_entry) {
+    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused>;
     const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
     static const int sms = [] {
         const auto x_bytes_of = [](size_t n) { return (n * 2 + n / 8 + 15) / 16 * 16; };
-        const size_t max_smem = std::max(x_bytes_of(kMaxCols) + kSweepPartialBytes,
-                                         x_bytes_of(kFusedMaxCols) + kFusedStagePerCol * kFusedMaxCols);
+        const size_t max_smem =
+            kFused ? std::max(x_bytes_of(kMaxCols) + kSweepPartialBytes,
+                              x_bytes_of(kFusedMaxCols) + kFusedStagePerCol * kFusedMaxCols)
+                   : x_bytes_of(kMaxCols) + kSweepPartialBytes;
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)max_smem));
-        // SPILLWAY_SWEEP_CARVEOUT=<percent> (lab): the shared-memory share of L1 every launch of
-        // this kernel prefers, so launches with different x sizes need not reconfigure an SM.
-        const uint32_t carveout = lab_knob_uint("SPILLWAY_SWEEP_CARVEOUT", 101, 101);
-        if (carveout <= 100)
-            SPILLWAY_CUDA_CHECK(
-                cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout, (int)carveout));
         int device = 0, count = 0;
         SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
@@ -409,8 +408,17 @@ void launch_q8s_sweep(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t
                     rows, cols, rows_per_block, release_at_entry ? 1u : 0u);
 }
 
+// The fused instance when x is formed here or y accumulated, else the plain one.
+template <int kUnroll, int kBlocksPerSm, int kRows = 1>
+void launch_q8s_sweep(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
+                      bool release_at_entry) {
+    if (io.from != (uint32_t)GemvXFrom::q16 || io.accumulate)
+        launch_q8s_sweep_as<kUnroll, kBlocksPerSm, kRows, true>(w, io, rows, cols, stream, release_at_entry);
+    else launch_q8s_sweep_as<kUnroll, kBlocksPerSm, kRows, false>(w, io, rows, cols, stream, release_at_entry);
+}
+
 SweepIo q16_io(ActQ16 x, float* y) {
-    return SweepIo{x.q, x.d, nullptr, nullptr, 0.0f, (uint32_t)GemvXFrom::q16, 0u, y, 0u};
+    return SweepIo{x.q, x.d, nullptr, nullptr, 0.0f, (uint32_t)GemvXFrom::q16, y, 0u};
 }
 
 void launch_sweep(MatvecQ8sKernel kernel, Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols,
@@ -545,8 +553,7 @@ void matvec_q8s_fused_cuda(Q8SplitConst w, const GemvX& x, float* y, bool accumu
         fail("matvec_q8s_fused_cuda: codes must be 16-byte aligned, scales 2-byte aligned, y given");
     if (x.from == GemvXFrom::q16 ? !aligned(x.q16.q) || !aligned(x.q16.d) : !aligned(x.a) || !aligned(x.b))
         fail("matvec_q8s_fused_cuda: x's inputs must be given and 16-byte aligned");
-    static const bool rcp = lab_knob("SPILLWAY_FUSED_RCP", "1", "0");
-    const SweepIo io{x.q16.q, x.q16.d, x.a, x.b, x.eps, (uint32_t)x.from, rcp ? 1u : 0u, y, accumulate ? 1u : 0u};
+    const SweepIo io{x.q16.q, x.q16.d, x.a, x.b, x.eps, (uint32_t)x.from, y, accumulate ? 1u : 0u};
     const std::optional<MatvecQ8sKernel> forced = q8s_kernel_override();
     launch_sweep(forced ? *forced : MatvecQ8sKernel::sweep1r2, w, io, rows, cols, stream, release_at_entry);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
