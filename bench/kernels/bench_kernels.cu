@@ -335,22 +335,33 @@ void bench_matvec_q8s(Report& r, const Options& o, uint32_t rows, uint32_t cols,
     r.add(name, shape, (double)w_bytes, us);
 }
 
+// One 14B layer's four decode GEMVs in the split layout (qkv, wo, gate|up, down), in enough
+// rotating sets that consecutive layers miss L2.
+struct LayerChainWeights {
+    const std::vector<std::pair<uint32_t, uint32_t>> shapes{{7168, 5120}, {5120, 5120}, {27648, 5120}, {5120, 13824}};
+    size_t layer_bytes = 0;
+    std::vector<std::vector<Q8SplitBuffers>> sets;
+    explicit LayerChainWeights(uint32_t salt) {
+        for (const auto& [rows, cols] : shapes) layer_bytes += *ggml_row_bytes(GgmlType::Q8_0, cols) * rows;
+        sets.resize(rotation_count(layer_bytes));
+        for (size_t i = 0; i < sets.size(); ++i) {
+            sets[i].reserve(shapes.size());
+            for (size_t j = 0; j < shapes.size(); ++j)
+                sets[i].emplace_back(shapes[j].first, shapes[j].second, salt + 10 * (uint32_t)i + 2 * (uint32_t)j);
+        }
+    }
+};
+
 // The q16x layer chain's four GEMVs in the split layout. release: each GEMV lets the next
 // one be scheduled at its entry (programmatic launch).
 void bench_q8s_layer_chain(Report& r, const Options& o, MatvecQ8sKernel kernel, bool release) {
     const std::string name = std::string("q8s layer chain ") + q8s_name(kernel) + (release ? " release" : "");
     const std::string shape = "qkv, wo, gate|up, down";
     if (!o.only.empty() && (name + " " + shape).find(o.only) == std::string::npos) return;
-    const std::vector<std::pair<uint32_t, uint32_t>> shapes{{7168, 5120}, {5120, 5120}, {27648, 5120}, {5120, 13824}};
-    size_t layer_bytes = 0;
-    for (const auto& [rows, cols] : shapes) layer_bytes += *ggml_row_bytes(GgmlType::Q8_0, cols) * rows;
-    const size_t n_sets = rotation_count(layer_bytes);
-    std::vector<std::vector<Q8SplitBuffers>> w(n_sets);
-    for (size_t i = 0; i < n_sets; ++i) {
-        w[i].reserve(shapes.size());
-        for (size_t j = 0; j < shapes.size(); ++j)
-            w[i].emplace_back(shapes[j].first, shapes[j].second, 500 + 10 * (uint32_t)i + 2 * (uint32_t)j);
-    }
+    const LayerChainWeights chain(500);
+    const auto& shapes = chain.shapes;
+    const auto& w = chain.sets;
+    const size_t n_sets = w.size(), layer_bytes = chain.layer_bytes;
     const QuantizedX xq(13824);
     DeviceBuffer<float> y(27648);
     const double us = median_us([&](cudaStream_t st, int i) {
@@ -371,16 +382,9 @@ void bench_q8s_layer_chain_fused(Report& r, const Options& o, const std::string&
     const std::string name = "q8s layer chain fused" + (which.empty() ? "" : " " + which);
     const std::string shape = "qkv, wo, gate|up, down";
     if (!o.only.empty() && (name + " " + shape).find(o.only) == std::string::npos) return;
-    const std::vector<std::pair<uint32_t, uint32_t>> shapes{{7168, 5120}, {5120, 5120}, {27648, 5120}, {5120, 13824}};
-    size_t layer_bytes = 0;
-    for (const auto& [rows, cols] : shapes) layer_bytes += *ggml_row_bytes(GgmlType::Q8_0, cols) * rows;
-    const size_t n_sets = rotation_count(layer_bytes);
-    std::vector<std::vector<Q8SplitBuffers>> w(n_sets);
-    for (size_t i = 0; i < n_sets; ++i) {
-        w[i].reserve(shapes.size());
-        for (size_t j = 0; j < shapes.size(); ++j)
-            w[i].emplace_back(shapes[j].first, shapes[j].second, 700 + 10 * (uint32_t)i + 2 * (uint32_t)j);
-    }
+    const LayerChainWeights chain(700);
+    const auto& w = chain.sets;
+    const size_t n_sets = w.size(), layer_bytes = chain.layer_bytes;
     const QuantizedX x_q(13824);
     DeviceBuffer<float> stream(5120), norm_w(5120), qkv(7168), gate_up(27648);
     fill_f32<<<64, 256>>>(stream.data(), stream.size(), 11);
