@@ -203,8 +203,10 @@ struct SweepIo {
 // d, where copy_x_to_shared leaves them), with the same operations in the same order as
 // rmsnorm_cuda's one-row kernel (512 threads) and swiglu_q16_cuda: the same bits. stage: 8 *
 // cols bytes of shared memory; for RMSNorm the weight's copies were committed before the
-// producer wait (the weight does not depend on the producer).
-__device__ __forceinline__ void form_x_in_shared(const SweepIo& io, uint32_t cols, uint4* smem, float4* stage,
+// producer wait (the weight does not depend on the producer). Not inlined: inlined, the
+// fused instance needed 128 registers and ran ~2.5% slower per GEMV than the plain one (125);
+// as a call it takes 124 and a 56-byte frame (session 28; not yet measured on the GPU).
+__device__ __noinline__ void form_x_in_shared(const SweepIo& io, uint32_t cols, uint4* smem, float4* stage,
                                                  uint32_t n_threads) {
     __shared__ float warp_sums[32];
     const uint32_t n4 = cols / 4, lane = threadIdx.x % 32;
