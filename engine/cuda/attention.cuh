@@ -65,7 +65,6 @@ bool attention_takes_post_qkv(const AttentionShape& shape, KvType k_type, KvType
 // merge_programmatic = false: the split merge is an ordinary launch whatever SPILLWAY_PDL_SMALL
 // says (the fused decode, whose wo GEMV lets gate|up launch at its entry: with both early,
 // q8_0 KV at 8k ran 180 instead of 191.5 tok/s; docs/perf-notes.md, session 28).
-
 void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type,
                             const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                             uint32_t n_cells, float* out, float* lse, void* workspace,

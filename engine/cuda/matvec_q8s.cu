@@ -539,9 +539,7 @@ void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, floa
 
 bool matvec_q8s_fused_fits(uint32_t cols) {
     const std::optional<MatvecQ8sKernel> forced = q8s_kernel_override();
-    const bool sweep = !forced || *forced == MatvecQ8sKernel::sweep1 || *forced == MatvecQ8sKernel::sweep2 ||
-                       *forced == MatvecQ8sKernel::sweep1r2 || *forced == MatvecQ8sKernel::sweep1r4 ||
-                       *forced == MatvecQ8sKernel::sweep1r8;
+    const bool sweep = !forced || *forced >= MatvecQ8sKernel::sweep1;  // the sweep variants close the enum
     return sweep && matvec_q8s_fits(cols) && cols <= kFusedMaxCols;
 }
 
@@ -549,7 +547,7 @@ void matvec_q8s_fused_cuda(Q8SplitConst w, const GemvX& x, float* y, bool accumu
                            cudaStream_t stream, bool release_at_entry) {
     if (rows == 0) return;
     if (!matvec_q8s_fused_fits(cols))
-        fail("matvec_q8s_fused_cuda: cols must be a multiple of 512, at most 16384 (and a sweep variant chosen)");
+        fail("matvec_q8s_fused_cuda: cols must be a multiple of 512, at most 20480 (and a sweep variant chosen)");
     const auto aligned = [](const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     if (!aligned(w.codes) || w.scales == nullptr || reinterpret_cast<uintptr_t>(w.scales) % 2 != 0 || y == nullptr)
         fail("matvec_q8s_fused_cuda: codes must be 16-byte aligned, scales 2-byte aligned, y given");
