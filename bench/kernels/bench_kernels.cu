@@ -15,6 +15,7 @@
 #include <functional>
 #include <numeric>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -314,7 +315,7 @@ struct Q8SplitBuffers {
 
 const char* q8s_name(MatvecQ8sKernel k) {
     static const char* const kNames[] = {"w8u4",   "w8u8",   "w4u4",     "w8u4p",   "w8u4nc",
-                                         "sweep1", "sweep2", "sweep1r2", "sweep1r4", "sweep1r8"};
+                                         "sweep1", "sweep2", "sweep1r2", "sweep1r4", "sweep1r8", "ring1r2", "sweep1r2p"};
     return kNames[(int)k];
 }
 
@@ -403,6 +404,84 @@ void bench_q8s_layer_chain_fused(Report& r, const Options& o, const std::string&
         matvec_q8s_fused_cuda(L[1].view(), GemvX{GemvXFrom::q16, x_q.act()}, stream.data(), true, 5120, 5120, st, true);
         matvec_q8s_fused_cuda(L[2].view(), normed, gate_up.data(), false, 27648, 5120, st, true);
         matvec_q8s_fused_cuda(L[3].view(), gated, stream.data(), true, 5120, 13824, st, true);
+    }, o.iters);
+    r.add(name, shape, (double)layer_bytes, us);
+}
+
+// The ring variant's layer chain (with release, and with the hops) at ring sizes of 32 KB to
+// as much as fits, per block.
+void bench_q8s_ring_depths(Report& r, const Options& o) {
+    for (const uint32_t kb : {32u, 64u, 96u, 128u, 0u}) {
+        const std::string size = kb == 0 ? "max" : std::to_string(kb) + "KB";
+        for (const bool hops : {false, true}) {
+            const std::string name = "q8s ring " + size + (hops ? " hops" : " chain release");
+            const std::string shape = hops ? "qkv, wo, gate|up, down + 4 hops" : "qkv, wo, gate|up, down";
+            if (!o.only.empty() && (name + " " + shape).find(o.only) == std::string::npos) continue;
+            const LayerChainWeights chain(1100);
+            const auto& w = chain.sets;
+            const size_t n_sets = w.size();
+            DeviceBuffer<float> stream(5120), proj(5120), norm_w(5120), attn(5120), xn(5120), y(27648);
+            DeviceBuffer<int16_t> q16(13824);
+            DeviceBuffer<float> d16(13824 / 32);
+            const ActQ16 act{q16.data(), d16.data()};
+            for (DeviceBuffer<float>* b : {&stream, &proj, &norm_w, &attn, &y})
+                fill_f32<<<64, 256>>>(b->data(), b->size(), 21);
+            SPILLWAY_CUDA_CHECK(cudaGetLastError());
+            const size_t cap = (size_t)kb * 1024;
+            const double us = median_us([&](cudaStream_t st, int i) {
+                const std::vector<Q8SplitBuffers>& L = w[i % n_sets];
+                const auto gemv = [&](int j, bool release) {
+                    const auto& [rows, cols] = chain.shapes[j];
+                    if (matvec_q8s_ring_cuda(L[j].view(), act, y.data(), rows, cols, st, release, cap) == 0)
+                        throw std::runtime_error("the ring does not fit");
+                };
+                if (hops) rmsnorm_cuda(stream.data(), proj.data(), norm_w.data(), xn.data(), 1, 5120, 1e-5f, st, act);
+                gemv(0, true);
+                if (hops) rmsnorm_cuda(attn.data(), nullptr, norm_w.data(), xn.data(), 1, 5120, 1e-5f, st, act);
+                gemv(1, !hops);
+                if (hops) rmsnorm_cuda(stream.data(), proj.data(), norm_w.data(), xn.data(), 1, 5120, 1e-5f, st, act);
+                gemv(2, true);
+                if (hops) swiglu_q16_cuda(y.data(), y.data() + 13824, 13824, act, st);
+                gemv(3, true);
+            }, o.iters);
+            r.add(name, shape, (double)chain.layer_bytes, us);
+        }
+    }
+}
+
+// The four GEMVs with the engine's small kernels between them (RMSNorm with the residual add
+// before q|k|v and gate|up, SwiGLU before down, and one more RMSNorm standing in for the
+// attention's hop before wo), each GEMV but wo releasing its successor at entry as in the
+// engine. Against "q8s layer chain <kernel> release" it prices the hops; against the engine's
+// layer time at depth 0, the attention and the rest.
+void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel) {
+    const std::string name = std::string("q8s layer hops ") + q8s_name(kernel);
+    const std::string shape = "qkv, wo, gate|up, down + 4 hops";
+    if (!o.only.empty() && (name + " " + shape).find(o.only) == std::string::npos) return;
+    const LayerChainWeights chain(900);
+    const auto& w = chain.sets;
+    const size_t n_sets = w.size(), layer_bytes = chain.layer_bytes;
+    DeviceBuffer<float> stream(5120), proj(5120), norm_w(5120), attn(5120), xn(5120), qkv(7168), gate_up(27648);
+    DeviceBuffer<int16_t> q16(13824);
+    DeviceBuffer<float> d16(13824 / 32);
+    const ActQ16 act{q16.data(), d16.data()};
+    fill_f32<<<64, 256>>>(stream.data(), stream.size(), 11);
+    fill_f32<<<64, 256>>>(proj.data(), proj.size(), 14);
+    fill_f32<<<64, 256>>>(norm_w.data(), norm_w.size(), 12);
+    fill_f32<<<64, 256>>>(attn.data(), attn.size(), 15);
+    fill_f32<<<256, 256>>>(gate_up.data(), gate_up.size(), 13);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    const float eps = 1e-5f;
+    const double us = median_us([&](cudaStream_t st, int i) {
+        const std::vector<Q8SplitBuffers>& L = w[i % n_sets];
+        rmsnorm_cuda(stream.data(), proj.data(), norm_w.data(), xn.data(), 1, 5120, eps, st, act);
+        matvec_q8s_cuda_with(kernel, L[0].view(), act, qkv.data(), 7168, 5120, st, true);
+        rmsnorm_cuda(attn.data(), nullptr, norm_w.data(), xn.data(), 1, 5120, eps, st, act);  // the attention's hop
+        matvec_q8s_cuda_with(kernel, L[1].view(), act, proj.data(), 5120, 5120, st, false);
+        rmsnorm_cuda(stream.data(), proj.data(), norm_w.data(), xn.data(), 1, 5120, eps, st, act);
+        matvec_q8s_cuda_with(kernel, L[2].view(), act, gate_up.data(), 27648, 5120, st, true);
+        swiglu_q16_cuda(gate_up.data(), gate_up.data() + 13824, 13824, act, st);
+        matvec_q8s_cuda_with(kernel, L[3].view(), act, proj.data(), 5120, 13824, st, true);
     }, o.iters);
     r.add(name, shape, (double)layer_bytes, us);
 }
@@ -1050,7 +1129,7 @@ int main(int argc, char** argv) {
                 bench_matvec_q16x(r, o, rows, cols, k);
         }
         bench_q16x_layer_chain(r, o);
-        for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r8; ++ki) {
+        for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r2p; ++ki) {
             const auto k = (MatvecQ8sKernel)ki;
             for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
                      {5120, 13824}, {13824, 5120}, {152064, 5120}, {27648, 5120}, {7168, 5120}, {5120, 5120}})
@@ -1058,6 +1137,11 @@ int main(int argc, char** argv) {
             bench_q8s_layer_chain(r, o, k, false);
             bench_q8s_layer_chain(r, o, k, true);
         }
+        for (MatvecQ8sKernel k : {MatvecQ8sKernel::sweep1r2, MatvecQ8sKernel::ring1r2, MatvecQ8sKernel::sweep1r2p})
+            bench_q8s_layer_hops(r, o, k);
+        // The ring's depth (SPILLWAY_Q8S_RING_KB is read once per process: rows per ring size
+        // come from matvec_q8s_ring_cuda directly).
+        bench_q8s_ring_depths(r, o);
         for (const char* which : {"", "norms", "swiglu", "adds"}) bench_q8s_layer_chain_fused(r, o, which);
         bench_decode_layer(r, o);
         bench_matvec(r, o, GgmlType::Q8_0, 896, 896, 1);  // 0.5B shape: unaligned rows, launch-bound

@@ -41,8 +41,26 @@ bool matvec_q8s_fits(uint32_t cols);
 // its 16 warps interleaved over the range's 512-code segments in address order, 1 or 2
 // blocks per SM (session 27); sweep1r2: as sweep1 with row pairs per warp step, x's loads
 // shared by the pair (the default); sweep1r4 / sweep1r8: groups of 4 rows with 2 units in
-// flight, 8 rows with 1 (session 28). The sweep variants stay last (matvec_q8s_fused_fits).
-enum class MatvecQ8sKernel : uint8_t { w8u4, w8u8, w4u4, w8u4p, w8u4nc, sweep1, sweep2, sweep1r2, sweep1r4, sweep1r8 };
+// flight, 8 rows with 1 (session 28); ring1r2: sweep1r2's units with the weights brought into
+// shared memory by bulk copies into a ring of row-pair chunks, filled at entry (session 29;
+// sm_90, falls back to sweep1r2 where the ring does not fit; no fused instance); sweep1r2p:
+// sweep1r2 with the second round's units copied into shared memory before the producer wait
+// (session 29; sweep1r2 when x is fused or the scales are not 16-byte aligned). The sweep
+// variants stay last (matvec_q8s_fused_fits).
+enum class MatvecQ8sKernel : uint8_t {
+    w8u4,
+    w8u8,
+    w4u4,
+    w8u4p,
+    w8u4nc,
+    sweep1,
+    sweep2,
+    sweep1r2,
+    sweep1r4,
+    sweep1r8,
+    ring1r2,
+    sweep1r2p
+};
 // Pure: the variant matvec_q8s_cuda uses (SPILLWAY_Q8S_KERNEL=<name> overrides it, lab).
 MatvecQ8sKernel matvec_q8s_kernel_for(uint32_t rows, uint32_t cols);
 
@@ -52,6 +70,14 @@ void matvec_q8s_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t
                      bool release_at_entry = false);
 void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols,
                           cudaStream_t stream, bool release_at_entry = false);
+
+// The ring variant with its ring capped at max_ring_bytes per block (0: as many slots as
+// shared memory holds, at most 64); returns the slots it used, or 0 where it does not fit
+// (below sm_90, scales not 16-byte aligned, or not one slot beside x and the sums), when
+// nothing was launched. Bench
+// and tests; matvec_q8s_cuda_with(ring1r2) falls back to sweep1r2 instead.
+uint32_t matvec_q8s_ring_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
+                              bool release_at_entry, size_t max_ring_bytes);
 
 // Decode fusion (session 28): the sweep GEMV forms x itself from what the previous ops left
 // in f32, so no RMSNorm or SwiGLU launch sits between two GEMVs, and adds W x into the

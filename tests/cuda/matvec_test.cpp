@@ -330,7 +330,7 @@ void check_matvec_q8s(MatvecQ8sKernel kernel, uint32_t rows, uint32_t cols) {
 
 TEST(CudaMatvec, Q8SplitKernelsMatchCpu) {
     SPILLWAY_SKIP_WITHOUT_GPU();
-    for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r8; ++ki) {
+    for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r2p; ++ki) {
         // One unit (1 x 512), a half row pair (odd rows), pairs cut between two and more warps
         // (the 14B wo / down shapes have fewer units than twice the warps), many pairs per warp.
         for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
@@ -353,6 +353,75 @@ TEST(CudaMatvec, Q8SplitKernelsMatchCpu) {
     EXPECT_FALSE(matvec_q8s_fits(65536));
     EXPECT_FALSE(matvec_q8s_fits(896));
     EXPECT_TRUE(matvec_q8s_fits(13824));
+}
+
+// The ring variant (ring1r2) and the prefix variant (sweep1r2p): the same units, order and
+// sums as sweep1r2, so the same bits; for the ring whatever its size (one slot, two, a few,
+// as many as fit: slots refilled many times over, a block's last pair with one row) and
+// launch after launch on two streams (barriers and counters start afresh in every launch).
+// And the ring really runs where the GPU has bulk copies.
+TEST(CudaMatvec, Q8SplitRingEqualsSweep) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    int device = 0, major = 0;
+    SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
+    SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    cudaStream_t streams[2];
+    for (cudaStream_t& st : streams) SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
+             {1, 512}, {7, 512}, {5121, 5120}, {5120, 13824}, {27648, 5120}, {20001, 512}, {3000, 27648}}) {
+        const uint32_t seed = fresh_seed();
+        SCOPED_TRACE("ring rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + " seed=" +
+                     std::to_string(seed));
+        const Q16xCase c = make_q16x_case(seed, rows, cols);
+        auto d_w = to_device(c.w.bytes);
+        DeviceBuffer<int8_t> codes((size_t)rows * cols);
+        DeviceBuffer<uint16_t> scales((size_t)rows * cols / 32);
+        q8_0_to_split_cuda(d_w.data(), rows, cols, Q8Split{codes.data(), scales.data()}, nullptr);
+        const Q8SplitConst split{codes.data(), scales.data()};
+        auto d_q = to_device(c.xq.q);
+        auto d_d = to_device(c.xq.d);
+        const ActQ16 x{d_q.data(), d_d.data()};
+        DeviceBuffer<float> want(rows);
+        poison(want);
+        matvec_q8s_cuda_with(MatvecQ8sKernel::sweep1r2, split, x, want.data(), rows, cols, nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> h_want = to_host(want);
+        EXPECT_LT(rel_error(h_want, c.ref), 1e-5);
+        {  // sweep1r2p: the same units and sums, its second round read from shared memory
+            DeviceBuffer<float> y(rows);
+            poison(y);
+            matvec_q8s_cuda_with(MatvecQ8sKernel::sweep1r2p, split, x, y.data(), rows, cols, streams[0], true);
+            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+            const std::vector<float> h = to_host(y);
+            EXPECT_TRUE(std::equal(h.begin(), h.end(), h_want.begin())) << "sweep1r2p differs from sweep1r2";
+        }
+        const size_t pair_bytes = 2 * (size_t)cols + cols / 8;
+        for (const size_t ring_bytes : {pair_bytes, 2 * pair_bytes, 5 * pair_bytes, size_t(0)}) {
+            std::vector<DeviceBuffer<float>> ys;
+            for (int i = 0; i < 4; ++i) {
+                ys.emplace_back(rows);
+                poison(ys.back());
+            }
+            uint32_t slots = 0;
+            for (int i = 0; i < 4; ++i)
+                slots = matvec_q8s_ring_cuda(split, x, ys[i].data(), rows, cols, streams[i % 2], i % 2 == 1, ring_bytes);
+            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+            if (major < 9) {
+                EXPECT_EQ(slots, 0u) << "no bulk copies below sm_90: nothing launched";
+                continue;
+            }
+            EXPECT_GE(slots, 1u) << "the ring must fit this shape";
+            if (ring_bytes == 0 && rows >= 5120) EXPECT_GE(slots, 4u) << "a full ring holds several row pairs";
+            if (ring_bytes > 0) EXPECT_LE(slots, std::max<size_t>(1, ring_bytes / pair_bytes));
+            for (int i = 0; i < 4; ++i) {
+                const std::vector<float> y = to_host(ys[i]);
+                EXPECT_TRUE(std::equal(y.begin(), y.end(), h_want.begin()))
+                    << "ring of " << ring_bytes << " bytes (" << slots << " slots), launch " << i
+                    << " differs from sweep1r2; rel. error " << rel_error(y, c.ref);
+            }
+        }
+    }
+    for (cudaStream_t st : streams) SPILLWAY_CUDA_CHECK(cudaStreamDestroy(st));
 }
 
 // The fused sweep (matvec_q8s_fused_cuda): x formed in the GEMV from the f32 stream and the
