@@ -315,7 +315,7 @@ struct Q8SplitBuffers {
 
 const char* q8s_name(MatvecQ8sKernel k) {
     static const char* const kNames[] = {"w8u4",   "w8u8",   "w4u4",     "w8u4p",   "w8u4nc",
-                                         "sweep1", "sweep2", "sweep1r2", "sweep1r4", "sweep1r8", "ring1r2", "sweep1r2p"};
+                                         "sweep1", "sweep2", "sweep1r2", "sweep1r4", "sweep1r8", "ring1r2", "sweep1r2p", "sweep1r2p2"};
     return kNames[(int)k];
 }
 
@@ -1129,7 +1129,7 @@ int main(int argc, char** argv) {
                 bench_matvec_q16x(r, o, rows, cols, k);
         }
         bench_q16x_layer_chain(r, o);
-        for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r2p; ++ki) {
+        for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r2p2; ++ki) {
             const auto k = (MatvecQ8sKernel)ki;
             for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
                      {5120, 13824}, {13824, 5120}, {152064, 5120}, {27648, 5120}, {7168, 5120}, {5120, 5120}})
@@ -1137,7 +1137,8 @@ int main(int argc, char** argv) {
             bench_q8s_layer_chain(r, o, k, false);
             bench_q8s_layer_chain(r, o, k, true);
         }
-        for (MatvecQ8sKernel k : {MatvecQ8sKernel::sweep1r2, MatvecQ8sKernel::ring1r2, MatvecQ8sKernel::sweep1r2p})
+        for (MatvecQ8sKernel k : {MatvecQ8sKernel::sweep1r2, MatvecQ8sKernel::ring1r2, MatvecQ8sKernel::sweep1r2p,
+                                  MatvecQ8sKernel::sweep1r2p2})
             bench_q8s_layer_hops(r, o, k);
         // The ring's depth (SPILLWAY_Q8S_RING_KB is read once per process: rows per ring size
         // come from matvec_q8s_ring_cuda directly).

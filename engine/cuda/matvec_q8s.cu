@@ -280,16 +280,18 @@ constexpr size_t kFusedStagePerCol = 8;
 // kFused: x may be formed here (GemvX) and y accumulated; its own instance, so the plain
 // GEMV's code stays what was measured (with the fused code in one instance, the q16 path ran
 // 2.5% slower in the engine: 128 registers instead of 125; session 28).
-// kPrefix (sweep1r2p, session 29, lab): besides the register round, each lane copies its
-// 16 bytes of the next round's units into shared memory (cp.async) before the producer wait,
+// kPrefixRounds (sweep1r2p / sweep1r2p2, session 29, lab): besides the register round, each
+// lane copies its 16 bytes of the next 1 or 2 rounds' units into shared memory (cp.async)
+// before the producer wait,
 // so twice the bytes per SM are in flight while the small kernel before this GEMV runs (the
 // hop: ~3 us per GEMV with HBM idle after the register round has landed, bench "layer hops").
 // The register slots go on with the round after, so the first reloads still leave at the
 // first round. x is then copied with plain loads: a cp.async copy would wait for the prefix.
-template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false, bool kPrefix = false>
+template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false, int kPrefixRounds = 0>
 __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep_kernel(
     const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const SweepIo io, uint32_t rows,
     uint32_t cols, uint32_t rows_per_block, uint32_t release_at_entry) {
+    constexpr bool kPrefix = kPrefixRounds > 0;
     static_assert(kUnroll * kRows == 8, "the reduction below is written for 8 sums");
     if (release_at_entry) pdl_release_dependents();
     extern __shared__ uint4 q8s_smem[];  // x: q [cols] int16, d [cols / 32] f32; then the segment sums
@@ -328,24 +330,31 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     // The segment sums' region stages the f32 inputs of a fused x first.
     float* part = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(q8s_smem) + x_bytes);
     float4* stage = reinterpret_cast<float4*>(part);
-    // The prefix: per warp, slot and row, the unit's 512 codes then its 16 scales (544 bytes),
-    // after the segment sums (rows_per_block * segs floats, 16-byte rounded).
+    // The prefix: per round, warp, slot and row, the unit's 512 codes then its 16 scales (544
+    // bytes), after the segment sums (rows_per_block * segs floats, 16-byte rounded).
     uint8_t* prefix = reinterpret_cast<uint8_t*>(part) + ((size_t)rows_per_block * segs * sizeof(float) + 15) / 16 * 16;
-    const auto prefix_unit = [&](int i, int k) {
-        return prefix + ((size_t)(warp * kUnroll + i) * kRows + k) * (kUnitCols + 32);
+    const auto prefix_unit = [&](uint32_t r, int i, int k) {
+        return prefix + ((((size_t)r * kSweepWarps + warp) * kUnroll + i) * kRows + k) * (kUnitCols + 32);
     };
+    const auto advanced = [&](uint32_t seg) { return seg + advance >= segs ? seg + advance - segs : seg + advance; };
     if constexpr (kPrefix) {
         const uint8_t* scale_rows = reinterpret_cast<const uint8_t*>(scales + (size_t)r0 * row_blocks);
 #pragma unroll
-        for (int i = 0; i < kUnroll; ++i) {
-            const uint32_t j = warp + kSweepWarps * (kUnroll + i);
-            const uint32_t seg = seg_of[i] + advance >= segs ? seg_of[i] + advance - segs : seg_of[i] + advance;
+        for (int r = 0; r < kPrefixRounds; ++r) {
 #pragma unroll
-            for (int k = 0; k < kRows; ++k) {
-                const uint32_t q = part_of(j, seg, k);
-                if (j < n && q < n_parts) {
-                    cp_async16(prefix_unit(i, k) + 16 * lane, w_base + (size_t)q * 32);
-                    if (lane < 2) cp_async16(prefix_unit(i, k) + kUnitCols + 16 * lane, scale_rows + (size_t)q * 32 + 16 * lane);
+            for (int i = 0; i < kUnroll; ++i) {
+                const uint32_t j = warp + kSweepWarps * (kUnroll * (r + 1) + i);
+                uint32_t seg = seg_of[i];
+#pragma unroll
+                for (int a = 0; a <= r; ++a) seg = advanced(seg);
+#pragma unroll
+                for (int k = 0; k < kRows; ++k) {
+                    const uint32_t q = part_of(j, seg, k);
+                    if (j < n && q < n_parts) {
+                        cp_async16(prefix_unit(r, i, k) + 16 * lane, w_base + (size_t)q * 32);
+                        if (lane < 2)
+                            cp_async16(prefix_unit(r, i, k) + kUnitCols + 16 * lane, scale_rows + (size_t)q * 32 + 16 * lane);
+                    }
                 }
             }
         }
@@ -366,10 +375,10 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     const float* x_d = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(q8s_smem) + cols * 2);
     uint32_t round = 0;
     for (uint32_t j0 = warp; j0 < n; j0 += kSweepWarps * kUnroll, ++round) {
-        // Round 1 of a prefix run comes from shared memory (every lane's copies landed and
-        // seen by the warp); the register slots then hold round 2 already.
-        const bool from_prefix = kPrefix && round == 1;
-        if (kPrefix && from_prefix) {
+        // Rounds 1 .. kPrefixRounds of a prefix run come from shared memory (every lane's
+        // copies landed and seen by the warp); the register slots hold the round after.
+        const bool from_prefix = kPrefix && round >= 1 && round <= (uint32_t)kPrefixRounds;
+        if (kPrefix && round == 1) {
             cp_async_wait<0>();
             __syncwarp();
         }
@@ -387,17 +396,19 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
             if constexpr (kPrefix) {
 #pragma unroll
                 for (int k = 0; k < kRows; ++k) {
-                    const uint8_t* unit = prefix_unit(i, k);
+                    const uint8_t* unit = prefix_unit(round - 1, i, k);
                     wv[k] = from_prefix ? reinterpret_cast<const uint4*>(unit)[lane] : w[i][k];
                     const unsigned short dk =
                         from_prefix ? reinterpret_cast<const unsigned short*>(unit + kUnitCols)[lane / 2] : d[i][k];
                     scale[k] = __half2float(__ushort_as_half(dk)) * xs;
                 }
-                // Round 0 reloads its slot with round 2 (round 1 is the prefix); round 1 does not
+                // Round 0 reloads its slot with the round after the prefix; prefix rounds do not
                 // reload; later rounds reload with the next round.
                 if (round == 0) {
-                    const uint32_t seg2 = next_seg + advance >= segs ? next_seg + advance - segs : next_seg + advance;
-                    load(i, j + 2 * kSweepWarps * kUnroll, seg2);
+                    uint32_t seg_after = next_seg;
+#pragma unroll
+                    for (int a = 0; a < kPrefixRounds; ++a) seg_after = advanced(seg_after);
+                    load(i, j + (kPrefixRounds + 1) * kSweepWarps * kUnroll, seg_after);
                 } else if (!from_prefix) {
                     load(i, j + kSweepWarps * kUnroll, next_seg);
                 }
@@ -449,21 +460,22 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     }
 }
 
-// The prefix's shared memory: a unit's codes and scales per warp, slot and row.
+// The prefix's shared memory per round: a unit's codes and scales per warp, slot and row.
 constexpr size_t kPrefixBytes = (size_t)kSweepWarps * 4 * 2 * (kUnitCols + 32);
 
-template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused, bool kPrefix = false>
+template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused, int kPrefixRounds = 0>
 void launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
                          bool release_at_entry) {
+    constexpr bool kPrefix = kPrefixRounds > 0;
     static_assert(!kPrefix || (kUnroll == 4 && kRows == 2 && !kFused), "the prefix is sweep1r2's");
-    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kPrefix>;
+    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kPrefixRounds>;
     const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
     static const int sms = [] {
         const auto x_bytes_of = [](size_t n) { return (n * 2 + n / 8 + 15) / 16 * 16; };
         const size_t max_smem =
             kFused ? std::max(x_bytes_of(kMaxCols) + kSweepPartialBytes,
                               x_bytes_of(kFusedMaxCols) + kFusedStagePerCol * kFusedMaxCols)
-                   : x_bytes_of(kMaxCols) + kSweepPartialBytes + (kPrefix ? kPrefixBytes : 0);
+                   : x_bytes_of(kMaxCols) + kSweepPartialBytes + kPrefixRounds * kPrefixBytes;
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)max_smem));
         int device = 0, count = 0;
         SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
@@ -478,7 +490,7 @@ void launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint3
     const uint32_t blocks = (rows + rows_per_block - 1) / rows_per_block;
     const size_t stage = io.from == (uint32_t)GemvXFrom::q16 ? 0 : kFusedStagePerCol * cols;
     const size_t part_bytes = ((size_t)rows_per_block * segs * sizeof(float) + 15) / 16 * 16;
-    const size_t smem = kPrefix ? x_bytes + part_bytes + kPrefixBytes
+    const size_t smem = kPrefix ? x_bytes + part_bytes + kPrefixRounds * kPrefixBytes
                                 : x_bytes + std::max((size_t)rows_per_block * segs * sizeof(float), stage);
     launch_with_pdl(pdl_supported(), kKernel, dim3(blocks), dim3(kSweepWarps * 32), smem, stream,
                     reinterpret_cast<const uint4*>(w.codes), reinterpret_cast<const unsigned short*>(w.scales), io,
@@ -727,10 +739,13 @@ void launch_sweep(MatvecQ8sKernel kernel, Q8SplitConst w, const SweepIo& io, uin
         case MatvecQ8sKernel::sweep1r4: launch_q8s_sweep<2, 1, 4>(w, io, rows, cols, stream, release_at_entry); break;
         case MatvecQ8sKernel::sweep1r8: launch_q8s_sweep<1, 1, 8>(w, io, rows, cols, stream, release_at_entry); break;
         case MatvecQ8sKernel::sweep1r2p:
+        case MatvecQ8sKernel::sweep1r2p2:
             // The prefix's scale copies need 16-byte aligned scale rows (the engine's have them).
-            if (io.from == (uint32_t)GemvXFrom::q16 && !io.accumulate && reinterpret_cast<uintptr_t>(w.scales) % 16 == 0)
-                launch_q8s_sweep_as<4, 1, 2, false, true>(w, io, rows, cols, stream, release_at_entry);
-            else launch_q8s_sweep<4, 1, 2>(w, io, rows, cols, stream, release_at_entry);
+            if (io.from != (uint32_t)GemvXFrom::q16 || io.accumulate || reinterpret_cast<uintptr_t>(w.scales) % 16 != 0)
+                launch_q8s_sweep<4, 1, 2>(w, io, rows, cols, stream, release_at_entry);
+            else if (kernel == MatvecQ8sKernel::sweep1r2p)
+                launch_q8s_sweep_as<4, 1, 2, false, 1>(w, io, rows, cols, stream, release_at_entry);
+            else launch_q8s_sweep_as<4, 1, 2, false, 2>(w, io, rows, cols, stream, release_at_entry);
             break;
         default: fail("matvec_q8s: not a sweep variant");
     }
@@ -772,10 +787,10 @@ void launch_q8s(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols
 // SPILLWAY_Q8S_KERNEL=<variant name> (lab): every split-layout GEMV of the process uses it.
 std::optional<MatvecQ8sKernel> q8s_kernel_override() {
     static const std::optional<MatvecQ8sKernel> kernel = []() -> std::optional<MatvecQ8sKernel> {
-        static_assert((int)MatvecQ8sKernel::sweep1r2p == 11, "the names below follow the enum");
+        static_assert((int)MatvecQ8sKernel::sweep1r2p2 == 12, "the names below follow the enum");
         const int i = lab_knob_choice("SPILLWAY_Q8S_KERNEL",
                                       {"w8u4", "w8u8", "w4u4", "w8u4p", "w8u4nc", "sweep1", "sweep2", "sweep1r2",
-                                       "sweep1r4", "sweep1r8", "ring1r2", "sweep1r2p"});
+                                       "sweep1r4", "sweep1r8", "ring1r2", "sweep1r2p", "sweep1r2p2"});
         if (i < 0) return std::nullopt;
         return (MatvecQ8sKernel)i;
     }();
@@ -839,6 +854,7 @@ void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, floa
             launch_sweep(kernel, w, q16_io(x, y), rows, cols, stream, release_at_entry);
             break;
         case MatvecQ8sKernel::sweep1r2p:
+        case MatvecQ8sKernel::sweep1r2p2:
             launch_sweep(kernel, w, q16_io(x, y), rows, cols, stream, release_at_entry);
             break;
         case MatvecQ8sKernel::ring1r2:

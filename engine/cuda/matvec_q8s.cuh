@@ -43,8 +43,9 @@ bool matvec_q8s_fits(uint32_t cols);
 // shared by the pair (the default); sweep1r4 / sweep1r8: groups of 4 rows with 2 units in
 // flight, 8 rows with 1 (session 28); ring1r2: sweep1r2's units with the weights brought into
 // shared memory by bulk copies into a ring of row-pair chunks, filled at entry (session 29;
-// sm_90, falls back to sweep1r2 where the ring does not fit; no fused instance); sweep1r2p:
-// sweep1r2 with the second round's units copied into shared memory before the producer wait
+// sm_90, falls back to sweep1r2 where the ring does not fit; no fused instance); sweep1r2p /
+// sweep1r2p2: sweep1r2 with the next 1 / 2 rounds' units copied into shared memory before
+// the producer wait
 // (session 29; sweep1r2 when x is fused or the scales are not 16-byte aligned). The sweep
 // variants stay last (matvec_q8s_fused_fits).
 enum class MatvecQ8sKernel : uint8_t {
@@ -59,7 +60,8 @@ enum class MatvecQ8sKernel : uint8_t {
     sweep1r4,
     sweep1r8,
     ring1r2,
-    sweep1r2p
+    sweep1r2p,
+    sweep1r2p2
 };
 // Pure: the variant matvec_q8s_cuda uses (SPILLWAY_Q8S_KERNEL=<name> overrides it, lab).
 MatvecQ8sKernel matvec_q8s_kernel_for(uint32_t rows, uint32_t cols);

@@ -330,7 +330,7 @@ void check_matvec_q8s(MatvecQ8sKernel kernel, uint32_t rows, uint32_t cols) {
 
 TEST(CudaMatvec, Q8SplitKernelsMatchCpu) {
     SPILLWAY_SKIP_WITHOUT_GPU();
-    for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r2p; ++ki) {
+    for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r2p2; ++ki) {
         // One unit (1 x 512), a half row pair (odd rows), pairs cut between two and more warps
         // (the 14B wo / down shapes have fewer units than twice the warps), many pairs per warp.
         for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
@@ -355,7 +355,7 @@ TEST(CudaMatvec, Q8SplitKernelsMatchCpu) {
     EXPECT_TRUE(matvec_q8s_fits(13824));
 }
 
-// The ring variant (ring1r2) and the prefix variant (sweep1r2p): the same units, order and
+// The ring variant (ring1r2) and the prefix variants (sweep1r2p*): the same units, order and
 // sums as sweep1r2, so the same bits; for the ring whatever its size (one slot, two, a few,
 // as many as fit: slots refilled many times over, a block's last pair with one row) and
 // launch after launch on two streams (barriers and counters start afresh in every launch).
@@ -387,13 +387,15 @@ TEST(CudaMatvec, Q8SplitRingEqualsSweep) {
         SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
         const std::vector<float> h_want = to_host(want);
         EXPECT_LT(rel_error(h_want, c.ref), 1e-5);
-        {  // sweep1r2p: the same units and sums, its second round read from shared memory
+        // The prefix variants: the same units and sums, their second (and third) rounds read
+        // from shared memory.
+        for (const MatvecQ8sKernel k : {MatvecQ8sKernel::sweep1r2p, MatvecQ8sKernel::sweep1r2p2}) {
             DeviceBuffer<float> y(rows);
             poison(y);
-            matvec_q8s_cuda_with(MatvecQ8sKernel::sweep1r2p, split, x, y.data(), rows, cols, streams[0], true);
+            matvec_q8s_cuda_with(k, split, x, y.data(), rows, cols, streams[0], true);
             SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
             const std::vector<float> h = to_host(y);
-            EXPECT_TRUE(std::equal(h.begin(), h.end(), h_want.begin())) << "sweep1r2p differs from sweep1r2";
+            EXPECT_TRUE(std::equal(h.begin(), h.end(), h_want.begin())) << "prefix variant " << (int)k << " differs";
         }
         const size_t pair_bytes = 2 * (size_t)cols + cols / 8;
         for (const size_t ring_bytes : {pair_bytes, 2 * pair_bytes, 5 * pair_bytes, size_t(0)}) {
