@@ -315,7 +315,7 @@ struct Q8SplitBuffers {
 
 const char* q8s_name(MatvecQ8sKernel k) {
     static const char* const kNames[] = {"w8u4",   "w8u8",   "w4u4",     "w8u4p",   "w8u4nc",
-                                         "sweep1", "sweep2", "sweep1r2", "sweep1r4", "sweep1r8", "ring1r2", "sweep1r2p", "sweep1r2p2"};
+                                         "sweep1", "sweep2", "sweep1r2", "sweep1r4", "sweep1r8"};
     return kNames[(int)k];
 }
 
@@ -408,54 +408,21 @@ void bench_q8s_layer_chain_fused(Report& r, const Options& o, const std::string&
     r.add(name, shape, (double)layer_bytes, us);
 }
 
-// The ring variant's layer chain (with release, and with the hops) at ring sizes of 32 KB to
-// as much as fits, per block.
-void bench_q8s_ring_depths(Report& r, const Options& o) {
-    for (const uint32_t kb : {32u, 64u, 96u, 128u, 0u}) {
-        const std::string size = kb == 0 ? "max" : std::to_string(kb) + "KB";
-        for (const bool hops : {false, true}) {
-            const std::string name = "q8s ring " + size + (hops ? " hops" : " chain release");
-            const std::string shape = hops ? "qkv, wo, gate|up, down + 4 hops" : "qkv, wo, gate|up, down";
-            if (!o.only.empty() && (name + " " + shape).find(o.only) == std::string::npos) continue;
-            const LayerChainWeights chain(1100);
-            const auto& w = chain.sets;
-            const size_t n_sets = w.size();
-            DeviceBuffer<float> stream(5120), proj(5120), norm_w(5120), attn(5120), xn(5120), y(27648);
-            DeviceBuffer<int16_t> q16(13824);
-            DeviceBuffer<float> d16(13824 / 32);
-            const ActQ16 act{q16.data(), d16.data()};
-            for (DeviceBuffer<float>* b : {&stream, &proj, &norm_w, &attn, &y})
-                fill_f32<<<64, 256>>>(b->data(), b->size(), 21);
-            SPILLWAY_CUDA_CHECK(cudaGetLastError());
-            const size_t cap = (size_t)kb * 1024;
-            const double us = median_us([&](cudaStream_t st, int i) {
-                const std::vector<Q8SplitBuffers>& L = w[i % n_sets];
-                const auto gemv = [&](int j, bool release) {
-                    const auto& [rows, cols] = chain.shapes[j];
-                    if (matvec_q8s_ring_cuda(L[j].view(), act, y.data(), rows, cols, st, release, cap) == 0)
-                        throw std::runtime_error("the ring does not fit");
-                };
-                if (hops) rmsnorm_cuda(stream.data(), proj.data(), norm_w.data(), xn.data(), 1, 5120, 1e-5f, st, act);
-                gemv(0, true);
-                if (hops) rmsnorm_cuda(attn.data(), nullptr, norm_w.data(), xn.data(), 1, 5120, 1e-5f, st, act);
-                gemv(1, !hops);
-                if (hops) rmsnorm_cuda(stream.data(), proj.data(), norm_w.data(), xn.data(), 1, 5120, 1e-5f, st, act);
-                gemv(2, true);
-                if (hops) swiglu_q16_cuda(y.data(), y.data() + 13824, 13824, act, st);
-                gemv(3, true);
-            }, o.iters);
-            r.add(name, shape, (double)chain.layer_bytes, us);
-        }
-    }
+// A programmatic kernel that only waits for its producer and releases its dependent: the
+// boundary a small kernel puts between two GEMVs, without its work.
+__global__ void empty_hop_kernel() {
+    pdl_wait_for_producer();
+    pdl_release_dependents();
 }
 
 // The four GEMVs with the engine's small kernels between them (RMSNorm with the residual add
 // before q|k|v and gate|up, SwiGLU before down, and one more RMSNorm standing in for the
 // attention's hop before wo), each GEMV but wo releasing its successor at entry as in the
-// engine. Against "q8s layer chain <kernel> release" it prices the hops; against the engine's
-// layer time at depth 0, the attention and the rest.
-void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel) {
-    const std::string name = std::string("q8s layer hops ") + q8s_name(kernel);
+// engine. Against "q8s layer chain <kernel> release" it prices the hops (session 29: 85.5 vs
+// 73.8 us per layer); against the engine's layer time at depth 0, the attention and the rest.
+// empty: each small kernel replaced by empty_hop_kernel (one warp), the boundaries alone.
+void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, bool empty) {
+    const std::string name = std::string("q8s layer hops ") + (empty ? "empty " : "") + q8s_name(kernel);
     const std::string shape = "qkv, wo, gate|up, down + 4 hops";
     if (!o.only.empty() && (name + " " + shape).find(o.only) == std::string::npos) return;
     const LayerChainWeights chain(900);
@@ -470,18 +437,71 @@ void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel) {
     fill_f32<<<64, 256>>>(norm_w.data(), norm_w.size(), 12);
     fill_f32<<<64, 256>>>(attn.data(), attn.size(), 15);
     fill_f32<<<256, 256>>>(gate_up.data(), gate_up.size(), 13);
+    quantize_act_q16_cuda(gate_up.data(), 13824, 1, act, nullptr);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
     const float eps = 1e-5f;
+    const auto hop = [&](cudaStream_t st, const std::function<void()>& small) {
+        if (empty) launch_with_pdl(true, empty_hop_kernel, dim3(1), dim3(32), 0, st);
+        else small();
+    };
     const double us = median_us([&](cudaStream_t st, int i) {
         const std::vector<Q8SplitBuffers>& L = w[i % n_sets];
-        rmsnorm_cuda(stream.data(), proj.data(), norm_w.data(), xn.data(), 1, 5120, eps, st, act);
+        hop(st, [&] { rmsnorm_cuda(stream.data(), proj.data(), norm_w.data(), xn.data(), 1, 5120, eps, st, act); });
         matvec_q8s_cuda_with(kernel, L[0].view(), act, qkv.data(), 7168, 5120, st, true);
-        rmsnorm_cuda(attn.data(), nullptr, norm_w.data(), xn.data(), 1, 5120, eps, st, act);  // the attention's hop
+        hop(st, [&] { rmsnorm_cuda(attn.data(), nullptr, norm_w.data(), xn.data(), 1, 5120, eps, st, act); });
         matvec_q8s_cuda_with(kernel, L[1].view(), act, proj.data(), 5120, 5120, st, false);
-        rmsnorm_cuda(stream.data(), proj.data(), norm_w.data(), xn.data(), 1, 5120, eps, st, act);
+        hop(st, [&] { rmsnorm_cuda(stream.data(), proj.data(), norm_w.data(), xn.data(), 1, 5120, eps, st, act); });
         matvec_q8s_cuda_with(kernel, L[2].view(), act, gate_up.data(), 27648, 5120, st, true);
-        swiglu_q16_cuda(gate_up.data(), gate_up.data() + 13824, 13824, act, st);
+        hop(st, [&] { swiglu_q16_cuda(gate_up.data(), gate_up.data() + 13824, 13824, act, st); });
         matvec_q8s_cuda_with(kernel, L[3].view(), act, proj.data(), 5120, 13824, st, true);
+    }, o.iters);
+    r.add(name, shape, (double)layer_bytes, us);
+}
+
+// The same layer with GEMV tails (matvec_q8s_tail_cuda): the RMSNorms and SwiGLU run in the
+// last block of wo, gate|up and down; only the attention's stand-in hop remains a launch.
+// Against "q8s layer hops sweep1r2" it prices what the tails save.
+void bench_q8s_layer_tails(Report& r, const Options& o) {
+    const std::string name = "q8s layer tails sweep1r2";
+    const std::string shape = "qkv, wo, gate|up, down + 1 hop";
+    if (!o.only.empty() && (name + " " + shape).find(o.only) == std::string::npos) return;
+    const LayerChainWeights chain(1300);
+    const auto& w = chain.sets;
+    const size_t n_sets = w.size(), layer_bytes = chain.layer_bytes;
+    DeviceBuffer<float> stream(5120), proj(5120), norm_w(5120), attn(5120), xn(5120), qkv(7168), gate_up(27648);
+    DeviceBuffer<int16_t> q16(13824);
+    DeviceBuffer<float> d16(13824 / 32);
+    DeviceBuffer<uint32_t> counter(1);
+    SPILLWAY_CUDA_CHECK(cudaMemset(counter.data(), 0, 4));
+    const ActQ16 act{q16.data(), d16.data()};
+    fill_f32<<<64, 256>>>(stream.data(), stream.size(), 11);
+    fill_f32<<<64, 256>>>(proj.data(), proj.size(), 14);
+    fill_f32<<<64, 256>>>(norm_w.data(), norm_w.size(), 12);
+    fill_f32<<<64, 256>>>(attn.data(), attn.size(), 15);
+    fill_f32<<<256, 256>>>(gate_up.data(), gate_up.size(), 13);
+    quantize_act_q16_cuda(gate_up.data(), 13824, 1, act, nullptr);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    GemvTail norm;
+    norm.op = GemvTail::Op::rmsnorm;
+    norm.x = stream.data();
+    norm.add = proj.data();
+    norm.weight = norm_w.data();
+    norm.eps = 1e-5f;
+    norm.n = 5120;
+    norm.out = act;
+    norm.counter = counter.data();
+    GemvTail gated = norm;
+    gated.op = GemvTail::Op::swiglu;
+    gated.gate = gate_up.data();
+    gated.up = gate_up.data() + 13824;
+    gated.n = 13824;
+    const double us = median_us([&](cudaStream_t st, int i) {
+        const std::vector<Q8SplitBuffers>& L = w[i % n_sets];
+        matvec_q8s_cuda_with(MatvecQ8sKernel::sweep1r2, L[0].view(), act, qkv.data(), 7168, 5120, st, true);
+        rmsnorm_cuda(attn.data(), nullptr, norm_w.data(), xn.data(), 1, 5120, 1e-5f, st, act);  // the attention's hop
+        matvec_q8s_tail_cuda(L[1].view(), act, proj.data(), 5120, 5120, st, true, norm);
+        matvec_q8s_tail_cuda(L[2].view(), act, gate_up.data(), 27648, 5120, st, true, gated);
+        matvec_q8s_tail_cuda(L[3].view(), act, proj.data(), 5120, 13824, st, true, norm);
     }, o.iters);
     r.add(name, shape, (double)layer_bytes, us);
 }
@@ -1129,7 +1149,7 @@ int main(int argc, char** argv) {
                 bench_matvec_q16x(r, o, rows, cols, k);
         }
         bench_q16x_layer_chain(r, o);
-        for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r2p2; ++ki) {
+        for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r8; ++ki) {
             const auto k = (MatvecQ8sKernel)ki;
             for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
                      {5120, 13824}, {13824, 5120}, {152064, 5120}, {27648, 5120}, {7168, 5120}, {5120, 5120}})
@@ -1137,12 +1157,8 @@ int main(int argc, char** argv) {
             bench_q8s_layer_chain(r, o, k, false);
             bench_q8s_layer_chain(r, o, k, true);
         }
-        for (MatvecQ8sKernel k : {MatvecQ8sKernel::sweep1r2, MatvecQ8sKernel::ring1r2, MatvecQ8sKernel::sweep1r2p,
-                                  MatvecQ8sKernel::sweep1r2p2})
-            bench_q8s_layer_hops(r, o, k);
-        // The ring's depth (SPILLWAY_Q8S_RING_KB is read once per process: rows per ring size
-        // come from matvec_q8s_ring_cuda directly).
-        bench_q8s_ring_depths(r, o);
+        for (const bool empty : {false, true}) bench_q8s_layer_hops(r, o, MatvecQ8sKernel::sweep1r2, empty);
+        bench_q8s_layer_tails(r, o);
         for (const char* which : {"", "norms", "swiglu", "adds"}) bench_q8s_layer_chain_fused(r, o, which);
         bench_decode_layer(r, o);
         bench_matvec(r, o, GgmlType::Q8_0, 896, 896, 1);  // 0.5B shape: unaligned rows, launch-bound

@@ -18,13 +18,13 @@
 #include "common/error.h"
 #include "engine/cuda/act_ops_device.cuh"
 #include "engine/cuda/act_quant_device.cuh"
-#include "engine/cuda/bulk_copy_device.cuh"
 #include "engine/cuda/cp_async_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/gemv_shared.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
 #include "engine/cuda/q8_0_q16_device.cuh"
+#include "engine/cuda/rmsnorm_device.cuh"
 
 namespace spillway {
 namespace {
@@ -44,17 +44,6 @@ __device__ __forceinline__ void copy_x_to_shared(const int16_t* xq, const float*
         cp_async16(dst + cols * 2 + 16 * i, reinterpret_cast<const uint8_t*>(xd) + 16 * i);
     cp_async_commit();
     cp_async_wait<0>();
-    __syncthreads();
-}
-
-// The same with plain 16-byte loads, for a kernel whose own cp.async copies are still in
-// flight (a cp.async wait would wait for them too).
-__device__ __forceinline__ void copy_x_to_shared_plain(const int16_t* xq, const float* xd, uint32_t cols, uint4* smem,
-                                                       uint32_t n_threads) {
-    const uint32_t q_vecs = cols * 2 / 16, d_vecs = cols / 8 / 16;
-    for (uint32_t i = threadIdx.x; i < q_vecs; i += n_threads) smem[i] = __ldcg(reinterpret_cast<const uint4*>(xq) + i);
-    uint4* d_dst = reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(smem) + cols * 2);
-    for (uint32_t i = threadIdx.x; i < d_vecs; i += n_threads) d_dst[i] = __ldcg(reinterpret_cast<const uint4*>(xd) + i);
     __syncthreads();
 }
 
@@ -211,6 +200,51 @@ struct SweepIo {
     uint32_t accumulate;  // y += W x instead of y = W x
 };
 
+// The small op after a GEMV, run by its last block (GemvTail in matvec_q8s.cuh, flattened).
+struct SweepTail {
+    uint32_t op;  // GemvTail::Op
+    float* x;
+    const float* add;
+    const float* weight;
+    float eps;
+    const float* gate;
+    const float* up;
+    uint32_t n;
+    int16_t* q;
+    float* d;
+    uint32_t* counter;
+};
+
+// Every block counts itself done (its y stores made visible first); the last one runs the op
+// over the whole y with rmsnorm_cuda's or swiglu_q16_cuda's operations (the same bits), then
+// zeroes the counter for the next launch. Not inlined: the sweep loop keeps its registers.
+__device__ __noinline__ void run_sweep_tail(SweepTail t) {
+    __shared__ uint32_t is_last;
+    __shared__ float warp_sums[32];
+    __syncthreads();  // every y store of the block issued
+    if (threadIdx.x == 0) {
+        __threadfence();
+        is_last = atomicAdd(t.counter, 1u) == gridDim.x - 1 ? 1u : 0u;
+    }
+    __syncthreads();
+    if (is_last == 0) return;
+    __threadfence();
+    if (t.op == (uint32_t)GemvTail::Op::rmsnorm) {
+        rmsnorm_row<512, 8>(t.x, t.add, t.weight, nullptr, nullptr, t.n, t.eps, t.q, t.d, warp_sums);
+    } else {
+        const float4* g4 = reinterpret_cast<const float4*>(t.gate);
+        const float4* u4 = reinterpret_cast<const float4*>(t.up);
+        // n % 32 == 0 and 512 % 8 == 0: whole 8-lane groups are in or out of each step.
+        for (uint32_t i = threadIdx.x; i < t.n / 4; i += blockDim.x) {
+            const float4 g = __ldcg(g4 + i), u = __ldcg(u4 + i);
+            const float4 h =
+                make_float4(silu_times(g.x, u.x), silu_times(g.y, u.y), silu_times(g.z, u.z), silu_times(g.w, u.w));
+            quantize_act_q16_group(h, threadIdx.x % 32, t.q + 4 * i, t.d + i / 8);
+        }
+    }
+    if (threadIdx.x == 0) *t.counter = 0;
+}
+
 // x formed from f32 vectors by the block itself, into shared memory as int16 blocks (q then
 // d, where copy_x_to_shared leaves them), with the same operations in the same order as
 // rmsnorm_cuda's one-row kernel (512 threads) and swiglu_q16_cuda: the same bits. stage: 8 *
@@ -280,18 +314,11 @@ constexpr size_t kFusedStagePerCol = 8;
 // kFused: x may be formed here (GemvX) and y accumulated; its own instance, so the plain
 // GEMV's code stays what was measured (with the fused code in one instance, the q16 path ran
 // 2.5% slower in the engine: 128 registers instead of 125; session 28).
-// kPrefixRounds (sweep1r2p / sweep1r2p2, session 29, lab): besides the register round, each
-// lane copies its 16 bytes of the next 1 or 2 rounds' units into shared memory (cp.async)
-// before the producer wait,
-// so twice the bytes per SM are in flight while the small kernel before this GEMV runs (the
-// hop: ~3 us per GEMV with HBM idle after the register round has landed, bench "layer hops").
-// The register slots go on with the round after, so the first reloads still leave at the
-// first round. x is then copied with plain loads: a cp.async copy would wait for the prefix.
-template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false, int kPrefixRounds = 0>
+// kTail (session 29, lab): the last block runs the small op that follows (run_sweep_tail).
+template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false, bool kTail = false>
 __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep_kernel(
     const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const SweepIo io, uint32_t rows,
-    uint32_t cols, uint32_t rows_per_block, uint32_t release_at_entry) {
-    constexpr bool kPrefix = kPrefixRounds > 0;
+    uint32_t cols, uint32_t rows_per_block, uint32_t release_at_entry, const SweepTail tail) {
     static_assert(kUnroll * kRows == 8, "the reduction below is written for 8 sums");
     if (release_at_entry) pdl_release_dependents();
     extern __shared__ uint4 q8s_smem[];  // x: q [cols] int16, d [cols / 32] f32; then the segment sums
@@ -330,36 +357,6 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     // The segment sums' region stages the f32 inputs of a fused x first.
     float* part = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(q8s_smem) + x_bytes);
     float4* stage = reinterpret_cast<float4*>(part);
-    // The prefix: per round, warp, slot and row, the unit's 512 codes then its 16 scales (544
-    // bytes), after the segment sums (rows_per_block * segs floats, 16-byte rounded).
-    uint8_t* prefix = reinterpret_cast<uint8_t*>(part) + ((size_t)rows_per_block * segs * sizeof(float) + 15) / 16 * 16;
-    const auto prefix_unit = [&](uint32_t r, int i, int k) {
-        return prefix + ((((size_t)r * kSweepWarps + warp) * kUnroll + i) * kRows + k) * (kUnitCols + 32);
-    };
-    const auto advanced = [&](uint32_t seg) { return seg + advance >= segs ? seg + advance - segs : seg + advance; };
-    if constexpr (kPrefix) {
-        const uint8_t* scale_rows = reinterpret_cast<const uint8_t*>(scales + (size_t)r0 * row_blocks);
-#pragma unroll
-        for (int r = 0; r < kPrefixRounds; ++r) {
-#pragma unroll
-            for (int i = 0; i < kUnroll; ++i) {
-                const uint32_t j = warp + kSweepWarps * (kUnroll * (r + 1) + i);
-                uint32_t seg = seg_of[i];
-#pragma unroll
-                for (int a = 0; a <= r; ++a) seg = advanced(seg);
-#pragma unroll
-                for (int k = 0; k < kRows; ++k) {
-                    const uint32_t q = part_of(j, seg, k);
-                    if (j < n && q < n_parts) {
-                        cp_async16(prefix_unit(r, i, k) + 16 * lane, w_base + (size_t)q * 32);
-                        if (lane < 2)
-                            cp_async16(prefix_unit(r, i, k) + kUnitCols + 16 * lane, scale_rows + (size_t)q * 32 + 16 * lane);
-                    }
-                }
-            }
-        }
-        cp_async_commit();
-    }
     if constexpr (kFused) {
         if (io.from == (uint32_t)GemvXFrom::rmsnorm) {
             for (uint32_t i = threadIdx.x; i < cols / 4; i += kSweepWarps * 32)
@@ -368,20 +365,11 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
         }
     }
     pdl_wait_for_producer();  // W went out first: it does not depend on x's producer
-    if (kPrefix) copy_x_to_shared_plain(io.xq, io.xd, cols, q8s_smem, kSweepWarps * 32);
-    else if (!kFused || io.from == (uint32_t)GemvXFrom::q16) copy_x_to_shared(io.xq, io.xd, cols, q8s_smem, kSweepWarps * 32);
+    if (!kFused || io.from == (uint32_t)GemvXFrom::q16) copy_x_to_shared(io.xq, io.xd, cols, q8s_smem, kSweepWarps * 32);
     else form_x_in_shared(io, cols, q8s_smem, stage, kSweepWarps * 32);
     const uint4* x_q = q8s_smem;
     const float* x_d = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(q8s_smem) + cols * 2);
-    uint32_t round = 0;
-    for (uint32_t j0 = warp; j0 < n; j0 += kSweepWarps * kUnroll, ++round) {
-        // Rounds 1 .. kPrefixRounds of a prefix run come from shared memory (every lane's
-        // copies landed and seen by the warp); the register slots hold the round after.
-        const bool from_prefix = kPrefix && round >= 1 && round <= (uint32_t)kPrefixRounds;
-        if (kPrefix && round == 1) {
-            cp_async_wait<0>();
-            __syncwarp();
-        }
+    for (uint32_t j0 = warp; j0 < n; j0 += kSweepWarps * kUnroll) {
         // Every slot is summed (a slot past the end holds zeros' worth: its sum is not stored),
         // so the dot products and reductions interleave without branches.
         float v[kUnroll * kRows];
@@ -392,34 +380,13 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
             const float xs = x_d[seg * 16 + lane / 2];
             uint4 wv[kRows];
             float scale[kRows];
-            const uint32_t next_seg = seg + advance >= segs ? seg + advance - segs : seg + advance;
-            if constexpr (kPrefix) {
 #pragma unroll
-                for (int k = 0; k < kRows; ++k) {
-                    const uint8_t* unit = prefix_unit(round - 1, i, k);
-                    wv[k] = from_prefix ? reinterpret_cast<const uint4*>(unit)[lane] : w[i][k];
-                    const unsigned short dk =
-                        from_prefix ? reinterpret_cast<const unsigned short*>(unit + kUnitCols)[lane / 2] : d[i][k];
-                    scale[k] = __half2float(__ushort_as_half(dk)) * xs;
-                }
-                // Round 0 reloads its slot with the round after the prefix; prefix rounds do not
-                // reload; later rounds reload with the next round.
-                if (round == 0) {
-                    uint32_t seg_after = next_seg;
-#pragma unroll
-                    for (int a = 0; a < kPrefixRounds; ++a) seg_after = advanced(seg_after);
-                    load(i, j + (kPrefixRounds + 1) * kSweepWarps * kUnroll, seg_after);
-                } else if (!from_prefix) {
-                    load(i, j + kSweepWarps * kUnroll, next_seg);
-                }
-            } else {
-#pragma unroll
-                for (int k = 0; k < kRows; ++k) {
-                    wv[k] = w[i][k];
-                    scale[k] = __half2float(__ushort_as_half(d[i][k])) * xs;
-                }
-                load(i, j + kSweepWarps * kUnroll, next_seg);
+            for (int k = 0; k < kRows; ++k) {
+                wv[k] = w[i][k];
+                scale[k] = __half2float(__ushort_as_half(d[i][k])) * xs;
             }
+            const uint32_t next_seg = seg + advance >= segs ? seg + advance - segs : seg + advance;
+            load(i, j + kSweepWarps * kUnroll, next_seg);
             seg_of[i] = next_seg;
 #pragma unroll
             for (int k = 0; k < kRows; ++k) {
@@ -458,24 +425,20 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
         if constexpr (kFused) io.y[r0 + r] = io.accumulate ? io.y[r0 + r] + total : total;
         else io.y[r0 + r] = total;
     }
+    if constexpr (kTail) run_sweep_tail(tail);
 }
 
-// The prefix's shared memory per round: a unit's codes and scales per warp, slot and row.
-constexpr size_t kPrefixBytes = (size_t)kSweepWarps * 4 * 2 * (kUnitCols + 32);
-
-template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused, int kPrefixRounds = 0>
+template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused, bool kTail = false>
 void launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
-                         bool release_at_entry) {
-    constexpr bool kPrefix = kPrefixRounds > 0;
-    static_assert(!kPrefix || (kUnroll == 4 && kRows == 2 && !kFused), "the prefix is sweep1r2's");
-    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kPrefixRounds>;
+                         bool release_at_entry, const SweepTail& tail = {}) {
+    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kTail>;
     const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
     static const int sms = [] {
         const auto x_bytes_of = [](size_t n) { return (n * 2 + n / 8 + 15) / 16 * 16; };
         const size_t max_smem =
             kFused ? std::max(x_bytes_of(kMaxCols) + kSweepPartialBytes,
                               x_bytes_of(kFusedMaxCols) + kFusedStagePerCol * kFusedMaxCols)
-                   : x_bytes_of(kMaxCols) + kSweepPartialBytes + kPrefixRounds * kPrefixBytes;
+                   : x_bytes_of(kMaxCols) + kSweepPartialBytes;
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)max_smem));
         int device = 0, count = 0;
         SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
@@ -489,12 +452,10 @@ void launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint3
     const uint32_t rows_per_block = std::min(((rows + slots - 1) / slots + kRows - 1) / kRows * kRows, max_rows);
     const uint32_t blocks = (rows + rows_per_block - 1) / rows_per_block;
     const size_t stage = io.from == (uint32_t)GemvXFrom::q16 ? 0 : kFusedStagePerCol * cols;
-    const size_t part_bytes = ((size_t)rows_per_block * segs * sizeof(float) + 15) / 16 * 16;
-    const size_t smem = kPrefix ? x_bytes + part_bytes + kPrefixRounds * kPrefixBytes
-                                : x_bytes + std::max((size_t)rows_per_block * segs * sizeof(float), stage);
+    const size_t smem = x_bytes + std::max((size_t)rows_per_block * segs * sizeof(float), stage);
     launch_with_pdl(pdl_supported(), kKernel, dim3(blocks), dim3(kSweepWarps * 32), smem, stream,
                     reinterpret_cast<const uint4*>(w.codes), reinterpret_cast<const unsigned short*>(w.scales), io,
-                    rows, cols, rows_per_block, release_at_entry ? 1u : 0u);
+                    rows, cols, rows_per_block, release_at_entry ? 1u : 0u, tail);
 }
 
 // The fused instance when x is formed here or y accumulated, else the plain one.
@@ -504,226 +465,6 @@ void launch_q8s_sweep(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t
     if (io.from != (uint32_t)GemvXFrom::q16 || io.accumulate)
         launch_q8s_sweep_as<kUnroll, kBlocksPerSm, kRows, true>(w, io, rows, cols, stream, release_at_entry);
     else launch_q8s_sweep_as<kUnroll, kBlocksPerSm, kRows, false>(w, io, rows, cols, stream, release_at_entry);
-}
-
-// The ring variant (ring1r2, session 29, lab): sweep1r2's units, order and sums, but the
-// block's weights reach shared memory by bulk copies (the TMA engine), one chunk per row pair
-// (its two rows' codes, then their scales: both contiguous in the split layout), into a ring
-// of slots that the warp freeing a slot refills. Why: before its producer finishes, a sweep
-// block has only its register loads in flight (64 KB per SM, ~2 us of its HBM share), so HBM
-// idles through the small kernel between two GEMVs and the x copy after it (4 hops per
-// layer; the engine's layer is ~15 us longer than the four GEMVs chained alone). A ring of up
-// to ~170 KB per SM is issued at entry and keeps loading through the hop; after the wait the
-// warps work through landed chunks faster than HBM refills them.
-// Progress: a warp consumes its units in order and frees a unit's chunk as soon as the unit's
-// words are in registers; the owner of the lowest unconsumed unit always finds its chunk
-// issued (every earlier chunk was freed and refilled), so any ring of >= 1 slot completes.
-constexpr uint32_t kRingMaxSlots = 64;
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__global__ void __launch_bounds__(kSweepWarps * 32, 1) matvec_q8s_ring_kernel(
-    const int8_t* __restrict__ codes, const unsigned short* __restrict__ scales, const int16_t* xq, const float* xd,
-    float* __restrict__ y, uint32_t rows, uint32_t cols, uint32_t rows_per_block, uint32_t ring_slots,
-    uint32_t release_at_entry) {
-    constexpr int kUnroll = 4, kRows = 2;
-    if (release_at_entry) pdl_release_dependents();
-    extern __shared__ uint4 q8s_smem[];  // x, the segment sums, the ring
-    __shared__ uint64_t full[kRingMaxSlots];
-    __shared__ uint32_t freed[kRingMaxSlots];   // units of the slot's chunk consumed (wraps at segs)
-    // Fills issued into the slot. A warp may run more than a ring ahead of a slow one; waiting
-    // on a parity two fills ahead of the barrier's phase would pass at once (the phase before
-    // counts as done), so a consumer first waits for its fill to be issued: its slot's previous
-    // chunk was then consumed, so the barrier's phase is the fill's own.
-    __shared__ uint32_t issued[kRingMaxSlots];
-    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const uint32_t segs = cols / kUnitCols;
-    const uint32_t r0 = min(rows, blockIdx.x * rows_per_block), r1 = min(rows, r0 + rows_per_block);
-    const uint32_t n_parts = (r1 - r0) * segs, n_pairs = (r1 - r0 + 1) / 2, n = n_pairs * segs;
-    const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
-    const size_t part_bytes = ((size_t)rows_per_block * segs * sizeof(float) + 15) / 16 * 16;
-    float* part = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(q8s_smem) + x_bytes);
-    uint8_t* ring = reinterpret_cast<uint8_t*>(q8s_smem) + x_bytes + part_bytes;
-    const uint32_t slot_bytes = 2 * cols + cols / 8, row_scale_bytes = cols / 16;
-    const uint64_t policy = l2_evict_first_policy();
-    const auto issue = [&](uint32_t c) {  // row pair c of the block into slot c % ring_slots
-        const uint32_t s = c % ring_slots, nr = min(2u, r1 - r0 - 2 * c);
-        uint8_t* dst = ring + (size_t)s * slot_bytes;
-        *reinterpret_cast<volatile uint32_t*>(&issued[s]) = c / ring_slots + 1;
-        const size_t row = r0 + 2 * c;
-        mbarrier_arrive_expect_tx(&full[s], nr * (cols + row_scale_bytes));
-        bulk_copy_global_to_shared(dst, codes + row * cols, nr * cols, &full[s], policy);
-        bulk_copy_global_to_shared(dst + 2 * cols, reinterpret_cast<const uint8_t*>(scales) + row * row_scale_bytes,
-                                   nr * row_scale_bytes, &full[s], policy);
-    };
-    if (threadIdx.x == 0) {
-        for (uint32_t s = 0; s < ring_slots; ++s) {
-            mbarrier_init(&full[s], 1);
-            freed[s] = 0;
-            issued[s] = 0;
-        }
-        mbarrier_init_fence();
-    }
-    __syncthreads();
-    if (threadIdx.x == 0)
-        for (uint32_t c = 0; c < min(ring_slots, n_pairs); ++c) issue(c);
-    pdl_wait_for_producer();  // W went out first: it does not depend on x's producer
-    copy_x_to_shared(xq, xd, cols, q8s_smem, kSweepWarps * 32);
-    const uint4* x_q = q8s_smem;
-    const float* x_d = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(q8s_smem) + cols * 2);
-    const auto part_of = [&](uint32_t j, uint32_t seg, int k) { return kRows * j - (kRows - 1) * seg + k * segs; };
-    // Per slot of a round: the unit's segment, ring slot and fill number, advanced without
-    // divisions (a round moves every slot by 16 kUnroll units).
-    uint32_t seg_of[kUnroll], ring_of[kUnroll], fill_of[kUnroll];
-    const uint32_t round_units = kSweepWarps * kUnroll, adv_seg = round_units % segs, adv_pair = round_units / segs;
-#pragma unroll
-    for (int i = 0; i < kUnroll; ++i) {
-        const uint32_t j = warp + kSweepWarps * i, p = j / segs;
-        seg_of[i] = j % segs;
-        ring_of[i] = p % ring_slots;
-        fill_of[i] = p / ring_slots;
-    }
-    for (uint32_t j0 = warp; j0 < n; j0 += round_units) {
-        float v[kUnroll * kRows];
-#pragma unroll
-        for (int i = 0; i < kUnroll; ++i) {
-            const uint32_t j = j0 + kSweepWarps * i, seg = seg_of[i], s = ring_of[i];
-            v[i * kRows] = v[i * kRows + 1] = 0.0f;
-            if (j < n) {
-                while (*reinterpret_cast<volatile uint32_t*>(&issued[s]) <= fill_of[i]) {
-                }
-                mbarrier_wait_parity(&full[s], fill_of[i] & 1u);
-                const uint8_t* slot = ring + (size_t)s * slot_bytes;
-                uint4 wv[kRows];
-                unsigned short dv[kRows];
-#pragma unroll
-                for (int k = 0; k < kRows; ++k) {
-                    wv[k] = *reinterpret_cast<const uint4*>(slot + k * cols + seg * kUnitCols + lane * 16);
-                    dv[k] = reinterpret_cast<const unsigned short*>(slot + 2 * cols + k * row_scale_bytes)[seg * 16 + lane / 2];
-                }
-                // The slot's words are in registers: count the unit consumed; the last of the
-                // chunk's units refills the slot with the chunk ring_slots further on.
-                __syncwarp();
-                if (lane == 0) {
-                    __threadfence_block();
-                    const uint32_t p = (j - seg) / segs;
-                    if (atomicInc(&freed[s], segs - 1) == segs - 1 && p + ring_slots < n_pairs) {
-                        fence_proxy_async_shared();
-                        issue(p + ring_slots);
-                    }
-                }
-                const uint4 xa = x_q[seg * 64 + 2 * lane], xb = x_q[seg * 64 + 2 * lane + 1];
-                const float xs = x_d[seg * 16 + lane / 2];
-#pragma unroll
-                for (int k = 0; k < kRows; ++k) {
-                    const int isum =
-                        dot8_q16_q8(xb, (int)wv[k].z, (int)wv[k].w, dot8_q16_q8(xa, (int)wv[k].x, (int)wv[k].y, 0));
-                    const float scale = __half2float(__ushort_as_half(dv[k])) * xs;
-                    if (part_of(j, seg, k) < n_parts) v[i * kRows + k] = scale * (float)isum;
-                }
-            }
-            const uint32_t next_seg = seg + adv_seg;
-            const uint32_t wrap = next_seg >= segs ? 1u : 0u;
-            seg_of[i] = next_seg - wrap * segs;
-            uint32_t next_ring = s + adv_pair + wrap, fill = fill_of[i];
-            while (next_ring >= ring_slots) next_ring -= ring_slots, ++fill;
-            ring_of[i] = next_ring;
-            fill_of[i] = fill;
-        }
-        // The 8 sums over the warp at once, as in the sweep kernel (same order: same bits).
-        const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
-        float h4[4], h2[2];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const float send = b4 ? v[k] : v[k + 4], keep = b4 ? v[k + 4] : v[k];
-            h4[k] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
-        }
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const float send = b3 ? h4[k] : h4[k + 2], keep = b3 ? h4[k + 2] : h4[k];
-            h2[k] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
-        }
-        float total = (b2 ? h2[1] : h2[0]) + __shfl_xor_sync(0xffffffffu, b2 ? h2[0] : h2[1], 4);
-        total += __shfl_xor_sync(0xffffffffu, total, 2);
-        total += __shfl_xor_sync(0xffffffffu, total, 1);
-        const uint32_t value = (lane / 4) % 8, j = j0 + kSweepWarps * (value / kRows);
-        if (lane % 4 == 0 && j < n) {
-            const uint32_t q = part_of(j, j % segs, (int)(value % kRows));
-            if (q < n_parts) part[q] = total;
-        }
-    }
-    __syncthreads();
-    for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
-        float total = 0.0f;
-        for (uint32_t seg = 0; seg < segs; ++seg) total += part[r * segs + seg];  // column order
-        y[r0 + r] = total;
-    }
-}
-#else
-__global__ void __launch_bounds__(kSweepWarps * 32, 1)
-    matvec_q8s_ring_kernel(const int8_t*, const unsigned short*, const int16_t*, const float*, float*, uint32_t,
-                           uint32_t, uint32_t, uint32_t, uint32_t) {
-    __trap();  // never launched: ring_fit() needs compute capability 9.0
-}
-#endif
-
-// Shared memory the ring kernel may take per block: the device's opt-in limit less the
-// kernel's static barriers; 0 below sm_90 (no bulk copies).
-size_t ring_smem_limit() {
-    static const size_t limit = [] {
-        int device = 0, major = 0, optin = 0;
-        SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
-        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-        if (major < 9) return (size_t)0;
-        const size_t static_bytes = kRingMaxSlots * (sizeof(uint64_t) + 2 * sizeof(uint32_t));
-        const size_t dynamic = (size_t)optin - static_bytes;
-        SPILLWAY_CUDA_CHECK(
-            cudaFuncSetAttribute(matvec_q8s_ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dynamic));
-        return dynamic;
-    }();
-    return limit;
-}
-
-// SPILLWAY_Q8S_RING_KB (lab): the ring's bytes per block at most, in KB; unset or 0 = as many
-// slots as shared memory holds.
-uint32_t ring_kb_cap() {
-    static const uint32_t kb = lab_knob_uint("SPILLWAY_Q8S_RING_KB", 0, 1024);
-    return kb;
-}
-
-// The ring kernel's launch: rows_per_block as sweep1r2's; 0 slots (nothing launched) where it
-// does not fit.
-uint32_t launch_q8s_ring(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
-                         bool release_at_entry, size_t max_ring_bytes) {
-    const size_t limit = ring_smem_limit();
-    // Bulk copies need 16-byte aligned sources: rows of cols / 16 bytes of scales keep the
-    // base's alignment (the engine's split matrices have it).
-    if (limit == 0 || rows == 0 || reinterpret_cast<uintptr_t>(w.scales) % 16 != 0) return 0;
-    static const uint32_t sms = [] {
-        int device = 0, count = 0;
-        SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
-        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-        return (uint32_t)count;
-    }();
-    const uint32_t segs = cols / kUnitCols;
-    const uint32_t max_rows = (uint32_t)(kSweepPartialBytes / (segs * sizeof(float))) / 2 * 2;
-    const uint32_t rows_per_block = std::min(((rows + sms - 1) / sms + 1) / 2 * 2, max_rows);
-    const uint32_t blocks = (rows + rows_per_block - 1) / rows_per_block;
-    const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
-    const size_t part_bytes = ((size_t)rows_per_block * segs * sizeof(float) + 15) / 16 * 16;
-    const size_t slot_bytes = 2 * (size_t)cols + cols / 8;
-    if (x_bytes + part_bytes + slot_bytes > limit) return 0;
-    size_t ring_bytes = limit - x_bytes - part_bytes;
-    if (max_ring_bytes > 0) ring_bytes = std::min(ring_bytes, std::max(max_ring_bytes, slot_bytes));
-    const uint32_t pairs_per_block = (rows_per_block + 1) / 2;
-    const uint32_t ring_slots =
-        (uint32_t)std::min<size_t>({ring_bytes / slot_bytes, (size_t)kRingMaxSlots, (size_t)pairs_per_block});
-    const size_t smem = x_bytes + part_bytes + ring_slots * slot_bytes;
-    launch_with_pdl(pdl_supported(), matvec_q8s_ring_kernel, dim3(blocks), dim3(kSweepWarps * 32), smem, stream,
-                    static_cast<const int8_t*>(w.codes), reinterpret_cast<const unsigned short*>(w.scales),
-                    static_cast<const int16_t*>(x.q), static_cast<const float*>(x.d), y, rows, cols, rows_per_block,
-                    ring_slots, release_at_entry ? 1u : 0u);
-    return ring_slots;
 }
 
 SweepIo q16_io(ActQ16 x, float* y) {
@@ -738,15 +479,6 @@ void launch_sweep(MatvecQ8sKernel kernel, Q8SplitConst w, const SweepIo& io, uin
         case MatvecQ8sKernel::sweep1r2: launch_q8s_sweep<4, 1, 2>(w, io, rows, cols, stream, release_at_entry); break;
         case MatvecQ8sKernel::sweep1r4: launch_q8s_sweep<2, 1, 4>(w, io, rows, cols, stream, release_at_entry); break;
         case MatvecQ8sKernel::sweep1r8: launch_q8s_sweep<1, 1, 8>(w, io, rows, cols, stream, release_at_entry); break;
-        case MatvecQ8sKernel::sweep1r2p:
-        case MatvecQ8sKernel::sweep1r2p2:
-            // The prefix's scale copies need 16-byte aligned scale rows (the engine's have them).
-            if (io.from != (uint32_t)GemvXFrom::q16 || io.accumulate || reinterpret_cast<uintptr_t>(w.scales) % 16 != 0)
-                launch_q8s_sweep<4, 1, 2>(w, io, rows, cols, stream, release_at_entry);
-            else if (kernel == MatvecQ8sKernel::sweep1r2p)
-                launch_q8s_sweep_as<4, 1, 2, false, 1>(w, io, rows, cols, stream, release_at_entry);
-            else launch_q8s_sweep_as<4, 1, 2, false, 2>(w, io, rows, cols, stream, release_at_entry);
-            break;
         default: fail("matvec_q8s: not a sweep variant");
     }
 }
@@ -787,23 +519,14 @@ void launch_q8s(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols
 // SPILLWAY_Q8S_KERNEL=<variant name> (lab): every split-layout GEMV of the process uses it.
 std::optional<MatvecQ8sKernel> q8s_kernel_override() {
     static const std::optional<MatvecQ8sKernel> kernel = []() -> std::optional<MatvecQ8sKernel> {
-        static_assert((int)MatvecQ8sKernel::sweep1r2p2 == 12, "the names below follow the enum");
+        static_assert((int)MatvecQ8sKernel::sweep1r8 == 9, "the names below follow the enum");
         const int i = lab_knob_choice("SPILLWAY_Q8S_KERNEL",
                                       {"w8u4", "w8u8", "w4u4", "w8u4p", "w8u4nc", "sweep1", "sweep2", "sweep1r2",
-                                       "sweep1r4", "sweep1r8", "ring1r2", "sweep1r2p", "sweep1r2p2"});
+                                       "sweep1r4", "sweep1r8"});
         if (i < 0) return std::nullopt;
         return (MatvecQ8sKernel)i;
     }();
     return kernel;
-}
-
-void check_q8s_args(Q8SplitConst w, ActQ16 x, uint32_t cols) {
-    if (!matvec_q8s_fits(cols)) fail("matvec_q8s_cuda: cols must be a multiple of 512, at most 32768");
-    if (!x.q || !x.d) fail("matvec_q8s_cuda: no quantized x");
-    if (!w.codes || !w.scales || reinterpret_cast<uintptr_t>(w.codes) % 16 != 0 ||
-        reinterpret_cast<uintptr_t>(w.scales) % 2 != 0 || reinterpret_cast<uintptr_t>(x.q) % 16 != 0 ||
-        reinterpret_cast<uintptr_t>(x.d) % 16 != 0)
-        fail("matvec_q8s_cuda: codes, x.q and x.d must be 16-byte aligned, scales 2-byte aligned");
 }
 
 }  // namespace
@@ -837,7 +560,12 @@ MatvecQ8sKernel matvec_q8s_kernel_for(uint32_t rows, uint32_t cols) {
 void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols,
                           cudaStream_t stream, bool release_at_entry) {
     if (rows == 0) return;
-    check_q8s_args(w, x, cols);
+    if (!matvec_q8s_fits(cols)) fail("matvec_q8s_cuda: cols must be a multiple of 512, at most 32768");
+    if (!x.q || !x.d) fail("matvec_q8s_cuda: no quantized x");
+    if (!w.codes || !w.scales || reinterpret_cast<uintptr_t>(w.codes) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(w.scales) % 2 != 0 || reinterpret_cast<uintptr_t>(x.q) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(x.d) % 16 != 0)
+        fail("matvec_q8s_cuda: codes, x.q and x.d must be 16-byte aligned, scales 2-byte aligned");
     switch (kernel) {
         case MatvecQ8sKernel::w8u4: launch_q8s<8, 4, 3, false>(w, x, y, rows, cols, stream, release_at_entry); break;
         case MatvecQ8sKernel::w8u8: launch_q8s<8, 8, 1, false>(w, x, y, rows, cols, stream, release_at_entry); break;
@@ -853,22 +581,13 @@ void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, floa
         case MatvecQ8sKernel::sweep1r8:
             launch_sweep(kernel, w, q16_io(x, y), rows, cols, stream, release_at_entry);
             break;
-        case MatvecQ8sKernel::sweep1r2p:
-        case MatvecQ8sKernel::sweep1r2p2:
-            launch_sweep(kernel, w, q16_io(x, y), rows, cols, stream, release_at_entry);
-            break;
-        case MatvecQ8sKernel::ring1r2:
-            if (launch_q8s_ring(w, x, y, rows, cols, stream, release_at_entry, (size_t)ring_kb_cap() * 1024) == 0)
-                launch_sweep(MatvecQ8sKernel::sweep1r2, w, q16_io(x, y), rows, cols, stream, release_at_entry);
-            break;
     }
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
 bool matvec_q8s_fused_fits(uint32_t cols) {
     const std::optional<MatvecQ8sKernel> forced = q8s_kernel_override();
-    // The sweep variants close the enum; the ring variant has no fused instance.
-    const bool sweep = !forced || (*forced >= MatvecQ8sKernel::sweep1 && *forced != MatvecQ8sKernel::ring1r2);
+    const bool sweep = !forced || *forced >= MatvecQ8sKernel::sweep1;  // the sweep variants close the enum
     return sweep && matvec_q8s_fits(cols) && cols <= kFusedMaxCols;
 }
 
@@ -888,12 +607,30 @@ void matvec_q8s_fused_cuda(Q8SplitConst w, const GemvX& x, float* y, bool accumu
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
-uint32_t matvec_q8s_ring_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
-                              bool release_at_entry, size_t max_ring_bytes) {
-    check_q8s_args(w, x, cols);
-    const uint32_t slots = launch_q8s_ring(w, x, y, rows, cols, stream, release_at_entry, max_ring_bytes);
+bool matvec_q8s_tail_fits(uint32_t cols) {
+    const std::optional<MatvecQ8sKernel> forced = q8s_kernel_override();
+    return (!forced || *forced == MatvecQ8sKernel::sweep1r2) && matvec_q8s_fits(cols);
+}
+
+void matvec_q8s_tail_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
+                          bool release_at_entry, const GemvTail& tail) {
+    if (rows == 0) return;
+    if (!matvec_q8s_tail_fits(cols))
+        fail("matvec_q8s_tail_cuda: cols must be a multiple of 512, at most 32768, and the sweep1r2 kernel chosen");
+    const auto aligned = [](const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    if (!aligned(w.codes) || w.scales == nullptr || reinterpret_cast<uintptr_t>(w.scales) % 2 != 0 || !aligned(x.q) ||
+        !aligned(x.d) || y == nullptr)
+        fail("matvec_q8s_tail_cuda: codes, x.q and x.d must be 16-byte aligned, scales 2-byte aligned, y given");
+    if (tail.counter == nullptr || !aligned(tail.out.q) || tail.out.d == nullptr || tail.n == 0 || tail.n % 32 != 0)
+        fail("matvec_q8s_tail_cuda: the tail needs a counter, a 16-byte aligned quantized output and n % 32 == 0");
+    if (tail.op == GemvTail::Op::rmsnorm && (tail.n > 16384 || !aligned(tail.x) || !aligned(tail.add) || !aligned(tail.weight)))
+        fail("matvec_q8s_tail_cuda: RMSNorm needs n <= 16384 and 16-byte aligned x, add and weight");
+    if (tail.op == GemvTail::Op::swiglu && (!aligned(tail.gate) || !aligned(tail.up)))
+        fail("matvec_q8s_tail_cuda: SwiGLU needs 16-byte aligned gate and up");
+    const SweepTail t{(uint32_t)tail.op, tail.x, tail.add, tail.weight, tail.eps, tail.gate, tail.up, tail.n,
+                      tail.out.q, tail.out.d, tail.counter};
+    launch_q8s_sweep_as<4, 1, 2, false, true>(w, q16_io(x, y), rows, cols, stream, release_at_entry, t);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
-    return slots;
 }
 
 void matvec_q8s_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,

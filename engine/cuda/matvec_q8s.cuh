@@ -41,28 +41,8 @@ bool matvec_q8s_fits(uint32_t cols);
 // its 16 warps interleaved over the range's 512-code segments in address order, 1 or 2
 // blocks per SM (session 27); sweep1r2: as sweep1 with row pairs per warp step, x's loads
 // shared by the pair (the default); sweep1r4 / sweep1r8: groups of 4 rows with 2 units in
-// flight, 8 rows with 1 (session 28); ring1r2: sweep1r2's units with the weights brought into
-// shared memory by bulk copies into a ring of row-pair chunks, filled at entry (session 29;
-// sm_90, falls back to sweep1r2 where the ring does not fit; no fused instance); sweep1r2p /
-// sweep1r2p2: sweep1r2 with the next 1 / 2 rounds' units copied into shared memory before
-// the producer wait
-// (session 29; sweep1r2 when x is fused or the scales are not 16-byte aligned). The sweep
-// variants stay last (matvec_q8s_fused_fits).
-enum class MatvecQ8sKernel : uint8_t {
-    w8u4,
-    w8u8,
-    w4u4,
-    w8u4p,
-    w8u4nc,
-    sweep1,
-    sweep2,
-    sweep1r2,
-    sweep1r4,
-    sweep1r8,
-    ring1r2,
-    sweep1r2p,
-    sweep1r2p2
-};
+// flight, 8 rows with 1 (session 28). The sweep variants stay last (matvec_q8s_fused_fits).
+enum class MatvecQ8sKernel : uint8_t { w8u4, w8u8, w4u4, w8u4p, w8u4nc, sweep1, sweep2, sweep1r2, sweep1r4, sweep1r8 };
 // Pure: the variant matvec_q8s_cuda uses (SPILLWAY_Q8S_KERNEL=<name> overrides it, lab).
 MatvecQ8sKernel matvec_q8s_kernel_for(uint32_t rows, uint32_t cols);
 
@@ -72,14 +52,6 @@ void matvec_q8s_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t
                      bool release_at_entry = false);
 void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols,
                           cudaStream_t stream, bool release_at_entry = false);
-
-// The ring variant with its ring capped at max_ring_bytes per block (0: as many slots as
-// shared memory holds, at most 64); returns the slots it used, or 0 where it does not fit
-// (below sm_90, scales not 16-byte aligned, or not one slot beside x and the sums), when
-// nothing was launched. Bench
-// and tests; matvec_q8s_cuda_with(ring1r2) falls back to sweep1r2 instead.
-uint32_t matvec_q8s_ring_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
-                              bool release_at_entry, size_t max_ring_bytes);
 
 // Decode fusion (session 28): the sweep GEMV forms x itself from what the previous ops left
 // in f32, so no RMSNorm or SwiGLU launch sits between two GEMVs, and adds W x into the
@@ -106,5 +78,31 @@ bool matvec_q8s_fused_fits(uint32_t cols);
 // inputs 16-byte aligned. release_at_entry as for matvec_q8s_cuda.
 void matvec_q8s_fused_cuda(Q8SplitConst w, const GemvX& x, float* y, bool accumulate, uint32_t rows, uint32_t cols,
                            cudaStream_t stream, bool release_at_entry = false);
+
+// GEMV tails (session 29, lab): the small op after a GEMV run by the GEMV's last block, so no
+// launch of its own sits between this GEMV and the next. Each block counts itself done in
+// `counter` (a device word, zero before the first launch, left zero); the last one runs
+//   rmsnorm: x += add, then out = RMSNorm(x) * weight (rmsnorm_cuda's operations: the same
+//            bits; n <= 16384), or
+//   swiglu:  out = silu(gate) * up (swiglu_q16_cuda's: the same bits),
+// over n values, out quantized as act_q16. add / gate / up may be this GEMV's y.
+struct GemvTail {
+    enum class Op : uint8_t { rmsnorm, swiglu } op = Op::rmsnorm;
+    float* x = nullptr;
+    const float* add = nullptr;
+    const float* weight = nullptr;
+    float eps = 0.0f;
+    const float* gate = nullptr;
+    const float* up = nullptr;
+    uint32_t n = 0;
+    ActQ16 out;
+    uint32_t* counter = nullptr;
+};
+// Whether matvec_q8s_tail_cuda takes this row length (and no other variant is forced by the
+// lab knob).
+bool matvec_q8s_tail_fits(uint32_t cols);
+// y = W x by sweep1r2, then the tail; release_at_entry as for matvec_q8s_cuda.
+void matvec_q8s_tail_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
+                          bool release_at_entry, const GemvTail& tail);
 
 }  // namespace spillway

@@ -40,17 +40,6 @@ inline bool pdl_site_on(PdlSite site) {
     return (mask & (uint32_t)site) != 0;
 }
 
-// SPILLWAY_PDL_EARLY=<bit mask of PdlSite> (lab, default none): those sites let the next
-// kernel launch at their entry, before their own producer wait (session 29). Why try it again
-// (session 10 measured -4% with the q16x GEMVs): a sweep GEMV block fills its SM's register
-// file, so the GEMV after a small kernel can only be placed once it is launched, and that
-// launch waits for the small kernel's release; released at entry, the GEMV's blocks take the
-// SMs the previous GEMV frees and issue their first loads during its tail.
-inline bool pdl_site_early(PdlSite site) {
-    static const uint32_t mask = pdl_supported() ? lab_knob_uint("SPILLWAY_PDL_EARLY", 0, 31, 0) : 0u;
-    return (mask & (uint32_t)site) != 0;
-}
-
 // kernel<<<grid, block, smem, stream>>>(args...), programmatic when `pdl`.
 template <typename... KernelArgs, typename... Args>
 void launch_with_pdl(bool pdl, void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
@@ -78,13 +67,6 @@ __device__ __forceinline__ void pdl_release_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     cudaTriggerProgrammaticLaunchCompletion();
 #endif
-}
-// A small kernel's entry: wait for the producer, then release the next kernel; or release
-// first (pdl_site_early).
-__device__ __forceinline__ void pdl_small_kernel_entry(uint32_t release_first) {
-    if (release_first) pdl_release_dependents();
-    pdl_wait_for_producer();
-    if (!release_first) pdl_release_dependents();
 }
 #endif
 

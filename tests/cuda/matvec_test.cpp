@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <tuple>
 
 #include "act_q16_ref.h"
 #include "cuda_test_util.h"
@@ -330,7 +331,7 @@ void check_matvec_q8s(MatvecQ8sKernel kernel, uint32_t rows, uint32_t cols) {
 
 TEST(CudaMatvec, Q8SplitKernelsMatchCpu) {
     SPILLWAY_SKIP_WITHOUT_GPU();
-    for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r2p2; ++ki) {
+    for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r8; ++ki) {
         // One unit (1 x 512), a half row pair (odd rows), pairs cut between two and more warps
         // (the 14B wo / down shapes have fewer units than twice the warps), many pairs per warp.
         for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
@@ -355,24 +356,21 @@ TEST(CudaMatvec, Q8SplitKernelsMatchCpu) {
     EXPECT_TRUE(matvec_q8s_fits(13824));
 }
 
-// The ring variant (ring1r2) and the prefix variants (sweep1r2p*): the same units, order and
-// sums as sweep1r2, so the same bits; for the ring whatever its size (one slot, two, a few,
-// as many as fit: slots refilled many times over, a block's last pair with one row) and
-// launch after launch on two streams (barriers and counters start afresh in every launch).
-// And the ring really runs where the GPU has bulk copies.
-TEST(CudaMatvec, Q8SplitRingEqualsSweep) {
+// GEMV tails (matvec_q8s_tail_cuda): the GEMV's last block runs RMSNorm (with the residual
+// add of y) or SwiGLU of y's halves; y, the updated stream and the quantized output must be
+// exactly those of the GEMV followed by rmsnorm_cuda / swiglu_q16_cuda. Three launches in a
+// row each way, so each finds the counter its predecessor's last block zeroed.
+TEST(CudaMatvec, GemvTailsEqualSeparateLaunches) {
     SPILLWAY_SKIP_WITHOUT_GPU();
-    int device = 0, major = 0;
-    SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
-    SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    cudaStream_t streams[2];
-    for (cudaStream_t& st : streams) SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
-             {1, 512}, {7, 512}, {5121, 5120}, {5120, 13824}, {27648, 5120}, {20001, 512}, {3000, 27648}}) {
+    for (const auto& [rows, cols, swiglu] : std::vector<std::tuple<uint32_t, uint32_t, bool>>{
+             {5120, 5120, false}, {5120, 13824, false}, {1024, 512, false}, {27648, 5120, true}, {2 * 512, 1024, true}}) {
         const uint32_t seed = fresh_seed();
-        SCOPED_TRACE("ring rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + " seed=" +
-                     std::to_string(seed));
+        SCOPED_TRACE("tail rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
+                     (swiglu ? " swiglu" : " rmsnorm") + " seed=" + std::to_string(seed));
         const Q16xCase c = make_q16x_case(seed, rows, cols);
+        std::mt19937 rng(seed + 1);
+        const uint32_t n = swiglu ? rows / 2 : rows;
+        const std::vector<float> stream = random_floats(rng, n, 3.0f), norm_w = random_floats(rng, n);
         auto d_w = to_device(c.w.bytes);
         DeviceBuffer<int8_t> codes((size_t)rows * cols);
         DeviceBuffer<uint16_t> scales((size_t)rows * cols / 32);
@@ -381,49 +379,64 @@ TEST(CudaMatvec, Q8SplitRingEqualsSweep) {
         auto d_q = to_device(c.xq.q);
         auto d_d = to_device(c.xq.d);
         const ActQ16 x{d_q.data(), d_d.data()};
-        DeviceBuffer<float> want(rows);
-        poison(want);
-        matvec_q8s_cuda_with(MatvecQ8sKernel::sweep1r2, split, x, want.data(), rows, cols, nullptr);
-        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-        const std::vector<float> h_want = to_host(want);
-        EXPECT_LT(rel_error(h_want, c.ref), 1e-5);
-        // The prefix variants: the same units and sums, their second (and third) rounds read
-        // from shared memory.
-        for (const MatvecQ8sKernel k : {MatvecQ8sKernel::sweep1r2p, MatvecQ8sKernel::sweep1r2p2}) {
-            DeviceBuffer<float> y(rows);
-            poison(y);
-            matvec_q8s_cuda_with(k, split, x, y.data(), rows, cols, streams[0], true);
+        auto d_norm_w = to_device(norm_w);
+        DeviceBuffer<uint32_t> counter(1);
+        SPILLWAY_CUDA_CHECK(cudaMemset(counter.data(), 0, 4));
+        const float eps = 1e-6f;
+        struct Out {
+            DeviceBuffer<float> y, stream, xn;
+            DeviceBuffer<int16_t> q;
+            DeviceBuffer<float> d;
+        };
+        const auto make_out = [&] {
+            Out o{DeviceBuffer<float>(rows), to_device(stream), DeviceBuffer<float>(n), DeviceBuffer<int16_t>(n),
+                  DeviceBuffer<float>(n / 32)};
+            poison(o.y);
+            poison(o.q);
+            poison(o.d);
+            return o;
+        };
+        Out sep = make_out(), tail = make_out();
+        for (int launch = 0; launch < 3; ++launch) {
+            matvec_q8s_cuda_with(MatvecQ8sKernel::sweep1r2, split, x, sep.y.data(), rows, cols, nullptr);
+            if (swiglu) swiglu_q16_cuda(sep.y.data(), sep.y.data() + n, n, ActQ16{sep.q.data(), sep.d.data()}, nullptr);
+            else rmsnorm_cuda(sep.stream.data(), sep.y.data(), d_norm_w.data(), sep.xn.data(), 1, n, eps, nullptr,
+                              ActQ16{sep.q.data(), sep.d.data()});
+            GemvTail t;
+            t.op = swiglu ? GemvTail::Op::swiglu : GemvTail::Op::rmsnorm;
+            t.x = tail.stream.data();
+            t.add = tail.y.data();
+            t.weight = d_norm_w.data();
+            t.eps = eps;
+            t.gate = tail.y.data();
+            t.up = tail.y.data() + n;
+            t.n = n;
+            t.out = ActQ16{tail.q.data(), tail.d.data()};
+            t.counter = counter.data();
+            matvec_q8s_tail_cuda(split, x, tail.y.data(), rows, cols, nullptr, launch == 1, t);
             SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-            const std::vector<float> h = to_host(y);
-            EXPECT_TRUE(std::equal(h.begin(), h.end(), h_want.begin())) << "prefix variant " << (int)k << " differs";
+            const auto same = [](const auto& a, const auto& b) {
+                const auto ha = to_host(a), hb = to_host(b);
+                return ha.size() == hb.size() && std::memcmp(ha.data(), hb.data(), ha.size() * sizeof(ha[0])) == 0;
+            };
+            EXPECT_TRUE(same(sep.y, tail.y)) << "y, launch " << launch;
+            EXPECT_TRUE(same(sep.stream, tail.stream)) << "the residual stream, launch " << launch;
+            EXPECT_TRUE(same(sep.q, tail.q)) << "quantized output codes, launch " << launch;
+            EXPECT_TRUE(same(sep.d, tail.d)) << "quantized output scales, launch " << launch;
+            EXPECT_EQ(to_host(counter)[0], 0u) << "the last block must leave the counter zero";
         }
-        const size_t pair_bytes = 2 * (size_t)cols + cols / 8;
-        for (const size_t ring_bytes : {pair_bytes, 2 * pair_bytes, 5 * pair_bytes, size_t(0)}) {
-            std::vector<DeviceBuffer<float>> ys;
-            for (int i = 0; i < 4; ++i) {
-                ys.emplace_back(rows);
-                poison(ys.back());
-            }
-            uint32_t slots = 0;
-            for (int i = 0; i < 4; ++i)
-                slots = matvec_q8s_ring_cuda(split, x, ys[i].data(), rows, cols, streams[i % 2], i % 2 == 1, ring_bytes);
-            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-            if (major < 9) {
-                EXPECT_EQ(slots, 0u) << "no bulk copies below sm_90: nothing launched";
-                continue;
-            }
-            EXPECT_GE(slots, 1u) << "the ring must fit this shape";
-            if (ring_bytes == 0 && rows >= 5120) EXPECT_GE(slots, 4u) << "a full ring holds several row pairs";
-            if (ring_bytes > 0) EXPECT_LE(slots, std::max<size_t>(1, ring_bytes / pair_bytes));
-            for (int i = 0; i < 4; ++i) {
-                const std::vector<float> y = to_host(ys[i]);
-                EXPECT_TRUE(std::equal(y.begin(), y.end(), h_want.begin()))
-                    << "ring of " << ring_bytes << " bytes (" << slots << " slots), launch " << i
-                    << " differs from sweep1r2; rel. error " << rel_error(y, c.ref);
-            }
-        }
+        EXPECT_LT(rel_error(to_host(tail.y), c.ref), 1e-5);
     }
-    for (cudaStream_t st : streams) SPILLWAY_CUDA_CHECK(cudaStreamDestroy(st));
+    GemvTail no_counter;
+    no_counter.n = 512;
+    DeviceBuffer<int8_t> codes(512 * 512);
+    DeviceBuffer<uint16_t> scales(512 * 16);
+    DeviceBuffer<int16_t> q(512);
+    DeviceBuffer<float> d(16), y(512);
+    no_counter.out = ActQ16{q.data(), d.data()};
+    EXPECT_THROW(matvec_q8s_tail_cuda(Q8SplitConst{codes.data(), scales.data()}, ActQ16{q.data(), d.data()}, y.data(),
+                                      512, 512, nullptr, false, no_counter),
+                 Error);
 }
 
 // The fused sweep (matvec_q8s_fused_cuda): x formed in the GEMV from the f32 stream and the
