@@ -15,7 +15,6 @@
 #include <functional>
 #include <numeric>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -418,8 +417,8 @@ __global__ void empty_hop_kernel() {
 // The four GEMVs with the engine's small kernels between them (RMSNorm with the residual add
 // before q|k|v and gate|up, SwiGLU before down, and one more RMSNorm standing in for the
 // attention's hop before wo), each GEMV but wo releasing its successor at entry as in the
-// engine. Against "q8s layer chain <kernel> release" it prices the hops (session 29: 85.5 vs
-// 73.8 us per layer); against the engine's layer time at depth 0, the attention and the rest.
+// engine. Against "q8s layer chain <kernel> release" it prices the hops (session 29: 85.5-86.5
+// vs 72.8-74.1 us per layer); against the engine's layer time at depth 0, the attention and the rest.
 // empty: each small kernel replaced by empty_hop_kernel (one warp), the boundaries alone.
 void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, bool empty) {
     const std::string name = std::string("q8s layer hops ") + (empty ? "empty " : "") + q8s_name(kernel);
@@ -454,54 +453,6 @@ void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, b
         matvec_q8s_cuda_with(kernel, L[2].view(), act, gate_up.data(), 27648, 5120, st, true);
         hop(st, [&] { swiglu_q16_cuda(gate_up.data(), gate_up.data() + 13824, 13824, act, st); });
         matvec_q8s_cuda_with(kernel, L[3].view(), act, proj.data(), 5120, 13824, st, true);
-    }, o.iters);
-    r.add(name, shape, (double)layer_bytes, us);
-}
-
-// The same layer with GEMV tails (matvec_q8s_tail_cuda): the RMSNorms and SwiGLU run in the
-// last block of wo, gate|up and down; only the attention's stand-in hop remains a launch.
-// Against "q8s layer hops sweep1r2" it prices what the tails save.
-void bench_q8s_layer_tails(Report& r, const Options& o) {
-    const std::string name = "q8s layer tails sweep1r2";
-    const std::string shape = "qkv, wo, gate|up, down + 1 hop";
-    if (!o.only.empty() && (name + " " + shape).find(o.only) == std::string::npos) return;
-    const LayerChainWeights chain(1300);
-    const auto& w = chain.sets;
-    const size_t n_sets = w.size(), layer_bytes = chain.layer_bytes;
-    DeviceBuffer<float> stream(5120), proj(5120), norm_w(5120), attn(5120), xn(5120), qkv(7168), gate_up(27648);
-    DeviceBuffer<int16_t> q16(13824);
-    DeviceBuffer<float> d16(13824 / 32);
-    DeviceBuffer<uint32_t> counter(1);
-    SPILLWAY_CUDA_CHECK(cudaMemset(counter.data(), 0, 4));
-    const ActQ16 act{q16.data(), d16.data()};
-    fill_f32<<<64, 256>>>(stream.data(), stream.size(), 11);
-    fill_f32<<<64, 256>>>(proj.data(), proj.size(), 14);
-    fill_f32<<<64, 256>>>(norm_w.data(), norm_w.size(), 12);
-    fill_f32<<<64, 256>>>(attn.data(), attn.size(), 15);
-    fill_f32<<<256, 256>>>(gate_up.data(), gate_up.size(), 13);
-    quantize_act_q16_cuda(gate_up.data(), 13824, 1, act, nullptr);
-    SPILLWAY_CUDA_CHECK(cudaGetLastError());
-    GemvTail norm;
-    norm.op = GemvTail::Op::rmsnorm;
-    norm.x = stream.data();
-    norm.add = proj.data();
-    norm.weight = norm_w.data();
-    norm.eps = 1e-5f;
-    norm.n = 5120;
-    norm.out = act;
-    norm.counter = counter.data();
-    GemvTail gated = norm;
-    gated.op = GemvTail::Op::swiglu;
-    gated.gate = gate_up.data();
-    gated.up = gate_up.data() + 13824;
-    gated.n = 13824;
-    const double us = median_us([&](cudaStream_t st, int i) {
-        const std::vector<Q8SplitBuffers>& L = w[i % n_sets];
-        matvec_q8s_cuda_with(MatvecQ8sKernel::sweep1r2, L[0].view(), act, qkv.data(), 7168, 5120, st, true);
-        rmsnorm_cuda(attn.data(), nullptr, norm_w.data(), xn.data(), 1, 5120, 1e-5f, st, act);  // the attention's hop
-        matvec_q8s_tail_cuda(L[1].view(), act, proj.data(), 5120, 5120, st, true, norm);
-        matvec_q8s_tail_cuda(L[2].view(), act, gate_up.data(), 27648, 5120, st, true, gated);
-        matvec_q8s_tail_cuda(L[3].view(), act, proj.data(), 5120, 13824, st, true, norm);
     }, o.iters);
     r.add(name, shape, (double)layer_bytes, us);
 }
@@ -1158,7 +1109,6 @@ int main(int argc, char** argv) {
             bench_q8s_layer_chain(r, o, k, true);
         }
         for (const bool empty : {false, true}) bench_q8s_layer_hops(r, o, MatvecQ8sKernel::sweep1r2, empty);
-        bench_q8s_layer_tails(r, o);
         for (const char* which : {"", "norms", "swiglu", "adds"}) bench_q8s_layer_chain_fused(r, o, which);
         bench_decode_layer(r, o);
         bench_matvec(r, o, GgmlType::Q8_0, 896, 896, 1);  // 0.5B shape: unaligned rows, launch-bound

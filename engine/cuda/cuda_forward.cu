@@ -332,27 +332,11 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     // down add into it), each GEMV norms or gates its own x; proj, xn and the norm / SwiGLU
     // launches are not used.
     const bool fused = T == 1 && !decode_layer && st.decode_fusion && decode_fusion_fits(m);
-    // One token with GEMV tails: wo, gate|up and down each run the small op after them in their
-    // last block (x += proj and the next RMSNorm; SwiGLU), so only the first layer's RMSNorm is
-    // a launch of its own.
-    const bool tails = T == 1 && !decode_layer && !fused && st.gemv_tail && gemv_tail_fits(m);
-    const auto tail_rmsnorm = [&](const float* weight) {
-        GemvTail t;
-        t.op = GemvTail::Op::rmsnorm;
-        t.x = x;
-        t.add = proj;
-        t.weight = weight;
-        t.eps = s.norm_eps;
-        t.n = E;
-        t.out = act_q16(st);
-        t.counter = st.tail_counter.data();
-        return t;
-    };
     for (uint32_t il = 0; il < s.n_layer; ++il) {
         const CudaLayerWeights& L = m.layers[il];
         // The previous layer's FFN output joins the residual stream inside the norm. A prefill
         // chunk's norm writes only the f16 input of the GEMMs.
-        if ((!decode_layer || il == 0) && !fused && !(tails && il > 0))
+        if ((!decode_layer || il == 0) && !fused)
             rmsnorm_cuda(x, il == 0 ? nullptr : proj, L.attn_norm, fused_prefill ? nullptr : xn, T, E, s.norm_eps,
                          stream, takes_q16(L.wq, T) || takes_q16(L.wk, T) || takes_q16(L.wv, T) ? act_q16(st) : ActQ16{},
                          fused_prefill ? st.act_f16.data() : nullptr);
@@ -480,24 +464,6 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                       fused_release_at_entry(GemvSite::down));
                 continue;
             }
-            if (tails) {
-                // wo releases gate|up at its entry: a GEMV follows it now, not a small kernel.
-                matvec_q8s_tail_cuda(split_of(L.wo), act_q16(st), proj, E, L.wo.n_in, stream, true,
-                                     tail_rmsnorm(L.ffn_norm));
-                GemvTail gated;
-                gated.op = GemvTail::Op::swiglu;
-                gated.gate = gate;
-                gated.up = up;
-                gated.n = F;
-                gated.out = act_q16(st);
-                gated.counter = st.tail_counter.data();
-                matvec_q8s_tail_cuda(split_of(L.ffn_gate), act_q16(st), gate, 2 * F, L.ffn_gate.n_in, stream,
-                                     release_at_entry(GemvSite::gate_up), gated);
-                const float* next_norm = il + 1 < s.n_layer ? m.layers[il + 1].attn_norm : m.output_norm;
-                matvec_q8s_tail_cuda(split_of(L.ffn_down), act_q16(st), proj, E, L.ffn_down.n_in, stream,
-                                     release_at_entry(GemvSite::down), tail_rmsnorm(next_norm));
-                continue;
-            }
             matvec_decode(st, L.wo, L.wo.n_out, st.attn.data(), proj, GemvSite::wo);
         } else {
             matmul(st, L.wo, st.attn.data(), T, proj, "gemm o");
@@ -541,9 +507,8 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         op_times_mark("head", stream);
         return;
     }
-    if (!tails)  // with tails the last down normed the stream into act_q16 already
-        rmsnorm_cuda(x + (size_t)first * E, decode_layer || fused ? nullptr : proj + (size_t)first * E, m.output_norm,
-                     xn, n_out, E, s.norm_eps, stream, takes_q16(m.output, T) ? act_q16(st) : ActQ16{});
+    rmsnorm_cuda(x + (size_t)first * E, decode_layer || fused ? nullptr : proj + (size_t)first * E, m.output_norm, xn,
+                 n_out, E, s.norm_eps, stream, takes_q16(m.output, T) ? act_q16(st) : ActQ16{});
     if (takes_q16(m.output, T)) matvec_decode(st, m.output, m.output.n_out, xn, st.logits.data(), GemvSite::head);
     else matmul(st, m.output, xn, n_out, st.logits.data(), "head");
     op_times_mark("head", stream);
@@ -565,20 +530,6 @@ void enqueue_decode(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st
 }
 
 }  // namespace
-
-bool gemv_tail_fits(const CudaModel& m) {
-    const ModelSpec& s = m.spec;
-    const auto fits = [](const CudaMatrix& w) { return w.q8_scales != nullptr && matvec_q8s_tail_fits(w.n_in); };
-    const auto aligned = [](const float* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (s.n_embd % 32 != 0 || s.n_embd > 16384 || s.n_ff % 32 != 0) return false;
-    if (!aligned(m.output_norm) || !takes_q16(m.output, 1)) return false;
-    for (const CudaLayerWeights& L : m.layers) {
-        if (!L.fused_gate_up || L.wo.n_out != s.n_embd || L.ffn_down.n_out != s.n_embd) return false;
-        if (!aligned(L.attn_norm) || !aligned(L.ffn_norm)) return false;
-        if (!fits(L.wo) || !fits(L.ffn_gate) || !fits(L.ffn_down)) return false;
-    }
-    return true;
-}
 
 // The head may be in another layout: its norm then runs as a launch of its own (enqueue_forward).
 bool decode_fusion_fits(const CudaModel& m) {
@@ -700,9 +651,6 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     const int fusion = lab_knob_choice("SPILLWAY_DECODE_FUSION", {"0", "norms", "all"});
     st.decode_fusion = fusion >= 1;
     st.fused_swiglu = fusion == 2;
-    st.gemv_tail = lab_knob("SPILLWAY_GEMV_TAIL", "1", "0");
-    st.tail_counter = DeviceBuffer<uint32_t>(1);
-    SPILLWAY_CUDA_CHECK(cudaMemset(st.tail_counter.data(), 0, sizeof(uint32_t)));
     st.xn = DeviceBuffer<float>((st.fused_prefill && !all_logits ? 1 : T) * s.n_embd);
     st.proj = DeviceBuffer<float>(T * s.n_embd);
     st.qkv = DeviceBuffer<float>(T * (qd + kd + vd));

@@ -87,11 +87,6 @@ struct CudaForwardState {
     // state): SPILLWAY_DECODE_FUSION=0|norms|all.
     bool decode_fusion = false;
     bool fused_swiglu = false;
-    // One token: the RMSNorms and SwiGLU after wo, gate|up and down run in those GEMVs' last
-    // blocks (matvec_q8s.cuh, GemvTail), not as launches of their own; same bits. Lab, off
-    // by default: SPILLWAY_GEMV_TAIL=1 (docs/perf-notes.md, session 29). The tails' counter.
-    bool gemv_tail = false;
-    DeviceBuffer<uint32_t> tail_counter;
     DeviceBuffer<int32_t> next_token;       // greedy argmax output (input of the next step)
     // Decode: the input of a Q8_0 matvec quantized to int16 blocks by its producer (act_quant.cuh):
     // [widest matvec input] values and one scale per 32.
@@ -142,11 +137,6 @@ void init_cuda_forward_state(CudaForwardState& state, const CudaModel& model, ui
 // docs/perf-notes.md, session 15); tests set it per state. Returns whether the kernel is on
 // (false when the model or the GPU does not take it). Before the state's first decode graph.
 bool set_cuda_decode_layer(CudaForwardState& state, const CudaModel& model, bool on);
-
-// Whether a decode step of this model can run with GEMV tails (CudaForwardState::gemv_tail):
-// every layer's wo, gate|up (one matrix) and down and the head in the split layout, widths the
-// tails take, 16-byte aligned norm weights.
-bool gemv_tail_fits(const CudaModel& model);
 
 // Whether a decode step of this model can run fused (CudaForwardState::decode_fusion): every
 // layer's q|k|v and gate|up stored back to back, its four matrices in the split layout with

@@ -24,7 +24,6 @@
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
 #include "engine/cuda/q8_0_q16_device.cuh"
-#include "engine/cuda/rmsnorm_device.cuh"
 
 namespace spillway {
 namespace {
@@ -200,51 +199,6 @@ struct SweepIo {
     uint32_t accumulate;  // y += W x instead of y = W x
 };
 
-// The small op after a GEMV, run by its last block (GemvTail in matvec_q8s.cuh, flattened).
-struct SweepTail {
-    uint32_t op;  // GemvTail::Op
-    float* x;
-    const float* add;
-    const float* weight;
-    float eps;
-    const float* gate;
-    const float* up;
-    uint32_t n;
-    int16_t* q;
-    float* d;
-    uint32_t* counter;
-};
-
-// Every block counts itself done (its y stores made visible first); the last one runs the op
-// over the whole y with rmsnorm_cuda's or swiglu_q16_cuda's operations (the same bits), then
-// zeroes the counter for the next launch. Not inlined: the sweep loop keeps its registers.
-__device__ __noinline__ void run_sweep_tail(SweepTail t) {
-    __shared__ uint32_t is_last;
-    __shared__ float warp_sums[32];
-    __syncthreads();  // every y store of the block issued
-    if (threadIdx.x == 0) {
-        __threadfence();
-        is_last = atomicAdd(t.counter, 1u) == gridDim.x - 1 ? 1u : 0u;
-    }
-    __syncthreads();
-    if (is_last == 0) return;
-    __threadfence();
-    if (t.op == (uint32_t)GemvTail::Op::rmsnorm) {
-        rmsnorm_row<512, 8>(t.x, t.add, t.weight, nullptr, nullptr, t.n, t.eps, t.q, t.d, warp_sums);
-    } else {
-        const float4* g4 = reinterpret_cast<const float4*>(t.gate);
-        const float4* u4 = reinterpret_cast<const float4*>(t.up);
-        // n % 32 == 0 and 512 % 8 == 0: whole 8-lane groups are in or out of each step.
-        for (uint32_t i = threadIdx.x; i < t.n / 4; i += blockDim.x) {
-            const float4 g = __ldcg(g4 + i), u = __ldcg(u4 + i);
-            const float4 h =
-                make_float4(silu_times(g.x, u.x), silu_times(g.y, u.y), silu_times(g.z, u.z), silu_times(g.w, u.w));
-            quantize_act_q16_group(h, threadIdx.x % 32, t.q + 4 * i, t.d + i / 8);
-        }
-    }
-    if (threadIdx.x == 0) *t.counter = 0;
-}
-
 // x formed from f32 vectors by the block itself, into shared memory as int16 blocks (q then
 // d, where copy_x_to_shared leaves them), with the same operations in the same order as
 // rmsnorm_cuda's one-row kernel (512 threads) and swiglu_q16_cuda: the same bits. stage: 8 *
@@ -314,11 +268,10 @@ constexpr size_t kFusedStagePerCol = 8;
 // kFused: x may be formed here (GemvX) and y accumulated; its own instance, so the plain
 // GEMV's code stays what was measured (with the fused code in one instance, the q16 path ran
 // 2.5% slower in the engine: 128 registers instead of 125; session 28).
-// kTail (session 29, lab): the last block runs the small op that follows (run_sweep_tail).
-template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false, bool kTail = false>
+template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false>
 __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep_kernel(
     const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const SweepIo io, uint32_t rows,
-    uint32_t cols, uint32_t rows_per_block, uint32_t release_at_entry, const SweepTail tail) {
+    uint32_t cols, uint32_t rows_per_block, uint32_t release_at_entry) {
     static_assert(kUnroll * kRows == 8, "the reduction below is written for 8 sums");
     if (release_at_entry) pdl_release_dependents();
     extern __shared__ uint4 q8s_smem[];  // x: q [cols] int16, d [cols / 32] f32; then the segment sums
@@ -425,13 +378,12 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
         if constexpr (kFused) io.y[r0 + r] = io.accumulate ? io.y[r0 + r] + total : total;
         else io.y[r0 + r] = total;
     }
-    if constexpr (kTail) run_sweep_tail(tail);
 }
 
-template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused, bool kTail = false>
+template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused>
 void launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
-                         bool release_at_entry, const SweepTail& tail = {}) {
-    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kTail>;
+                         bool release_at_entry) {
+    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused>;
     const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
     static const int sms = [] {
         const auto x_bytes_of = [](size_t n) { return (n * 2 + n / 8 + 15) / 16 * 16; };
@@ -455,7 +407,7 @@ void launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint3
     const size_t smem = x_bytes + std::max((size_t)rows_per_block * segs * sizeof(float), stage);
     launch_with_pdl(pdl_supported(), kKernel, dim3(blocks), dim3(kSweepWarps * 32), smem, stream,
                     reinterpret_cast<const uint4*>(w.codes), reinterpret_cast<const unsigned short*>(w.scales), io,
-                    rows, cols, rows_per_block, release_at_entry ? 1u : 0u, tail);
+                    rows, cols, rows_per_block, release_at_entry ? 1u : 0u);
 }
 
 // The fused instance when x is formed here or y accumulated, else the plain one.
@@ -604,32 +556,6 @@ void matvec_q8s_fused_cuda(Q8SplitConst w, const GemvX& x, float* y, bool accumu
     const SweepIo io{x.q16.q, x.q16.d, x.a, x.b, x.eps, (uint32_t)x.from, y, accumulate ? 1u : 0u};
     const std::optional<MatvecQ8sKernel> forced = q8s_kernel_override();
     launch_sweep(forced ? *forced : MatvecQ8sKernel::sweep1r2, w, io, rows, cols, stream, release_at_entry);
-    SPILLWAY_CUDA_CHECK(cudaGetLastError());
-}
-
-bool matvec_q8s_tail_fits(uint32_t cols) {
-    const std::optional<MatvecQ8sKernel> forced = q8s_kernel_override();
-    return (!forced || *forced == MatvecQ8sKernel::sweep1r2) && matvec_q8s_fits(cols);
-}
-
-void matvec_q8s_tail_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
-                          bool release_at_entry, const GemvTail& tail) {
-    if (rows == 0) return;
-    if (!matvec_q8s_tail_fits(cols))
-        fail("matvec_q8s_tail_cuda: cols must be a multiple of 512, at most 32768, and the sweep1r2 kernel chosen");
-    const auto aligned = [](const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (!aligned(w.codes) || w.scales == nullptr || reinterpret_cast<uintptr_t>(w.scales) % 2 != 0 || !aligned(x.q) ||
-        !aligned(x.d) || y == nullptr)
-        fail("matvec_q8s_tail_cuda: codes, x.q and x.d must be 16-byte aligned, scales 2-byte aligned, y given");
-    if (tail.counter == nullptr || !aligned(tail.out.q) || tail.out.d == nullptr || tail.n == 0 || tail.n % 32 != 0)
-        fail("matvec_q8s_tail_cuda: the tail needs a counter, a 16-byte aligned quantized output and n % 32 == 0");
-    if (tail.op == GemvTail::Op::rmsnorm && (tail.n > 16384 || !aligned(tail.x) || !aligned(tail.add) || !aligned(tail.weight)))
-        fail("matvec_q8s_tail_cuda: RMSNorm needs n <= 16384 and 16-byte aligned x, add and weight");
-    if (tail.op == GemvTail::Op::swiglu && (!aligned(tail.gate) || !aligned(tail.up)))
-        fail("matvec_q8s_tail_cuda: SwiGLU needs 16-byte aligned gate and up");
-    const SweepTail t{(uint32_t)tail.op, tail.x, tail.add, tail.weight, tail.eps, tail.gate, tail.up, tail.n,
-                      tail.out.q, tail.out.d, tail.counter};
-    launch_q8s_sweep_as<4, 1, 2, false, true>(w, q16_io(x, y), rows, cols, stream, release_at_entry, t);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -79,30 +79,4 @@ bool matvec_q8s_fused_fits(uint32_t cols);
 void matvec_q8s_fused_cuda(Q8SplitConst w, const GemvX& x, float* y, bool accumulate, uint32_t rows, uint32_t cols,
                            cudaStream_t stream, bool release_at_entry = false);
 
-// GEMV tails (session 29, lab): the small op after a GEMV run by the GEMV's last block, so no
-// launch of its own sits between this GEMV and the next. Each block counts itself done in
-// `counter` (a device word, zero before the first launch, left zero); the last one runs
-//   rmsnorm: x += add, then out = RMSNorm(x) * weight (rmsnorm_cuda's operations: the same
-//            bits; n <= 16384), or
-//   swiglu:  out = silu(gate) * up (swiglu_q16_cuda's: the same bits),
-// over n values, out quantized as act_q16. add / gate / up may be this GEMV's y.
-struct GemvTail {
-    enum class Op : uint8_t { rmsnorm, swiglu } op = Op::rmsnorm;
-    float* x = nullptr;
-    const float* add = nullptr;
-    const float* weight = nullptr;
-    float eps = 0.0f;
-    const float* gate = nullptr;
-    const float* up = nullptr;
-    uint32_t n = 0;
-    ActQ16 out;
-    uint32_t* counter = nullptr;
-};
-// Whether matvec_q8s_tail_cuda takes this row length (and no other variant is forced by the
-// lab knob).
-bool matvec_q8s_tail_fits(uint32_t cols);
-// y = W x by sweep1r2, then the tail; release_at_entry as for matvec_q8s_cuda.
-void matvec_q8s_tail_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
-                          bool release_at_entry, const GemvTail& tail);
-
 }  // namespace spillway

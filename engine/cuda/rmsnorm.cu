@@ -8,7 +8,6 @@
 #include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/pdl_launch.cuh"
-#include "engine/cuda/rmsnorm_device.cuh"
 #include "engine/cuda/lab_knob.h"
 
 namespace spillway {
@@ -67,12 +66,54 @@ __global__ void __launch_bounds__(kBlockThreads) rmsnorm_vec_kernel(float* __res
     pdl_wait_for_producer();
     pdl_release_dependents();
     __shared__ float warp_sums[kBlockThreads / 32];
-    const size_t row = blockIdx.x;
-    rmsnorm_row<kBlockThreads, kPerThread>(x + row * dim, add != nullptr ? add + row * dim : nullptr, weight,
-                                           out != nullptr ? out + row * dim : nullptr,
-                                           out16 != nullptr ? out16 + row * dim : nullptr, dim, eps,
-                                           q != nullptr ? q + row * dim : nullptr,
-                                           q != nullptr ? qd + row * (dim / 32) : nullptr, warp_sums);
+    const uint32_t n4 = dim / 4;
+    float4* xr = reinterpret_cast<float4*>(x + (size_t)blockIdx.x * dim);
+    const float4* ar = add != nullptr ? reinterpret_cast<const float4*>(add + (size_t)blockIdx.x * dim) : nullptr;
+    const float4* wr = reinterpret_cast<const float4*>(weight);
+    // The weights are loaded with x, before the block reduction: loaded after it, each step's
+    // load would wait a full L2 trip behind the previous step's quantizing shuffles.
+    float4 v[kPerThread], g[kPerThread];
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+        const uint32_t i = threadIdx.x + k * kBlockThreads;
+        if (i < n4) {
+            v[k] = xr[i];
+            g[k] = wr[i];
+            if (ar != nullptr) {
+                const float4 a = ar[i];
+                v[k].x += a.x;
+                v[k].y += a.y;
+                v[k].z += a.z;
+                v[k].w += a.w;
+                xr[i] = v[k];
+            }
+            sum = fmaf(v[k].x, v[k].x, sum);
+            sum = fmaf(v[k].y, v[k].y, sum);
+            sum = fmaf(v[k].z, v[k].z, sum);
+            sum = fmaf(v[k].w, v[k].w, sum);
+        }
+    }
+    const float inv_rms = rsqrtf(block_sum(sum, warp_sums, kBlockThreads / 32) / (float)dim + eps);
+    float4* outr = out != nullptr ? reinterpret_cast<float4*>(out + (size_t)blockIdx.x * dim) : nullptr;
+    uint2* out16r = out16 != nullptr ? reinterpret_cast<uint2*>(out16 + (size_t)blockIdx.x * dim) : nullptr;
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+        const uint32_t i = threadIdx.x + k * kBlockThreads;
+        if (i < n4) {  // q: dim % 32 == 0, so 8-lane groups are all in or all out
+            // Same operation order as the scalar kernel and rmsnorm_cpu: (x * inv_rms) * w.
+            const float4 o = make_float4(v[k].x * inv_rms * g[k].x, v[k].y * inv_rms * g[k].y,
+                                         v[k].z * inv_rms * g[k].z, v[k].w * inv_rms * g[k].w);
+            if (outr != nullptr) outr[i] = o;
+            if (out16r != nullptr) {
+                const __half2 lo = __floats2half2_rn(o.x, o.y), hi = __floats2half2_rn(o.z, o.w);
+                out16r[i] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+            }
+            if (q != nullptr)
+                quantize_act_q16_group(o, threadIdx.x % 32, q + (size_t)blockIdx.x * dim + 4 * i,
+                                       qd + (size_t)blockIdx.x * (dim / 32) + i / 8);
+        }
+    }
 }
 
 }  // namespace
