@@ -644,10 +644,10 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     // written for one decode token and the head's rows (the last one unless all logits are
     // wanted). 40 MiB less scratch at 2048-token chunks of the 14B shape.
     st.fused_prefill = !lab_knob("SPILLWAY_PREFILL_FUSED", "0", "1");
-    // Off by default: measured a net loss with the fused sweep kernel as it is (128 registers:
-    // each GEMV ~2.5% slower than the plain instance, more than the launches saved; down
-    // forming SwiGLU itself is slower still: every block redoes 13824 exp and divisions;
-    // docs/perf-notes.md, session 28).
+    // Off by default: measured a net loss (session 28: the fused code in the plain instance
+    // slowed every GEMV ~2.5%; session 29, as its own instance: norms still 1-2.3% slower than
+    // the separate launches; down forming SwiGLU itself is slower still: every block redoes
+    // 13824 exp and divisions; docs/perf-notes.md).
     const int fusion = lab_knob_choice("SPILLWAY_DECODE_FUSION", {"0", "norms", "all"});
     st.decode_fusion = fusion >= 1;
     st.fused_swiglu = fusion == 2;
