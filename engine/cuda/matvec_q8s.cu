@@ -499,12 +499,7 @@ void launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint3
         return count;
     }();
     const uint32_t segs = cols / kUnitCols;
-    // SPILLWAY_Q8S_SPARE_SMS=N (lab, session 30): plan the rows for N SMs fewer, so that a
-    // small kernel between two GEMVs (RMSNorm: one block of 512 threads x 102 registers; the
-    // sweep's block fills an SM's registers) does not hold back one block of a grid whose
-    // every block has the same share.
-    static const uint32_t spare_sms = lab_knob_uint("SPILLWAY_Q8S_SPARE_SMS", 0, 16);
-    const uint32_t slots = (uint32_t)std::max(1, sms - (int)spare_sms) * kBlocksPerSm;
+    const uint32_t slots = (uint32_t)sms * kBlocksPerSm;
     // Whole row groups of kRows per block; >= 192 rows of partial sums (cols <= 32768).
     const uint32_t max_rows = (uint32_t)(kSweepPartialBytes / (segs * sizeof(float))) / kRows * kRows;
     const uint32_t rows_per_block = std::min(((rows + slots - 1) / slots + kRows - 1) / kRows * kRows, max_rows);

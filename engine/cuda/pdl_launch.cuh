@@ -40,15 +40,6 @@ inline bool pdl_site_on(PdlSite site) {
     return (mask & (uint32_t)site) != 0;
 }
 
-// SPILLWAY_PDL_EARLY=1 (lab): the one-row RMSNorm and SwiGLU release their dependents before
-// their own producer wait, so the next GEMV's blocks take the SMs the previous GEMV frees
-// (sessions 10 and 29 measured it slower with the GEMV's grid on every SM; session 30 pairs it
-// with SPILLWAY_Q8S_SPARE_SMS, matvec_q8s.cu).
-inline bool pdl_small_release_first() {
-    static const bool early = lab_knob("SPILLWAY_PDL_EARLY", "1", "0");
-    return early;
-}
-
 // kernel<<<grid, block, smem, stream>>>(args...), programmatic when `pdl`.
 template <typename... KernelArgs, typename... Args>
 void launch_with_pdl(bool pdl, void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,

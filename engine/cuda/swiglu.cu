@@ -36,13 +36,11 @@ constexpr int kQ16Threads = 256;
 
 __global__ void __launch_bounds__(kQ16Threads) swiglu_q16_kernel(const float4* __restrict__ gate,
                                                                  const float4* __restrict__ up, uint32_t n4,
-                                                                 int16_t* __restrict__ q, float* __restrict__ d,
-                                                                 uint32_t release_first) {
+                                                                 int16_t* __restrict__ q, float* __restrict__ d) {
     // Programmatic launch (pdl_launch.cuh): the producer's writes are visible after the wait;
     // then the Q8_0 matvec reading this output may launch and prefetch its weights.
-    if (release_first) pdl_release_dependents();
     pdl_wait_for_producer();
-    if (!release_first) pdl_release_dependents();
+    pdl_release_dependents();
     const uint32_t i = blockIdx.x * kQ16Threads + threadIdx.x;
     if (i >= n4) return;  // n4 % 8 == 0: whole 8-lane groups leave together
     const float4 g = gate[i], u = up[i];
@@ -83,7 +81,7 @@ void swiglu_q16_cuda(const float* gate, const float* up, uint32_t n, ActQ16 out,
     const uint32_t n4 = n / 4;
     launch_with_pdl(pdl_site_on(PdlSite::swiglu), swiglu_q16_kernel, dim3((n4 + kQ16Threads - 1) / kQ16Threads),
                     dim3(kQ16Threads), 0, stream, reinterpret_cast<const float4*>(gate),
-                    reinterpret_cast<const float4*>(up), n4, out.q, out.d, pdl_small_release_first() ? 1u : 0u);
+                    reinterpret_cast<const float4*>(up), n4, out.q, out.d);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
