@@ -331,7 +331,7 @@ void check_matvec_q8s(MatvecQ8sKernel kernel, uint32_t rows, uint32_t cols) {
 
 TEST(CudaMatvec, Q8SplitKernelsMatchCpu) {
     SPILLWAY_SKIP_WITHOUT_GPU();
-    for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r2pf2; ++ki) {
+    for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r2c; ++ki) {
         // One unit (1 x 512), a half row pair (odd rows), pairs cut between two and more warps
         // (the 14B wo / down shapes have fewer units than twice the warps), many pairs per warp.
         for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
@@ -356,12 +356,12 @@ TEST(CudaMatvec, Q8SplitKernelsMatchCpu) {
     EXPECT_TRUE(matvec_q8s_fits(13824));
 }
 
-// sweep1r2pf1 / pf2 prefetch their second (and third) round into L2 before the wait and must
-// give exactly sweep1r2's bits (same products, same sum order): shapes with no second round (<= 64
+// sweep1r2b / c read their second (and third) round from a bulk-copied prefix in shared memory and must give
+// exactly sweep1r2's bits (same products, same sum order): shapes with no second round (<= 64
 // units per block), a partial one, a whole one and rounds past it, odd rows (the last pair
 // half empty), the widest row (32768 columns: one row pair per segment round) and a row
 // count that is not a multiple of the blocks.
-TEST(CudaMatvec, Q8SplitL2PrefetchEqualsSweep) {
+TEST(CudaMatvec, Q8SplitPrefixEqualsSweep) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
              {7, 512}, {300, 5120}, {2000, 5120}, {5120, 5120}, {7168, 5120}, {5121, 5120}, {27648, 5120},
@@ -385,9 +385,9 @@ TEST(CudaMatvec, Q8SplitL2PrefetchEqualsSweep) {
         matvec_q8s_cuda_with(MatvecQ8sKernel::sweep1r2, split, ActQ16{q.data(), d.data()}, y_plain.data(), rows, cols,
                              nullptr);
         const std::vector<float> a = to_host(y_plain);
-        for (const auto kernel : {MatvecQ8sKernel::sweep1r2pf1, MatvecQ8sKernel::sweep1r2pf2}) {
+        for (const auto kernel : {MatvecQ8sKernel::sweep1r2b, MatvecQ8sKernel::sweep1r2c}) {
             poison(y_prefix);
-            // Twice, released at entry the second time (the prefetch goes out before the wait).
+            // Twice, released at entry the second time (the bulk copy goes out before the wait).
             matvec_q8s_cuda_with(kernel, split, ActQ16{q.data(), d.data()}, y_prefix.data(), rows, cols, nullptr);
             matvec_q8s_cuda_with(kernel, split, ActQ16{q.data(), d.data()}, y_prefix.data(), rows, cols, nullptr, true);
             SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
