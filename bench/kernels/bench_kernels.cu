@@ -314,8 +314,7 @@ struct Q8SplitBuffers {
 
 const char* q8s_name(MatvecQ8sKernel k) {
     static const char* const kNames[] = {"w8u4",   "w8u8",   "w4u4",     "w8u4p",   "w8u4nc",
-                                         "sweep1", "sweep2", "sweep1r2", "sweep1r4", "sweep1r8",
-                                         "sweep1r2b", "sweep1r2c"};
+                                         "sweep1", "sweep2", "sweep1r2", "sweep1r4", "sweep1r8"};
     return kNames[(int)k];
 }
 
@@ -1101,7 +1100,7 @@ int main(int argc, char** argv) {
                 bench_matvec_q16x(r, o, rows, cols, k);
         }
         bench_q16x_layer_chain(r, o);
-        for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r2c; ++ki) {
+        for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r8; ++ki) {
             const auto k = (MatvecQ8sKernel)ki;
             for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
                      {5120, 13824}, {13824, 5120}, {152064, 5120}, {27648, 5120}, {7168, 5120}, {5120, 5120}})
@@ -1109,8 +1108,7 @@ int main(int argc, char** argv) {
             bench_q8s_layer_chain(r, o, k, false);
             bench_q8s_layer_chain(r, o, k, true);
         }
-        for (const auto k : {MatvecQ8sKernel::sweep1r2, MatvecQ8sKernel::sweep1r2b, MatvecQ8sKernel::sweep1r2c})
-            for (const bool empty : {false, true}) bench_q8s_layer_hops(r, o, k, empty);
+        for (const bool empty : {false, true}) bench_q8s_layer_hops(r, o, MatvecQ8sKernel::sweep1r2, empty);
         for (const char* which : {"", "norms", "swiglu", "adds"}) bench_q8s_layer_chain_fused(r, o, which);
         bench_decode_layer(r, o);
         bench_matvec(r, o, GgmlType::Q8_0, 896, 896, 1);  // 0.5B shape: unaligned rows, launch-bound

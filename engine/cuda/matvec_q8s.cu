@@ -18,7 +18,6 @@
 #include "common/error.h"
 #include "engine/cuda/act_ops_device.cuh"
 #include "engine/cuda/act_quant_device.cuh"
-#include "engine/cuda/bulk_copy_device.cuh"
 #include "engine/cuda/cp_async_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/gemv_shared.cuh"
@@ -270,35 +269,11 @@ constexpr size_t kFusedStagePerCol = 8;
 // kFused: x may be formed here (GemvX) and y accumulated; its own instance, so the plain
 // GEMV's code stays what was measured (with the fused code in one instance, the q16 path ran
 // 2.5% slower in the engine: 128 registers instead of 125; session 28).
-//
-// kPrefixRounds (lab, `sweep1r2b` 1, `sweep1r2c` 2): the units of rounds 2 .. 1 + kPrefixRounds
-// reach shared memory by one bulk copy issued before the wait for x's producer, next to the
-// first round's register loads. Why: a
-// GEMV's blocks become resident one SM at a time as the previous kernel's blocks leave, and
-// wait there for the hop kernel between them; ~2.1 us per boundary went by with only one
-// round (64 KB per SM) requested (session 29's "layer hops" rows). The prefix doubles what an
-// early SM fetches into that gap; the steady state stays the register sweep. Same sums in
-// the same order: bit-equal to the plain instance.
-template <uint32_t kRound, int kRows>
-__host__ __device__ constexpr uint32_t sweep_prefix_row_begin(uint32_t segs) {
-    return kRows * (kRound / segs);
-}
-// Rows [begin, end) of a block holding n > kRound units: those of units kRound .. (1 +
-// rounds) kRound - 1.
-template <uint32_t kRound, int kRows>
-__host__ __device__ constexpr uint32_t sweep_prefix_row_end(uint32_t segs, uint32_t n, uint32_t block_rows,
-                                                            uint32_t rounds) {
-    const uint32_t last = (n < (1 + rounds) * kRound ? n : (1 + rounds) * kRound) - 1;
-    const uint32_t end = kRows * (last / segs + 1);
-    return end < block_rows ? end : block_rows;
-}
-
-template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false, int kPrefixRounds = 0>
+template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false>
 __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep_kernel(
     const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const SweepIo io, uint32_t rows,
     uint32_t cols, uint32_t rows_per_block, uint32_t release_at_entry) {
     static_assert(kUnroll * kRows == 8, "the reduction below is written for 8 sums");
-    static_assert(!(kPrefixRounds > 0 && kFused), "the prefix shares shared memory with the partial sums only");
     if (release_at_entry) pdl_release_dependents();
     extern __shared__ uint4 q8s_smem[];  // x: q [cols] int16, d [cols / 32] f32; then the segment sums
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -343,60 +318,12 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
             cp_async_commit();
         }
     }
-    constexpr uint32_t kRound = kSweepWarps * kUnroll;  // units per round of the whole block
-    [[maybe_unused]] uint64_t* prefix_bar = nullptr;
-    [[maybe_unused]] const uint4* prefix_w = nullptr;
-    [[maybe_unused]] const unsigned short* prefix_d = nullptr;
-    [[maybe_unused]] uint32_t prefix_part0 = 0;
-    [[maybe_unused]] bool has_prefix = false;
-    if constexpr (kPrefixRounds > 0) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        has_prefix = n > kRound;
-        if (has_prefix) {
-            const uint32_t row_a = sweep_prefix_row_begin<kRound, kRows>(segs);
-            const uint32_t row_b = sweep_prefix_row_end<kRound, kRows>(segs, n, r1 - r0, kPrefixRounds);
-            // After x and the partial sums: the barrier, then the codes, then the scales.
-            uint8_t* region = reinterpret_cast<uint8_t*>(part) + ((size_t)rows_per_block * segs * 4 + 15) / 16 * 16;
-            prefix_bar = reinterpret_cast<uint64_t*>(region);
-            uint4* w_dst = reinterpret_cast<uint4*>(region + 16);
-            unsigned short* d_dst =
-                reinterpret_cast<unsigned short*>(region + 16 + (size_t)(row_b - row_a) * cols);
-            prefix_w = w_dst;
-            prefix_d = d_dst;
-            prefix_part0 = row_a * segs;
-            if (threadIdx.x == 0) {
-                const uint32_t w_bytes = (row_b - row_a) * cols, d_bytes = (row_b - row_a) * (cols / 16);
-                mbarrier_init(prefix_bar, 1);
-                mbarrier_init_fence();
-                mbarrier_arrive_expect_tx(prefix_bar, w_bytes + d_bytes);
-                const uint64_t policy = l2_evict_first_policy();
-                bulk_copy_global_to_shared(w_dst, codes + (size_t)(r0 + row_a) * row_vecs, w_bytes, prefix_bar,
-                                           policy);
-                bulk_copy_global_to_shared(d_dst, scales + (size_t)(r0 + row_a) * row_blocks, d_bytes, prefix_bar,
-                                           policy);
-            }
-        }
-#endif
-    }
     pdl_wait_for_producer();  // W went out first: it does not depend on x's producer
     if (!kFused || io.from == (uint32_t)GemvXFrom::q16) copy_x_to_shared(io.xq, io.xd, cols, q8s_smem, kSweepWarps * 32);
     else form_x_in_shared(io, cols, q8s_smem, stage, kSweepWarps * 32);
     const uint4* x_q = q8s_smem;
     const float* x_d = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(q8s_smem) + cols * 2);
     for (uint32_t j0 = warp; j0 < n; j0 += kSweepWarps * kUnroll) {
-        // With the prefix, round 1's slots request the first round after the prefix (so loads
-        // stay in flight while the prefix is read), the prefix's rounds read shared memory and
-        // request nothing (the registers hold that later round), then every slot requests as
-        // in the plain sweep. (Session 30's first version requested nothing in round 1 and
-        // waited for the whole prefix in round 2 with no load in flight: 6-13% slower GEMVs.)
-        [[maybe_unused]] bool prefix_far = false, prefix_read = false;
-        if constexpr (kPrefixRounds > 0) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            prefix_far = has_prefix && j0 < kRound;
-            prefix_read = has_prefix && j0 >= kRound && j0 < (1 + kPrefixRounds) * kRound;
-            if (prefix_read && j0 < 2 * kRound) mbarrier_wait_parity(prefix_bar, 0);
-#endif
-        }
         // Every slot is summed (a slot past the end holds zeros' worth: its sum is not stored),
         // so the dot products and reductions interleave without branches.
         float v[kUnroll * kRows];
@@ -409,24 +336,11 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
             float scale[kRows];
 #pragma unroll
             for (int k = 0; k < kRows; ++k) {
-                unsigned short dk = d[i][k];
                 wv[k] = w[i][k];
-                if constexpr (kPrefixRounds > 0) {
-                    const uint32_t q = part_of(j, seg, k);
-                    if (prefix_read && j < n && q < n_parts) {
-                        wv[k] = prefix_w[(size_t)(q - prefix_part0) * 32 + lane];
-                        dk = prefix_d[(size_t)(q - prefix_part0) * 16 + lane / 2];
-                    }
-                }
-                scale[k] = __half2float(__ushort_as_half(dk)) * xs;
+                scale[k] = __half2float(__ushort_as_half(d[i][k])) * xs;
             }
             const uint32_t next_seg = seg + advance >= segs ? seg + advance - segs : seg + advance;
-            if constexpr (kPrefixRounds > 0) {
-                if (prefix_far) load(i, j + (1 + kPrefixRounds) * kRound, (seg + (1 + kPrefixRounds) * advance) % segs);
-                else if (!prefix_read) load(i, j + kRound, next_seg);
-            } else {
-                load(i, j + kRound, next_seg);
-            }
+            load(i, j + kSweepWarps * kUnroll, next_seg);
             seg_of[i] = next_seg;
 #pragma unroll
             for (int k = 0; k < kRows; ++k) {
@@ -467,38 +381,17 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     }
 }
 
-// Shared memory a sweep launch needs beyond x and the partial sums for its prefix: the
-// barrier and the largest block's prefix rows.
-template <int kUnroll, int kRows, int kPrefixRounds>
-size_t sweep_prefix_bytes(uint32_t rows_per_block, uint32_t cols) {
-    constexpr uint32_t kRound = kSweepWarps * kUnroll;
-    const uint32_t segs = cols / kUnitCols;
-    const uint32_t n = (rows_per_block + kRows - 1) / kRows * segs;
-    if (n <= kRound) return 0;
-    const uint32_t prefix_rows = sweep_prefix_row_end<kRound, kRows>(segs, n, rows_per_block, kPrefixRounds) -
-                                 sweep_prefix_row_begin<kRound, kRows>(segs);
-    return 16 + (size_t)prefix_rows * (cols + cols / 16);
-}
-
-template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused, int kPrefixRounds = 0>
+template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused>
 void launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
                          bool release_at_entry) {
-    constexpr bool kPrefix = kPrefixRounds > 0;
-    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kPrefixRounds>;
+    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused>;
     const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
-    static const size_t smem_optin = [] {
-        int device = 0, optin = 0;
-        SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
-        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-        return (size_t)optin;
-    }();
     static const int sms = [] {
         const auto x_bytes_of = [](size_t n) { return (n * 2 + n / 8 + 15) / 16 * 16; };
         const size_t max_smem =
-            kPrefix ? smem_optin
-            : kFused ? std::max(x_bytes_of(kMaxCols) + kSweepPartialBytes,
-                                x_bytes_of(kFusedMaxCols) + kFusedStagePerCol * kFusedMaxCols)
-                     : x_bytes_of(kMaxCols) + kSweepPartialBytes;
+            kFused ? std::max(x_bytes_of(kMaxCols) + kSweepPartialBytes,
+                              x_bytes_of(kFusedMaxCols) + kFusedStagePerCol * kFusedMaxCols)
+                   : x_bytes_of(kMaxCols) + kSweepPartialBytes;
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)max_smem));
         int device = 0, count = 0;
         SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
@@ -512,18 +405,7 @@ void launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint3
     const uint32_t rows_per_block = std::min(((rows + slots - 1) / slots + kRows - 1) / kRows * kRows, max_rows);
     const uint32_t blocks = (rows + rows_per_block - 1) / rows_per_block;
     const size_t stage = io.from == (uint32_t)GemvXFrom::q16 ? 0 : kFusedStagePerCol * cols;
-    size_t smem = x_bytes + std::max((size_t)rows_per_block * segs * sizeof(float), stage);
-    if constexpr (kPrefix) {
-        smem = x_bytes + ((size_t)rows_per_block * segs * sizeof(float) + 15) / 16 * 16 +
-               sweep_prefix_bytes<kUnroll, kRows, kPrefixRounds>(rows_per_block, cols);
-        // A bulk copy needs 16-byte aligned sources; a launch that cannot take the prefix
-        // runs the plain instance (same sums).
-        if (smem > smem_optin || reinterpret_cast<uintptr_t>(w.scales) % 16 != 0) {
-            launch_q8s_sweep_as<kUnroll, kBlocksPerSm, kRows, kFused, 0>(w, io, rows, cols, stream,
-                                                                             release_at_entry);
-            return;
-        }
-    }
+    const size_t smem = x_bytes + std::max((size_t)rows_per_block * segs * sizeof(float), stage);
     launch_with_pdl(pdl_supported(), kKernel, dim3(blocks), dim3(kSweepWarps * 32), smem, stream,
                     reinterpret_cast<const uint4*>(w.codes), reinterpret_cast<const unsigned short*>(w.scales), io,
                     rows, cols, rows_per_block, release_at_entry ? 1u : 0u);
@@ -550,15 +432,6 @@ void launch_sweep(MatvecQ8sKernel kernel, Q8SplitConst w, const SweepIo& io, uin
         case MatvecQ8sKernel::sweep1r2: launch_q8s_sweep<4, 1, 2>(w, io, rows, cols, stream, release_at_entry); break;
         case MatvecQ8sKernel::sweep1r4: launch_q8s_sweep<2, 1, 4>(w, io, rows, cols, stream, release_at_entry); break;
         case MatvecQ8sKernel::sweep1r8: launch_q8s_sweep<1, 1, 8>(w, io, rows, cols, stream, release_at_entry); break;
-        case MatvecQ8sKernel::sweep1r2b:
-        case MatvecQ8sKernel::sweep1r2c:
-            // The prefix instances take the plain x only (their shared memory holds no fused stage).
-            if (io.from != (uint32_t)GemvXFrom::q16 || io.accumulate)
-                launch_q8s_sweep<4, 1, 2>(w, io, rows, cols, stream, release_at_entry);
-            else if (kernel == MatvecQ8sKernel::sweep1r2b)
-                launch_q8s_sweep_as<4, 1, 2, false, 1>(w, io, rows, cols, stream, release_at_entry);
-            else launch_q8s_sweep_as<4, 1, 2, false, 2>(w, io, rows, cols, stream, release_at_entry);
-            break;
         default: fail("matvec_q8s: not a sweep variant");
     }
 }
@@ -599,10 +472,10 @@ void launch_q8s(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols
 // SPILLWAY_Q8S_KERNEL=<variant name> (lab): every split-layout GEMV of the process uses it.
 std::optional<MatvecQ8sKernel> q8s_kernel_override() {
     static const std::optional<MatvecQ8sKernel> kernel = []() -> std::optional<MatvecQ8sKernel> {
-        static_assert((int)MatvecQ8sKernel::sweep1r2c == 11, "the names below follow the enum");
+        static_assert((int)MatvecQ8sKernel::sweep1r8 == 9, "the names below follow the enum");
         const int i = lab_knob_choice("SPILLWAY_Q8S_KERNEL",
                                       {"w8u4", "w8u8", "w4u4", "w8u4p", "w8u4nc", "sweep1", "sweep2", "sweep1r2",
-                                       "sweep1r4", "sweep1r8", "sweep1r2b", "sweep1r2c"});
+                                       "sweep1r4", "sweep1r8"});
         if (i < 0) return std::nullopt;
         return (MatvecQ8sKernel)i;
     }();
@@ -659,8 +532,6 @@ void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, floa
         case MatvecQ8sKernel::sweep1r2:
         case MatvecQ8sKernel::sweep1r4:
         case MatvecQ8sKernel::sweep1r8:
-        case MatvecQ8sKernel::sweep1r2b:
-        case MatvecQ8sKernel::sweep1r2c:
             launch_sweep(kernel, w, q16_io(x, y), rows, cols, stream, release_at_entry);
             break;
     }
