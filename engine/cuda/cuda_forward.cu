@@ -204,14 +204,6 @@ void matvec_decode(CudaForwardState& st, const CudaMatrix& w, uint32_t rows, con
     else matvec_cuda(w.type, w.data, x, y, rows, w.n_in, 1, st.stream);
 }
 
-// SPILLWAY_HOP_PREFETCH_KB=N (lab, session 30): the small kernel before a split-layout decode
-// GEMV asks N KB per GEMV block of its weights into L2 (l2_prefetch.cuh); empty otherwise.
-L2Prefetch next_gemv_prefetch(const CudaMatrix& w, uint32_t rows, uint32_t n_tokens) {
-    if (n_tokens != 1 || !w.q8_scales || hop_prefetch_kb() == 0) return {};
-    return q8s_l2_prefetch_plan(Q8SplitConst{reinterpret_cast<const int8_t*>(w.data), w.q8_scales}, rows, w.n_in,
-                                hop_prefetch_kb());
-}
-
 // Lab knobs, A/B'd in docs/perf-notes.md (session 12): SPILLWAY_PREFILL_OVERLAP=0 (one
 // weight tile, dequantized on the main stream), SPILLWAY_PREFILL_TILES=greedy (full tiles,
 // remainder last), SPILLWAY_PREFILL_FUSED=0, SPILLWAY_ROPE_TABLE=0 (see their uses).
@@ -347,8 +339,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         if ((!decode_layer || il == 0) && !fused)
             rmsnorm_cuda(x, il == 0 ? nullptr : proj, L.attn_norm, fused_prefill ? nullptr : xn, T, E, s.norm_eps,
                          stream, takes_q16(L.wq, T) || takes_q16(L.wk, T) || takes_q16(L.wv, T) ? act_q16(st) : ActQ16{},
-                         fused_prefill ? st.act_f16.data() : nullptr,
-                         next_gemv_prefetch(L.wq, L.fused_qkv ? qd + kd + vd : qd, T));
+                         fused_prefill ? st.act_f16.data() : nullptr);
         op_times_mark("rmsnorm", stream);
         if (decode_layer && il > 0) {
             // q|k|v came out of the previous layer's kernel.
@@ -381,8 +372,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             const bool write_kv = !spilled;
             qkv_post_cuda(QkvPostShape{s.n_head, nkv, s.head_dim_k}, m.rope_dev, q, k, v, L.bqkv, T,
                           st.positions.data(), cache.k_type, write_kv ? cache.k[il] : nullptr, cache.v_type,
-                          write_kv ? cache.v[il] : nullptr, pos0, stream, rope_table, qkv_post_token_blocks(),
-                          next_gemv_prefetch(L.wo, L.wo.n_out, T));
+                          write_kv ? cache.v[il] : nullptr, pos0, stream, rope_table, qkv_post_token_blocks());
             op_times_mark("bias + rope + kv write", stream);
         } else if (L.bqkv) {
             if (T == 1) {
@@ -480,8 +470,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         }
         rmsnorm_cuda(x, proj, L.ffn_norm, fused_prefill ? nullptr : xn, T, E, s.norm_eps, stream,
                      takes_q16(L.ffn_gate, T) || takes_q16(L.ffn_up, T) ? act_q16(st) : ActQ16{},
-                     fused_prefill ? st.act_f16.data() : nullptr,
-                     next_gemv_prefetch(L.ffn_gate, L.fused_gate_up ? 2 * F : F, T));
+                     fused_prefill ? st.act_f16.data() : nullptr);
         op_times_mark("rmsnorm", stream);
         if (T == 1 && L.fused_gate_up) {
             matvec_decode(st, L.ffn_gate, 2 * F, xn, gate, GemvSite::gate_up);  // gate|up contiguous
@@ -493,8 +482,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             matmul(st, L.ffn_up, xn, T, up, "gemm up", true);
         }
         if (takes_q16(L.ffn_down, T)) {
-            swiglu_q16_cuda(gate, up, F, act_q16(st), stream,  // the f32 product is never needed
-                            next_gemv_prefetch(L.ffn_down, L.ffn_down.n_out, T));
+            swiglu_q16_cuda(gate, up, F, act_q16(st), stream);  // the f32 product is never needed
             matvec_decode(st, L.ffn_down, L.ffn_down.n_out, gate, proj, GemvSite::down);
         } else {
             if (fused_prefill) {

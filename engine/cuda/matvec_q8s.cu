@@ -560,38 +560,6 @@ void matvec_q8s_fused_cuda(Q8SplitConst w, const GemvX& x, float* y, bool accumu
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
-L2Prefetch q8s_l2_prefetch_plan(Q8SplitConst w, uint32_t rows, uint32_t cols, uint32_t kb_per_block) {
-    if (kb_per_block == 0 || rows == 0 || !matvec_q8s_fits(cols) || w.codes == nullptr || w.scales == nullptr ||
-        reinterpret_cast<uintptr_t>(w.codes) % 16 != 0 || reinterpret_cast<uintptr_t>(w.scales) % 16 != 0)
-        return {};
-    // sweep1r2's partition (launch_q8s_sweep_as<4, 1, 2>): whole row pairs per block.
-    constexpr uint32_t kRows = 2, kRound = kSweepWarps * 4;
-    static const uint32_t sms = [] {
-        int device = 0, count = 0;
-        SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
-        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-        return (uint32_t)count;
-    }();
-    const uint32_t segs = cols / kUnitCols;
-    const uint32_t max_rows = (uint32_t)(kSweepPartialBytes / (segs * sizeof(float))) / kRows * kRows;
-    const uint32_t rows_per_block = std::min(((rows + sms - 1) / sms + kRows - 1) / kRows * kRows, max_rows);
-    L2Prefetch p;
-    p.codes = reinterpret_cast<const uint8_t*>(w.codes);
-    p.scales = reinterpret_cast<const uint8_t*>(w.scales);
-    p.rows = rows;
-    p.cols = cols;
-    p.rows_per_block = rows_per_block;
-    p.skip_rows = kRows * (kRound / segs);  // the first round's whole row groups
-    const size_t row_bytes = (size_t)cols + cols / 16;
-    p.prefetch_rows = (uint32_t)std::max<size_t>(1, ((size_t)kb_per_block * 1024 + row_bytes - 1) / row_bytes);
-    return p;
-}
-
-uint32_t hop_prefetch_kb() {
-    static const uint32_t kb = lab_knob_uint("SPILLWAY_HOP_PREFETCH_KB", 0, 1024);
-    return kb;
-}
-
 void matvec_q8s_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
                      bool release_at_entry) {
     const std::optional<MatvecQ8sKernel> forced = q8s_kernel_override();

@@ -14,7 +14,6 @@
 #include <cstdint>
 
 #include "engine/cuda/act_quant.cuh"
-#include "engine/cuda/l2_prefetch.cuh"
 
 namespace spillway {
 
@@ -79,14 +78,5 @@ bool matvec_q8s_fused_fits(uint32_t cols);
 // inputs 16-byte aligned. release_at_entry as for matvec_q8s_cuda.
 void matvec_q8s_fused_cuda(Q8SplitConst w, const GemvX& x, float* y, bool accumulate, uint32_t rows, uint32_t cols,
                            cudaStream_t stream, bool release_at_entry = false);
-
-// The L2 prefetch a small kernel issues for the next matvec_q8s_cuda of these rows and columns
-// with the default variant (l2_prefetch.cuh): per block of that GEMV, ~kb_per_block KB of its
-// rows after the first round (which the GEMV's blocks load themselves before their wait).
-// Empty when kb_per_block == 0, the shape does not fit or the scales are not 16-byte aligned.
-L2Prefetch q8s_l2_prefetch_plan(Q8SplitConst w, uint32_t rows, uint32_t cols, uint32_t kb_per_block);
-// SPILLWAY_HOP_PREFETCH_KB=N (lab, session 30; default 0 = off): what the decode step's small
-// kernels prefetch per block of the next GEMV.
-uint32_t hop_prefetch_kb();
 
 }  // namespace spillway

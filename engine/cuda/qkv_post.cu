@@ -29,12 +29,11 @@ __global__ void __launch_bounds__(kMaxHeadDim) qkv_post_kernel(QkvPostShape s, R
                                                                const int32_t* __restrict__ positions, KvType k_type,
                                                                uint8_t* k_cache, KvType v_type, uint8_t* v_cache,
                                                                uint32_t first_cell, const float2* __restrict__ rope_table,
-                                                               uint32_t n_tokens, const L2Prefetch prefetch) {
+                                                               uint32_t n_tokens) {
     // A programmatic launch (pdl_launch.cuh) may start before q|k|v's GEMV is done; the
     // attention after this kernel may then be launched (it waits for this grid's writes).
     pdl_wait_for_producer();
     pdl_release_dependents();
-    if (blockIdx.x == 0 && blockIdx.y == 0) issue_l2_prefetch(prefetch, threadIdx.x, blockDim.x);
     __shared__ float head_vals[kMaxHeadDim];
     const uint32_t e = threadIdx.x, hd = s.head_dim;
     const uint32_t qd = s.n_head * hd, kd = s.n_head_kv * hd;
@@ -80,7 +79,7 @@ __global__ void __launch_bounds__(kMaxHeadDim) qkv_post_kernel(QkvPostShape s, R
 void qkv_post_cuda(const QkvPostShape& shape, const RopeDeviceTables& rope, float* q, float* k, float* v,
                    const float* bias, uint32_t n_tokens, const int32_t* positions, KvType k_type, uint8_t* k_cache,
                    KvType v_type, uint8_t* v_cache, uint32_t first_cell, cudaStream_t stream,
-                   const float2* rope_table, uint32_t max_token_blocks, const L2Prefetch& prefetch) {
+                   const float2* rope_table, uint32_t max_token_blocks) {
     if (n_tokens == 0) return;
     if (shape.head_dim == 0 || shape.head_dim % 32 != 0 || shape.head_dim > kMaxHeadDim || shape.n_head == 0 ||
         shape.n_head_kv == 0)
@@ -92,8 +91,7 @@ void qkv_post_cuda(const QkvPostShape& shape, const RopeDeviceTables& rope, floa
     if (token_blocks > 65535) fail("qkv_post_cuda: more than 65535 token blocks (cap them with max_token_blocks)");
     const dim3 grid(shape.n_head + 2 * shape.n_head_kv, token_blocks);
     launch_with_pdl(pdl_site_on(PdlSite::qkv_post), qkv_post_kernel, grid, dim3(shape.head_dim), 0, stream, shape, rope,
-                    q, k, v, bias, positions, k_type, k_cache, v_type, v_cache, first_cell, rope_table, n_tokens,
-                    prefetch);
+                    q, k, v, bias, positions, k_type, k_cache, v_type, v_cache, first_cell, rope_table, n_tokens);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 

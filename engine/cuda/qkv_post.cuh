@@ -7,7 +7,6 @@
 
 #include <cstdint>
 
-#include "engine/cuda/l2_prefetch.cuh"
 #include "engine/cuda/rope.cuh"
 #include "model/model_spec.h"
 
@@ -26,7 +25,6 @@ struct QkvPostShape {
 void qkv_post_cuda(const QkvPostShape& shape, const RopeDeviceTables& rope, float* q, float* k, float* v,
                    const float* bias, uint32_t n_tokens, const int32_t* positions, KvType k_type, uint8_t* k_cache,
                    KvType v_type, uint8_t* v_cache, uint32_t first_cell, cudaStream_t stream,
-                   const float2* rope_table = nullptr, uint32_t max_token_blocks = 0,
-                   const L2Prefetch& prefetch = {});
+                   const float2* rope_table = nullptr, uint32_t max_token_blocks = 0);
 
 }  // namespace spillway

@@ -60,12 +60,11 @@ __global__ void __launch_bounds__(kBlockThreads) rmsnorm_vec_kernel(float* __res
                                                                   const float* __restrict__ weight,
                                                                   float* __restrict__ out, __half* __restrict__ out16,
                                                                   uint32_t dim, float eps, int16_t* __restrict__ q,
-                                                                  float* __restrict__ qd, const L2Prefetch prefetch) {
+                                                                  float* __restrict__ qd) {
     // Programmatic launch (pdl_launch.cuh): the producer's writes are visible after the wait;
     // then the Q8_0 matvec reading this output may launch and prefetch its weights.
     pdl_wait_for_producer();
     pdl_release_dependents();
-    if (blockIdx.x == 0) issue_l2_prefetch(prefetch, threadIdx.x, kBlockThreads);
     __shared__ float warp_sums[kBlockThreads / 32];
     const uint32_t n4 = dim / 4;
     float4* xr = reinterpret_cast<float4*>(x + (size_t)blockIdx.x * dim);
@@ -120,8 +119,7 @@ __global__ void __launch_bounds__(kBlockThreads) rmsnorm_vec_kernel(float* __res
 }  // namespace
 
 void rmsnorm_cuda(float* x, const float* residual_add, const float* weight, float* out,
-                  uint32_t n_rows, uint32_t dim, float eps, cudaStream_t stream, ActQ16 q_out, __half* out_f16,
-                  const L2Prefetch& prefetch) {
+                  uint32_t n_rows, uint32_t dim, float eps, cudaStream_t stream, ActQ16 q_out, __half* out_f16) {
     if (n_rows == 0) return;
     if (dim == 0) fail("rmsnorm_cuda: dim must be positive");
     if (out == nullptr && out_f16 == nullptr) fail("rmsnorm_cuda: no output");
@@ -138,11 +136,10 @@ void rmsnorm_cuda(float* x, const float* residual_add, const float* weight, floa
     static const bool many_rows_shape = !lab_knob("SPILLWAY_RMSNORM_MANY_ROWS", "0", "1");
     if (vec && many_rows_shape && n_rows >= kManyRows && dim <= 4u * kRowsThreads * kRowsPerThread)
         rmsnorm_vec_kernel<kRowsThreads, kRowsPerThread><<<n_rows, kRowsThreads, 0, stream>>>(
-            x, residual_add, weight, out, out_f16, dim, eps, q_out.q, q_out.d, L2Prefetch{});
+            x, residual_add, weight, out, out_f16, dim, eps, q_out.q, q_out.d);
     else if (vec)
         launch_with_pdl(pdl_site_on(PdlSite::rmsnorm), rmsnorm_vec_kernel<kVecThreads, kVecPerThread>, dim3(n_rows),
-                        dim3(kVecThreads), 0, stream, x, residual_add, weight, out, out_f16, dim, eps, q_out.q, q_out.d,
-                        prefetch);
+                        dim3(kVecThreads), 0, stream, x, residual_add, weight, out, out_f16, dim, eps, q_out.q, q_out.d);
     else
         rmsnorm_kernel<<<n_rows, kThreads, 0, stream>>>(x, residual_add, weight, out, out_f16, dim, eps);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());

@@ -9,7 +9,6 @@
 #include <cstdint>
 
 #include "engine/cuda/act_quant.cuh"
-#include "engine/cuda/l2_prefetch.cuh"
 
 namespace spillway {
 
@@ -20,9 +19,8 @@ namespace spillway {
 // q_out.q + r * dim, q_out.d + r * dim / 32.
 // out_f16 (optional): out rounded to f16 (round to nearest, as a separate conversion would),
 // row r at out_f16 + r * dim: a prefill chunk's GEMM input. out may then be null (no f32 out).
-// prefetch (lab, one row with q_out): the next GEMV's weights asked into L2 (l2_prefetch.cuh).
 void rmsnorm_cuda(float* x, const float* residual_add, const float* weight, float* out,
                   uint32_t n_rows, uint32_t dim, float eps, cudaStream_t stream, ActQ16 q_out = {},
-                  __half* out_f16 = nullptr, const L2Prefetch& prefetch = {});
+                  __half* out_f16 = nullptr);
 
 }  // namespace spillway

@@ -36,13 +36,11 @@ constexpr int kQ16Threads = 256;
 
 __global__ void __launch_bounds__(kQ16Threads) swiglu_q16_kernel(const float4* __restrict__ gate,
                                                                  const float4* __restrict__ up, uint32_t n4,
-                                                                 int16_t* __restrict__ q, float* __restrict__ d,
-                                                                 const L2Prefetch prefetch) {
+                                                                 int16_t* __restrict__ q, float* __restrict__ d) {
     // Programmatic launch (pdl_launch.cuh): the producer's writes are visible after the wait;
     // then the Q8_0 matvec reading this output may launch and prefetch its weights.
     pdl_wait_for_producer();
     pdl_release_dependents();
-    if (blockIdx.x == 0) issue_l2_prefetch(prefetch, threadIdx.x, kQ16Threads);
     const uint32_t i = blockIdx.x * kQ16Threads + threadIdx.x;
     if (i >= n4) return;  // n4 % 8 == 0: whole 8-lane groups leave together
     const float4 g = gate[i], u = up[i];
@@ -74,8 +72,7 @@ void swiglu_f16_cuda(const float* gate, const float* up, __half* out, size_t n, 
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
-void swiglu_q16_cuda(const float* gate, const float* up, uint32_t n, ActQ16 out, cudaStream_t stream,
-                     const L2Prefetch& prefetch) {
+void swiglu_q16_cuda(const float* gate, const float* up, uint32_t n, ActQ16 out, cudaStream_t stream) {
     if (n == 0) return;
     if (n % kActBlock != 0 || !out.q || !out.d) fail("swiglu_q16_cuda: n must be a multiple of 32, with outputs");
     if (reinterpret_cast<uintptr_t>(gate) % 16 != 0 || reinterpret_cast<uintptr_t>(up) % 16 != 0 ||
@@ -84,7 +81,7 @@ void swiglu_q16_cuda(const float* gate, const float* up, uint32_t n, ActQ16 out,
     const uint32_t n4 = n / 4;
     launch_with_pdl(pdl_site_on(PdlSite::swiglu), swiglu_q16_kernel, dim3((n4 + kQ16Threads - 1) / kQ16Threads),
                     dim3(kQ16Threads), 0, stream, reinterpret_cast<const float4*>(gate),
-                    reinterpret_cast<const float4*>(up), n4, out.q, out.d, prefetch);
+                    reinterpret_cast<const float4*>(up), n4, out.q, out.d);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -7,7 +7,6 @@
 #include <cstdint>
 
 #include "engine/cuda/act_quant.cuh"
-#include "engine/cuda/l2_prefetch.cuh"
 
 namespace spillway {
 
@@ -16,9 +15,7 @@ void swiglu_cuda(const float* gate, const float* up, float* out, size_t n, cudaS
 
 // The same values written only quantized for the Q8_0 decode matvec of the down projection
 // (act_quant.cuh): the f32 result never goes to memory. n % 32 == 0; gate and up 16-byte aligned.
-// prefetch (lab): the next GEMV's weights asked into L2 (l2_prefetch.cuh).
-void swiglu_q16_cuda(const float* gate, const float* up, uint32_t n, ActQ16 out, cudaStream_t stream,
-                     const L2Prefetch& prefetch = {});
+void swiglu_q16_cuda(const float* gate, const float* up, uint32_t n, ActQ16 out, cudaStream_t stream);
 // The same values rounded to f16 (round to nearest, as a separate conversion would): a
 // prefill chunk's input of the down projection GEMM.
 void swiglu_f16_cuda(const float* gate, const float* up, __half* out, size_t n, cudaStream_t stream);
