@@ -194,24 +194,14 @@ bool release_at_entry(GemvSite site) {
 
 // site: the GEMV's place in the step; `other` for one followed by another GEMV (q, k, v or
 // gate, up as separate matrices), which must not release early.
-// next: the next split-layout GEMV's weights asked into L2 as this one's blocks finish
-// (next_gemv_prefetch; lab, off by default).
 void matvec_decode(CudaForwardState& st, const CudaMatrix& w, uint32_t rows, const float* x, float* y,
-                   GemvSite site = GemvSite::other, const L2Prefetch& next = {}) {
+                   GemvSite site = GemvSite::other) {
     if (w.q8_scales)
         matvec_q8s_cuda(Q8SplitConst{reinterpret_cast<const int8_t*>(w.data), w.q8_scales}, act_q16(st), y, rows,
-                        w.n_in, st.stream, release_at_entry(site), next);
+                        w.n_in, st.stream, release_at_entry(site));
     else if (takes_q16(w, 1))
         matvec_q8_0_q16x_cuda(w.data, act_q16(st), y, rows, w.n_in, st.stream, release_at_entry(site));
     else matvec_cuda(w.type, w.data, x, y, rows, w.n_in, 1, st.stream);
-}
-
-// SPILLWAY_HOP_PREFETCH_KB=N (lab, session 30): what a split-layout decode GEMV asks into L2,
-// per block of the next one, of that GEMV's weights (l2_prefetch.cuh); empty otherwise.
-L2Prefetch next_gemv_prefetch(const CudaMatrix& w, uint32_t rows) {
-    if (!w.q8_scales || hop_prefetch_kb() == 0) return {};
-    return q8s_l2_prefetch_plan(Q8SplitConst{reinterpret_cast<const int8_t*>(w.data), w.q8_scales}, rows, w.n_in,
-                                hop_prefetch_kb());
 }
 
 // Lab knobs, A/B'd in docs/perf-notes.md (session 12): SPILLWAY_PREFILL_OVERLAP=0 (one
@@ -357,8 +347,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             matvec_q8s_fused_cuda(split_of(L.wq), GemvX{GemvXFrom::rmsnorm, {}, x, L.attn_norm, s.norm_eps}, q, false,
                                   qd + kd + vd, L.wq.n_in, stream, fused_release_at_entry(GemvSite::qkv));
         } else if (T == 1 && L.fused_qkv) {
-            matvec_decode(st, L.wq, qd + kd + vd, xn, q, GemvSite::qkv,  // q|k|v contiguous
-                          next_gemv_prefetch(L.wo, L.wo.n_out));
+            matvec_decode(st, L.wq, qd + kd + vd, xn, q, GemvSite::qkv);  // q|k|v contiguous
         } else if (T == 1) {
             matvec_decode(st, L.wq, qd, xn, q);
             matvec_decode(st, L.wk, kd, xn, k);
@@ -475,8 +464,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                       fused_release_at_entry(GemvSite::down));
                 continue;
             }
-            matvec_decode(st, L.wo, L.wo.n_out, st.attn.data(), proj, GemvSite::wo,
-                          next_gemv_prefetch(L.ffn_gate, L.fused_gate_up ? 2 * F : F));
+            matvec_decode(st, L.wo, L.wo.n_out, st.attn.data(), proj, GemvSite::wo);
         } else {
             matmul(st, L.wo, st.attn.data(), T, proj, "gemm o");
         }
@@ -485,8 +473,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                      fused_prefill ? st.act_f16.data() : nullptr);
         op_times_mark("rmsnorm", stream);
         if (T == 1 && L.fused_gate_up) {
-            matvec_decode(st, L.ffn_gate, 2 * F, xn, gate, GemvSite::gate_up,  // gate|up contiguous
-                          next_gemv_prefetch(L.ffn_down, L.ffn_down.n_out));
+            matvec_decode(st, L.ffn_gate, 2 * F, xn, gate, GemvSite::gate_up);  // gate|up contiguous
         } else if (T == 1) {
             matvec_decode(st, L.ffn_gate, F, xn, gate);
             matvec_decode(st, L.ffn_up, F, xn, up, GemvSite::gate_up);
@@ -496,10 +483,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         }
         if (takes_q16(L.ffn_down, T)) {
             swiglu_q16_cuda(gate, up, F, act_q16(st), stream);  // the f32 product is never needed
-            const CudaLayerWeights* after = il + 1 < s.n_layer ? &m.layers[il + 1] : nullptr;
-            matvec_decode(st, L.ffn_down, L.ffn_down.n_out, gate, proj, GemvSite::down,
-                          after != nullptr && after->fused_qkv ? next_gemv_prefetch(after->wq, qd + kd + vd)
-                                                               : L2Prefetch{});
+            matvec_decode(st, L.ffn_down, L.ffn_down.n_out, gate, proj, GemvSite::down);
         } else {
             if (fused_prefill) {
                 swiglu_f16_cuda(gate, up, st.act_f16.data(), (size_t)T * F, stream);  // the GEMM's input

@@ -21,7 +21,6 @@
 #include "engine/cuda/cp_async_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/gemv_shared.cuh"
-#include "engine/cuda/l2_prefetch.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
 #include "engine/cuda/q8_0_q16_device.cuh"
@@ -273,7 +272,7 @@ constexpr size_t kFusedStagePerCol = 8;
 template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false>
 __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep_kernel(
     const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const SweepIo io, uint32_t rows,
-    uint32_t cols, uint32_t rows_per_block, uint32_t release_at_entry, const L2Prefetch next) {
+    uint32_t cols, uint32_t rows_per_block, uint32_t release_at_entry) {
     static_assert(kUnroll * kRows == 8, "the reduction below is written for 8 sums");
     if (release_at_entry) pdl_release_dependents();
     extern __shared__ uint4 q8s_smem[];  // x: q [cols] int16, d [cols / 32] f32; then the segment sums
@@ -373,9 +372,6 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
             if (q < n_parts) part[q] = total;
         }
     }
-    // Every load of this block has been consumed: its SM's share of HBM is free for the next
-    // GEMV's first bytes (lab; next.codes is null unless asked for).
-    if (threadIdx.x == 0 && next.codes != nullptr) issue_l2_prefetch_blocks(next, blockIdx.x, gridDim.x);
     __syncthreads();
     for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
         float total = 0.0f;
@@ -387,7 +383,7 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
 
 template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused>
 void launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
-                         bool release_at_entry, const L2Prefetch& next) {
+                         bool release_at_entry) {
     constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused>;
     const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
     static const int sms = [] {
@@ -412,16 +408,16 @@ void launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint3
     const size_t smem = x_bytes + std::max((size_t)rows_per_block * segs * sizeof(float), stage);
     launch_with_pdl(pdl_supported(), kKernel, dim3(blocks), dim3(kSweepWarps * 32), smem, stream,
                     reinterpret_cast<const uint4*>(w.codes), reinterpret_cast<const unsigned short*>(w.scales), io,
-                    rows, cols, rows_per_block, release_at_entry ? 1u : 0u, next);
+                    rows, cols, rows_per_block, release_at_entry ? 1u : 0u);
 }
 
 // The fused instance when x is formed here or y accumulated, else the plain one.
 template <int kUnroll, int kBlocksPerSm, int kRows = 1>
 void launch_q8s_sweep(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
-                      bool release_at_entry, const L2Prefetch& next) {
+                      bool release_at_entry) {
     if (io.from != (uint32_t)GemvXFrom::q16 || io.accumulate)
-        launch_q8s_sweep_as<kUnroll, kBlocksPerSm, kRows, true>(w, io, rows, cols, stream, release_at_entry, next);
-    else launch_q8s_sweep_as<kUnroll, kBlocksPerSm, kRows, false>(w, io, rows, cols, stream, release_at_entry, next);
+        launch_q8s_sweep_as<kUnroll, kBlocksPerSm, kRows, true>(w, io, rows, cols, stream, release_at_entry);
+    else launch_q8s_sweep_as<kUnroll, kBlocksPerSm, kRows, false>(w, io, rows, cols, stream, release_at_entry);
 }
 
 SweepIo q16_io(ActQ16 x, float* y) {
@@ -429,19 +425,13 @@ SweepIo q16_io(ActQ16 x, float* y) {
 }
 
 void launch_sweep(MatvecQ8sKernel kernel, Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols,
-                  cudaStream_t stream, bool release_at_entry, const L2Prefetch& next = {}) {
+                  cudaStream_t stream, bool release_at_entry) {
     switch (kernel) {
-        case MatvecQ8sKernel::sweep1: launch_q8s_sweep<8, 1>(w, io, rows, cols, stream, release_at_entry, next); break;
-        case MatvecQ8sKernel::sweep2: launch_q8s_sweep<8, 2>(w, io, rows, cols, stream, release_at_entry, next); break;
-        case MatvecQ8sKernel::sweep1r2:
-            launch_q8s_sweep<4, 1, 2>(w, io, rows, cols, stream, release_at_entry, next);
-            break;
-        case MatvecQ8sKernel::sweep1r4:
-            launch_q8s_sweep<2, 1, 4>(w, io, rows, cols, stream, release_at_entry, next);
-            break;
-        case MatvecQ8sKernel::sweep1r8:
-            launch_q8s_sweep<1, 1, 8>(w, io, rows, cols, stream, release_at_entry, next);
-            break;
+        case MatvecQ8sKernel::sweep1: launch_q8s_sweep<8, 1>(w, io, rows, cols, stream, release_at_entry); break;
+        case MatvecQ8sKernel::sweep2: launch_q8s_sweep<8, 2>(w, io, rows, cols, stream, release_at_entry); break;
+        case MatvecQ8sKernel::sweep1r2: launch_q8s_sweep<4, 1, 2>(w, io, rows, cols, stream, release_at_entry); break;
+        case MatvecQ8sKernel::sweep1r4: launch_q8s_sweep<2, 1, 4>(w, io, rows, cols, stream, release_at_entry); break;
+        case MatvecQ8sKernel::sweep1r8: launch_q8s_sweep<1, 1, 8>(w, io, rows, cols, stream, release_at_entry); break;
         default: fail("matvec_q8s: not a sweep variant");
     }
 }
@@ -521,7 +511,7 @@ MatvecQ8sKernel matvec_q8s_kernel_for(uint32_t rows, uint32_t cols) {
 }
 
 void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols,
-                          cudaStream_t stream, bool release_at_entry, const L2Prefetch& next) {
+                          cudaStream_t stream, bool release_at_entry) {
     if (rows == 0) return;
     if (!matvec_q8s_fits(cols)) fail("matvec_q8s_cuda: cols must be a multiple of 512, at most 32768");
     if (!x.q || !x.d) fail("matvec_q8s_cuda: no quantized x");
@@ -542,7 +532,7 @@ void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, floa
         case MatvecQ8sKernel::sweep1r2:
         case MatvecQ8sKernel::sweep1r4:
         case MatvecQ8sKernel::sweep1r8:
-            launch_sweep(kernel, w, q16_io(x, y), rows, cols, stream, release_at_entry, next);
+            launch_sweep(kernel, w, q16_io(x, y), rows, cols, stream, release_at_entry);
             break;
     }
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
@@ -570,43 +560,11 @@ void matvec_q8s_fused_cuda(Q8SplitConst w, const GemvX& x, float* y, bool accumu
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
-L2Prefetch q8s_l2_prefetch_plan(Q8SplitConst w, uint32_t rows, uint32_t cols, uint32_t kb_per_block) {
-    if (kb_per_block == 0 || rows == 0 || !matvec_q8s_fits(cols) || w.codes == nullptr || w.scales == nullptr ||
-        reinterpret_cast<uintptr_t>(w.codes) % 16 != 0 || reinterpret_cast<uintptr_t>(w.scales) % 16 != 0)
-        return {};
-    // sweep1r2's partition (launch_q8s_sweep_as<4, 1, 2>): whole row pairs per block.
-    constexpr uint32_t kRows = 2, kRound = kSweepWarps * 4;
-    static const uint32_t sms = [] {
-        int device = 0, count = 0;
-        SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
-        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-        return (uint32_t)count;
-    }();
-    const uint32_t segs = cols / kUnitCols;
-    const uint32_t max_rows = (uint32_t)(kSweepPartialBytes / (segs * sizeof(float))) / kRows * kRows;
-    const uint32_t rows_per_block = std::min(((rows + sms - 1) / sms + kRows - 1) / kRows * kRows, max_rows);
-    L2Prefetch p;
-    p.codes = reinterpret_cast<const uint8_t*>(w.codes);
-    p.scales = reinterpret_cast<const uint8_t*>(w.scales);
-    p.rows = rows;
-    p.cols = cols;
-    p.rows_per_block = rows_per_block;
-    p.skip_rows = kRows * (kRound / segs);  // the first round's whole row groups
-    const size_t row_bytes = (size_t)cols + cols / 16;
-    p.prefetch_rows = (uint32_t)std::max<size_t>(1, ((size_t)kb_per_block * 1024 + row_bytes - 1) / row_bytes);
-    return p;
-}
-
-uint32_t hop_prefetch_kb() {
-    static const uint32_t kb = lab_knob_uint("SPILLWAY_HOP_PREFETCH_KB", 0, 1024);
-    return kb;
-}
-
 void matvec_q8s_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
-                     bool release_at_entry, const L2Prefetch& next) {
+                     bool release_at_entry) {
     const std::optional<MatvecQ8sKernel> forced = q8s_kernel_override();
     matvec_q8s_cuda_with(forced ? *forced : matvec_q8s_kernel_for(rows, cols), w, x, y, rows, cols, stream,
-                         release_at_entry, next);
+                         release_at_entry);
 }
 
 }  // namespace spillway

@@ -14,7 +14,6 @@
 #include <cstdint>
 
 #include "engine/cuda/act_quant.cuh"
-#include "engine/cuda/l2_prefetch.cuh"
 
 namespace spillway {
 
@@ -49,12 +48,10 @@ MatvecQ8sKernel matvec_q8s_kernel_for(uint32_t rows, uint32_t cols);
 
 // y[rows] = W x, x given as int16 blocks. release_at_entry as for matvec_q8_0_q16x_cuda
 // (matvec.cuh): the next kernel on the stream may be scheduled at this one's entry.
-// next (lab, sweep variants): the next GEMV's weights each block asks into L2 as it finishes
-// (l2_prefetch.cuh, q8s_l2_prefetch_plan).
 void matvec_q8s_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,
-                     bool release_at_entry = false, const L2Prefetch& next = {});
+                     bool release_at_entry = false);
 void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols,
-                          cudaStream_t stream, bool release_at_entry = false, const L2Prefetch& next = {});
+                          cudaStream_t stream, bool release_at_entry = false);
 
 // Decode fusion (session 28): the sweep GEMV forms x itself from what the previous ops left
 // in f32, so no RMSNorm or SwiGLU launch sits between two GEMVs, and adds W x into the
@@ -81,14 +78,5 @@ bool matvec_q8s_fused_fits(uint32_t cols);
 // inputs 16-byte aligned. release_at_entry as for matvec_q8s_cuda.
 void matvec_q8s_fused_cuda(Q8SplitConst w, const GemvX& x, float* y, bool accumulate, uint32_t rows, uint32_t cols,
                            cudaStream_t stream, bool release_at_entry = false);
-
-// The prefetch of the next matvec_q8s_cuda of these rows and columns with the default variant
-// (l2_prefetch.cuh): per block of that GEMV, ~kb_per_block KB of its rows after its first
-// round (which its blocks load themselves before their wait). Empty when kb_per_block == 0,
-// the shape does not fit or the scales are not 16-byte aligned.
-L2Prefetch q8s_l2_prefetch_plan(Q8SplitConst w, uint32_t rows, uint32_t cols, uint32_t kb_per_block);
-// SPILLWAY_HOP_PREFETCH_KB=N (lab, session 30; default 0 = off): what each decode GEMV asks
-// into L2 per block of the next one.
-uint32_t hop_prefetch_kb();
 
 }  // namespace spillway
