@@ -457,6 +457,120 @@ void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, b
     r.add(name, shape, (double)layer_bytes, us);
 }
 
+// A one-warp programmatic kernel between two GEMVs that stamps its entry, its producer wait's
+// return and its end (after releasing its dependents).
+__global__ void stamp_hop_kernel(uint64_t* stamps) {
+    if (threadIdx.x == 0) stamps[0] = global_timer_ns();
+    pdl_wait_for_producer();
+    if (threadIdx.x == 0) stamps[1] = global_timer_ns();
+    pdl_release_dependents();
+    if (threadIdx.x == 0) stamps[2] = global_timer_ns();
+}
+
+// Lab: where a boundary between two decode GEMVs goes (session 30). The layer's four GEMVs
+// (sweep1r2 with global-timer stamps, matvec_q8s_stamped_cuda) released as in the engine,
+// with between each pair: nothing ("chain", every GEMV released at entry), the stamping
+// one-warp kernel ("empty"), or the engine's RMSNorm / SwiGLU ("small", unstamped). 16 layers
+// per graph, weight sets rotating; after three replays, a middle layer's four boundaries are
+// printed in us from the previous GEMV's last block end (t = 0): that GEMV's skew (its first
+// block end), the hop kernel's entry / wait return / end, and the next GEMV's blocks' entry,
+// wait return, x landed, sweep done and end (min / median / max over blocks).
+void bench_q8s_hop_timeline(const Options& o, const std::string& mode) {
+    const std::string name = "q8s hop timeline " + mode;
+    if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
+    const LayerChainWeights chain(1100);
+    const auto& w = chain.sets;
+    const auto& shapes = chain.shapes;
+    constexpr uint32_t kLayers = 16, kMaxBlocks = 1024, kStampsPerBlock = 5;
+    const size_t slots = (size_t)kMaxBlocks * kStampsPerBlock + 3;  // a GEMV's blocks, then the hop's 3
+    DeviceBuffer<uint64_t> stamps(kLayers * 4 * slots);
+    const auto gemv_stamps = [&](uint32_t l, uint32_t k) { return stamps.data() + (l * 4 + k) * slots; };
+    DeviceBuffer<float> stream(5120), proj(5120), norm_w(5120), xn(5120), y(27648);
+    DeviceBuffer<int16_t> q16(13824);
+    DeviceBuffer<float> d16(13824 / 32);
+    const ActQ16 act{q16.data(), d16.data()};
+    fill_f32<<<64, 256>>>(stream.data(), stream.size(), 21);
+    fill_f32<<<64, 256>>>(proj.data(), proj.size(), 22);
+    fill_f32<<<64, 256>>>(norm_w.data(), norm_w.size(), 23);
+    fill_f32<<<256, 256>>>(y.data(), y.size(), 25);
+    quantize_act_q16_cuda(y.data(), 13824, 1, act, nullptr);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    const bool chain_only = mode == "chain", small = mode == "small";
+    // The engine's releases (qkv, gate|up and down at entry, wo not); all of them in the chain.
+    const bool release[4] = {true, chain_only, true, true};
+    uint32_t blocks[4] = {};
+    cudaStream_t st;
+    SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    const auto layer = [&](uint32_t l) {
+        const std::vector<Q8SplitBuffers>& L = w[l % w.size()];
+        for (uint32_t k = 0; k < 4; ++k) {
+            if (small) {
+                if (k == 3) swiglu_q16_cuda(y.data(), y.data() + 13824, 13824, act, st);
+                else rmsnorm_cuda(stream.data(), k == 1 ? nullptr : proj.data(), norm_w.data(), xn.data(), 1, 5120,
+                                  1e-5f, st, act);
+            } else if (!chain_only) {
+                launch_with_pdl(true, stamp_hop_kernel, dim3(1), dim3(32), 0, st,
+                                gemv_stamps(l, k) + (size_t)kMaxBlocks * kStampsPerBlock);
+            }
+            blocks[k] = matvec_q8s_stamped_cuda(L[k].view(), act, y.data(), shapes[k].first, shapes[k].second, st,
+                                                release[k], gemv_stamps(l, k));
+        }
+    };
+    for (uint32_t l = 0; l < 2; ++l) layer(l);  // attributes, module load
+    SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(st));
+    for (uint32_t k = 0; k < 4; ++k)
+        if (blocks[k] > kMaxBlocks) fail("q8s hop timeline: more blocks than stamp slots");
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    SPILLWAY_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (uint32_t l = 0; l < kLayers; ++l) layer(l);
+    SPILLWAY_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+    SPILLWAY_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int r = 0; r < 3; ++r) SPILLWAY_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(st));
+    std::vector<uint64_t> h(stamps.size());
+    SPILLWAY_CUDA_CHECK(cudaMemcpy(h.data(), stamps.data(), stamps.bytes(), cudaMemcpyDeviceToHost));
+    SPILLWAY_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    SPILLWAY_CUDA_CHECK(cudaGraphDestroy(graph));
+    SPILLWAY_CUDA_CHECK(cudaStreamDestroy(st));
+    const auto at = [&](uint32_t l, uint32_t k) { return h.data() + (l * 4 + k) * slots; };
+    const auto spread = [&](uint32_t l, uint32_t k, uint32_t which, double t0) {
+        std::vector<double> v(blocks[k]);
+        for (uint32_t b = 0; b < blocks[k]; ++b) v[b] = ((double)at(l, k)[b * kStampsPerBlock + which] - t0) / 1000.0;
+        std::sort(v.begin(), v.end());
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.2f/%.2f/%.2f", v.front(), v[v.size() / 2], v.back());
+        return std::string(buf);
+    };
+    const auto ends = [&](uint32_t l, uint32_t k) {  // last and first block end
+        uint64_t last = 0, first = ~0ull;
+        for (uint32_t b = 0; b < blocks[k]; ++b) {
+            last = std::max(last, at(l, k)[b * kStampsPerBlock + 4]);
+            first = std::min(first, at(l, k)[b * kStampsPerBlock + 4]);
+        }
+        return std::pair<double, double>((double)last, (double)first);
+    };
+    const uint32_t l = kLayers / 2;
+    const char* names[4] = {"down->qkv", "qkv->wo", "wo->gate|up", "gate|up->down"};
+    std::printf("%s (us from the previous GEMV's last block end; min/median/max over blocks)\n", name.c_str());
+    for (uint32_t k = 0; k < 4; ++k) {
+        const auto [t0, first] = k == 0 ? ends(l - 1, 3) : ends(l, k - 1);
+        std::string hop = "-";
+        if (!chain_only && !small) {
+            const uint64_t* e = at(l, k) + (size_t)kMaxBlocks * kStampsPerBlock;
+            char buf[96];
+            std::snprintf(buf, sizeof buf, "%.2f/%.2f/%.2f", (e[0] - t0) / 1000.0, (e[1] - t0) / 1000.0,
+                          (e[2] - t0) / 1000.0);
+            hop = buf;
+        }
+        std::printf("  %-14s prev first end %.2f | hop entry/wait/end %s | entry %s | wait %s | x %s | swept %s | "
+                    "end %s\n",
+                    names[k], (first - t0) / 1000.0, hop.c_str(), spread(l, k, 0, t0).c_str(),
+                    spread(l, k, 1, t0).c_str(), spread(l, k, 2, t0).c_str(), spread(l, k, 3, t0).c_str(),
+                    spread(l, k, 4, t0).c_str());
+    }
+}
+
 // Rotating sets of random Q8_0 matrices of the given (rows, cols) shapes, enough sets that
 // consecutive launches miss L2; returns the bytes of one set.
 size_t rotating_q8_sets(const std::vector<std::pair<uint32_t, uint32_t>>& shapes, uint32_t salt,
@@ -1109,6 +1223,7 @@ int main(int argc, char** argv) {
             bench_q8s_layer_chain(r, o, k, true);
         }
         for (const bool empty : {false, true}) bench_q8s_layer_hops(r, o, MatvecQ8sKernel::sweep1r2, empty);
+        for (const char* mode : {"chain", "empty", "small"}) bench_q8s_hop_timeline(o, mode);
         for (const char* which : {"", "norms", "swiglu", "adds"}) bench_q8s_layer_chain_fused(r, o, which);
         bench_decode_layer(r, o);
         bench_matvec(r, o, GgmlType::Q8_0, 896, 896, 1);  // 0.5B shape: unaligned rows, launch-bound

@@ -21,6 +21,7 @@
 #include "engine/cuda/cp_async_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/gemv_shared.cuh"
+#include "engine/cuda/global_timer_device.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
 #include "engine/cuda/q8_0_q16_device.cuh"
@@ -197,6 +198,7 @@ struct SweepIo {
     uint32_t from;  // GemvXFrom
     float* y;
     uint32_t accumulate;  // y += W x instead of y = W x
+    uint64_t* stamps;     // kStamps only (lab): kSweepStamps global-timer stamps per block
 };
 
 // x formed from f32 vectors by the block itself, into shared memory as int16 blocks (q then
@@ -269,11 +271,22 @@ constexpr size_t kFusedStagePerCol = 8;
 // kFused: x may be formed here (GemvX) and y accumulated; its own instance, so the plain
 // GEMV's code stays what was measured (with the fused code in one instance, the q16 path ran
 // 2.5% slower in the engine: 128 registers instead of 125; session 28).
-template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false>
+// kStamps (lab, bench "q8s hop timeline"): thread 0 stamps the global timer at the block's
+// entry, the producer wait's return, x in shared memory, the end of the sweep (all warps) and
+// the end, into io.stamps[block * kSweepStamps + k]; its own instance, so the plain one's code
+// is unchanged.
+constexpr uint32_t kSweepStamps = 5;
+template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false, bool kStamps = false>
 __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep_kernel(
     const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const SweepIo io, uint32_t rows,
     uint32_t cols, uint32_t rows_per_block, uint32_t release_at_entry) {
     static_assert(kUnroll * kRows == 8, "the reduction below is written for 8 sums");
+    const auto stamp = [&](uint32_t k) {
+        if constexpr (kStamps) {
+            if (threadIdx.x == 0) io.stamps[blockIdx.x * kSweepStamps + k] = global_timer_ns();
+        }
+    };
+    stamp(0);
     if (release_at_entry) pdl_release_dependents();
     extern __shared__ uint4 q8s_smem[];  // x: q [cols] int16, d [cols / 32] f32; then the segment sums
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -319,8 +332,10 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
         }
     }
     pdl_wait_for_producer();  // W went out first: it does not depend on x's producer
+    stamp(1);
     if (!kFused || io.from == (uint32_t)GemvXFrom::q16) copy_x_to_shared(io.xq, io.xd, cols, q8s_smem, kSweepWarps * 32);
     else form_x_in_shared(io, cols, q8s_smem, stage, kSweepWarps * 32);
+    stamp(2);
     const uint4* x_q = q8s_smem;
     const float* x_d = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(q8s_smem) + cols * 2);
     for (uint32_t j0 = warp; j0 < n; j0 += kSweepWarps * kUnroll) {
@@ -373,18 +388,21 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
         }
     }
     __syncthreads();
+    stamp(3);
     for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
         float total = 0.0f;
         for (uint32_t seg = 0; seg < segs; ++seg) total += part[r * segs + seg];  // column order
         if constexpr (kFused) io.y[r0 + r] = io.accumulate ? io.y[r0 + r] + total : total;
         else io.y[r0 + r] = total;
     }
+    stamp(4);
 }
 
-template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused>
-void launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
-                         bool release_at_entry) {
-    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused>;
+// Returns the grid's block count.
+template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused, bool kStamps = false>
+uint32_t launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
+                             bool release_at_entry) {
+    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kStamps>;
     const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
     static const int sms = [] {
         const auto x_bytes_of = [](size_t n) { return (n * 2 + n / 8 + 15) / 16 * 16; };
@@ -409,6 +427,7 @@ void launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint3
     launch_with_pdl(pdl_supported(), kKernel, dim3(blocks), dim3(kSweepWarps * 32), smem, stream,
                     reinterpret_cast<const uint4*>(w.codes), reinterpret_cast<const unsigned short*>(w.scales), io,
                     rows, cols, rows_per_block, release_at_entry ? 1u : 0u);
+    return blocks;
 }
 
 // The fused instance when x is formed here or y accumulated, else the plain one.
@@ -421,7 +440,7 @@ void launch_q8s_sweep(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t
 }
 
 SweepIo q16_io(ActQ16 x, float* y) {
-    return SweepIo{x.q, x.d, nullptr, nullptr, 0.0f, (uint32_t)GemvXFrom::q16, y, 0u};
+    return SweepIo{x.q, x.d, nullptr, nullptr, 0.0f, (uint32_t)GemvXFrom::q16, y, 0u, nullptr};
 }
 
 void launch_sweep(MatvecQ8sKernel kernel, Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols,
@@ -554,10 +573,22 @@ void matvec_q8s_fused_cuda(Q8SplitConst w, const GemvX& x, float* y, bool accumu
         fail("matvec_q8s_fused_cuda: codes must be 16-byte aligned, scales 2-byte aligned, y given");
     if (x.from == GemvXFrom::q16 ? !aligned(x.q16.q) || !aligned(x.q16.d) : !aligned(x.a) || !aligned(x.b))
         fail("matvec_q8s_fused_cuda: x's inputs must be given and 16-byte aligned");
-    const SweepIo io{x.q16.q, x.q16.d, x.a, x.b, x.eps, (uint32_t)x.from, y, accumulate ? 1u : 0u};
+    const SweepIo io{x.q16.q, x.q16.d, x.a, x.b, x.eps, (uint32_t)x.from, y, accumulate ? 1u : 0u, nullptr};
     const std::optional<MatvecQ8sKernel> forced = q8s_kernel_override();
     launch_sweep(forced ? *forced : MatvecQ8sKernel::sweep1r2, w, io, rows, cols, stream, release_at_entry);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+uint32_t matvec_q8s_stamped_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols,
+                                 cudaStream_t stream, bool release_at_entry, uint64_t* stamps) {
+    if (rows == 0) return 0;
+    if (!matvec_q8s_fits(cols) || !x.q || !x.d || !w.codes || !w.scales || !stamps)
+        fail("matvec_q8s_stamped_cuda: cols must be a multiple of 512 (<= 32768), with x, weights and stamps");
+    SweepIo io = q16_io(x, y);
+    io.stamps = stamps;
+    const uint32_t blocks = launch_q8s_sweep_as<4, 1, 2, false, true>(w, io, rows, cols, stream, release_at_entry);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    return blocks;
 }
 
 void matvec_q8s_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,

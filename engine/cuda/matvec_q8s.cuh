@@ -52,6 +52,11 @@ void matvec_q8s_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t
                      bool release_at_entry = false);
 void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols,
                           cudaStream_t stream, bool release_at_entry = false);
+// Lab (bench "q8s hop timeline"): sweep1r2 with global-timer stamps, 5 per block at
+// stamps[block * 5 + k]: entry, producer wait returned, x in shared memory, sweep done, end
+// (nanoseconds, thread 0). Returns the number of blocks (stamps needs 5 per block).
+uint32_t matvec_q8s_stamped_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols,
+                                 cudaStream_t stream, bool release_at_entry, uint64_t* stamps);
 
 // Decode fusion (session 28): the sweep GEMV forms x itself from what the previous ops left
 // in f32, so no RMSNorm or SwiGLU launch sits between two GEMVs, and adds W x into the

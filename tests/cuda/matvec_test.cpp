@@ -355,6 +355,46 @@ TEST(CudaMatvec, Q8SplitKernelsMatchCpu) {
     EXPECT_TRUE(matvec_q8s_fits(13824));
 }
 
+// The stamped sweep (lab timeline, matvec_q8s_stamped_cuda) computes exactly sweep1r2's bits,
+// and each block's five stamps are set and in order (entry <= wait <= x <= swept <= end).
+TEST(CudaMatvec, Q8SplitStampedEqualsSweep) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{{7, 512}, {5121, 5120}, {5120, 13824}}) {
+        const uint32_t seed = fresh_seed();
+        SCOPED_TRACE("rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + " seed=" + std::to_string(seed));
+        const Q16xCase c = make_q16x_case(seed, rows, cols);
+        auto d_w = to_device(c.w.bytes);
+        DeviceBuffer<int8_t> codes((size_t)rows * cols);
+        DeviceBuffer<uint16_t> scales((size_t)rows * cols / 32);
+        q8_0_to_split_cuda(d_w.data(), rows, cols, Q8Split{codes.data(), scales.data()}, nullptr);
+        auto d_q = to_device(c.xq.q);
+        auto d_d = to_device(c.xq.d);
+        const ActQ16 x{d_q.data(), d_d.data()};
+        const Q8SplitConst split{codes.data(), scales.data()};
+        DeviceBuffer<float> y_plain(rows), y_stamped(rows);
+        DeviceBuffer<uint64_t> stamps(5 * 1024);
+        poison(y_plain);
+        poison(y_stamped);
+        SPILLWAY_CUDA_CHECK(cudaMemset(stamps.data(), 0, stamps.bytes()));
+        matvec_q8s_cuda_with(MatvecQ8sKernel::sweep1r2, split, x, y_plain.data(), rows, cols, nullptr);
+        const uint32_t blocks = matvec_q8s_stamped_cuda(split, x, y_stamped.data(), rows, cols, nullptr, false,
+                                                        stamps.data());
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> a = to_host(y_plain), b = to_host(y_stamped);
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "rel. " << rel_error(b, a);
+        ASSERT_GT(blocks, 0u);
+        ASSERT_LE(blocks, 1024u);
+        const std::vector<uint64_t> t = to_host(stamps);
+        size_t out_of_order = 0;
+        for (uint32_t blk = 0; blk < blocks; ++blk)
+            for (int k = 0; k < 5; ++k)
+                out_of_order += t[blk * 5 + k] == 0 || (k > 0 && t[blk * 5 + k] < t[blk * 5 + k - 1]);
+        EXPECT_EQ(out_of_order, 0u);
+    }
+    DeviceBuffer<float> y(4);
+    EXPECT_THROW(matvec_q8s_stamped_cuda(Q8SplitConst{}, ActQ16{}, y.data(), 4, 512, nullptr, false, nullptr), Error);
+}
+
 // The fused sweep (matvec_q8s_fused_cuda): x formed in the GEMV from the f32 stream and the
 // norm's weight, or from gate and up, must give exactly the bits of rmsnorm_cuda or
 // swiglu_q16_cuda followed by the q16 GEMV, and y += W x exactly y0 + (W x); and against the
