@@ -23,7 +23,9 @@
 #include "engine/cuda/bulk_copy_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/kv_write.cuh"
+#include "engine/cuda/act_ops_device.cuh"
 #include "engine/cuda/act_quant.cuh"
+#include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/decode_layer.cuh"
 #include "engine/cuda/global_timer_device.cuh"
 #include "engine/cuda/matvec.cuh"
@@ -468,10 +470,36 @@ __global__ void stamp_hop_kernel(uint64_t* stamps) {
     if (threadIdx.x == 0) stamps[2] = global_timer_ns();
 }
 
+// swiglu_q16_cuda's kernel (the same operations, 256 threads, one float4 of gate and up per
+// thread) with stamps per block: entry, producer wait returned, this block's values formed
+// (thread 0), all its stores issued.
+__global__ void __launch_bounds__(256) stamped_swiglu_q16_kernel(const float4* __restrict__ gate,
+                                                                const float4* __restrict__ up, uint32_t n4,
+                                                                int16_t* __restrict__ q, float* __restrict__ d,
+                                                                uint64_t* stamps, uint32_t release_after_loads) {
+    uint64_t* s = stamps + blockIdx.x * 4;
+    if (threadIdx.x == 0) s[0] = global_timer_ns();
+    pdl_wait_for_producer();
+    if (threadIdx.x == 0) s[1] = global_timer_ns();
+    if (!release_after_loads) pdl_release_dependents();
+    const uint32_t i = blockIdx.x * 256 + threadIdx.x;
+    if (i < n4) {  // n4 % 8 == 0: whole 8-lane groups take part
+        const float4 g = gate[i], u = up[i];
+        const float4 h = make_float4(silu_times(g.x, u.x), silu_times(g.y, u.y), silu_times(g.z, u.z),
+                                     silu_times(g.w, u.w));
+        if (threadIdx.x == 0) s[2] = global_timer_ns();
+        if (release_after_loads) pdl_release_dependents();
+        quantize_act_q16_group(h, threadIdx.x % 32, q + 4 * (size_t)i, d + i / 8);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) s[3] = global_timer_ns();
+}
+
 // Lab: where a boundary between two decode GEMVs goes (session 30). The layer's four GEMVs
 // (sweep1r2 with global-timer stamps, matvec_q8s_stamped_cuda) released as in the engine,
 // with between each pair: nothing ("chain", every GEMV released at entry), the stamping
-// one-warp kernel ("empty"), or the engine's RMSNorm / SwiGLU ("small", unstamped). 16 layers
+// one-warp kernel ("empty"), or the engine's RMSNorm and a stamped copy of its SwiGLU kernel
+// ("small"; the SwiGLU blocks' stamps are printed under the last boundary). 16 layers
 // per graph, weight sets rotating; after three replays, a middle layer's four boundaries are
 // printed in us from the previous GEMV's last block end (t = 0): that GEMV's skew (its first
 // block end), the hop kernel's entry / wait return / end, and the next GEMV's blocks' entry,
@@ -485,6 +513,8 @@ void bench_q8s_hop_timeline(const Options& o, const std::string& mode) {
     constexpr uint32_t kLayers = 16, kMaxBlocks = 1024, kStampsPerBlock = 5;
     const size_t slots = (size_t)kMaxBlocks * kStampsPerBlock + 3;  // a GEMV's blocks, then the hop's 3
     DeviceBuffer<uint64_t> stamps(kLayers * 4 * slots);
+    constexpr uint32_t kSwigluBlocks = (13824 / 4 + 255) / 256;
+    DeviceBuffer<uint64_t> swiglu_stamps(kLayers * kSwigluBlocks * 4);
     const auto gemv_stamps = [&](uint32_t l, uint32_t k) { return stamps.data() + (l * 4 + k) * slots; };
     DeviceBuffer<float> stream(5120), proj(5120), norm_w(5120), xn(5120), y(27648);
     DeviceBuffer<int16_t> q16(13824);
@@ -506,7 +536,12 @@ void bench_q8s_hop_timeline(const Options& o, const std::string& mode) {
         const std::vector<Q8SplitBuffers>& L = w[l % w.size()];
         for (uint32_t k = 0; k < 4; ++k) {
             if (small) {
-                if (k == 3) swiglu_q16_cuda(y.data(), y.data() + 13824, 13824, act, st);
+                if (k == 3)
+                    launch_with_pdl(true, stamped_swiglu_q16_kernel, dim3(kSwigluBlocks), dim3(256), 0, st,
+                                    reinterpret_cast<const float4*>(y.data()),
+                                    reinterpret_cast<const float4*>(y.data() + 13824), 13824u / 4, act.q, act.d,
+                                    swiglu_stamps.data() + l * kSwigluBlocks * 4,
+                                    pdl_release_after_loads() ? 1u : 0u);
                 else rmsnorm_cuda(stream.data(), k == 1 ? nullptr : proj.data(), norm_w.data(), xn.data(), 1, 5120,
                                   1e-5f, st, act);
             } else if (!chain_only) {
@@ -531,6 +566,8 @@ void bench_q8s_hop_timeline(const Options& o, const std::string& mode) {
     SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(st));
     std::vector<uint64_t> h(stamps.size());
     SPILLWAY_CUDA_CHECK(cudaMemcpy(h.data(), stamps.data(), stamps.bytes(), cudaMemcpyDeviceToHost));
+    std::vector<uint64_t> hs(swiglu_stamps.size());
+    SPILLWAY_CUDA_CHECK(cudaMemcpy(hs.data(), swiglu_stamps.data(), swiglu_stamps.bytes(), cudaMemcpyDeviceToHost));
     SPILLWAY_CUDA_CHECK(cudaGraphExecDestroy(exec));
     SPILLWAY_CUDA_CHECK(cudaGraphDestroy(graph));
     SPILLWAY_CUDA_CHECK(cudaStreamDestroy(st));
@@ -569,6 +606,20 @@ void bench_q8s_hop_timeline(const Options& o, const std::string& mode) {
                     names[k], (first - t0) / 1000.0, hop.c_str(), spread(l, k, 0, t0).c_str(),
                     spread(l, k, 1, t0).c_str(), spread(l, k, 2, t0).c_str(), spread(l, k, 3, t0).c_str(),
                     spread(l, k, 4, t0).c_str());
+        if (small && k == 3) {
+            std::string line;
+            for (uint32_t which = 0; which < 4; ++which) {
+                std::vector<double> v(kSwigluBlocks);
+                for (uint32_t b = 0; b < kSwigluBlocks; ++b)
+                    v[b] = ((double)hs[(l * kSwigluBlocks + b) * 4 + which] - t0) / 1000.0;
+                std::sort(v.begin(), v.end());
+                char buf[64];
+                std::snprintf(buf, sizeof buf, " %s %.2f/%.2f/%.2f", which == 0 ? "entry" : which == 1 ? "| wait" :
+                              which == 2 ? "| formed" : "| stored", v.front(), v[v.size() / 2], v.back());
+                line += buf;
+            }
+            std::printf("  %-14s SwiGLU blocks:%s\n", "", line.c_str());
+        }
     }
 }
 
