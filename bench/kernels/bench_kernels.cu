@@ -316,8 +316,7 @@ struct Q8SplitBuffers {
 
 const char* q8s_name(MatvecQ8sKernel k) {
     static const char* const kNames[] = {"w8u4",   "w8u8",   "w4u4",     "w8u4p",   "w8u4nc",
-                                         "sweep1", "sweep2", "sweep1r2", "sweep1r4", "sweep1r8",
-                                         "sweep1r2w0", "sweep1r2w1", "sweep1r2w2"};
+                                         "sweep1", "sweep2", "sweep1r2", "sweep1r4", "sweep1r8"};
     return kNames[(int)k];
 }
 
@@ -1266,7 +1265,7 @@ int main(int argc, char** argv) {
                 bench_matvec_q16x(r, o, rows, cols, k);
         }
         bench_q16x_layer_chain(r, o);
-        for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r2w2; ++ki) {
+        for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r8; ++ki) {
             const auto k = (MatvecQ8sKernel)ki;
             for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
                      {5120, 13824}, {13824, 5120}, {152064, 5120}, {27648, 5120}, {7168, 5120}, {5120, 5120}})
@@ -1274,9 +1273,7 @@ int main(int argc, char** argv) {
             bench_q8s_layer_chain(r, o, k, false);
             bench_q8s_layer_chain(r, o, k, true);
         }
-        for (const auto k : {MatvecQ8sKernel::sweep1r2, MatvecQ8sKernel::sweep1r2w0, MatvecQ8sKernel::sweep1r2w1,
-                             MatvecQ8sKernel::sweep1r2w2})
-            for (const bool empty : {false, true}) bench_q8s_layer_hops(r, o, k, empty);
+        for (const bool empty : {false, true}) bench_q8s_layer_hops(r, o, MatvecQ8sKernel::sweep1r2, empty);
         for (const char* mode : {"chain", "empty", "small"}) bench_q8s_hop_timeline(o, mode);
         for (const char* which : {"", "norms", "swiglu", "adds"}) bench_q8s_layer_chain_fused(r, o, which);
         bench_decode_layer(r, o);

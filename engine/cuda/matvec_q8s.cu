@@ -276,11 +276,7 @@ constexpr size_t kFusedStagePerCol = 8;
 // the end, into io.stamps[block * kSweepStamps + k]; its own instance, so the plain one's code
 // is unchanged.
 constexpr uint32_t kSweepStamps = 5;
-// kPreload (lab, `sweep1r2w0` / `w1` / `w2`; -1 = all): how many of a lane's kUnroll slots are
-// loaded before the producer wait; the rest go out after x is in shared memory. Why: the hop
-// timeline (session 30) shows a GEMV's first-round loads, issued as its blocks arrive, slowing
-// whatever L2-bound work runs at that moment (the small kernel before it, or its own copy of x).
-template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false, bool kStamps = false, int kPreload = -1>
+template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false, bool kStamps = false>
 __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep_kernel(
     const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const SweepIo io, uint32_t rows,
     uint32_t cols, uint32_t rows_per_block, uint32_t release_at_entry) {
@@ -322,7 +318,7 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
 #pragma unroll
     for (int i = 0; i < kUnroll; ++i) {
         seg_of[i] = (warp + kSweepWarps * i) % segs;
-        if (kPreload < 0 || i < kPreload) load(i, warp + kSweepWarps * i, seg_of[i]);
+        load(i, warp + kSweepWarps * i, seg_of[i]);
     }
     const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
     // The segment sums' region stages the f32 inputs of a fused x first.
@@ -339,10 +335,6 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     stamp(1);
     if (!kFused || io.from == (uint32_t)GemvXFrom::q16) copy_x_to_shared(io.xq, io.xd, cols, q8s_smem, kSweepWarps * 32);
     else form_x_in_shared(io, cols, q8s_smem, stage, kSweepWarps * 32);
-    if constexpr (kPreload >= 0) {
-#pragma unroll
-        for (int i = kPreload; i < kUnroll; ++i) load(i, warp + kSweepWarps * i, seg_of[i]);
-    }
     stamp(2);
     const uint4* x_q = q8s_smem;
     const float* x_d = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(q8s_smem) + cols * 2);
@@ -407,10 +399,10 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
 }
 
 // Returns the grid's block count.
-template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused, bool kStamps = false, int kPreload = -1>
+template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused, bool kStamps = false>
 uint32_t launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
                              bool release_at_entry) {
-    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kStamps, kPreload>;
+    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kStamps>;
     const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
     static const int sms = [] {
         const auto x_bytes_of = [](size_t n) { return (n * 2 + n / 8 + 15) / 16 * 16; };
@@ -459,18 +451,6 @@ void launch_sweep(MatvecQ8sKernel kernel, Q8SplitConst w, const SweepIo& io, uin
         case MatvecQ8sKernel::sweep1r2: launch_q8s_sweep<4, 1, 2>(w, io, rows, cols, stream, release_at_entry); break;
         case MatvecQ8sKernel::sweep1r4: launch_q8s_sweep<2, 1, 4>(w, io, rows, cols, stream, release_at_entry); break;
         case MatvecQ8sKernel::sweep1r8: launch_q8s_sweep<1, 1, 8>(w, io, rows, cols, stream, release_at_entry); break;
-        // The partial-preload instances take the plain x only (the fused entry runs sweep1r2).
-        case MatvecQ8sKernel::sweep1r2w0:
-        case MatvecQ8sKernel::sweep1r2w1:
-        case MatvecQ8sKernel::sweep1r2w2:
-            if (io.from != (uint32_t)GemvXFrom::q16 || io.accumulate)
-                launch_q8s_sweep<4, 1, 2>(w, io, rows, cols, stream, release_at_entry);
-            else if (kernel == MatvecQ8sKernel::sweep1r2w0)
-                launch_q8s_sweep_as<4, 1, 2, false, false, 0>(w, io, rows, cols, stream, release_at_entry);
-            else if (kernel == MatvecQ8sKernel::sweep1r2w1)
-                launch_q8s_sweep_as<4, 1, 2, false, false, 1>(w, io, rows, cols, stream, release_at_entry);
-            else launch_q8s_sweep_as<4, 1, 2, false, false, 2>(w, io, rows, cols, stream, release_at_entry);
-            break;
         default: fail("matvec_q8s: not a sweep variant");
     }
 }
@@ -511,10 +491,10 @@ void launch_q8s(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols
 // SPILLWAY_Q8S_KERNEL=<variant name> (lab): every split-layout GEMV of the process uses it.
 std::optional<MatvecQ8sKernel> q8s_kernel_override() {
     static const std::optional<MatvecQ8sKernel> kernel = []() -> std::optional<MatvecQ8sKernel> {
-        static_assert((int)MatvecQ8sKernel::sweep1r2w2 == 12, "the names below follow the enum");
+        static_assert((int)MatvecQ8sKernel::sweep1r8 == 9, "the names below follow the enum");
         const int i = lab_knob_choice("SPILLWAY_Q8S_KERNEL",
                                       {"w8u4", "w8u8", "w4u4", "w8u4p", "w8u4nc", "sweep1", "sweep2", "sweep1r2",
-                                       "sweep1r4", "sweep1r8", "sweep1r2w0", "sweep1r2w1", "sweep1r2w2"});
+                                       "sweep1r4", "sweep1r8"});
         if (i < 0) return std::nullopt;
         return (MatvecQ8sKernel)i;
     }();
@@ -571,9 +551,6 @@ void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, floa
         case MatvecQ8sKernel::sweep1r2:
         case MatvecQ8sKernel::sweep1r4:
         case MatvecQ8sKernel::sweep1r8:
-        case MatvecQ8sKernel::sweep1r2w0:
-        case MatvecQ8sKernel::sweep1r2w1:
-        case MatvecQ8sKernel::sweep1r2w2:
             launch_sweep(kernel, w, q16_io(x, y), rows, cols, stream, release_at_entry);
             break;
     }

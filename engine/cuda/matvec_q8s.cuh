@@ -41,12 +41,8 @@ bool matvec_q8s_fits(uint32_t cols);
 // its 16 warps interleaved over the range's 512-code segments in address order, 1 or 2
 // blocks per SM (session 27); sweep1r2: as sweep1 with row pairs per warp step, x's loads
 // shared by the pair (the default); sweep1r4 / sweep1r8: groups of 4 rows with 2 units in
-// flight, 8 rows with 1 (session 28); sweep1r2w0 / w1 / w2: sweep1r2 loading 0, 1 or 2 of its 4
-// slots per lane before the producer wait, the rest after x (session 30; the plain x only,
-// the fused entry runs sweep1r2). The sweep variants stay last (matvec_q8s_fused_fits).
-enum class MatvecQ8sKernel : uint8_t {
-    w8u4, w8u8, w4u4, w8u4p, w8u4nc, sweep1, sweep2, sweep1r2, sweep1r4, sweep1r8, sweep1r2w0, sweep1r2w1, sweep1r2w2
-};
+// flight, 8 rows with 1 (session 28). The sweep variants stay last (matvec_q8s_fused_fits).
+enum class MatvecQ8sKernel : uint8_t { w8u4, w8u8, w4u4, w8u4p, w8u4nc, sweep1, sweep2, sweep1r2, sweep1r4, sweep1r8 };
 // Pure: the variant matvec_q8s_cuda uses (SPILLWAY_Q8S_KERNEL=<name> overrides it, lab).
 MatvecQ8sKernel matvec_q8s_kernel_for(uint32_t rows, uint32_t cols);
 

@@ -330,7 +330,7 @@ void check_matvec_q8s(MatvecQ8sKernel kernel, uint32_t rows, uint32_t cols) {
 
 TEST(CudaMatvec, Q8SplitKernelsMatchCpu) {
     SPILLWAY_SKIP_WITHOUT_GPU();
-    for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r2w2; ++ki) {
+    for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r8; ++ki) {
         // One unit (1 x 512), a half row pair (odd rows), pairs cut between two and more warps
         // (the 14B wo / down shapes have fewer units than twice the warps), many pairs per warp.
         for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
@@ -355,9 +355,8 @@ TEST(CudaMatvec, Q8SplitKernelsMatchCpu) {
     EXPECT_TRUE(matvec_q8s_fits(13824));
 }
 
-// The stamped sweep (lab timeline, matvec_q8s_stamped_cuda) and the partial-preload variants
-// compute exactly sweep1r2's bits, and each block's five stamps are set and in order (entry <=
-// wait <= x <= swept <= end).
+// The stamped sweep (lab timeline, matvec_q8s_stamped_cuda) computes exactly sweep1r2's bits,
+// and each block's five stamps are set and in order (entry <= wait <= x <= swept <= end).
 TEST(CudaMatvec, Q8SplitStampedEqualsSweep) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{{7, 512}, {5121, 5120}, {5120, 13824}}) {
@@ -383,14 +382,6 @@ TEST(CudaMatvec, Q8SplitStampedEqualsSweep) {
         SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
         const std::vector<float> a = to_host(y_plain), b = to_host(y_stamped);
         EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "rel. " << rel_error(b, a);
-        // The partial-preload variants: the same sums in the same order.
-        for (const auto kernel : {MatvecQ8sKernel::sweep1r2w0, MatvecQ8sKernel::sweep1r2w1, MatvecQ8sKernel::sweep1r2w2}) {
-            poison(y_stamped);
-            matvec_q8s_cuda_with(kernel, split, x, y_stamped.data(), rows, cols, nullptr, true);
-            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-            const std::vector<float> c = to_host(y_stamped);
-            EXPECT_EQ(std::memcmp(a.data(), c.data(), a.size() * 4), 0) << "kernel " << (int)kernel;
-        }
         ASSERT_GT(blocks, 0u);
         ASSERT_LE(blocks, 1024u);
         const std::vector<uint64_t> t = to_host(stamps);
