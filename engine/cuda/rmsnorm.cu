@@ -55,17 +55,19 @@ constexpr int kRowsThreads = 128;
 constexpr int kRowsPerThread = 10;
 constexpr uint32_t kManyRows = 64;  // from this many rows on, the many-rows shape
 
-template <int kBlockThreads, int kPerThread>
+// kReleaseAfterLoads: pdl_release_after_loads (lab); its own instance, so the default's code
+// stays as measured.
+template <int kBlockThreads, int kPerThread, bool kReleaseAfterLoads = false>
 __global__ void __launch_bounds__(kBlockThreads) rmsnorm_vec_kernel(float* __restrict__ x, const float* __restrict__ add,
                                                                   const float* __restrict__ weight,
                                                                   float* __restrict__ out, __half* __restrict__ out16,
                                                                   uint32_t dim, float eps, int16_t* __restrict__ q,
-                                                                  float* __restrict__ qd, uint32_t release_after_loads) {
+                                                                  float* __restrict__ qd) {
     // Programmatic launch (pdl_launch.cuh): the producer's writes are visible after the wait;
     // then the Q8_0 matvec reading this output may launch and prefetch its weights (at once,
     // or once this block's loads are back: pdl_release_after_loads).
     pdl_wait_for_producer();
-    if (!release_after_loads) pdl_release_dependents();
+    if constexpr (!kReleaseAfterLoads) pdl_release_dependents();
     __shared__ float warp_sums[kBlockThreads / 32];
     const uint32_t n4 = dim / 4;
     float4* xr = reinterpret_cast<float4*>(x + (size_t)blockIdx.x * dim);
@@ -95,7 +97,7 @@ __global__ void __launch_bounds__(kBlockThreads) rmsnorm_vec_kernel(float* __res
             sum = fmaf(v[k].w, v[k].w, sum);
         }
     }
-    if (release_after_loads) pdl_release_dependents();  // sum needed every loaded value
+    if constexpr (kReleaseAfterLoads) pdl_release_dependents();  // sum needed every loaded value
     const float inv_rms = rsqrtf(block_sum(sum, warp_sums, kBlockThreads / 32) / (float)dim + eps);
     float4* outr = out != nullptr ? reinterpret_cast<float4*>(out + (size_t)blockIdx.x * dim) : nullptr;
     uint2* out16r = out16 != nullptr ? reinterpret_cast<uint2*>(out16 + (size_t)blockIdx.x * dim) : nullptr;
@@ -138,11 +140,13 @@ void rmsnorm_cuda(float* x, const float* residual_add, const float* weight, floa
     static const bool many_rows_shape = !lab_knob("SPILLWAY_RMSNORM_MANY_ROWS", "0", "1");
     if (vec && many_rows_shape && n_rows >= kManyRows && dim <= 4u * kRowsThreads * kRowsPerThread)
         rmsnorm_vec_kernel<kRowsThreads, kRowsPerThread><<<n_rows, kRowsThreads, 0, stream>>>(
-            x, residual_add, weight, out, out_f16, dim, eps, q_out.q, q_out.d, 0u);
+            x, residual_add, weight, out, out_f16, dim, eps, q_out.q, q_out.d);
     else if (vec)
-        launch_with_pdl(pdl_site_on(PdlSite::rmsnorm), rmsnorm_vec_kernel<kVecThreads, kVecPerThread>, dim3(n_rows),
-                        dim3(kVecThreads), 0, stream, x, residual_add, weight, out, out_f16, dim, eps, q_out.q, q_out.d,
-                        pdl_release_after_loads() ? 1u : 0u);
+        launch_with_pdl(pdl_site_on(PdlSite::rmsnorm),
+                        pdl_release_after_loads() ? rmsnorm_vec_kernel<kVecThreads, kVecPerThread, true>
+                                                  : rmsnorm_vec_kernel<kVecThreads, kVecPerThread, false>,
+                        dim3(n_rows), dim3(kVecThreads), 0, stream, x, residual_add, weight, out, out_f16, dim, eps,
+                        q_out.q, q_out.d);
     else
         rmsnorm_kernel<<<n_rows, kThreads, 0, stream>>>(x, residual_add, weight, out, out_f16, dim, eps);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());

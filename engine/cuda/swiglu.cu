@@ -34,20 +34,22 @@ __global__ void swiglu_f16_vec_kernel(const float4* __restrict__ gate, const flo
 
 constexpr int kQ16Threads = 256;
 
+// kReleaseAfterLoads: pdl_release_after_loads (lab); its own instance, so the default's code
+// stays as measured.
+template <bool kReleaseAfterLoads>
 __global__ void __launch_bounds__(kQ16Threads) swiglu_q16_kernel(const float4* __restrict__ gate,
                                                                  const float4* __restrict__ up, uint32_t n4,
-                                                                 int16_t* __restrict__ q, float* __restrict__ d,
-                                                                 uint32_t release_after_loads) {
+                                                                 int16_t* __restrict__ q, float* __restrict__ d) {
     // Programmatic launch (pdl_launch.cuh): the producer's writes are visible after the wait;
     // then the Q8_0 matvec reading this output may launch and prefetch its weights (at once,
     // or once this thread's loads are back: pdl_release_after_loads).
     pdl_wait_for_producer();
-    if (!release_after_loads) pdl_release_dependents();
+    if constexpr (!kReleaseAfterLoads) pdl_release_dependents();
     const uint32_t i = blockIdx.x * kQ16Threads + threadIdx.x;
     if (i >= n4) return;  // n4 % 8 == 0: whole 8-lane groups leave together
     const float4 g = gate[i], u = up[i];
     const float4 h = make_float4(silu_times(g.x, u.x), silu_times(g.y, u.y), silu_times(g.z, u.z), silu_times(g.w, u.w));
-    if (release_after_loads) pdl_release_dependents();
+    if constexpr (kReleaseAfterLoads) pdl_release_dependents();
     quantize_act_q16_group(h, threadIdx.x % 32, q + 4 * (size_t)i, d + i / 8);
 }
 
@@ -82,9 +84,11 @@ void swiglu_q16_cuda(const float* gate, const float* up, uint32_t n, ActQ16 out,
         reinterpret_cast<uintptr_t>(out.q) % 16 != 0)
         fail("swiglu_q16_cuda: gate, up and q must be 16-byte aligned");
     const uint32_t n4 = n / 4;
-    launch_with_pdl(pdl_site_on(PdlSite::swiglu), swiglu_q16_kernel, dim3((n4 + kQ16Threads - 1) / kQ16Threads),
+    launch_with_pdl(pdl_site_on(PdlSite::swiglu),
+                    pdl_release_after_loads() ? swiglu_q16_kernel<true> : swiglu_q16_kernel<false>,
+                    dim3((n4 + kQ16Threads - 1) / kQ16Threads),
                     dim3(kQ16Threads), 0, stream, reinterpret_cast<const float4*>(gate),
-                    reinterpret_cast<const float4*>(up), n4, out.q, out.d, pdl_release_after_loads() ? 1u : 0u);
+                    reinterpret_cast<const float4*>(up), n4, out.q, out.d);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
