@@ -422,6 +422,26 @@ __global__ void empty_hop_kernel() {
 // engine. Against "q8s layer chain <kernel> release" it prices the hops (session 29: 85.5-86.5
 // vs 72.8-74.1 us per layer); against the engine's layer time at depth 0, the attention and the rest.
 // empty: each small kernel replaced by empty_hop_kernel (one warp), the boundaries alone.
+// The f32 vectors and the int16 x that a 14B layer's small kernels read and write between its
+// GEMVs (rows "q8s layer hops", "q8s hop timeline"), filled with random values.
+struct LayerHopBuffers {
+    DeviceBuffer<float> stream, proj, norm_w, attn, xn, qkv, gate_up;
+    DeviceBuffer<int16_t> q16;
+    DeviceBuffer<float> d16;
+    explicit LayerHopBuffers(uint32_t salt)
+        : stream(5120), proj(5120), norm_w(5120), attn(5120), xn(5120), qkv(7168), gate_up(27648), q16(13824),
+          d16(13824 / 32) {
+        fill_f32<<<64, 256>>>(stream.data(), stream.size(), salt);
+        fill_f32<<<64, 256>>>(norm_w.data(), norm_w.size(), salt + 1);
+        fill_f32<<<256, 256>>>(gate_up.data(), gate_up.size(), salt + 2);
+        fill_f32<<<64, 256>>>(proj.data(), proj.size(), salt + 3);
+        fill_f32<<<64, 256>>>(attn.data(), attn.size(), salt + 4);
+        quantize_act_q16_cuda(gate_up.data(), 13824, 1, act(), nullptr);
+        SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    }
+    ActQ16 act() const { return ActQ16{q16.data(), d16.data()}; }
+};
+
 void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, bool empty) {
     const std::string name = std::string("q8s layer hops ") + (empty ? "empty " : "") + q8s_name(kernel);
     const std::string shape = "qkv, wo, gate|up, down + 4 hops";
@@ -429,17 +449,9 @@ void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, b
     const LayerChainWeights chain(900);
     const auto& w = chain.sets;
     const size_t n_sets = w.size(), layer_bytes = chain.layer_bytes;
-    DeviceBuffer<float> stream(5120), proj(5120), norm_w(5120), attn(5120), xn(5120), qkv(7168), gate_up(27648);
-    DeviceBuffer<int16_t> q16(13824);
-    DeviceBuffer<float> d16(13824 / 32);
-    const ActQ16 act{q16.data(), d16.data()};
-    fill_f32<<<64, 256>>>(stream.data(), stream.size(), 11);
-    fill_f32<<<64, 256>>>(proj.data(), proj.size(), 14);
-    fill_f32<<<64, 256>>>(norm_w.data(), norm_w.size(), 12);
-    fill_f32<<<64, 256>>>(attn.data(), attn.size(), 15);
-    fill_f32<<<256, 256>>>(gate_up.data(), gate_up.size(), 13);
-    quantize_act_q16_cuda(gate_up.data(), 13824, 1, act, nullptr);
-    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    const LayerHopBuffers b(11);
+    const ActQ16 act = b.act();
+    const auto& [stream, proj, norm_w, attn, xn, qkv, gate_up, q16, d16] = b;
     const float eps = 1e-5f;
     const auto hop = [&](cudaStream_t st, const std::function<void()>& small) {
         if (empty) launch_with_pdl(true, empty_hop_kernel, dim3(1), dim3(32), 0, st);
@@ -515,16 +527,9 @@ void bench_q8s_hop_timeline(const Options& o, const std::string& mode) {
     constexpr uint32_t kSwigluBlocks = (13824 / 4 + 255) / 256;
     DeviceBuffer<uint64_t> swiglu_stamps(kLayers * kSwigluBlocks * 4);
     const auto gemv_stamps = [&](uint32_t l, uint32_t k) { return stamps.data() + (l * 4 + k) * slots; };
-    DeviceBuffer<float> stream(5120), proj(5120), norm_w(5120), xn(5120), y(27648);
-    DeviceBuffer<int16_t> q16(13824);
-    DeviceBuffer<float> d16(13824 / 32);
-    const ActQ16 act{q16.data(), d16.data()};
-    fill_f32<<<64, 256>>>(stream.data(), stream.size(), 21);
-    fill_f32<<<64, 256>>>(proj.data(), proj.size(), 22);
-    fill_f32<<<64, 256>>>(norm_w.data(), norm_w.size(), 23);
-    fill_f32<<<256, 256>>>(y.data(), y.size(), 25);
-    quantize_act_q16_cuda(y.data(), 13824, 1, act, nullptr);
-    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    const LayerHopBuffers b(21);
+    const ActQ16 act = b.act();
+    const DeviceBuffer<float>&stream = b.stream, &proj = b.proj, &norm_w = b.norm_w, &xn = b.xn, &y = b.gate_up;
     const bool chain_only = mode == "chain", small = mode == "small";
     // The engine's releases (qkv, gate|up and down at entry, wo not); all of them in the chain.
     const bool release[4] = {true, chain_only, true, true};
