@@ -97,7 +97,8 @@ __global__ void __launch_bounds__(kBlockThreads) rmsnorm_vec_kernel(float* __res
             sum = fmaf(v[k].w, v[k].w, sum);
         }
     }
-    if constexpr (kReleaseAfterLoads) pdl_release_dependents();  // sum needed every loaded value
+    // sum needed x's (and the residual's) values; the weight's loads went out beside them.
+    if constexpr (kReleaseAfterLoads) pdl_release_dependents();
     const float inv_rms = rsqrtf(block_sum(sum, warp_sums, kBlockThreads / 32) / (float)dim + eps);
     float4* outr = out != nullptr ? reinterpret_cast<float4*>(out + (size_t)blockIdx.x * dim) : nullptr;
     uint2* out16r = out16 != nullptr ? reinterpret_cast<uint2*>(out16 + (size_t)blockIdx.x * dim) : nullptr;
