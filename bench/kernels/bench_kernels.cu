@@ -23,9 +23,7 @@
 #include "engine/cuda/bulk_copy_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/kv_write.cuh"
-#include "engine/cuda/act_ops_device.cuh"
 #include "engine/cuda/act_quant.cuh"
-#include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/decode_layer.cuh"
 #include "engine/cuda/global_timer_device.cuh"
 #include "engine/cuda/matvec.cuh"
@@ -411,9 +409,14 @@ void bench_q8s_layer_chain_fused(Report& r, const Options& o, const std::string&
 
 // A programmatic kernel that only waits for its producer and releases its dependent: the
 // boundary a small kernel puts between two GEMVs, without its work.
-__global__ void empty_hop_kernel() {
+// A one-warp programmatic kernel between two GEMVs: waits for its producer and releases its
+// dependent; with stamps, thread 0 also stamps its entry, its wait's return and its end.
+__global__ void hop_kernel(uint64_t* stamps) {
+    if (stamps != nullptr && threadIdx.x == 0) stamps[0] = global_timer_ns();
     pdl_wait_for_producer();
+    if (stamps != nullptr && threadIdx.x == 0) stamps[1] = global_timer_ns();
     pdl_release_dependents();
+    if (stamps != nullptr && threadIdx.x == 0) stamps[2] = global_timer_ns();
 }
 
 // The four GEMVs with the engine's small kernels between them (RMSNorm with the residual add
@@ -421,7 +424,7 @@ __global__ void empty_hop_kernel() {
 // attention's hop before wo), each GEMV but wo releasing its successor at entry as in the
 // engine. Against "q8s layer chain <kernel> release" it prices the hops (session 29: 85.5-86.5
 // vs 72.8-74.1 us per layer); against the engine's layer time at depth 0, the attention and the rest.
-// empty: each small kernel replaced by empty_hop_kernel (one warp), the boundaries alone.
+// empty: each small kernel replaced by hop_kernel (one warp, no stamps), the boundaries alone.
 // The f32 vectors and the int16 x that a 14B layer's small kernels read and write between its
 // GEMVs (rows "q8s layer hops", "q8s hop timeline"), filled with random values.
 struct LayerHopBuffers {
@@ -454,7 +457,7 @@ void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, b
     const auto& [stream, proj, norm_w, attn, xn, qkv, gate_up, q16, d16] = b;
     const float eps = 1e-5f;
     const auto hop = [&](cudaStream_t st, const std::function<void()>& small) {
-        if (empty) launch_with_pdl(true, empty_hop_kernel, dim3(1), dim3(32), 0, st);
+        if (empty) launch_with_pdl(true, hop_kernel, dim3(1), dim3(32), 0, st, static_cast<uint64_t*>(nullptr));
         else small();
     };
     const double us = median_us([&](cudaStream_t st, int i) {
@@ -471,46 +474,11 @@ void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, b
     r.add(name, shape, (double)layer_bytes, us);
 }
 
-// A one-warp programmatic kernel between two GEMVs that stamps its entry, its producer wait's
-// return and its end (after releasing its dependents).
-__global__ void stamp_hop_kernel(uint64_t* stamps) {
-    if (threadIdx.x == 0) stamps[0] = global_timer_ns();
-    pdl_wait_for_producer();
-    if (threadIdx.x == 0) stamps[1] = global_timer_ns();
-    pdl_release_dependents();
-    if (threadIdx.x == 0) stamps[2] = global_timer_ns();
-}
-
-// swiglu_q16_cuda's kernel (the same operations, 256 threads, one float4 of gate and up per
-// thread) with stamps per block: entry, producer wait returned, this block's values formed
-// (thread 0), all its stores issued.
-__global__ void __launch_bounds__(256) stamped_swiglu_q16_kernel(const float4* __restrict__ gate,
-                                                                const float4* __restrict__ up, uint32_t n4,
-                                                                int16_t* __restrict__ q, float* __restrict__ d,
-                                                                uint64_t* stamps, uint32_t release_after_loads) {
-    uint64_t* s = stamps + blockIdx.x * 4;
-    if (threadIdx.x == 0) s[0] = global_timer_ns();
-    pdl_wait_for_producer();
-    if (threadIdx.x == 0) s[1] = global_timer_ns();
-    if (!release_after_loads) pdl_release_dependents();
-    const uint32_t i = blockIdx.x * 256 + threadIdx.x;
-    if (i < n4) {  // n4 % 8 == 0: whole 8-lane groups take part
-        const float4 g = gate[i], u = up[i];
-        const float4 h = make_float4(silu_times(g.x, u.x), silu_times(g.y, u.y), silu_times(g.z, u.z),
-                                     silu_times(g.w, u.w));
-        if (threadIdx.x == 0) s[2] = global_timer_ns();
-        if (release_after_loads) pdl_release_dependents();
-        quantize_act_q16_group(h, threadIdx.x % 32, q + 4 * (size_t)i, d + i / 8);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) s[3] = global_timer_ns();
-}
-
 // Lab: where a boundary between two decode GEMVs goes (session 30). The layer's four GEMVs
 // (sweep1r2 with global-timer stamps, matvec_q8s_stamped_cuda) released as in the engine,
 // with between each pair: nothing ("chain", every GEMV released at entry), the stamping
-// one-warp kernel ("empty"), or the engine's RMSNorm and a stamped copy of its SwiGLU kernel
-// ("small"; the SwiGLU blocks' stamps are printed under the last boundary). 16 layers
+// one-warp kernel ("empty"), or the engine's RMSNorm and SwiGLU, the latter stamped
+// (swiglu_q16_stamped_cuda; "small": its blocks' stamps are printed under the last boundary). 16 layers
 // per graph, weight sets rotating; after three replays, a middle layer's four boundaries are
 // printed in us from the previous GEMV's last block end (t = 0): that GEMV's skew (its first
 // block end), the hop kernel's entry / wait return / end, and the next GEMV's blocks' entry,
@@ -540,16 +508,15 @@ void bench_q8s_hop_timeline(const Options& o, const std::string& mode) {
         const std::vector<Q8SplitBuffers>& L = w[l % w.size()];
         for (uint32_t k = 0; k < 4; ++k) {
             if (small) {
-                if (k == 3)
-                    launch_with_pdl(true, stamped_swiglu_q16_kernel, dim3(kSwigluBlocks), dim3(256), 0, st,
-                                    reinterpret_cast<const float4*>(y.data()),
-                                    reinterpret_cast<const float4*>(y.data() + 13824), 13824u / 4, act.q, act.d,
-                                    swiglu_stamps.data() + l * kSwigluBlocks * 4,
-                                    pdl_release_after_loads() ? 1u : 0u);
-                else rmsnorm_cuda(stream.data(), k == 1 ? nullptr : proj.data(), norm_w.data(), xn.data(), 1, 5120,
-                                  1e-5f, st, act);
+                if (k != 3) {
+                    rmsnorm_cuda(stream.data(), k == 1 ? nullptr : proj.data(), norm_w.data(), xn.data(), 1, 5120,
+                                 1e-5f, st, act);
+                } else if (swiglu_q16_stamped_cuda(y.data(), y.data() + 13824, 13824, act, st,
+                                                   swiglu_stamps.data() + l * kSwigluBlocks * 4) != kSwigluBlocks) {
+                    fail("q8s hop timeline: SwiGLU's block count changed");
+                }
             } else if (!chain_only) {
-                launch_with_pdl(true, stamp_hop_kernel, dim3(1), dim3(32), 0, st,
+                launch_with_pdl(true, hop_kernel, dim3(1), dim3(32), 0, st,
                                 gemv_stamps(l, k) + (size_t)kMaxBlocks * kStampsPerBlock);
             }
             blocks[k] = matvec_q8s_stamped_cuda(L[k].view(), act, y.data(), shapes[k].first, shapes[k].second, st,

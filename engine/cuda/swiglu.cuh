@@ -16,6 +16,11 @@ void swiglu_cuda(const float* gate, const float* up, float* out, size_t n, cudaS
 // The same values written only quantized for the Q8_0 decode matvec of the down projection
 // (act_quant.cuh): the f32 result never goes to memory. n % 32 == 0; gate and up 16-byte aligned.
 void swiglu_q16_cuda(const float* gate, const float* up, uint32_t n, ActQ16 out, cudaStream_t stream);
+// Lab (bench "q8s hop timeline"): the same launch with global-timer stamps, 4 per block at
+// stamps[block * 4 + k]: entry, producer wait returned, the block's thread 0 has formed its
+// values, and has stored them (nanoseconds). Returns the number of blocks.
+uint32_t swiglu_q16_stamped_cuda(const float* gate, const float* up, uint32_t n, ActQ16 out, cudaStream_t stream,
+                                 uint64_t* stamps);
 // The same values rounded to f16 (round to nearest, as a separate conversion would): a
 // prefill chunk's input of the down projection GEMM.
 void swiglu_f16_cuda(const float* gate, const float* up, __half* out, size_t n, cudaStream_t stream);

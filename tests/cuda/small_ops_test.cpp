@@ -262,6 +262,29 @@ TEST(CudaSmallOps, SwiGluQuantized) {
     EXPECT_EQ(count_nan(got.d), 0u);
     EXPECT_LT(rel_error(dequantize_act_q16_host(got), ref), 1e-4);
     EXPECT_THROW(swiglu_q16_cuda(d_gate.data(), d_up.data(), 100, ActQ16{d_q.data(), d_d.data()}, nullptr), Error);
+
+    // The stamped launch (lab timeline) writes the same bytes, and each block's four stamps are
+    // set and in order (entry <= wait <= formed <= stored).
+    DeviceBuffer<int16_t> s_q(n);
+    DeviceBuffer<float> s_d(n / 32);
+    DeviceBuffer<uint64_t> stamps(4 * 64);
+    poison(s_q);
+    poison(s_d);
+    SPILLWAY_CUDA_CHECK(cudaMemset(stamps.data(), 0, stamps.bytes()));
+    const uint32_t blocks =
+        swiglu_q16_stamped_cuda(d_gate.data(), d_up.data(), n, ActQ16{s_q.data(), s_d.data()}, nullptr, stamps.data());
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(to_host(s_q), got.q);
+    EXPECT_EQ(to_host(s_d), got.d);
+    ASSERT_GT(blocks, 0u);
+    ASSERT_LE(blocks, 64u);
+    const std::vector<uint64_t> t = to_host(stamps);
+    size_t out_of_order = 0;
+    for (uint32_t blk = 0; blk < blocks; ++blk)
+        for (int k = 0; k < 4; ++k) out_of_order += t[blk * 4 + k] == 0 || (k > 0 && t[blk * 4 + k] < t[blk * 4 + k - 1]);
+    EXPECT_EQ(out_of_order, 0u);
+    EXPECT_THROW(swiglu_q16_stamped_cuda(d_gate.data(), d_up.data(), n, ActQ16{s_q.data(), s_d.data()}, nullptr,
+                                         nullptr), Error);
 }
 
 TEST(CudaSmallOps, KvWriteEqualsTheCpuCodecBytes) {
