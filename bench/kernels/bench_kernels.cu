@@ -427,13 +427,16 @@ __global__ void hop_kernel(uint64_t* stamps) {
 // empty: each small kernel replaced by hop_kernel (one warp, no stamps), the boundaries alone.
 // The f32 vectors and the int16 x that a 14B layer's small kernels read and write between its
 // GEMVs (rows "q8s layer hops", "q8s hop timeline"), filled with random values.
+// glu_*: down's x and the arrival counts when gate|up runs SwiGLU in its epilogue.
 struct LayerHopBuffers {
     DeviceBuffer<float> stream, proj, norm_w, attn, xn, qkv, gate_up;
-    DeviceBuffer<int16_t> q16;
-    DeviceBuffer<float> d16;
+    DeviceBuffer<int16_t> q16, glu_q16;
+    DeviceBuffer<float> d16, glu_d16;
+    DeviceBuffer<uint32_t> glu_arrivals;
     explicit LayerHopBuffers(uint32_t salt)
         : stream(5120), proj(5120), norm_w(5120), attn(5120), xn(5120), qkv(7168), gate_up(27648), q16(13824),
-          d16(13824 / 32) {
+          glu_q16(13824), d16(13824 / 32), glu_d16(13824 / 32), glu_arrivals(13824 / 32) {
+        SPILLWAY_CUDA_CHECK(cudaMemset(glu_arrivals.data(), 0, glu_arrivals.bytes()));
         fill_f32<<<64, 256>>>(stream.data(), stream.size(), salt);
         fill_f32<<<64, 256>>>(norm_w.data(), norm_w.size(), salt + 1);
         fill_f32<<<256, 256>>>(gate_up.data(), gate_up.size(), salt + 2);
@@ -443,18 +446,24 @@ struct LayerHopBuffers {
         SPILLWAY_CUDA_CHECK(cudaGetLastError());
     }
     ActQ16 act() const { return ActQ16{q16.data(), d16.data()}; }
+    ActQ16 glu_act() const { return ActQ16{glu_q16.data(), glu_d16.data()}; }
+    GluScratch glu_scratch() const { return GluScratch{gate_up.data(), glu_arrivals.data()}; }
 };
 
-void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, bool empty) {
-    const std::string name = std::string("q8s layer hops ") + (empty ? "empty " : "") + q8s_name(kernel);
-    const std::string shape = "qkv, wo, gate|up, down + 4 hops";
+// variant "glu": gate|up runs SwiGLU in its epilogue (matvec_q8s_swiglu_cuda) and down
+// follows it directly: 3 hops.
+void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, const std::string& variant) {
+    const bool empty = variant == "empty", glu = variant == "glu";
+    const std::string name = "q8s layer hops " + (variant.empty() ? "" : variant + " ") + q8s_name(kernel);
+    const std::string shape = glu ? "qkv, wo, gate|up+SwiGLU, down + 3 hops" : "qkv, wo, gate|up, down + 4 hops";
     if (!o.only.empty() && (name + " " + shape).find(o.only) == std::string::npos) return;
     const LayerChainWeights chain(900);
     const auto& w = chain.sets;
     const size_t n_sets = w.size(), layer_bytes = chain.layer_bytes;
     const LayerHopBuffers b(11);
     const ActQ16 act = b.act();
-    const auto& [stream, proj, norm_w, attn, xn, qkv, gate_up, q16, d16] = b;
+    const auto& [stream, proj, norm_w, attn, xn, qkv, gate_up] =
+        std::tie(b.stream, b.proj, b.norm_w, b.attn, b.xn, b.qkv, b.gate_up);
     const float eps = 1e-5f;
     const auto hop = [&](cudaStream_t st, const std::function<void()>& small) {
         if (empty) launch_with_pdl(true, hop_kernel, dim3(1), dim3(32), 0, st, static_cast<uint64_t*>(nullptr));
@@ -467,6 +476,11 @@ void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, b
         hop(st, [&] { rmsnorm_cuda(attn.data(), nullptr, norm_w.data(), xn.data(), 1, 5120, eps, st, act); });
         matvec_q8s_cuda_with(kernel, L[1].view(), act, proj.data(), 5120, 5120, st, false);
         hop(st, [&] { rmsnorm_cuda(stream.data(), proj.data(), norm_w.data(), xn.data(), 1, 5120, eps, st, act); });
+        if (glu) {
+            matvec_q8s_swiglu_cuda(L[2].view(), act, 13824, 5120, b.glu_act(), b.glu_scratch(), st, true);
+            matvec_q8s_cuda_with(kernel, L[3].view(), b.glu_act(), proj.data(), 5120, 13824, st, true);
+            return;
+        }
         matvec_q8s_cuda_with(kernel, L[2].view(), act, gate_up.data(), 27648, 5120, st, true);
         hop(st, [&] { swiglu_q16_cuda(gate_up.data(), gate_up.data() + 13824, 13824, act, st); });
         matvec_q8s_cuda_with(kernel, L[3].view(), act, proj.data(), 5120, 13824, st, true);
@@ -1245,7 +1259,7 @@ int main(int argc, char** argv) {
             bench_q8s_layer_chain(r, o, k, false);
             bench_q8s_layer_chain(r, o, k, true);
         }
-        for (const bool empty : {false, true}) bench_q8s_layer_hops(r, o, MatvecQ8sKernel::sweep1r2, empty);
+        for (const char* variant : {"", "empty", "glu"}) bench_q8s_layer_hops(r, o, MatvecQ8sKernel::sweep1r2, variant);
         for (const char* mode : {"chain", "empty", "small"}) bench_q8s_hop_timeline(o, mode);
         for (const char* which : {"", "norms", "swiglu", "adds"}) bench_q8s_layer_chain_fused(r, o, which);
         bench_decode_layer(r, o);

@@ -149,6 +149,7 @@ AttentionShape attention_shape(const CudaModel& m) {
 }
 
 ActQ16 act_q16(CudaForwardState& st) { return ActQ16{st.act_q16.data(), st.act_q16_scale.data()}; }
+ActQ16 glu_q16(CudaForwardState& st) { return ActQ16{st.glu_q16.data(), st.glu_q16_scale.data()}; }
 
 // y = W x for a chunk: matvec for one token, tensor-core GEMM for more.
 // op_label: the GEMM's name in the SPILLWAY_OP_TIMES totals (op_times.h). x_is_f16: a chunk
@@ -249,6 +250,17 @@ bool decode_layer_fits(const CudaModel& m) {
 }
 
 Q8SplitConst split_of(const CudaMatrix& w) { return Q8SplitConst{reinterpret_cast<const int8_t*>(w.data), w.q8_scales}; }
+
+// Whether layer L's decode FFN runs gate|up with SwiGLU in its epilogue, straight into down
+// (matvec_q8s_swiglu_cuda): both in the split layout, gate|up stored back to back, and the
+// state holds the epilogue's buffers (CudaForwardState::glu_epilogue).
+bool glu_epilogue_takes(const CudaLayerWeights& L, uint32_t n_ff) {
+    return L.fused_gate_up && L.ffn_gate.q8_scales && L.ffn_down.q8_scales &&
+           matvec_q8s_swiglu_fits(n_ff, L.ffn_gate.n_in) && L.ffn_down.n_in == n_ff && matvec_q8s_fits(n_ff);
+}
+bool uses_glu_epilogue(const CudaForwardState& st, const CudaLayerWeights& L, uint32_t n_ff) {
+    return st.glu_arrivals.size() > 0 && glu_epilogue_takes(L, n_ff);
+}
 
 // SPILLWAY_FUSED_RELEASE=<bit mask of GemvSite> (lab): the fused GEMVs that let their
 // successor launch at their entry. Default all: with fusion wo is followed by gate|up, a GEMV,
@@ -472,6 +484,15 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                      takes_q16(L.ffn_gate, T) || takes_q16(L.ffn_up, T) ? act_q16(st) : ActQ16{},
                      fused_prefill ? st.act_f16.data() : nullptr);
         op_times_mark("rmsnorm", stream);
+        if (T == 1 && uses_glu_epilogue(st, L, F)) {
+            // gate|up writes SwiGLU's quantized output itself; down reads it (gate stages the
+            // epilogue's hand-over).
+            matvec_q8s_swiglu_cuda(split_of(L.ffn_gate), act_q16(st), F, L.ffn_gate.n_in, glu_q16(st),
+                                   GluScratch{gate, st.glu_arrivals.data()}, stream, release_at_entry(GemvSite::gate_up));
+            matvec_q8s_cuda(split_of(L.ffn_down), glu_q16(st), proj, L.ffn_down.n_out, F, stream,
+                            release_at_entry(GemvSite::down));
+            continue;
+        }
         if (T == 1 && L.fused_gate_up) {
             matvec_decode(st, L.ffn_gate, 2 * F, xn, gate, GemvSite::gate_up);  // gate|up contiguous
         } else if (T == 1) {
@@ -690,6 +711,16 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     if (qkv_post_fits(m) && !lab_knob("SPILLWAY_ROPE_TABLE", "0", "1"))
         st.rope_cs = DeviceBuffer<float2>(T * (m.rope_dev.n_dims / 2));
     st.next_token = DeviceBuffer<int32_t>(1);
+    // SPILLWAY_GLU_EPILOGUE=0 (lab): SwiGLU as a launch of its own between gate|up and down.
+    static const bool glu_epilogue_off = lab_knob("SPILLWAY_GLU_EPILOGUE", "0", "1");
+    if (!glu_epilogue_off && std::any_of(m.layers.begin(), m.layers.end(),
+                                         [&](const CudaLayerWeights& L) { return glu_epilogue_takes(L, s.n_ff); })) {
+        st.glu_q16 = DeviceBuffer<int16_t>(s.n_ff);
+        st.glu_q16_scale = DeviceBuffer<float>(s.n_ff / 32);
+        st.glu_arrivals = DeviceBuffer<uint32_t>(s.n_ff / 32);
+        // On the state's stream, which every launch of the epilogue uses.
+        SPILLWAY_CUDA_CHECK(cudaMemsetAsync(st.glu_arrivals.data(), 0, st.glu_arrivals.bytes(), st.stream));
+    }
     {
         const size_t widest_in = std::max({(size_t)s.n_embd, (size_t)s.n_ff, ad});
         st.act_q16 = DeviceBuffer<int16_t>(widest_in);
@@ -727,7 +758,8 @@ uint64_t cuda_forward_scratch_bytes(const CudaForwardState& st) {
            st.act_q16_scale.bytes() + st.spill_lse.bytes() + st.spill_tail_out.bytes() + st.spill_tail_lse.bytes() +
            st.spill_chunk_out.bytes() + st.spill_chunk_lse.bytes() + st.spill_workspace.bytes() +
            st.prefill_k_f16.bytes() + st.prefill_v_f16.bytes() + st.prefill_piece_out.bytes() +
-           st.prefill_piece_lse.bytes() + st.prefill_lse.bytes() + st.decode_scratch.bytes();
+           st.prefill_piece_lse.bytes() + st.prefill_lse.bytes() + st.decode_scratch.bytes() + st.glu_q16.bytes() +
+           st.glu_q16_scale.bytes() + st.glu_arrivals.bytes();
 }
 
 // Spill scratch is allocated on the first forward over a spilled cache: an unspilled engine

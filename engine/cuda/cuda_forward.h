@@ -92,6 +92,13 @@ struct CudaForwardState {
     // [widest matvec input] values and one scale per 32.
     DeviceBuffer<int16_t> act_q16;
     DeviceBuffer<float> act_q16_scale;
+    // Decode: gate|up with SwiGLU in its epilogue (matvec_q8s_swiglu_cuda) writes down's x here
+    // ([n_ff] values, one scale per 32; act_q16 is its own x) and counts its blocks' arrivals
+    // ([n_ff / 32], zeroed here, left zero by every launch). Empty when the model's FFN does
+    // not take it or SPILLWAY_GLU_EPILOGUE=0.
+    DeviceBuffer<int16_t> glu_q16;
+    DeviceBuffer<float> glu_q16_scale;
+    DeviceBuffer<uint32_t> glu_arrivals;
     // Decode through the persistent layer kernel (decode_layer.cuh): its scratch (zeroed here;
     // the kernel leaves it zeroed). Empty when the model or the GPU does not take that path
     // (cuda_forward.cu, uses_decode_layer) or SPILLWAY_DECODE_LAYER=0.

@@ -188,6 +188,12 @@ __global__ void __launch_bounds__(kWarpsPB * 32, kMinBlocks) matvec_q8s_kernel(
     }
 }
 
+// The SwiGLU epilogue's output (matvec_q8s_swiglu_cuda).
+struct GluOut {
+    ActQ16 out;
+    GluScratch scratch;
+};
+
 // x's source and y's use for one sweep launch (GemvX in matvec_q8s.cuh, flattened).
 struct SweepIo {
     const int16_t* xq;  // GemvXFrom::q16: x as int16 blocks
@@ -199,6 +205,7 @@ struct SweepIo {
     float* y;
     uint32_t accumulate;  // y += W x instead of y = W x
     uint64_t* stamps;     // kStamps only (lab): kSweepStamps global-timer stamps per block
+    GluOut glu;           // kGlu only: SwiGLU's quantized output and the hand-over scratch
 };
 
 // x formed from f32 vectors by the block itself, into shared memory as int16 blocks (q then
@@ -266,6 +273,53 @@ constexpr size_t kSweepPartialBytes = 48 * 1024;
 constexpr uint32_t kFusedMaxCols = 20480;
 constexpr size_t kFusedStagePerCol = 8;
 
+// The SwiGLU epilogue of a kGlu block owning pairs [r0, r1) of ff (all threads): h = silu(gate)
+// * up per pair from the segment sums (rows 2p and 2p + 1 of `part`, added in column order as
+// the plain epilogue adds a row), then act_q16 of h per 32 values, the operations of
+// swiglu_q16_cuda, so the bits of the separate launches. A 32-value block inside [r0, r1) is
+// quantized from shared memory. One cut between grid blocks is handed over through global
+// memory: each block stores its values there and counts its arrival; the last to arrive reads
+// the others' values and quantizes (and zeroes the count for the next launch). The fences
+// are those of a grid barrier (__syncthreads, then one thread's fence before the arrival; the
+// last arrival's fence before its reads).
+__device__ __forceinline__ void glu_epilogue(const GluOut& glu, const float* part, float* h_shared, uint32_t r0,
+                                             uint32_t r1, uint32_t ff, uint32_t pairs_per_block, uint32_t segs) {
+    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    // Grid blocks holding values of 32-value block b: [first, last].
+    const auto first_holder = [&](uint32_t b) { return b * kActBlock / pairs_per_block; };
+    const auto last_holder = [&](uint32_t b) { return min(b * kActBlock + kActBlock - 1, ff - 1) / pairs_per_block; };
+    for (uint32_t p = threadIdx.x; p < r1 - r0; p += kSweepWarps * 32) {
+        float gate = 0.0f, up = 0.0f;
+        for (uint32_t seg = 0; seg < segs; ++seg) gate += part[2 * p * segs + seg];
+        for (uint32_t seg = 0; seg < segs; ++seg) up += part[(2 * p + 1) * segs + seg];
+        const float h = silu_times(gate, up);
+        h_shared[p] = h;
+        const uint32_t b = (r0 + p) / kActBlock;
+        if (first_holder(b) != last_holder(b)) glu.scratch.stage[r0 + p] = h;
+    }
+    __syncthreads();
+    for (uint32_t b = r0 / kActBlock + warp; b * kActBlock < r1; b += kSweepWarps) {
+        const uint32_t holders = last_holder(b) - first_holder(b) + 1;
+        if (holders > 1) {
+            uint32_t last = 0;
+            if (lane == 0) {
+                __threadfence();
+                cuda::atomic_ref<uint32_t, cuda::thread_scope_device> arrivals(glu.scratch.arrivals[b]);
+                last = arrivals.fetch_add(1u, cuda::memory_order_relaxed) == holders - 1;
+                if (last) {
+                    arrivals.store(0u, cuda::memory_order_relaxed);
+                    __threadfence();
+                }
+            }
+            __syncwarp();
+            if (!__shfl_sync(0xffffffffu, last, 0)) continue;
+        }
+        const uint32_t i = b * kActBlock + lane;
+        const float h = i >= r0 && i < r1 ? h_shared[i - r0] : __ldcg(glu.scratch.stage + i);
+        quantize_act_q16_warp(h, lane, glu.out.q + (size_t)b * kActBlock, glu.out.d + b);
+    }
+}
+
 // kRows = 2 (lab): a unit is a row pair's segment (the two rows' 512 codes at the same
 // columns share x's loads), units in pair-major order; kUnroll units x kRows rows = 8 sums.
 // kFused: x may be formed here (GemvX) and y accumulated; its own instance, so the plain
@@ -276,11 +330,16 @@ constexpr size_t kFusedStagePerCol = 8;
 // the end, into io.stamps[block * kSweepStamps + k]; its own instance, so the plain one's code
 // is unchanged.
 constexpr uint32_t kSweepStamps = 5;
-template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false, bool kStamps = false>
+// kGlu (kRows = 2): the gate|up GEMV with SwiGLU in its epilogue (matvec_q8s_swiglu_cuda).
+// `rows` counts gate / up row pairs: pair p is gate row p and up row rows + p, read as one
+// unit (the matrix's rows as uploaded, no interleaving), so a block owns pairs [r0, r1) and
+// its partial sums are laid out as a plain block's rows 2p and 2p + 1. Its own instance.
+template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false, bool kStamps = false, bool kGlu = false>
 __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep_kernel(
     const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const SweepIo io, uint32_t rows,
     uint32_t cols, uint32_t rows_per_block, uint32_t release_at_entry) {
     static_assert(kUnroll * kRows == 8, "the reduction below is written for 8 sums");
+    static_assert(!kGlu || (kRows == 2 && !kFused), "SwiGLU pairs are row pairs of a plain x");
     const auto stamp = [&](uint32_t k) {
         if constexpr (kStamps) {
             if (threadIdx.x == 0) io.stamps[blockIdx.x * kSweepStamps + k] = global_timer_ns();
@@ -292,8 +351,9 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const uint32_t segs = cols / kUnitCols, row_vecs = cols / 16, row_blocks = cols / 32;
     const uint32_t r0 = min(rows, blockIdx.x * rows_per_block), r1 = min(rows, r0 + rows_per_block);
-    const uint32_t n_parts = (r1 - r0) * segs;                       // (row, segment) sums of the block
-    const uint32_t n = (r1 - r0 + kRows - 1) / kRows * segs;        // units
+    const uint32_t block_rows = kGlu ? 2 * (r1 - r0) : r1 - r0;     // kGlu: a pair's gate and up rows
+    const uint32_t n_parts = block_rows * segs;                      // (row, segment) sums of the block
+    const uint32_t n = (block_rows + kRows - 1) / kRows * segs;      // units
     // Rows are contiguous, so (row r, segment s) of the block, part index r * segs + s, starts
     // at codes + (r0 * row_vecs + 32 (r * segs + s)) and its scales at + 16 (r * segs + s).
     // Unit j (segment s = j % segs) holds parts kRows j - (kRows - 1) s + k segs, k < kRows.
@@ -305,8 +365,10 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     const auto load = [&](int i, uint32_t j, uint32_t seg) {
 #pragma unroll
         for (int k = 0; k < kRows; ++k) {
-            const uint32_t q = part_of(j, seg, k);
-            if (j < n && q < n_parts) {
+            // kGlu: unit j is pair r0 + j / segs at segment j % segs; its up row lies rows
+            // rows further on.
+            const uint32_t q = kGlu ? j + (uint32_t)k * rows * segs : part_of(j, seg, k);
+            if (j < n && (kGlu || q < n_parts)) {
                 w[i][k] = __ldcs(w_base + (size_t)q * 32);
                 d[i][k] = __ldcs(d_base + (size_t)q * 16);
             }
@@ -389,26 +451,32 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     }
     __syncthreads();
     stamp(3);
-    for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
-        float total = 0.0f;
-        for (uint32_t seg = 0; seg < segs; ++seg) total += part[r * segs + seg];  // column order
-        if constexpr (kFused) io.y[r0 + r] = io.accumulate ? io.y[r0 + r] + total : total;
-        else io.y[r0 + r] = total;
+    if constexpr (kGlu) {
+        glu_epilogue(io.glu, part, part + n_parts, r0, r1, rows, rows_per_block, segs);
+    } else {
+        for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
+            float total = 0.0f;
+            for (uint32_t seg = 0; seg < segs; ++seg) total += part[r * segs + seg];  // column order
+            if constexpr (kFused) io.y[r0 + r] = io.accumulate ? io.y[r0 + r] + total : total;
+            else io.y[r0 + r] = total;
+        }
     }
     stamp(4);
 }
 
-// Returns the grid's block count.
-template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused, bool kStamps = false>
+// Returns the grid's block count. kGlu: rows counts gate / up pairs.
+template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused, bool kStamps = false, bool kGlu = false>
 uint32_t launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
                              bool release_at_entry) {
-    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kStamps>;
+    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kStamps, kGlu>;
     const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
     static const int sms = [] {
         const auto x_bytes_of = [](size_t n) { return (n * 2 + n / 8 + 15) / 16 * 16; };
+        // kGlu: a block's pairs hold 2 rows of sums and 1 value of h each, within 1.5 x the partials.
         const size_t max_smem =
             kFused ? std::max(x_bytes_of(kMaxCols) + kSweepPartialBytes,
                               x_bytes_of(kFusedMaxCols) + kFusedStagePerCol * kFusedMaxCols)
+            : kGlu ? x_bytes_of(kMaxCols) + kSweepPartialBytes * 3 / 2
                    : x_bytes_of(kMaxCols) + kSweepPartialBytes;
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)max_smem));
         int device = 0, count = 0;
@@ -418,12 +486,21 @@ uint32_t launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, u
     }();
     const uint32_t segs = cols / kUnitCols;
     const uint32_t slots = (uint32_t)sms * kBlocksPerSm;
-    // Whole row groups of kRows per block; >= 192 rows of partial sums (cols <= 32768).
-    const uint32_t max_rows = (uint32_t)(kSweepPartialBytes / (segs * sizeof(float))) / kRows * kRows;
-    const uint32_t rows_per_block = std::min(((rows + slots - 1) / slots + kRows - 1) / kRows * kRows, max_rows);
+    uint32_t rows_per_block = 0;
+    size_t smem = 0;
+    if constexpr (kGlu) {
+        // Pairs: their 2 rows of sums within the partials' bytes (>= 96 pairs), then h.
+        const uint32_t max_pairs = (uint32_t)(kSweepPartialBytes / (2 * segs * sizeof(float)));
+        rows_per_block = std::min((rows + slots - 1) / slots, max_pairs);
+        smem = x_bytes + (size_t)rows_per_block * (2 * segs + 1) * sizeof(float);
+    } else {
+        // Whole row groups of kRows per block; >= 192 rows of partial sums (cols <= 32768).
+        const uint32_t max_rows = (uint32_t)(kSweepPartialBytes / (segs * sizeof(float))) / kRows * kRows;
+        rows_per_block = std::min(((rows + slots - 1) / slots + kRows - 1) / kRows * kRows, max_rows);
+        const size_t stage = io.from == (uint32_t)GemvXFrom::q16 ? 0 : kFusedStagePerCol * cols;
+        smem = x_bytes + std::max((size_t)rows_per_block * segs * sizeof(float), stage);
+    }
     const uint32_t blocks = (rows + rows_per_block - 1) / rows_per_block;
-    const size_t stage = io.from == (uint32_t)GemvXFrom::q16 ? 0 : kFusedStagePerCol * cols;
-    const size_t smem = x_bytes + std::max((size_t)rows_per_block * segs * sizeof(float), stage);
     launch_with_pdl(pdl_supported(), kKernel, dim3(blocks), dim3(kSweepWarps * 32), smem, stream,
                     reinterpret_cast<const uint4*>(w.codes), reinterpret_cast<const unsigned short*>(w.scales), io,
                     rows, cols, rows_per_block, release_at_entry ? 1u : 0u);
@@ -589,6 +666,30 @@ uint32_t matvec_q8s_stamped_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t ro
     const uint32_t blocks = launch_q8s_sweep_as<4, 1, 2, false, true>(w, io, rows, cols, stream, release_at_entry);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
     return blocks;
+}
+
+bool matvec_q8s_swiglu_fits(uint32_t ff, uint32_t cols) {
+    const std::optional<MatvecQ8sKernel> forced = q8s_kernel_override();
+    return (!forced || *forced == MatvecQ8sKernel::sweep1r2) && ff > 0 && ff % kActBlock == 0 && matvec_q8s_fits(cols);
+}
+
+void matvec_q8s_swiglu_cuda(Q8SplitConst w, ActQ16 x, uint32_t ff, uint32_t cols, ActQ16 out, GluScratch scratch,
+                            cudaStream_t stream, bool release_at_entry) {
+    if (!matvec_q8s_swiglu_fits(ff, cols))
+        fail("matvec_q8s_swiglu_cuda: ff must be a positive multiple of 32 and cols a multiple of 512 (<= 32768), "
+             "with the sweep1r2 kernel");
+    const auto aligned = [](const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    if (!aligned(w.codes) || w.scales == nullptr || reinterpret_cast<uintptr_t>(w.scales) % 2 != 0 ||
+        !aligned(x.q) || !aligned(x.d) || !aligned(out.q) || out.d == nullptr || scratch.stage == nullptr ||
+        scratch.arrivals == nullptr)
+        fail("matvec_q8s_swiglu_cuda: codes, x.q, x.d and out.q must be 16-byte aligned, scales 2-byte aligned, "
+             "with out.d and the scratch given");
+    // Blocks still read x while others write the output.
+    if (out.q == x.q || out.d == x.d) fail("matvec_q8s_swiglu_cuda: the output must not be x");
+    SweepIo io = q16_io(x, nullptr);
+    io.glu = GluOut{out, scratch};
+    launch_q8s_sweep_as<4, 1, 2, false, false, true>(w, io, ff, cols, stream, release_at_entry);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
 void matvec_q8s_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,

@@ -58,6 +58,22 @@ void matvec_q8s_cuda_with(MatvecQ8sKernel kernel, Q8SplitConst w, ActQ16 x, floa
 uint32_t matvec_q8s_stamped_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols,
                                  cudaStream_t stream, bool release_at_entry, uint64_t* stamps);
 
+// Decode's gate|up GEMV with SwiGLU in its epilogue: w holds ff gate rows, then ff up rows
+// (one split matrix of 2 ff x cols, as uploaded); out = act_q16 of silu(gate x) * (up x),
+// ff values, bit-equal to matvec_q8s_cuda over the 2 ff rows followed by swiglu_q16_cuda
+// (same sums in the same order, same quantization), with no launch and no f32 gate / up
+// between them. Each block quantizes the 32-value blocks of its pairs; a block cut between
+// two grid blocks is finished by the later one through the scratch.
+struct GluScratch {
+    float* stage = nullptr;        // ff floats
+    uint32_t* arrivals = nullptr;  // ff / 32 counts: zero before the first launch; launches leave them zero
+};
+bool matvec_q8s_swiglu_fits(uint32_t ff, uint32_t cols);
+// out must not be x; release_at_entry as for matvec_q8s_cuda. Launches on one scratch must
+// not overlap (stream order, or a programmatic successor that waits, as every engine kernel does).
+void matvec_q8s_swiglu_cuda(Q8SplitConst w, ActQ16 x, uint32_t ff, uint32_t cols, ActQ16 out, GluScratch scratch,
+                            cudaStream_t stream, bool release_at_entry = false);
+
 // Decode fusion (session 28): the sweep GEMV forms x itself from what the previous ops left
 // in f32, so no RMSNorm or SwiGLU launch sits between two GEMVs, and adds W x into the
 // residual stream itself, so no launch is needed for the add. Every block computes the same

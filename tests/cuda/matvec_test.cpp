@@ -503,6 +503,90 @@ TEST(CudaMatvec, FusedSweepEqualsSeparateLaunches) {
                                        nullptr), Error);
 }
 
+// gate|up with SwiGLU in its epilogue (matvec_q8s_swiglu_cuda) must write exactly the bits of
+// the plain GEMV over the 2 ff rows followed by swiglu_q16_cuda, on shapes whose 32-value
+// blocks are cut between 2 grid blocks (14B, 7B), between up to 32 (ff = 32: one pair per
+// block) and never (4224 = 132 x 32); a second launch on the same scratch must too (the
+// arrival counts are left zero), and the dequantized output is checked against the CPU
+// (double sums; 1e-4: the int16 rounding of h).
+void check_swiglu_epilogue(uint32_t ff, uint32_t cols) {
+    const uint32_t seed = fresh_seed();
+    SCOPED_TRACE("swiglu epilogue ff=" + std::to_string(ff) + " cols=" + std::to_string(cols) + " seed=" +
+                 std::to_string(seed));
+    std::mt19937 rng(seed);
+    const uint32_t rows = 2 * ff;
+    const HostWeights w = random_weights(rng, GgmlType::Q8_0, rows, cols);
+    const std::vector<float> x = random_floats(rng, cols, 2.0f);
+    auto d_w = to_device(w.bytes);
+    DeviceBuffer<int8_t> codes((size_t)rows * cols);
+    DeviceBuffer<uint16_t> scales((size_t)rows * cols / 32);
+    q8_0_to_split_cuda(d_w.data(), rows, cols, Q8Split{codes.data(), scales.data()}, nullptr);
+    const Q8SplitConst split{codes.data(), scales.data()};
+    auto d_x = to_device(x);
+    DeviceBuffer<int16_t> xq(cols), want_q(ff), got_q(ff);
+    DeviceBuffer<float> xd(cols / 32), want_d(ff / 32), got_d(ff / 32), gate_up(rows), stage(ff);
+    DeviceBuffer<uint32_t> arrivals(ff / 32);
+    SPILLWAY_CUDA_CHECK(cudaMemset(arrivals.data(), 0, arrivals.bytes()));
+    quantize_act_q16_cuda(d_x.data(), cols, 1, ActQ16{xq.data(), xd.data()}, nullptr);
+    matvec_q8s_cuda_with(MatvecQ8sKernel::sweep1r2, split, ActQ16{xq.data(), xd.data()}, gate_up.data(), rows, cols,
+                         nullptr);
+    swiglu_q16_cuda(gate_up.data(), gate_up.data() + ff, ff, ActQ16{want_q.data(), want_d.data()}, nullptr);
+    const std::vector<int16_t> q_sep = to_host(want_q);
+    const std::vector<float> d_sep = to_host(want_d);
+    for (int launch = 0; launch < 2; ++launch) {
+        SCOPED_TRACE("launch " + std::to_string(launch));
+        poison(got_q);
+        poison(got_d);
+        poison(stage);
+        matvec_q8s_swiglu_cuda(split, ActQ16{xq.data(), xd.data()}, ff, cols, ActQ16{got_q.data(), got_d.data()},
+                               GluScratch{stage.data(), arrivals.data()}, nullptr, launch == 1);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<int16_t> q = to_host(got_q);
+        const std::vector<float> d = to_host(got_d);
+        EXPECT_EQ(std::memcmp(q.data(), q_sep.data(), q.size() * 2), 0) << "codes differ from the separate launches";
+        EXPECT_EQ(std::memcmp(d.data(), d_sep.data(), d.size() * 4), 0) << "scales differ from the separate launches";
+        const std::vector<uint32_t> left = to_host(arrivals);
+        EXPECT_EQ(std::count(left.begin(), left.end(), 0u), (long)left.size()) << "arrival counts not left zero";
+        if (launch == 0) {
+            // CPU: gate / up rows times x as the GPU sees it, in double; h = silu(gate) * up.
+            const std::vector<float> x_seen = dequantize_act_q16_host(quantize_act_q16_host(x));
+            std::vector<float> h(ff), got(ff);
+            for (uint32_t p = 0; p < ff; ++p) {
+                double g = 0.0, u = 0.0;
+                for (uint32_t k = 0; k < cols; ++k) {
+                    g += (double)w.values[(size_t)p * cols + k] * x_seen[k];
+                    u += (double)w.values[(size_t)(ff + p) * cols + k] * x_seen[k];
+                }
+                h[p] = (float)(g / (1.0 + std::exp(-g)) * u);
+                got[p] = (float)q[p] * d[p / 32];
+            }
+            EXPECT_LT(rel_error(got, h), 1e-4) << "vs CPU";
+        }
+    }
+}
+
+TEST(CudaMatvec, SwiGluEpilogueEqualsSeparateLaunches) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    for (const auto& [ff, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
+             {32, 512}, {96, 1024}, {4224, 512}, {1312, 13824}, {13824, 5120}, {18944, 3584}})
+        check_swiglu_epilogue(ff, cols);
+    DeviceBuffer<int8_t> codes(1 << 16);
+    DeviceBuffer<uint16_t> scales(1 << 12);
+    DeviceBuffer<int16_t> xq(1024), q(1024);
+    DeviceBuffer<float> xd(32), d(32), stage(1024);
+    DeviceBuffer<uint32_t> arrivals(32);
+    const Q8SplitConst split{codes.data(), scales.data()};
+    const ActQ16 x{xq.data(), xd.data()}, out{q.data(), d.data()};
+    const GluScratch scratch{stage.data(), arrivals.data()};
+    EXPECT_FALSE(matvec_q8s_swiglu_fits(48, 512));   // ff: not whole 32-value blocks
+    EXPECT_FALSE(matvec_q8s_swiglu_fits(64, 256));   // cols: not whole units
+    EXPECT_TRUE(matvec_q8s_swiglu_fits(13824, 5120));
+    EXPECT_THROW(matvec_q8s_swiglu_cuda(split, x, 48, 512, out, scratch, nullptr), Error);
+    EXPECT_THROW(matvec_q8s_swiglu_cuda(split, x, 64, 512, x, scratch, nullptr), Error);  // output over x
+    EXPECT_THROW(matvec_q8s_swiglu_cuda(split, x, 64, 512, out, GluScratch{stage.data(), nullptr}, nullptr), Error);
+    EXPECT_THROW(matvec_q8s_swiglu_cuda(split, ActQ16{}, 64, 512, out, scratch, nullptr), Error);
+}
+
 TEST(CudaMatvec, RejectsUnsupportedInputs) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     DeviceBuffer<uint8_t> w(1 << 16);
