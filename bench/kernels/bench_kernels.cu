@@ -433,10 +433,16 @@ struct LayerHopBuffers {
     DeviceBuffer<int16_t> q16, glu_q16;
     DeviceBuffer<float> d16, glu_d16;
     DeviceBuffer<uint32_t> glu_arrivals;
+    // norm_*: the norm chain's x, its counts and sums of squares (variant "chain").
+    DeviceBuffer<int16_t> norm_q16;
+    DeviceBuffer<float> norm_d16, norm_partials;
+    DeviceBuffer<uint32_t> norm_arrivals;
     explicit LayerHopBuffers(uint32_t salt)
         : stream(5120), proj(5120), norm_w(5120), attn(5120), xn(5120), qkv(7168), gate_up(27648), q16(13824),
-          glu_q16(13824), d16(13824 / 32), glu_d16(13824 / 32), glu_arrivals(13824 / 32) {
+          glu_q16(13824), d16(13824 / 32), glu_d16(13824 / 32), glu_arrivals(13824 / 32), norm_q16(5120),
+          norm_d16(5120 / 32), norm_partials(kNormOutMaxBlocks), norm_arrivals(5120 / 32) {
         SPILLWAY_CUDA_CHECK(cudaMemset(glu_arrivals.data(), 0, glu_arrivals.bytes()));
+        SPILLWAY_CUDA_CHECK(cudaMemset(norm_arrivals.data(), 0, norm_arrivals.bytes()));
         fill_f32<<<64, 256>>>(stream.data(), stream.size(), salt);
         fill_f32<<<64, 256>>>(norm_w.data(), norm_w.size(), salt + 1);
         fill_f32<<<256, 256>>>(gate_up.data(), gate_up.size(), salt + 2);
@@ -448,14 +454,22 @@ struct LayerHopBuffers {
     ActQ16 act() const { return ActQ16{q16.data(), d16.data()}; }
     ActQ16 glu_act() const { return ActQ16{glu_q16.data(), glu_d16.data()}; }
     GluScratch glu_scratch() const { return GluScratch{gate_up.data(), glu_arrivals.data()}; }
+    ActQ16 norm_act() const { return ActQ16{norm_q16.data(), norm_d16.data()}; }
+    NormOut norm_out() const {
+        return NormOut{stream.data(), norm_w.data(), norm_partials.data(), norm_act(),
+                       GluScratch{proj.data(), norm_arrivals.data()}};
+    }
 };
 
 // variant "glu": gate|up runs SwiGLU in its epilogue (matvec_q8s_swiglu_cuda) and down
-// follows it directly: 3 hops.
+// follows it directly: 3 hops. "chain": also the norms split across the GEMVs (wo and down
+// norm_out, q|k|v and gate|up normed), the engine's default decode: the attention's hop only.
 void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, const std::string& variant) {
-    const bool empty = variant == "empty", glu = variant == "glu";
+    const bool empty = variant == "empty", glu = variant == "glu", norm_chain = variant == "chain";
     const std::string name = "q8s layer hops " + (variant.empty() ? "" : variant + " ") + q8s_name(kernel);
-    const std::string shape = glu ? "qkv, wo, gate|up+SwiGLU, down + 3 hops" : "qkv, wo, gate|up, down + 4 hops";
+    const std::string shape = norm_chain ? "qkv, wo, gate|up+SwiGLU, down + 1 hop"
+                              : glu ? "qkv, wo, gate|up+SwiGLU, down + 3 hops"
+                                    : "qkv, wo, gate|up, down + 4 hops";
     if (!o.only.empty() && (name + " " + shape).find(o.only) == std::string::npos) return;
     const LayerChainWeights chain(900);
     const auto& w = chain.sets;
@@ -469,8 +483,23 @@ void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, c
         if (empty) launch_with_pdl(true, hop_kernel, dim3(1), dim3(32), 0, st, static_cast<uint64_t*>(nullptr));
         else small();
     };
+    uint32_t n_partials = 0;
+    if (norm_chain) {  // the partial sums the first q|k|v reads
+        n_partials = matvec_q8s_norm_out_cuda(w[0][3].view(), b.glu_act(), 5120, 13824, b.norm_out(), nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    const NormedX normed{b.norm_partials.data(), n_partials, eps};
     const double us = median_us([&](cudaStream_t st, int i) {
         const std::vector<Q8SplitBuffers>& L = w[i % n_sets];
+        if (norm_chain) {
+            matvec_q8s_normed_cuda(L[0].view(), b.norm_act(), normed, qkv.data(), 7168, 5120, st, true);
+            rmsnorm_cuda(attn.data(), nullptr, norm_w.data(), xn.data(), 1, 5120, eps, st, act);  // the attention's hop
+            matvec_q8s_norm_out_cuda(L[1].view(), act, 5120, 5120, b.norm_out(), st, true);
+            matvec_q8s_swiglu_cuda(L[2].view(), b.norm_act(), 13824, 5120, b.glu_act(), b.glu_scratch(), st, true,
+                                   normed);
+            matvec_q8s_norm_out_cuda(L[3].view(), b.glu_act(), 5120, 13824, b.norm_out(), st, true);
+            return;
+        }
         hop(st, [&] { rmsnorm_cuda(stream.data(), proj.data(), norm_w.data(), xn.data(), 1, 5120, eps, st, act); });
         matvec_q8s_cuda_with(kernel, L[0].view(), act, qkv.data(), 7168, 5120, st, true);
         hop(st, [&] { rmsnorm_cuda(attn.data(), nullptr, norm_w.data(), xn.data(), 1, 5120, eps, st, act); });
@@ -1259,7 +1288,8 @@ int main(int argc, char** argv) {
             bench_q8s_layer_chain(r, o, k, false);
             bench_q8s_layer_chain(r, o, k, true);
         }
-        for (const char* variant : {"", "empty", "glu"}) bench_q8s_layer_hops(r, o, MatvecQ8sKernel::sweep1r2, variant);
+        for (const char* variant : {"", "empty", "glu", "chain"})
+            bench_q8s_layer_hops(r, o, MatvecQ8sKernel::sweep1r2, variant);
         for (const char* mode : {"chain", "empty", "small"}) bench_q8s_hop_timeline(o, mode);
         for (const char* which : {"", "norms", "swiglu", "adds"}) bench_q8s_layer_chain_fused(r, o, which);
         bench_decode_layer(r, o);

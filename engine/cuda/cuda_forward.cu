@@ -262,6 +262,27 @@ bool uses_glu_epilogue(const CudaForwardState& st, const CudaLayerWeights& L, ui
     return st.glu_arrivals.size() > 0 && glu_epilogue_takes(L, n_ff);
 }
 
+// Whether a decode step can run with every RMSNorm after the first split across the GEMVs
+// around it (matvec_q8s_norm_out_cuda / NormedX): each layer's FFN takes the SwiGLU epilogue,
+// its q|k|v, wo and down are in the split layout with shapes the chained sweeps take. The head
+// joins the chain when it is in the split layout too (else its norm stays a launch).
+bool norm_chain_takes(const CudaModel& m) {
+    const ModelSpec& s = m.spec;
+    if (m.layers.empty()) return false;
+    for (const CudaLayerWeights& L : m.layers) {
+        if (!glu_epilogue_takes(L, s.n_ff) || !L.fused_qkv || !L.wq.q8_scales || !L.wo.q8_scales) return false;
+        if (L.wo.n_out != s.n_embd || L.ffn_down.n_out != s.n_embd || L.wq.n_in != s.n_embd ||
+            L.ffn_gate.n_in != s.n_embd || !matvec_q8s_fits(L.wq.n_in) ||
+            !matvec_q8s_norm_out_fits(s.n_embd, L.wo.n_in) || !matvec_q8s_norm_out_fits(s.n_embd, L.ffn_down.n_in))
+            return false;
+    }
+    return true;
+}
+bool head_in_norm_chain(const CudaModel& m) {
+    return m.output.q8_scales != nullptr && m.output.n_in == m.spec.n_embd && matvec_q8s_fits(m.output.n_in);
+}
+ActQ16 norm_q16(CudaForwardState& st) { return ActQ16{st.norm_q16.data(), st.norm_q16_scale.data()}; }
+
 // SPILLWAY_FUSED_RELEASE=<bit mask of GemvSite> (lab): the fused GEMVs that let their
 // successor launch at their entry. Default all: with fusion wo is followed by gate|up, a GEMV,
 // not by a small kernel (the separate path's mask, release_at_entry, leaves wo out).
@@ -344,17 +365,31 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     // down add into it), each GEMV norms or gates its own x; proj, xn and the norm / SwiGLU
     // launches are not used.
     const bool fused = T == 1 && !decode_layer && st.decode_fusion && decode_fusion_fits(m);
+    // One token with the norms split across the GEMVs (norm_chain_takes): after layer 0's norm
+    // no RMSNorm launch; wo and down add into x and write the next GEMV's x (norm_q16) and their
+    // sums of squares (norm_partials[0] for the FFN's norm, [1] for the next attention's).
+    const bool norm_chain = T == 1 && !decode_layer && !fused && st.norm_chain && st.norm_partials[0].size() > 0;
+    uint32_t attn_norm_partials = 0, ffn_norm_partials = 0;
+    const auto normed_x = [&](int which, uint32_t n) {
+        return NormedX{st.norm_partials[which].data(), n, s.norm_eps};
+    };
+    const auto norm_out = [&](const float* weight, int which) {
+        return NormOut{x, weight, st.norm_partials[which].data(), norm_q16(st), GluScratch{proj, st.norm_arrivals.data()}};
+    };
     for (uint32_t il = 0; il < s.n_layer; ++il) {
         const CudaLayerWeights& L = m.layers[il];
         // The previous layer's FFN output joins the residual stream inside the norm. A prefill
         // chunk's norm writes only the f16 input of the GEMMs.
-        if ((!decode_layer || il == 0) && !fused)
+        if ((!decode_layer || il == 0) && !fused && (!norm_chain || il == 0))
             rmsnorm_cuda(x, il == 0 ? nullptr : proj, L.attn_norm, fused_prefill ? nullptr : xn, T, E, s.norm_eps,
                          stream, takes_q16(L.wq, T) || takes_q16(L.wk, T) || takes_q16(L.wv, T) ? act_q16(st) : ActQ16{},
                          fused_prefill ? st.act_f16.data() : nullptr);
         op_times_mark("rmsnorm", stream);
         if (decode_layer && il > 0) {
             // q|k|v came out of the previous layer's kernel.
+        } else if (norm_chain && il > 0) {
+            matvec_q8s_normed_cuda(split_of(L.wq), norm_q16(st), normed_x(1, attn_norm_partials), q, qd + kd + vd,
+                                   L.wq.n_in, stream, release_at_entry(GemvSite::qkv));
         } else if (fused) {
             matvec_q8s_fused_cuda(split_of(L.wq), GemvX{GemvXFrom::rmsnorm, {}, x, L.attn_norm, s.norm_eps}, q, false,
                                   qd + kd + vd, L.wq.n_in, stream, fused_release_at_entry(GemvSite::qkv));
@@ -438,7 +473,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                    st.attn_workspace.size(), st.sm_count, stream,
                                    takes_q16(L.wo, T) && !separate_attention_quant() ? act_q16(st) : ActQ16{},
                                    pos0,  // cells before pos0: written by earlier steps
-                                   post_in_attention ? &post : nullptr, !fused);
+                                   post_in_attention ? &post : nullptr, !fused && !norm_chain);
             if (st.attn_timeline != nullptr) attention_lab_timeline(nullptr);
         } else {
             if (!post_fused) {
@@ -459,6 +494,26 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             if (decode_layer) {
                 enqueue_decode_layer(m, st, il);
                 op_times_mark("decode layer (wo .. next q|k|v)", stream);
+                continue;
+            }
+            if (norm_chain) {
+                // wo releases gate|up at its entry (a GEMV follows, not a small kernel), so the
+                // split merge before it is an ordinary launch (above; session 28's fused path).
+                ffn_norm_partials = matvec_q8s_norm_out_cuda(split_of(L.wo), act_q16(st), E, L.wo.n_in,
+                                                             norm_out(L.ffn_norm, 0), stream, true);
+                matvec_q8s_swiglu_cuda(split_of(L.ffn_gate), norm_q16(st), F, L.ffn_gate.n_in, glu_q16(st),
+                                       GluScratch{gate, st.glu_arrivals.data()}, stream,
+                                       release_at_entry(GemvSite::gate_up), normed_x(0, ffn_norm_partials));
+                const bool last = il + 1 == s.n_layer;
+                if (!last || head_in_norm_chain(m)) {
+                    attn_norm_partials = matvec_q8s_norm_out_cuda(
+                        split_of(L.ffn_down), glu_q16(st), E, F,
+                        norm_out(last ? m.output_norm : m.layers[il + 1].attn_norm, 1), stream,
+                        release_at_entry(GemvSite::down));
+                } else {
+                    matvec_q8s_cuda(split_of(L.ffn_down), glu_q16(st), proj, E, F, stream,
+                                    release_at_entry(GemvSite::down));
+                }
                 continue;
             }
             if (fused) {
@@ -520,6 +575,12 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     // logits are wanted are normed (the stream is dead after this).
     const uint32_t first = st.all_logits ? 0 : T - 1;
     const uint32_t n_out = T - first;
+    if (norm_chain && head_in_norm_chain(m)) {
+        matvec_q8s_normed_cuda(split_of(m.output), norm_q16(st), normed_x(1, attn_norm_partials), st.logits.data(),
+                               m.output.n_out, m.output.n_in, stream, release_at_entry(GemvSite::head));
+        op_times_mark("head", stream);
+        return;
+    }
     if (fused && m.output.q8_scales && matvec_q8s_fused_fits(m.output.n_in) &&
         reinterpret_cast<uintptr_t>(m.output_norm) % 16 == 0) {
         matvec_q8s_fused_cuda(split_of(m.output), GemvX{GemvXFrom::rmsnorm, {}, x, m.output_norm, s.norm_eps},
@@ -721,6 +782,15 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
         // On the state's stream, which every launch of the epilogue uses.
         SPILLWAY_CUDA_CHECK(cudaMemsetAsync(st.glu_arrivals.data(), 0, st.glu_arrivals.bytes(), st.stream));
     }
+    // SPILLWAY_NORM_CHAIN=0 (lab): every RMSNorm a launch of its own.
+    static const bool norm_chain_off = lab_knob("SPILLWAY_NORM_CHAIN", "0", "1");
+    if (!norm_chain_off && st.glu_arrivals.size() > 0 && norm_chain_takes(m)) {
+        st.norm_q16 = DeviceBuffer<int16_t>(s.n_embd);
+        st.norm_q16_scale = DeviceBuffer<float>(s.n_embd / 32);
+        st.norm_arrivals = DeviceBuffer<uint32_t>(s.n_embd / 32);
+        for (auto& p : st.norm_partials) p = DeviceBuffer<float>(kNormOutMaxBlocks);
+        SPILLWAY_CUDA_CHECK(cudaMemsetAsync(st.norm_arrivals.data(), 0, st.norm_arrivals.bytes(), st.stream));
+    }
     {
         const size_t widest_in = std::max({(size_t)s.n_embd, (size_t)s.n_ff, ad});
         st.act_q16 = DeviceBuffer<int16_t>(widest_in);
@@ -759,7 +829,8 @@ uint64_t cuda_forward_scratch_bytes(const CudaForwardState& st) {
            st.spill_chunk_out.bytes() + st.spill_chunk_lse.bytes() + st.spill_workspace.bytes() +
            st.prefill_k_f16.bytes() + st.prefill_v_f16.bytes() + st.prefill_piece_out.bytes() +
            st.prefill_piece_lse.bytes() + st.prefill_lse.bytes() + st.decode_scratch.bytes() + st.glu_q16.bytes() +
-           st.glu_q16_scale.bytes() + st.glu_arrivals.bytes();
+           st.glu_q16_scale.bytes() + st.glu_arrivals.bytes() + st.norm_q16.bytes() + st.norm_q16_scale.bytes() +
+           st.norm_arrivals.bytes() + st.norm_partials[0].bytes() + st.norm_partials[1].bytes();
 }
 
 // Spill scratch is allocated on the first forward over a spilled cache: an unspilled engine

@@ -99,6 +99,16 @@ struct CudaForwardState {
     DeviceBuffer<int16_t> glu_q16;
     DeviceBuffer<float> glu_q16_scale;
     DeviceBuffer<uint32_t> glu_arrivals;
+    // Decode with the RMSNorms split across the GEMVs around them (matvec_q8s_norm_out_cuda,
+    // NormedX): wo and down write the next GEMV's x here ([n_embd], stream times the norm's
+    // weight, quantized) with their hand-over counts ([n_embd / 32], left zero) and per-block
+    // sums of squares ([0]: the FFN's norm, [1]: the next attention's or the head's). Empty
+    // when the model does not take it (cuda_forward.cu, norm_chain_takes) or SPILLWAY_NORM_CHAIN=0.
+    DeviceBuffer<int16_t> norm_q16;
+    DeviceBuffer<float> norm_q16_scale;
+    DeviceBuffer<uint32_t> norm_arrivals;
+    DeviceBuffer<float> norm_partials[2];
+    bool norm_chain = true;  // with the buffers above: decode takes the chain (tests turn it off)
     // Decode through the persistent layer kernel (decode_layer.cuh): its scratch (zeroed here;
     // the kernel leaves it zeroed). Empty when the model or the GPU does not take that path
     // (cuda_forward.cu, uses_decode_layer) or SPILLWAY_DECODE_LAYER=0.

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "common/error.h"
 #include "engine/cuda/act_ops_device.cuh"
@@ -33,9 +34,11 @@ constexpr uint32_t kMaxCols = 32768;  // x in shared memory: 2.125 B per column,
 constexpr uint32_t kUnitCols = 512;   // a unit: 16 codes per lane of one row pair
 
 // x (int16 codes, then the f32 block scales) into the block's shared memory, by all of its
-// threads; returns when every thread's copies have landed.
+// threads; returns when every thread's copies have landed. while_copying runs after the
+// copies went out, before the wait.
+template <typename WhileCopying>
 __device__ __forceinline__ void copy_x_to_shared(const int16_t* xq, const float* xd, uint32_t cols, uint4* smem,
-                                                 uint32_t n_threads) {
+                                                 uint32_t n_threads, WhileCopying while_copying) {
     uint8_t* dst = reinterpret_cast<uint8_t*>(smem);
     const uint32_t q_vecs = cols * 2 / 16, d_vecs = cols / 8 / 16;
     for (uint32_t i = threadIdx.x; i < q_vecs; i += n_threads)
@@ -43,8 +46,13 @@ __device__ __forceinline__ void copy_x_to_shared(const int16_t* xq, const float*
     for (uint32_t i = threadIdx.x; i < d_vecs; i += n_threads)
         cp_async16(dst + cols * 2 + 16 * i, reinterpret_cast<const uint8_t*>(xd) + 16 * i);
     cp_async_commit();
+    while_copying();
     cp_async_wait<0>();
     __syncthreads();
+}
+__device__ __forceinline__ void copy_x_to_shared(const int16_t* xq, const float* xd, uint32_t cols, uint4* smem,
+                                                 uint32_t n_threads) {
+    copy_x_to_shared(xq, xd, cols, smem, n_threads, [] {});
 }
 
 // Why this shape: the q16x kernel (matvec.cu) stages W through a shared-memory ring because
@@ -188,8 +196,13 @@ __global__ void __launch_bounds__(kWarpsPB * 32, kMinBlocks) matvec_q8s_kernel(
     }
 }
 
-// The SwiGLU epilogue's output (matvec_q8s_swiglu_cuda).
-struct GluOut {
+// What a sweep writes after its sums (kOut): y (plain); SwiGLU of gate / up row pairs,
+// quantized (glu, matvec_q8s_swiglu_cuda); the residual add and the first half of the next
+// RMSNorm, quantized (norm, matvec_q8s_norm_out_cuda).
+enum class SweepOut : uint8_t { plain, glu, norm };
+
+// A quantized epilogue's output and its hand-over scratch (glu, norm).
+struct QuantOut {
     ActQ16 out;
     GluScratch scratch;
 };
@@ -205,7 +218,13 @@ struct SweepIo {
     float* y;
     uint32_t accumulate;  // y += W x instead of y = W x
     uint64_t* stamps;     // kStamps only (lab): kSweepStamps global-timer stamps per block
-    GluOut glu;           // kGlu only: SwiGLU's quantized output and the hand-over scratch
+};
+// The chained instances' parameters (a type of their own: the plain instance's parameter
+// block, and with it its code, stays as measured).
+struct ChainedSweepIo : SweepIo {
+    QuantOut quant;    // kOut glu / norm: the quantized output and the hand-over scratch
+    NormedX norm_in;   // kNormIn: the producer's sums of squares; y scaled by their inv_rms
+    NormOut norm_out;  // kOut norm: stream, weight and this launch's sums of squares
 };
 
 // x formed from f32 vectors by the block itself, into shared memory as int16 blocks (q then
@@ -273,38 +292,26 @@ constexpr size_t kSweepPartialBytes = 48 * 1024;
 constexpr uint32_t kFusedMaxCols = 20480;
 constexpr size_t kFusedStagePerCol = 8;
 
-// The SwiGLU epilogue of a kGlu block owning pairs [r0, r1) of ff (all threads): h = silu(gate)
-// * up per pair from the segment sums (rows 2p and 2p + 1 of `part`, added in column order as
-// the plain epilogue adds a row), then act_q16 of h per 32 values, the operations of
-// swiglu_q16_cuda, so the bits of the separate launches. A 32-value block inside [r0, r1) is
-// quantized from shared memory. One cut between grid blocks is handed over through global
-// memory: each block stores its values there and counts its arrival; the last to arrive reads
-// the others' values and quantizes (and zeroes the count for the next launch). The fences
-// are those of a grid barrier (__syncthreads, then one thread's fence before the arrival; the
-// last arrival's fence before its reads).
-__device__ __forceinline__ void glu_epilogue(const GluOut& glu, const float* part, float* h_shared, uint32_t r0,
-                                             uint32_t r1, uint32_t ff, uint32_t pairs_per_block, uint32_t segs) {
+// Quantizes values [r0, r1) of an n-value vector, held by this block in shared memory (v),
+// per 32 values as act_q16 (all threads). A 32-value block inside [r0, r1) is quantized from
+// shared memory; one cut between grid blocks is handed over through global memory: each
+// holder has stored its values there (before the __syncthreads that precedes this call) and
+// counts its arrival; the last to arrive reads the others' values and quantizes (and zeroes
+// the count for the next launch). The fences are those of a grid barrier (one thread's fence
+// after the block barrier, before the arrival; the last arrival's fence before its reads).
+__device__ __forceinline__ bool block_is_cut(uint32_t b, uint32_t n, uint32_t per_block) {
+    return b * kActBlock / per_block != min(b * kActBlock + kActBlock - 1, n - 1) / per_block;
+}
+__device__ __forceinline__ void quantize_block_values(const QuantOut& quant, const float* v, uint32_t r0, uint32_t r1,
+                                                      uint32_t n, uint32_t per_block) {
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    // Grid blocks holding values of 32-value block b: [first, last].
-    const auto first_holder = [&](uint32_t b) { return b * kActBlock / pairs_per_block; };
-    const auto last_holder = [&](uint32_t b) { return min(b * kActBlock + kActBlock - 1, ff - 1) / pairs_per_block; };
-    for (uint32_t p = threadIdx.x; p < r1 - r0; p += kSweepWarps * 32) {
-        float gate = 0.0f, up = 0.0f;
-        for (uint32_t seg = 0; seg < segs; ++seg) gate += part[2 * p * segs + seg];
-        for (uint32_t seg = 0; seg < segs; ++seg) up += part[(2 * p + 1) * segs + seg];
-        const float h = silu_times(gate, up);
-        h_shared[p] = h;
-        const uint32_t b = (r0 + p) / kActBlock;
-        if (first_holder(b) != last_holder(b)) glu.scratch.stage[r0 + p] = h;
-    }
-    __syncthreads();
     for (uint32_t b = r0 / kActBlock + warp; b * kActBlock < r1; b += kSweepWarps) {
-        const uint32_t holders = last_holder(b) - first_holder(b) + 1;
-        if (holders > 1) {
+        if (block_is_cut(b, n, per_block)) {
+            const uint32_t holders = min(b * kActBlock + kActBlock - 1, n - 1) / per_block - b * kActBlock / per_block + 1;
             uint32_t last = 0;
             if (lane == 0) {
                 __threadfence();
-                cuda::atomic_ref<uint32_t, cuda::thread_scope_device> arrivals(glu.scratch.arrivals[b]);
+                cuda::atomic_ref<uint32_t, cuda::thread_scope_device> arrivals(quant.scratch.arrivals[b]);
                 last = arrivals.fetch_add(1u, cuda::memory_order_relaxed) == holders - 1;
                 if (last) {
                     arrivals.store(0u, cuda::memory_order_relaxed);
@@ -315,9 +322,53 @@ __device__ __forceinline__ void glu_epilogue(const GluOut& glu, const float* par
             if (!__shfl_sync(0xffffffffu, last, 0)) continue;
         }
         const uint32_t i = b * kActBlock + lane;
-        const float h = i >= r0 && i < r1 ? h_shared[i - r0] : __ldcg(glu.scratch.stage + i);
-        quantize_act_q16_warp(h, lane, glu.out.q + (size_t)b * kActBlock, glu.out.d + b);
+        const float h = i >= r0 && i < r1 ? v[i - r0] : __ldcg(quant.scratch.stage + i);
+        quantize_act_q16_warp(h, lane, quant.out.q + (size_t)b * kActBlock, quant.out.d + b);
     }
+}
+
+// The SwiGLU epilogue of a glu block owning pairs [r0, r1) of ff: h = silu(gate) * up per pair
+// from the segment sums (rows 2p and 2p + 1 of `part`, added in column order as the plain
+// epilogue adds a row; times inv_rms when x came normed, kNormIn), then act_q16 of h: the
+// operations of swiglu_q16_cuda, so the bits of the separate launches.
+template <bool kNormIn>
+__device__ __forceinline__ void glu_epilogue(const QuantOut& quant, const float* part, float* h_shared, uint32_t r0,
+                                             uint32_t r1, uint32_t ff, uint32_t pairs_per_block, uint32_t segs,
+                                             float inv_rms) {
+    for (uint32_t p = threadIdx.x; p < r1 - r0; p += kSweepWarps * 32) {
+        float gate = 0.0f, up = 0.0f;
+        for (uint32_t seg = 0; seg < segs; ++seg) gate += part[2 * p * segs + seg];
+        for (uint32_t seg = 0; seg < segs; ++seg) up += part[(2 * p + 1) * segs + seg];
+        if constexpr (kNormIn) gate *= inv_rms, up *= inv_rms;
+        const float h = silu_times(gate, up);
+        h_shared[p] = h;
+        if (block_is_cut((r0 + p) / kActBlock, ff, pairs_per_block)) quant.scratch.stage[r0 + p] = h;
+    }
+    __syncthreads();
+    quantize_block_values(quant, h_shared, r0, r1, ff, pairs_per_block);
+}
+
+// The norm epilogue of a block owning rows [r0, r1) of n (the residual stream's width): s =
+// stream + W x per row, written back (the residual add); this block's sum of s^2 (row order,
+// then block_sum: fixed) into partials[block]; s * weight quantized per 32 values (act_q16,
+// its scales without inv_rms, which the consumer applies to its sums: NormedX).
+__device__ __forceinline__ void norm_epilogue(const QuantOut& quant, const NormOut& norm, const float* part,
+                                              float* v_shared, float* warp_sums, uint32_t r0, uint32_t r1,
+                                              uint32_t n, uint32_t rows_per_block, uint32_t segs) {
+    float sum_sq = 0.0f;
+    for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
+        float total = 0.0f;
+        for (uint32_t seg = 0; seg < segs; ++seg) total += part[r * segs + seg];  // column order
+        const float s = norm.stream[r0 + r] + total;
+        norm.stream[r0 + r] = s;
+        sum_sq = fmaf(s, s, sum_sq);
+        const float t = s * norm.weight[r0 + r];
+        v_shared[r] = t;
+        if (block_is_cut((r0 + r) / kActBlock, n, rows_per_block)) quant.scratch.stage[r0 + r] = t;
+    }
+    const float block_sq = block_sum(sum_sq, warp_sums, kSweepWarps);  // its barrier publishes v_shared
+    if (threadIdx.x == 0 && blockIdx.x < kNormOutMaxBlocks) norm.partials[blockIdx.x] = block_sq;
+    quantize_block_values(quant, v_shared, r0, r1, n, rows_per_block);
 }
 
 // kRows = 2 (lab): a unit is a row pair's segment (the two rows' 512 codes at the same
@@ -330,16 +381,22 @@ __device__ __forceinline__ void glu_epilogue(const GluOut& glu, const float* par
 // the end, into io.stamps[block * kSweepStamps + k]; its own instance, so the plain one's code
 // is unchanged.
 constexpr uint32_t kSweepStamps = 5;
-// kGlu (kRows = 2): the gate|up GEMV with SwiGLU in its epilogue (matvec_q8s_swiglu_cuda).
+// kOut glu (kRows = 2): the gate|up GEMV with SwiGLU in its epilogue (matvec_q8s_swiglu_cuda).
 // `rows` counts gate / up row pairs: pair p is gate row p and up row rows + p, read as one
 // unit (the matrix's rows as uploaded, no interleaving), so a block owns pairs [r0, r1) and
-// its partial sums are laid out as a plain block's rows 2p and 2p + 1. Its own instance.
-template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false, bool kStamps = false, bool kGlu = false>
+// its partial sums are laid out as a plain block's rows 2p and 2p + 1. kOut norm: the
+// residual add and the next RMSNorm's first half (norm_epilogue). kNormIn: x came from a norm
+// epilogue; the sums are scaled by inv_rms from its sums of squares. Each its own instance.
+template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false, bool kStamps = false,
+          SweepOut kOut = SweepOut::plain, bool kNormIn = false,
+          typename Io = std::conditional_t<kOut == SweepOut::plain && !kNormIn, SweepIo, ChainedSweepIo>>
 __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep_kernel(
-    const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const SweepIo io, uint32_t rows,
+    const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const Io io, uint32_t rows,
     uint32_t cols, uint32_t rows_per_block, uint32_t release_at_entry) {
     static_assert(kUnroll * kRows == 8, "the reduction below is written for 8 sums");
-    static_assert(!kGlu || (kRows == 2 && !kFused), "SwiGLU pairs are row pairs of a plain x");
+    constexpr bool kGlu = kOut == SweepOut::glu;
+    static_assert(!kGlu || kRows == 2, "SwiGLU pairs are row pairs");
+    static_assert((kOut == SweepOut::plain && !kNormIn) || !kFused, "the chained epilogues take a q16 x");
     const auto stamp = [&](uint32_t k) {
         if constexpr (kStamps) {
             if (threadIdx.x == 0) io.stamps[blockIdx.x * kSweepStamps + k] = global_timer_ns();
@@ -393,10 +450,28 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
             cp_async_commit();
         }
     }
+    // After the partial sums (kGlu: 2 rows per pair): the chained epilogues' values (one per
+    // row or pair), inv_rms, 16 warp sums.
+    float* chain_values = part + (kGlu ? 2 : 1) * rows_per_block * segs;
+    float* inv_rms_slot = chain_values + rows_per_block;
+    float* warp_sums = inv_rms_slot + 1;
     pdl_wait_for_producer();  // W went out first: it does not depend on x's producer
     stamp(1);
-    if (!kFused || io.from == (uint32_t)GemvXFrom::q16) copy_x_to_shared(io.xq, io.xd, cols, q8s_smem, kSweepWarps * 32);
-    else form_x_in_shared(io, cols, q8s_smem, stage, kSweepWarps * 32);
+    if constexpr (kNormIn) {
+        // inv_rms from the producer's per-block sums of squares, in a fixed order, while x lands.
+        copy_x_to_shared(io.xq, io.xd, cols, q8s_smem, kSweepWarps * 32, [&] {
+            if (warp != 0) return;
+            float sum = 0.0f;
+            for (uint32_t i = lane; i < io.norm_in.n_partials; i += 32) sum += __ldcg(io.norm_in.partials + i);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            if (lane == 0) *inv_rms_slot = rsqrtf(sum / (float)cols + io.norm_in.eps);
+        });
+    } else if (!kFused || io.from == (uint32_t)GemvXFrom::q16) {
+        copy_x_to_shared(io.xq, io.xd, cols, q8s_smem, kSweepWarps * 32);
+    } else {
+        form_x_in_shared(io, cols, q8s_smem, stage, kSweepWarps * 32);
+    }
     stamp(2);
     const uint4* x_q = q8s_smem;
     const float* x_d = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(q8s_smem) + cols * 2);
@@ -452,11 +527,15 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     __syncthreads();
     stamp(3);
     if constexpr (kGlu) {
-        glu_epilogue(io.glu, part, part + n_parts, r0, r1, rows, rows_per_block, segs);
+        glu_epilogue<kNormIn>(io.quant, part, chain_values, r0, r1, rows, rows_per_block, segs,
+                              kNormIn ? *inv_rms_slot : 1.0f);
+    } else if constexpr (kOut == SweepOut::norm) {
+        norm_epilogue(io.quant, io.norm_out, part, chain_values, warp_sums, r0, r1, rows, rows_per_block, segs);
     } else {
         for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
             float total = 0.0f;
             for (uint32_t seg = 0; seg < segs; ++seg) total += part[r * segs + seg];  // column order
+            if constexpr (kNormIn) total *= *inv_rms_slot;
             if constexpr (kFused) io.y[r0 + r] = io.accumulate ? io.y[r0 + r] + total : total;
             else io.y[r0 + r] = total;
         }
@@ -464,20 +543,25 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     stamp(4);
 }
 
-// Returns the grid's block count. kGlu: rows counts gate / up pairs.
-template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused, bool kStamps = false, bool kGlu = false>
-uint32_t launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
+// Returns the grid's block count. kOut glu: rows counts gate / up pairs.
+template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused, bool kStamps = false,
+          SweepOut kOut = SweepOut::plain, bool kNormIn = false, typename Io = SweepIo>
+uint32_t launch_q8s_sweep_as(Q8SplitConst w, const Io& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
                              bool release_at_entry) {
-    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kStamps, kGlu>;
+    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kStamps, kOut, kNormIn>;
+    constexpr bool kGlu = kOut == SweepOut::glu, kChained = kOut != SweepOut::plain || kNormIn;
+    static_assert(std::is_same_v<Io, std::conditional_t<kChained, ChainedSweepIo, SweepIo>>, "the kernel's parameters");
+    // The chained epilogues' values, inv_rms and 16 warp sums after the partial sums.
+    const auto chain_bytes = [](uint32_t per_block) { return kChained ? ((size_t)per_block + 17) * sizeof(float) : 0; };
     const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
     static const int sms = [] {
         const auto x_bytes_of = [](size_t n) { return (n * 2 + n / 8 + 15) / 16 * 16; };
-        // kGlu: a block's pairs hold 2 rows of sums and 1 value of h each, within 1.5 x the partials.
+        // Chained: at most one value per row of partial sums (<= the partials' bytes), and 17 more.
         const size_t max_smem =
-            kFused ? std::max(x_bytes_of(kMaxCols) + kSweepPartialBytes,
-                              x_bytes_of(kFusedMaxCols) + kFusedStagePerCol * kFusedMaxCols)
-            : kGlu ? x_bytes_of(kMaxCols) + kSweepPartialBytes * 3 / 2
-                   : x_bytes_of(kMaxCols) + kSweepPartialBytes;
+            kFused   ? std::max(x_bytes_of(kMaxCols) + kSweepPartialBytes,
+                                x_bytes_of(kFusedMaxCols) + kFusedStagePerCol * kFusedMaxCols)
+            : kChained ? x_bytes_of(kMaxCols) + 2 * kSweepPartialBytes + 17 * sizeof(float)
+                       : x_bytes_of(kMaxCols) + kSweepPartialBytes;
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)max_smem));
         int device = 0, count = 0;
         SPILLWAY_CUDA_CHECK(cudaGetDevice(&device));
@@ -492,13 +576,13 @@ uint32_t launch_q8s_sweep_as(Q8SplitConst w, const SweepIo& io, uint32_t rows, u
         // Pairs: their 2 rows of sums within the partials' bytes (>= 96 pairs), then h.
         const uint32_t max_pairs = (uint32_t)(kSweepPartialBytes / (2 * segs * sizeof(float)));
         rows_per_block = std::min((rows + slots - 1) / slots, max_pairs);
-        smem = x_bytes + (size_t)rows_per_block * (2 * segs + 1) * sizeof(float);
+        smem = x_bytes + (size_t)rows_per_block * 2 * segs * sizeof(float) + chain_bytes(rows_per_block);
     } else {
         // Whole row groups of kRows per block; >= 192 rows of partial sums (cols <= 32768).
         const uint32_t max_rows = (uint32_t)(kSweepPartialBytes / (segs * sizeof(float))) / kRows * kRows;
         rows_per_block = std::min(((rows + slots - 1) / slots + kRows - 1) / kRows * kRows, max_rows);
         const size_t stage = io.from == (uint32_t)GemvXFrom::q16 ? 0 : kFusedStagePerCol * cols;
-        smem = x_bytes + std::max((size_t)rows_per_block * segs * sizeof(float), stage);
+        smem = x_bytes + std::max((size_t)rows_per_block * segs * sizeof(float), stage) + chain_bytes(rows_per_block);
     }
     const uint32_t blocks = (rows + rows_per_block - 1) / rows_per_block;
     launch_with_pdl(pdl_supported(), kKernel, dim3(blocks), dim3(kSweepWarps * 32), smem, stream,
@@ -673,22 +757,83 @@ bool matvec_q8s_swiglu_fits(uint32_t ff, uint32_t cols) {
     return (!forced || *forced == MatvecQ8sKernel::sweep1r2) && ff > 0 && ff % kActBlock == 0 && matvec_q8s_fits(cols);
 }
 
+namespace {
+
+const auto aligned16 = [](const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+
+// The checks every chained sweep makes: weights, x, and (quant) a quantized output apart from x.
+void check_chained_sweep(const char* what, Q8SplitConst w, ActQ16 x, const ActQ16* out, const GluScratch* scratch) {
+    if (!aligned16(w.codes) || w.scales == nullptr || reinterpret_cast<uintptr_t>(w.scales) % 2 != 0 ||
+        !aligned16(x.q) || !aligned16(x.d))
+        fail(std::string(what) + ": codes, x.q and x.d must be 16-byte aligned, scales 2-byte aligned");
+    if (out != nullptr) {
+        if (!aligned16(out->q) || out->d == nullptr || scratch == nullptr || scratch->stage == nullptr ||
+            scratch->arrivals == nullptr)
+            fail(std::string(what) + ": out.q must be 16-byte aligned, with out.d and the scratch given");
+        // Blocks still read x while others write the output.
+        if (out->q == x.q || out->d == x.d) fail(std::string(what) + ": the output must not be x");
+    }
+}
+
+void check_normed_x(const char* what, const NormedX& norm) {
+    if (norm.partials != nullptr && (norm.n_partials == 0 || !(norm.eps >= 0.0f)))
+        fail(std::string(what) + ": normed x needs its producer's sums of squares (at least one) and eps >= 0");
+}
+
+}  // namespace
+
 void matvec_q8s_swiglu_cuda(Q8SplitConst w, ActQ16 x, uint32_t ff, uint32_t cols, ActQ16 out, GluScratch scratch,
-                            cudaStream_t stream, bool release_at_entry) {
+                            cudaStream_t stream, bool release_at_entry, const NormedX& norm) {
     if (!matvec_q8s_swiglu_fits(ff, cols))
         fail("matvec_q8s_swiglu_cuda: ff must be a positive multiple of 32 and cols a multiple of 512 (<= 32768), "
              "with the sweep1r2 kernel");
-    const auto aligned = [](const void* p) { return p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (!aligned(w.codes) || w.scales == nullptr || reinterpret_cast<uintptr_t>(w.scales) % 2 != 0 ||
-        !aligned(x.q) || !aligned(x.d) || !aligned(out.q) || out.d == nullptr || scratch.stage == nullptr ||
-        scratch.arrivals == nullptr)
-        fail("matvec_q8s_swiglu_cuda: codes, x.q, x.d and out.q must be 16-byte aligned, scales 2-byte aligned, "
-             "with out.d and the scratch given");
-    // Blocks still read x while others write the output.
-    if (out.q == x.q || out.d == x.d) fail("matvec_q8s_swiglu_cuda: the output must not be x");
-    SweepIo io = q16_io(x, nullptr);
-    io.glu = GluOut{out, scratch};
-    launch_q8s_sweep_as<4, 1, 2, false, false, true>(w, io, ff, cols, stream, release_at_entry);
+    check_chained_sweep("matvec_q8s_swiglu_cuda", w, x, &out, &scratch);
+    check_normed_x("matvec_q8s_swiglu_cuda", norm);
+    ChainedSweepIo io{q16_io(x, nullptr)};
+    io.quant = QuantOut{out, scratch};
+    io.norm_in = norm;
+    if (norm.partials != nullptr)
+        launch_q8s_sweep_as<4, 1, 2, false, false, SweepOut::glu, true>(w, io, ff, cols, stream, release_at_entry);
+    else launch_q8s_sweep_as<4, 1, 2, false, false, SweepOut::glu>(w, io, ff, cols, stream, release_at_entry);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+bool matvec_q8s_norm_out_fits(uint32_t rows, uint32_t cols) {
+    const std::optional<MatvecQ8sKernel> forced = q8s_kernel_override();
+    return (!forced || *forced == MatvecQ8sKernel::sweep1r2) && rows > 0 && rows % kActBlock == 0 &&
+           rows <= kMaxCols && matvec_q8s_fits(cols);
+}
+
+uint32_t matvec_q8s_norm_out_cuda(Q8SplitConst w, ActQ16 x, uint32_t rows, uint32_t cols, const NormOut& norm,
+                                  cudaStream_t stream, bool release_at_entry) {
+    if (!matvec_q8s_norm_out_fits(rows, cols))
+        fail("matvec_q8s_norm_out_cuda: rows must be a positive multiple of 32 (<= 32768) and cols a multiple of 512 "
+             "(<= 32768), with the sweep1r2 kernel");
+    check_chained_sweep("matvec_q8s_norm_out_cuda", w, x, &norm.out, &norm.scratch);
+    if (norm.stream == nullptr || norm.weight == nullptr || norm.partials == nullptr)
+        fail("matvec_q8s_norm_out_cuda: the stream, the norm's weight and the partial sums must be given");
+    ChainedSweepIo io{q16_io(x, nullptr)};
+    io.quant = QuantOut{norm.out, norm.scratch};
+    io.norm_out = norm;
+    const uint32_t blocks =
+        launch_q8s_sweep_as<4, 1, 2, false, false, SweepOut::norm>(w, io, rows, cols, stream, release_at_entry);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    // <= max(SMs, 171) blocks (rows <= 32768, >= 192 rows each when not one block per SM);
+    // the kernel writes no partial past the limit, and the consumer would be wrong.
+    if (blocks > kNormOutMaxBlocks) fail("matvec_q8s_norm_out_cuda: more blocks than partial sums");
+    return blocks;
+}
+
+void matvec_q8s_normed_cuda(Q8SplitConst w, ActQ16 x, const NormedX& norm, float* y, uint32_t rows, uint32_t cols,
+                            cudaStream_t stream, bool release_at_entry) {
+    if (rows == 0) return;
+    if (!matvec_q8s_fits(cols) || norm.partials == nullptr || y == nullptr)
+        fail("matvec_q8s_normed_cuda: cols must be a multiple of 512 (<= 32768), with the sums of squares and y");
+    check_chained_sweep("matvec_q8s_normed_cuda", w, x, nullptr, nullptr);
+    check_normed_x("matvec_q8s_normed_cuda", norm);
+    ChainedSweepIo io{q16_io(x, y)};
+    io.norm_in = norm;
+    launch_q8s_sweep_as<4, 1, 2, false, false, SweepOut::plain, true>(w, io, rows, cols, stream, release_at_entry);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 

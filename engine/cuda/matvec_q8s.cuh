@@ -69,9 +69,40 @@ struct GluScratch {
     uint32_t* arrivals = nullptr;  // ff / 32 counts: zero before the first launch; launches leave them zero
 };
 bool matvec_q8s_swiglu_fits(uint32_t ff, uint32_t cols);
+
+// RMSNorm split across two decode GEMVs, so no launch sits between them. The producer (wo,
+// down: matvec_q8s_norm_out_cuda) adds W x into the residual stream and writes the stream
+// times the norm's weight quantized per 32 values (act_q16 scales without 1 / rms) and, per
+// block, the sum of squares of the new stream. The consumer (q|k|v, gate|up, the head) reads
+// that x and scales its sums by inv_rms = 1 / sqrt(sum / cols + eps), from those partial sums
+// in a fixed order: W (x inv_rms) = inv_rms (W x). Not the bits of rmsnorm_cuda (its x * inv_rms
+// is rounded before the quantization); the same to within f32 rounding.
+constexpr uint32_t kNormOutMaxBlocks = 1024;
+struct NormedX {
+    const float* partials = nullptr;  // the producer's sums of squares; nullptr: x is not normed
+    uint32_t n_partials = 0;          // matvec_q8s_norm_out_cuda's return value
+    float eps = 0.0f;
+};
+struct NormOut {
+    float* stream = nullptr;        // [rows], += W x
+    const float* weight = nullptr;  // [rows], the next RMSNorm's weight
+    float* partials = nullptr;      // one per block: matvec_q8s_norm_out_cuda returns the count (<= kNormOutMaxBlocks)
+    ActQ16 out;                     // [rows] stream * weight, quantized; must not be x
+    GluScratch scratch;             // rows floats and rows / 32 arrival counts, as for the SwiGLU epilogue
+};
+
 // out must not be x; release_at_entry as for matvec_q8s_cuda. Launches on one scratch must
-// not overlap (stream order, or a programmatic successor that waits, as every engine kernel does).
+// not overlap (stream order, or a programmatic successor that waits, as every engine kernel
+// does). norm: x came from a norm epilogue (gate and up scaled by its inv_rms).
 void matvec_q8s_swiglu_cuda(Q8SplitConst w, ActQ16 x, uint32_t ff, uint32_t cols, ActQ16 out, GluScratch scratch,
+                            cudaStream_t stream, bool release_at_entry = false, const NormedX& norm = {});
+// rows % 32 == 0 (whole quantized blocks), rows <= 32768, cols as matvec_q8s_fits.
+bool matvec_q8s_norm_out_fits(uint32_t rows, uint32_t cols);
+// Returns the number of partial sums written (the consumer's NormedX::n_partials).
+uint32_t matvec_q8s_norm_out_cuda(Q8SplitConst w, ActQ16 x, uint32_t rows, uint32_t cols, const NormOut& norm,
+                                  cudaStream_t stream, bool release_at_entry = false);
+// y = inv_rms (W x) for x from a norm epilogue.
+void matvec_q8s_normed_cuda(Q8SplitConst w, ActQ16 x, const NormedX& norm, float* y, uint32_t rows, uint32_t cols,
                             cudaStream_t stream, bool release_at_entry = false);
 
 // Decode fusion (session 28): the sweep GEMV forms x itself from what the previous ops left

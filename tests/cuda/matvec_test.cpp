@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <tuple>
 
 #include "act_q16_ref.h"
 #include "cuda_test_util.h"
@@ -585,6 +586,144 @@ TEST(CudaMatvec, SwiGluEpilogueEqualsSeparateLaunches) {
     EXPECT_THROW(matvec_q8s_swiglu_cuda(split, x, 64, 512, x, scratch, nullptr), Error);  // output over x
     EXPECT_THROW(matvec_q8s_swiglu_cuda(split, x, 64, 512, out, GluScratch{stage.data(), nullptr}, nullptr), Error);
     EXPECT_THROW(matvec_q8s_swiglu_cuda(split, ActQ16{}, 64, 512, out, scratch, nullptr), Error);
+}
+
+// The norm chain (matvec_q8s_norm_out_cuda, then NormedX consumers): the producer's stream
+// must be exactly stream + (W x) as the plain GEMV sums it, its x exactly act_q16 of stream *
+// weight (host quantization, same operations), its partial sums the stream's sum of squares
+// (1e-5); a second launch must do the same and leave the counts zero. The consumers: the plain
+// one gives its plain sums times inv_rms (1e-6: inv_rms from the partials in another order),
+// the SwiGLU one h of those (1e-4: int16 rounding of h); and both against the CPU's separate
+// RMSNorm (1e-4: x quantized after the scale instead of before).
+void check_norm_chain(uint32_t rows, uint32_t cols, uint32_t ff) {
+    const uint32_t seed = fresh_seed();
+    SCOPED_TRACE("norm chain rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + " ff=" +
+                 std::to_string(ff) + " seed=" + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const HostWeights w = random_weights(rng, GgmlType::Q8_0, rows, cols);
+    const HostWeights w2 = random_weights(rng, GgmlType::Q8_0, 2 * ff, rows);  // the consumer: gate|up shape
+    const std::vector<float> x = random_floats(rng, cols, 2.0f), stream0 = random_floats(rng, rows, 3.0f);
+    const std::vector<float> norm_w = random_floats(rng, rows);
+    const float eps = 1e-5f;
+    auto d_w = to_device(w.bytes), d_w2 = to_device(w2.bytes);
+    DeviceBuffer<int8_t> codes((size_t)rows * cols), codes2((size_t)2 * ff * rows);
+    DeviceBuffer<uint16_t> scales((size_t)rows * cols / 32), scales2((size_t)2 * ff * rows / 32);
+    q8_0_to_split_cuda(d_w.data(), rows, cols, Q8Split{codes.data(), scales.data()}, nullptr);
+    q8_0_to_split_cuda(d_w2.data(), 2 * ff, rows, Q8Split{codes2.data(), scales2.data()}, nullptr);
+    const Q8SplitConst split{codes.data(), scales.data()}, split2{codes2.data(), scales2.data()};
+    auto d_x = to_device(x), d_norm_w = to_device(norm_w);
+    DeviceBuffer<int16_t> xq(cols), nq(rows), hq(ff);
+    DeviceBuffer<float> xd(cols / 32), nd(rows / 32), hd(ff / 32), y_plain(rows), stage(rows), partials(kNormOutMaxBlocks);
+    DeviceBuffer<float> y2_plain(2 * ff), y2(2 * ff), stage2(ff);
+    DeviceBuffer<uint32_t> arrivals(rows / 32), arrivals2(ff / 32);
+    SPILLWAY_CUDA_CHECK(cudaMemset(arrivals.data(), 0, arrivals.bytes()));
+    SPILLWAY_CUDA_CHECK(cudaMemset(arrivals2.data(), 0, arrivals2.bytes()));
+    quantize_act_q16_cuda(d_x.data(), cols, 1, ActQ16{xq.data(), xd.data()}, nullptr);
+    const ActQ16 x_act{xq.data(), xd.data()}, n_act{nq.data(), nd.data()};
+    matvec_q8s_cuda_with(MatvecQ8sKernel::sweep1r2, split, x_act, y_plain.data(), rows, cols, nullptr);
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> wx = to_host(y_plain);
+    std::vector<float> want_stream(rows), t(rows);
+    double sum_sq = 0.0;
+    for (uint32_t r = 0; r < rows; ++r) {
+        want_stream[r] = stream0[r] + wx[r];
+        t[r] = want_stream[r] * norm_w[r];
+        sum_sq += (double)want_stream[r] * want_stream[r];
+    }
+    const HostActQ16 want_x = quantize_act_q16_host(t);
+    for (int launch = 0; launch < 2; ++launch) {
+        SCOPED_TRACE("launch " + std::to_string(launch));
+        auto d_stream = to_device(stream0);
+        poison(nq);
+        poison(nd);
+        poison(partials);
+        poison(stage);
+        const uint32_t n = matvec_q8s_norm_out_cuda(
+            split, x_act, rows, cols,
+            NormOut{d_stream.data(), d_norm_w.data(), partials.data(), n_act, GluScratch{stage.data(), arrivals.data()}},
+            nullptr, launch == 1);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        ASSERT_GT(n, 0u);
+        ASSERT_LE(n, kNormOutMaxBlocks);
+        const std::vector<float> got_stream = to_host(d_stream);
+        EXPECT_EQ(std::memcmp(got_stream.data(), want_stream.data(), rows * 4), 0) << "stream != stream + W x";
+        const std::vector<int16_t> q = to_host(nq);
+        const std::vector<float> d = to_host(nd), p = to_host(partials);
+        EXPECT_EQ(std::memcmp(q.data(), want_x.q.data(), rows * 2), 0) << "codes differ from the host's";
+        EXPECT_EQ(std::memcmp(d.data(), want_x.d.data(), rows / 32 * 4), 0) << "scales differ from the host's";
+        double got_sq = 0.0;
+        for (uint32_t i = 0; i < n; ++i) got_sq += p[i];
+        EXPECT_LT(std::fabs(got_sq - sum_sq) / sum_sq, 1e-5) << "sum of squares";
+        const std::vector<uint32_t> left = to_host(arrivals);
+        EXPECT_EQ(std::count(left.begin(), left.end(), 0u), (long)left.size()) << "arrival counts not left zero";
+        if (launch == 1) break;
+
+        // The consumers, on the producer's x and partial sums.
+        const NormedX normed{partials.data(), n, eps};
+        const float inv_rms = (float)(1.0 / std::sqrt(sum_sq / rows + eps));
+        matvec_q8s_cuda_with(MatvecQ8sKernel::sweep1r2, split2, n_act, y2_plain.data(), 2 * ff, rows, nullptr);
+        poison(y2);
+        matvec_q8s_normed_cuda(split2, n_act, normed, y2.data(), 2 * ff, rows, nullptr);
+        poison(hq);
+        poison(hd);
+        matvec_q8s_swiglu_cuda(split2, n_act, ff, rows, ActQ16{hq.data(), hd.data()},
+                               GluScratch{stage2.data(), arrivals2.data()}, nullptr, false, normed);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> plain2 = to_host(y2_plain), got2 = to_host(y2);
+        std::vector<float> want2(2 * ff), want_h(ff), got_h(ff);
+        for (uint32_t r = 0; r < 2 * ff; ++r) want2[r] = plain2[r] * inv_rms;
+        EXPECT_EQ(count_nan(got2), 0u);
+        EXPECT_LT(rel_error(got2, want2), 1e-6) << "normed consumer vs its plain sums times inv_rms";
+        const std::vector<int16_t> h_q = to_host(hq);
+        const std::vector<float> h_d = to_host(hd);
+        for (uint32_t k = 0; k < ff; ++k) {
+            const float g = want2[k], u = want2[ff + k];
+            want_h[k] = g / (1.0f + std::exp(-g)) * u;
+            got_h[k] = (float)h_q[k] * h_d[k / 32];
+        }
+        EXPECT_LT(rel_error(got_h, want_h), 1e-4) << "SwiGLU consumer";
+        // CPU: RMSNorm of the new stream, quantized, times W2.
+        std::vector<float> xn(rows);
+        for (uint32_t r = 0; r < rows; ++r) xn[r] = want_stream[r] * inv_rms * norm_w[r];
+        const std::vector<float> xn_seen = dequantize_act_q16_host(quantize_act_q16_host(xn));
+        std::vector<float> cpu2(2 * ff);
+        for (uint32_t r = 0; r < 2 * ff; ++r) {
+            double sum = 0.0;
+            for (uint32_t k = 0; k < rows; ++k) sum += (double)w2.values[(size_t)r * rows + k] * xn_seen[k];
+            cpu2[r] = (float)sum;
+        }
+        EXPECT_LT(rel_error(got2, cpu2), 1e-4) << "normed consumer vs the CPU's separate RMSNorm";
+    }
+}
+
+TEST(CudaMatvec, NormChainMatchesSeparateNorm) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    // 14B (5120 rows: 40 per block, 32-value blocks cut between 2), a short stream (4 rows per
+    // block: 8 holders per 32-value block), 7B (3584 rows). The consumer reads the stream as
+    // its x: rows % 512 == 0.
+    for (const auto& [rows, cols, ff] : std::vector<std::tuple<uint32_t, uint32_t, uint32_t>>{
+             {5120, 5120, 1024}, {512, 512, 32}, {3584, 18944, 512}, {1024, 1024, 96}})
+        check_norm_chain(rows, cols, ff);
+    DeviceBuffer<int8_t> codes(1 << 16);
+    DeviceBuffer<uint16_t> scales(1 << 12);
+    DeviceBuffer<int16_t> xq(1024), q(1024);
+    DeviceBuffer<float> xd(32), d(32), stage(1024), stream(1024), weight(1024), partials(kNormOutMaxBlocks), y(64);
+    DeviceBuffer<uint32_t> arrivals(32);
+    const Q8SplitConst split{codes.data(), scales.data()};
+    const ActQ16 x{xq.data(), xd.data()}, out{q.data(), d.data()};
+    const NormOut norm{stream.data(), weight.data(), partials.data(), out, GluScratch{stage.data(), arrivals.data()}};
+    EXPECT_FALSE(matvec_q8s_norm_out_fits(48, 512));  // not whole 32-value blocks
+    EXPECT_TRUE(matvec_q8s_norm_out_fits(5120, 13824));
+    EXPECT_THROW(matvec_q8s_norm_out_cuda(split, x, 48, 512, norm, nullptr), Error);
+    NormOut over_x = norm;
+    over_x.out = x;
+    EXPECT_THROW(matvec_q8s_norm_out_cuda(split, x, 64, 512, over_x, nullptr), Error);
+    NormOut no_partials = norm;
+    no_partials.partials = nullptr;
+    EXPECT_THROW(matvec_q8s_norm_out_cuda(split, x, 64, 512, no_partials, nullptr), Error);
+    EXPECT_THROW(matvec_q8s_normed_cuda(split, x, NormedX{}, y.data(), 64, 512, nullptr), Error);
+    EXPECT_THROW(matvec_q8s_normed_cuda(split, x, NormedX{partials.data(), 0, 1e-5f}, y.data(), 64, 512, nullptr),
+                 Error);
 }
 
 TEST(CudaMatvec, RejectsUnsupportedInputs) {
