@@ -282,6 +282,13 @@ bool head_in_norm_chain(const CudaModel& m) {
     return m.output.q8_scales != nullptr && m.output.n_in == m.spec.n_embd && matvec_q8s_fits(m.output.n_in);
 }
 ActQ16 norm_q16(CudaForwardState& st) { return ActQ16{st.norm_q16.data(), st.norm_q16_scale.data()}; }
+// SPILLWAY_CHAIN_WO=MASK (lab): under the norm chain, 1: wo releases gate|up at its entry, 2:
+// the split merge before wo is a programmatic launch. Default 1 (session 28: with both, the
+// chain lost at depth).
+uint32_t norm_chain_wo_mode() {
+    static const uint32_t mode = lab_knob_uint("SPILLWAY_CHAIN_WO", 1, 3, 0);
+    return mode;
+}
 
 // SPILLWAY_FUSED_RELEASE=<bit mask of GemvSite> (lab): the fused GEMVs that let their
 // successor launch at their entry. Default all: with fusion wo is followed by gate|up, a GEMV,
@@ -473,7 +480,8 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                    st.attn_workspace.size(), st.sm_count, stream,
                                    takes_q16(L.wo, T) && !separate_attention_quant() ? act_q16(st) : ActQ16{},
                                    pos0,  // cells before pos0: written by earlier steps
-                                   post_in_attention ? &post : nullptr, !fused && !norm_chain);
+                                   post_in_attention ? &post : nullptr,
+                                   !fused && (!norm_chain || (norm_chain_wo_mode() & 2) != 0));
             if (st.attn_timeline != nullptr) attention_lab_timeline(nullptr);
         } else {
             if (!post_fused) {
@@ -499,8 +507,12 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             if (norm_chain) {
                 // wo releases gate|up at its entry (a GEMV follows, not a small kernel), so the
                 // split merge before it is an ordinary launch (above; session 28's fused path).
+                // Measured (session 31, tg32 f16 0 / 8k / 64k): 230.0 / 206.4 / 131.4 this way;
+                // wo not releasing 228.7 / 201.9 / 129.7; with the merge programmatic too 230.5 /
+                // 204.2 / 126.5 (q8_0 at 8k: 170 against 202).
                 ffn_norm_partials = matvec_q8s_norm_out_cuda(split_of(L.wo), act_q16(st), E, L.wo.n_in,
-                                                             norm_out(L.ffn_norm, 0), stream, true);
+                                                             norm_out(L.ffn_norm, 0), stream,
+                                                             (norm_chain_wo_mode() & 1) != 0);
                 matvec_q8s_swiglu_cuda(split_of(L.ffn_gate), norm_q16(st), F, L.ffn_gate.n_in, glu_q16(st),
                                        GluScratch{gate, st.glu_arrivals.data()}, stream,
                                        release_at_entry(GemvSite::gate_up), normed_x(0, ffn_norm_partials));

@@ -351,18 +351,20 @@ __device__ __forceinline__ void glu_epilogue(const QuantOut& quant, const float*
 // The norm epilogue of a block owning rows [r0, r1) of n (the residual stream's width): s =
 // stream + W x per row, written back (the residual add); this block's sum of s^2 (row order,
 // then block_sum: fixed) into partials[block]; s * weight quantized per 32 values (act_q16,
-// its scales without inv_rms, which the consumer applies to its sums: NormedX).
+// its scales without inv_rms, which the consumer applies to its sums: NormedX). The block's
+// rows of the stream and the weight were copied into shared memory with x (stream_in, weight_in).
 __device__ __forceinline__ void norm_epilogue(const QuantOut& quant, const NormOut& norm, const float* part,
-                                              float* v_shared, float* warp_sums, uint32_t r0, uint32_t r1,
-                                              uint32_t n, uint32_t rows_per_block, uint32_t segs) {
+                                              const float* stream_in, const float* weight_in, float* v_shared,
+                                              float* warp_sums, uint32_t r0, uint32_t r1, uint32_t n,
+                                              uint32_t rows_per_block, uint32_t segs) {
     float sum_sq = 0.0f;
     for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
         float total = 0.0f;
         for (uint32_t seg = 0; seg < segs; ++seg) total += part[r * segs + seg];  // column order
-        const float s = norm.stream[r0 + r] + total;
+        const float s = stream_in[r] + total;
         norm.stream[r0 + r] = s;
         sum_sq = fmaf(s, s, sum_sq);
-        const float t = s * norm.weight[r0 + r];
+        const float t = s * weight_in[r];
         v_shared[r] = t;
         if (block_is_cut((r0 + r) / kActBlock, n, rows_per_block)) quant.scratch.stage[r0 + r] = t;
     }
@@ -451,18 +453,43 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
         }
     }
     // After the partial sums (kGlu: 2 rows per pair): the chained epilogues' values (one per
-    // row or pair), inv_rms, 16 warp sums.
+    // row or pair), inv_rms, 16 warp sums, the norm epilogue's rows of the stream and weight.
     float* chain_values = part + (kGlu ? 2 : 1) * rows_per_block * segs;
     float* inv_rms_slot = chain_values + rows_per_block;
     float* warp_sums = inv_rms_slot + 1;
+    float* stream_in = warp_sums + kSweepWarps;
+    float* weight_in = stream_in + rows_per_block;
+    if constexpr (kOut == SweepOut::norm) {
+        // The weight does not depend on the producer; the stream is read after the wait. Both
+        // land with x (copy_x_to_shared waits for every group), so the epilogue reads no L2.
+        for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32)
+            cp_async4(weight_in + r, io.norm_out.weight + r0 + r);
+        cp_async_commit();
+    }
     pdl_wait_for_producer();  // W went out first: it does not depend on x's producer
     stamp(1);
+    if constexpr (kOut == SweepOut::norm) {
+        for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32)
+            cp_async4(stream_in + r, io.norm_out.stream + r0 + r);
+    }
     if constexpr (kNormIn) {
         // inv_rms from the producer's per-block sums of squares, in a fixed order, while x lands.
         copy_x_to_shared(io.xq, io.xd, cols, q8s_smem, kSweepWarps * 32, [&] {
             if (warp != 0) return;
+            // 8 loads per lane in flight at once (a load-add loop would wait one L2 round
+            // trip per step), added in a fixed order.
+            constexpr uint32_t kPerLane = 8;
             float sum = 0.0f;
-            for (uint32_t i = lane; i < io.norm_in.n_partials; i += 32) sum += __ldcg(io.norm_in.partials + i);
+            for (uint32_t base = 0; base < io.norm_in.n_partials; base += 32 * kPerLane) {
+                float v[kPerLane];
+#pragma unroll
+                for (uint32_t k = 0; k < kPerLane; ++k) {
+                    const uint32_t i = base + 32 * k + lane;
+                    v[k] = i < io.norm_in.n_partials ? __ldcg(io.norm_in.partials + i) : 0.0f;
+                }
+#pragma unroll
+                for (uint32_t k = 0; k < kPerLane; ++k) sum += v[k];
+            }
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
             if (lane == 0) *inv_rms_slot = rsqrtf(sum / (float)cols + io.norm_in.eps);
@@ -530,7 +557,8 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
         glu_epilogue<kNormIn>(io.quant, part, chain_values, r0, r1, rows, rows_per_block, segs,
                               kNormIn ? *inv_rms_slot : 1.0f);
     } else if constexpr (kOut == SweepOut::norm) {
-        norm_epilogue(io.quant, io.norm_out, part, chain_values, warp_sums, r0, r1, rows, rows_per_block, segs);
+        norm_epilogue(io.quant, io.norm_out, part, stream_in, weight_in, chain_values, warp_sums, r0, r1, rows,
+                      rows_per_block, segs);
     } else {
         for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
             float total = 0.0f;
@@ -551,16 +579,28 @@ uint32_t launch_q8s_sweep_as(Q8SplitConst w, const Io& io, uint32_t rows, uint32
     constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kStamps, kOut, kNormIn>;
     constexpr bool kGlu = kOut == SweepOut::glu, kChained = kOut != SweepOut::plain || kNormIn;
     static_assert(std::is_same_v<Io, std::conditional_t<kChained, ChainedSweepIo, SweepIo>>, "the kernel's parameters");
-    // The chained epilogues' values, inv_rms and 16 warp sums after the partial sums.
-    const auto chain_bytes = [](uint32_t per_block) { return kChained ? ((size_t)per_block + 17) * sizeof(float) : 0; };
+    // After the partial sums: the chained epilogues' values, inv_rms, 16 warp sums, and the
+    // norm epilogue's rows of the stream and the weight.
+    const auto chain_bytes = [](uint32_t per_block) {
+        return kChained ? (3 * (size_t)per_block + 1 + kSweepWarps) * sizeof(float) : 0;
+    };
     const size_t x_bytes = ((size_t)cols * 2 + cols / 8 + 15) / 16 * 16;
     static const int sms = [] {
         const auto x_bytes_of = [](size_t n) { return (n * 2 + n / 8 + 15) / 16 * 16; };
-        // Chained: at most one value per row of partial sums (<= the partials' bytes), and 17 more.
+        // Chained: three values per row (or pair) of a block, whose sums fit the partials'
+        // bytes: the most over the row lengths (widest at 1 segment: 193 KB).
+        const auto chained_max = [&] {
+            size_t most = 0;
+            for (uint32_t segs = 1; segs <= kMaxCols / kUnitCols; ++segs)
+                most = std::max(most, x_bytes_of((size_t)segs * kUnitCols) + kSweepPartialBytes +
+                                          (3 * (kSweepPartialBytes / (segs * sizeof(float))) + 1 + kSweepWarps) *
+                                              sizeof(float));
+            return most;
+        };
         const size_t max_smem =
             kFused   ? std::max(x_bytes_of(kMaxCols) + kSweepPartialBytes,
                                 x_bytes_of(kFusedMaxCols) + kFusedStagePerCol * kFusedMaxCols)
-            : kChained ? x_bytes_of(kMaxCols) + 2 * kSweepPartialBytes + 17 * sizeof(float)
+            : kChained ? chained_max()
                        : x_bytes_of(kMaxCols) + kSweepPartialBytes;
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)max_smem));
         int device = 0, count = 0;
