@@ -130,9 +130,11 @@ if [ -z "$bench_only" ]; then
     # SPILLWAY_Q16X_RELEASE=0 / SPILLWAY_ATTN_FINISH=kernels / SPILLWAY_Q16X_KERNEL=smem4
     # / SPILLWAY_POST_QKV=kernel (session 17): GEMVs release at exit; a quantize launch after a
     # single-split attention; the head on the 2-stage variant; bias + RoPE + K/V write in their
-    # own launch at every depth.
+    # own launch at every depth. SPILLWAY_GLU_EPILOGUE=0 / SPILLWAY_NORM_CHAIN=0 (session 31):
+    # SwiGLU and the RMSNorms as launches of their own between the split-layout GEMVs.
     for knob in default SPILLWAY_Q16X_SPLIT=pairs SPILLWAY_ATTENTION_QUANT=separate SPILLWAY_DECODE_LAYER=1 SPILLWAY_PDL_SMALL=0 \
-        SPILLWAY_Q16X_RELEASE=0 SPILLWAY_ATTN_FINISH=kernels SPILLWAY_Q16X_KERNEL=smem4 SPILLWAY_POST_QKV=kernel; do
+        SPILLWAY_Q16X_RELEASE=0 SPILLWAY_ATTN_FINISH=kernels SPILLWAY_Q16X_KERNEL=smem4 SPILLWAY_POST_QKV=kernel \
+        SPILLWAY_GLU_EPILOGUE=0 SPILLWAY_NORM_CHAIN=0; do
       if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
       env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 0,8192,65536 \
         -ctk f16 >"$out/engine-ab-${knob%%=*}.log" 2>&1
@@ -155,9 +157,9 @@ if [ -z "$bench_only" ]; then
         -ctk q8_0,q4_0,q8_0 -ctv q8_0,q4_0,q4_0 >"$out/engine-ab-mma-range.log" 2>&1
       echo "engine A/B $knob rc=$?: $(grep -E '^\| q' "$out/engine-ab-mma-range.log" | awk -F'|' '{printf "%s d=%s %s tok/s  ", $2, $5, $6}')"
     done
-    # Q8_0 weights in the split layout, every decode site (session 23: faster at depth 0, slower
-    # at 8k-64k, so off by default).
-    for knob in default SPILLWAY_Q8_SPLIT=31; do
+    # Q8_0 weights in the split layout at every decode site, the default since session 27
+    # (SPILLWAY_Q8_SPLIT=0: GGUF's block layout and the q16x GEMV, 7-13% slower then).
+    for knob in default SPILLWAY_Q8_SPLIT=0; do
       if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
       env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 0,8192,65536 \
         -ctk f16,q8_0,q4_0 -ctv f16,q8_0,q4_0 >"$out/engine-ab-q8-split.log" 2>&1

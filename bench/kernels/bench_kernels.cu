@@ -407,10 +407,9 @@ void bench_q8s_layer_chain_fused(Report& r, const Options& o, const std::string&
     r.add(name, shape, (double)layer_bytes, us);
 }
 
-// A programmatic kernel that only waits for its producer and releases its dependent: the
-// boundary a small kernel puts between two GEMVs, without its work.
 // A one-warp programmatic kernel between two GEMVs: waits for its producer and releases its
-// dependent; with stamps, thread 0 also stamps its entry, its wait's return and its end.
+// dependent (the boundary a small kernel puts between two GEMVs, without its work); with
+// stamps, thread 0 also stamps its entry, its wait's return and its end.
 __global__ void hop_kernel(uint64_t* stamps) {
     if (stamps != nullptr && threadIdx.x == 0) stamps[0] = global_timer_ns();
     pdl_wait_for_producer();
@@ -419,12 +418,6 @@ __global__ void hop_kernel(uint64_t* stamps) {
     if (stamps != nullptr && threadIdx.x == 0) stamps[2] = global_timer_ns();
 }
 
-// The four GEMVs with the engine's small kernels between them (RMSNorm with the residual add
-// before q|k|v and gate|up, SwiGLU before down, and one more RMSNorm standing in for the
-// attention's hop before wo), each GEMV but wo releasing its successor at entry as in the
-// engine. Against "q8s layer chain <kernel> release" it prices the hops (session 29: 85.5-86.5
-// vs 72.8-74.1 us per layer); against the engine's layer time at depth 0, the attention and the rest.
-// empty: each small kernel replaced by hop_kernel (one warp, no stamps), the boundaries alone.
 // The f32 vectors and the int16 x that a 14B layer's small kernels read and write between its
 // GEMVs (rows "q8s layer hops", "q8s hop timeline"), filled with random values.
 // glu_*: down's x and the arrival counts when gate|up runs SwiGLU in its epilogue.
@@ -461,8 +454,14 @@ struct LayerHopBuffers {
     }
 };
 
-// variant "glu": gate|up runs SwiGLU in its epilogue (matvec_q8s_swiglu_cuda) and down
-// follows it directly: 3 hops. "chain": also the norms split across the GEMVs (wo and down
+// The four GEMVs with the engine's small kernels between them (RMSNorm with the residual add
+// before q|k|v and gate|up, SwiGLU before down, and one more RMSNorm standing in for the
+// attention's hop before wo), each GEMV but wo releasing its successor at entry as the
+// separate launches do. Against "q8s layer chain <kernel> release" it prices the hops (session
+// 29: 85.5-86.5 vs 72.8-74.1 us per layer); against the engine's layer time at depth 0, the
+// attention and the rest. Variant "empty": each small kernel replaced by hop_kernel (one
+// warp, no stamps), the boundaries alone; "glu": gate|up runs SwiGLU in its epilogue
+// (matvec_q8s_swiglu_cuda) and down follows it directly: 3 hops. "chain": also the norms split across the GEMVs (wo and down
 // norm_out, q|k|v and gate|up normed), the engine's default decode: the attention's hop only.
 void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, const std::string& variant) {
     const bool empty = variant == "empty", glu = variant == "glu", norm_chain = variant == "chain";
