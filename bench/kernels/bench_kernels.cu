@@ -520,7 +520,9 @@ void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, c
 // (sweep1r2 with global-timer stamps, matvec_q8s_stamped_cuda) released as in the engine,
 // with between each pair: nothing ("chain", every GEMV released at entry), the stamping
 // one-warp kernel ("empty"), or the engine's RMSNorm and SwiGLU, the latter stamped
-// (swiglu_q16_stamped_cuda; "small": its blocks' stamps are printed under the last boundary). 16 layers
+// (swiglu_q16_stamped_cuda; "small": its blocks' stamps are printed under the last boundary);
+// "norm-chain": the engine's default decode (session 31: the stamped twins of the chained
+// sweeps, an RMSNorm standing in for the attention before wo, no other launch). 16 layers
 // per graph, weight sets rotating; after three replays, a middle layer's four boundaries are
 // printed in us from the previous GEMV's last block end (t = 0): that GEMV's skew (its first
 // block end), the hop kernel's entry / wait return / end, and the next GEMV's blocks' entry,
@@ -540,14 +542,34 @@ void bench_q8s_hop_timeline(const Options& o, const std::string& mode) {
     const LayerHopBuffers b(21);
     const ActQ16 act = b.act();
     const DeviceBuffer<float>&stream = b.stream, &proj = b.proj, &norm_w = b.norm_w, &xn = b.xn, &y = b.gate_up;
-    const bool chain_only = mode == "chain", small = mode == "small";
-    // The engine's releases (qkv, gate|up and down at entry, wo not); all of them in the chain.
-    const bool release[4] = {true, chain_only, true, true};
+    const bool chain_only = mode == "chain", small = mode == "small", norm_chain = mode == "norm-chain";
+    // The separate launches' releases (qkv, gate|up and down at entry, wo not); all of them in
+    // the chain and the norm chain.
+    const bool release[4] = {true, chain_only || norm_chain, true, true};
+    uint32_t n_partials = 0;
+    if (norm_chain) {  // the partial sums the first q|k|v reads
+        n_partials = matvec_q8s_norm_out_cuda(w[0][3].view(), b.glu_act(), 5120, 13824, b.norm_out(), nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    }
     uint32_t blocks[4] = {};
     cudaStream_t st;
     SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     const auto layer = [&](uint32_t l) {
         const std::vector<Q8SplitBuffers>& L = w[l % w.size()];
+        if (norm_chain) {  // the engine's default decode: q|k|v, the attention's stand-in, wo, gate|up, down
+            const auto normed = [&] { return NormedX{b.norm_partials.data(), n_partials, 1e-5f}; };
+            blocks[0] = matvec_q8s_normed_cuda(L[0].view(), b.norm_act(), normed(), b.qkv.data(), 7168, 5120, st,
+                                               release[0], gemv_stamps(l, 0));
+            rmsnorm_cuda(b.attn.data(), nullptr, norm_w.data(), xn.data(), 1, 5120, 1e-5f, st, act);
+            blocks[1] = matvec_q8s_norm_out_cuda(L[1].view(), act, 5120, 5120, b.norm_out(), st, release[1],
+                                                 gemv_stamps(l, 1));
+            const NormedX ffn_norm = normed();  // wo's partials: the same count and slots
+            blocks[2] = matvec_q8s_swiglu_cuda(L[2].view(), b.norm_act(), 13824, 5120, b.glu_act(), b.glu_scratch(),
+                                               st, release[2], ffn_norm, gemv_stamps(l, 2));
+            blocks[3] = matvec_q8s_norm_out_cuda(L[3].view(), b.glu_act(), 5120, 13824, b.norm_out(), st, release[3],
+                                                 gemv_stamps(l, 3));
+            return;
+        }
         for (uint32_t k = 0; k < 4; ++k) {
             if (small) {
                 if (k != 3) {
@@ -1289,7 +1311,7 @@ int main(int argc, char** argv) {
         }
         for (const char* variant : {"", "empty", "glu", "chain"})
             bench_q8s_layer_hops(r, o, MatvecQ8sKernel::sweep1r2, variant);
-        for (const char* mode : {"chain", "empty", "small"}) bench_q8s_hop_timeline(o, mode);
+        for (const char* mode : {"chain", "empty", "small", "norm-chain"}) bench_q8s_hop_timeline(o, mode);
         for (const char* which : {"", "norms", "swiglu", "adds"}) bench_q8s_layer_chain_fused(r, o, which);
         bench_decode_layer(r, o);
         bench_matvec(r, o, GgmlType::Q8_0, 896, 896, 1);  // 0.5B shape: unaligned rows, launch-bound

@@ -815,6 +815,15 @@ void check_chained_sweep(const char* what, Q8SplitConst w, ActQ16 x, const ActQ1
     }
 }
 
+// A chained instance, or its stamped twin (lab) when io.stamps is set; returns the block count.
+template <SweepOut kOut, bool kNormIn>
+uint32_t launch_chained(Q8SplitConst w, const ChainedSweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
+                        bool release_at_entry) {
+    if (io.stamps != nullptr)
+        return launch_q8s_sweep_as<4, 1, 2, false, true, kOut, kNormIn>(w, io, rows, cols, stream, release_at_entry);
+    return launch_q8s_sweep_as<4, 1, 2, false, false, kOut, kNormIn>(w, io, rows, cols, stream, release_at_entry);
+}
+
 void check_normed_x(const char* what, const NormedX& norm) {
     if (norm.partials != nullptr && (norm.n_partials == 0 || !(norm.eps >= 0.0f)))
         fail(std::string(what) + ": normed x needs its producer's sums of squares (at least one) and eps >= 0");
@@ -822,8 +831,8 @@ void check_normed_x(const char* what, const NormedX& norm) {
 
 }  // namespace
 
-void matvec_q8s_swiglu_cuda(Q8SplitConst w, ActQ16 x, uint32_t ff, uint32_t cols, ActQ16 out, GluScratch scratch,
-                            cudaStream_t stream, bool release_at_entry, const NormedX& norm) {
+uint32_t matvec_q8s_swiglu_cuda(Q8SplitConst w, ActQ16 x, uint32_t ff, uint32_t cols, ActQ16 out, GluScratch scratch,
+                                cudaStream_t stream, bool release_at_entry, const NormedX& norm, uint64_t* stamps) {
     if (!matvec_q8s_swiglu_fits(ff, cols))
         fail("matvec_q8s_swiglu_cuda: ff must be a positive multiple of 32 and cols a multiple of 512 (<= 32768), "
              "with the sweep1r2 kernel");
@@ -832,10 +841,12 @@ void matvec_q8s_swiglu_cuda(Q8SplitConst w, ActQ16 x, uint32_t ff, uint32_t cols
     ChainedSweepIo io{q16_io(x, nullptr)};
     io.quant = QuantOut{out, scratch};
     io.norm_in = norm;
-    if (norm.partials != nullptr)
-        launch_q8s_sweep_as<4, 1, 2, false, false, SweepOut::glu, true>(w, io, ff, cols, stream, release_at_entry);
-    else launch_q8s_sweep_as<4, 1, 2, false, false, SweepOut::glu>(w, io, ff, cols, stream, release_at_entry);
+    io.stamps = stamps;
+    const uint32_t blocks = norm.partials != nullptr
+                                ? launch_chained<SweepOut::glu, true>(w, io, ff, cols, stream, release_at_entry)
+                                : launch_chained<SweepOut::glu, false>(w, io, ff, cols, stream, release_at_entry);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    return blocks;
 }
 
 bool matvec_q8s_norm_out_fits(uint32_t rows, uint32_t cols) {
@@ -845,7 +856,7 @@ bool matvec_q8s_norm_out_fits(uint32_t rows, uint32_t cols) {
 }
 
 uint32_t matvec_q8s_norm_out_cuda(Q8SplitConst w, ActQ16 x, uint32_t rows, uint32_t cols, const NormOut& norm,
-                                  cudaStream_t stream, bool release_at_entry) {
+                                  cudaStream_t stream, bool release_at_entry, uint64_t* stamps) {
     if (!matvec_q8s_norm_out_fits(rows, cols))
         fail("matvec_q8s_norm_out_cuda: rows must be a positive multiple of 32 (<= 32768) and cols a multiple of 512 "
              "(<= 32768), with the sweep1r2 kernel");
@@ -855,8 +866,8 @@ uint32_t matvec_q8s_norm_out_cuda(Q8SplitConst w, ActQ16 x, uint32_t rows, uint3
     ChainedSweepIo io{q16_io(x, nullptr)};
     io.quant = QuantOut{norm.out, norm.scratch};
     io.norm_out = norm;
-    const uint32_t blocks =
-        launch_q8s_sweep_as<4, 1, 2, false, false, SweepOut::norm>(w, io, rows, cols, stream, release_at_entry);
+    io.stamps = stamps;
+    const uint32_t blocks = launch_chained<SweepOut::norm, false>(w, io, rows, cols, stream, release_at_entry);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
     // <= max(SMs, 171) blocks (rows <= 32768, >= 192 rows each when not one block per SM);
     // the kernel writes no partial past the limit, and the consumer would be wrong.
@@ -864,17 +875,19 @@ uint32_t matvec_q8s_norm_out_cuda(Q8SplitConst w, ActQ16 x, uint32_t rows, uint3
     return blocks;
 }
 
-void matvec_q8s_normed_cuda(Q8SplitConst w, ActQ16 x, const NormedX& norm, float* y, uint32_t rows, uint32_t cols,
-                            cudaStream_t stream, bool release_at_entry) {
-    if (rows == 0) return;
+uint32_t matvec_q8s_normed_cuda(Q8SplitConst w, ActQ16 x, const NormedX& norm, float* y, uint32_t rows,
+                                uint32_t cols, cudaStream_t stream, bool release_at_entry, uint64_t* stamps) {
+    if (rows == 0) return 0;
     if (!matvec_q8s_fits(cols) || norm.partials == nullptr || y == nullptr)
         fail("matvec_q8s_normed_cuda: cols must be a multiple of 512 (<= 32768), with the sums of squares and y");
     check_chained_sweep("matvec_q8s_normed_cuda", w, x, nullptr, nullptr);
     check_normed_x("matvec_q8s_normed_cuda", norm);
     ChainedSweepIo io{q16_io(x, y)};
     io.norm_in = norm;
-    launch_q8s_sweep_as<4, 1, 2, false, false, SweepOut::plain, true>(w, io, rows, cols, stream, release_at_entry);
+    io.stamps = stamps;
+    const uint32_t blocks = launch_chained<SweepOut::plain, true>(w, io, rows, cols, stream, release_at_entry);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    return blocks;
 }
 
 void matvec_q8s_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t rows, uint32_t cols, cudaStream_t stream,

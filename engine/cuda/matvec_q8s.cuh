@@ -94,16 +94,19 @@ struct NormOut {
 // out must not be x; release_at_entry as for matvec_q8s_cuda. Launches on one scratch must
 // not overlap (stream order, or a programmatic successor that waits, as every engine kernel
 // does). norm: x came from a norm epilogue (gate and up scaled by its inv_rms).
-void matvec_q8s_swiglu_cuda(Q8SplitConst w, ActQ16 x, uint32_t ff, uint32_t cols, ActQ16 out, GluScratch scratch,
-                            cudaStream_t stream, bool release_at_entry = false, const NormedX& norm = {});
+// The chained sweeps return their block count; stamps (lab, bench "q8s hop timeline
+// norm-chain"): their stamped twins, 5 global-timer stamps per block as matvec_q8s_stamped_cuda.
+uint32_t matvec_q8s_swiglu_cuda(Q8SplitConst w, ActQ16 x, uint32_t ff, uint32_t cols, ActQ16 out, GluScratch scratch,
+                                cudaStream_t stream, bool release_at_entry = false, const NormedX& norm = {},
+                                uint64_t* stamps = nullptr);
 // rows % 32 == 0 (whole quantized blocks), rows <= 32768, cols as matvec_q8s_fits.
 bool matvec_q8s_norm_out_fits(uint32_t rows, uint32_t cols);
 // Returns the number of partial sums written (the consumer's NormedX::n_partials).
 uint32_t matvec_q8s_norm_out_cuda(Q8SplitConst w, ActQ16 x, uint32_t rows, uint32_t cols, const NormOut& norm,
-                                  cudaStream_t stream, bool release_at_entry = false);
+                                  cudaStream_t stream, bool release_at_entry = false, uint64_t* stamps = nullptr);
 // y = inv_rms (W x) for x from a norm epilogue.
-void matvec_q8s_normed_cuda(Q8SplitConst w, ActQ16 x, const NormedX& norm, float* y, uint32_t rows, uint32_t cols,
-                            cudaStream_t stream, bool release_at_entry = false);
+uint32_t matvec_q8s_normed_cuda(Q8SplitConst w, ActQ16 x, const NormedX& norm, float* y, uint32_t rows, uint32_t cols,
+                                cudaStream_t stream, bool release_at_entry = false, uint64_t* stamps = nullptr);
 
 // Decode fusion (session 28): the sweep GEMV forms x itself from what the previous ops left
 // in f32, so no RMSNorm or SwiGLU launch sits between two GEMVs, and adds W x into the

@@ -726,6 +726,85 @@ TEST(CudaMatvec, NormChainMatchesSeparateNorm) {
                  Error);
 }
 
+// The chained sweeps' stamped twins (lab timeline) compute exactly their bits, and every
+// block's five stamps are set and in order.
+TEST(CudaMatvec, ChainedStampedEqualsUnstamped) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const uint32_t seed = fresh_seed();
+    SCOPED_TRACE("seed=" + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const uint32_t E = 1024, cols = 2048, ff = 512;
+    const HostWeights w = random_weights(rng, GgmlType::Q8_0, E, cols), w2 = random_weights(rng, GgmlType::Q8_0, 2 * ff, E);
+    auto d_w = to_device(w.bytes), d_w2 = to_device(w2.bytes);
+    DeviceBuffer<int8_t> codes((size_t)E * cols), codes2((size_t)2 * ff * E);
+    DeviceBuffer<uint16_t> scales((size_t)E * cols / 32), scales2((size_t)2 * ff * E / 32);
+    q8_0_to_split_cuda(d_w.data(), E, cols, Q8Split{codes.data(), scales.data()}, nullptr);
+    q8_0_to_split_cuda(d_w2.data(), 2 * ff, E, Q8Split{codes2.data(), scales2.data()}, nullptr);
+    const Q8SplitConst split{codes.data(), scales.data()}, split2{codes2.data(), scales2.data()};
+    auto d_x = to_device(random_floats(rng, cols, 2.0f));
+    const std::vector<float> stream0 = random_floats(rng, E, 3.0f);
+    auto d_norm_w = to_device(random_floats(rng, E));
+    DeviceBuffer<int16_t> xq(cols);
+    DeviceBuffer<float> xd(cols / 32);
+    quantize_act_q16_cuda(d_x.data(), cols, 1, ActQ16{xq.data(), xd.data()}, nullptr);
+    const ActQ16 x{xq.data(), xd.data()};
+    DeviceBuffer<uint64_t> stamps(5 * 1024);
+    struct Outputs {
+        std::vector<float> stream, partials, y;
+        std::vector<int16_t> nq, hq;
+        std::vector<float> nd, hd;
+    };
+    const auto run = [&](bool stamped, std::vector<uint32_t>& blocks) {
+        auto d_stream = to_device(stream0);
+        DeviceBuffer<int16_t> nq(E), hq(ff);
+        DeviceBuffer<float> nd(E / 32), hd(ff / 32), partials(kNormOutMaxBlocks), stage(E), stage2(ff), y(2 * ff);
+        DeviceBuffer<uint32_t> arrivals(E / 32), arrivals2(ff / 32);
+        SPILLWAY_CUDA_CHECK(cudaMemset(arrivals.data(), 0, arrivals.bytes()));
+        SPILLWAY_CUDA_CHECK(cudaMemset(arrivals2.data(), 0, arrivals2.bytes()));
+        poison(nq), poison(nd), poison(hq), poison(hd), poison(y), poison(partials);
+        SPILLWAY_CUDA_CHECK(cudaMemset(stamps.data(), 0, stamps.bytes()));
+        const ActQ16 n_act{nq.data(), nd.data()};
+        uint64_t* s = stamped ? stamps.data() : nullptr;
+        const uint32_t n = matvec_q8s_norm_out_cuda(
+            split, x, E, cols,
+            NormOut{d_stream.data(), d_norm_w.data(), partials.data(), n_act, GluScratch{stage.data(), arrivals.data()}},
+            nullptr, false, s);
+        const NormedX normed{partials.data(), n, 1e-5f};
+        const uint32_t n2 = matvec_q8s_normed_cuda(split2, n_act, normed, y.data(), 2 * ff, E, nullptr, false,
+                                                   s ? s + 5 * 256 : nullptr);
+        const uint32_t n3 = matvec_q8s_swiglu_cuda(split2, n_act, ff, E, ActQ16{hq.data(), hd.data()},
+                                                   GluScratch{stage2.data(), arrivals2.data()}, nullptr, false, normed,
+                                                   s ? s + 5 * 512 : nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        blocks = {n, n2, n3};
+        return Outputs{to_host(d_stream), to_host(partials), to_host(y), to_host(nq), to_host(hq), to_host(nd),
+                       to_host(hd)};
+    };
+    std::vector<uint32_t> plain_blocks, stamped_blocks;
+    const Outputs a = run(false, plain_blocks), b = run(true, stamped_blocks);
+    EXPECT_EQ(plain_blocks, stamped_blocks);
+    const auto same = [](const auto& u, const auto& v) {
+        return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * sizeof(u[0])) == 0;
+    };
+    EXPECT_TRUE(same(a.stream, b.stream) && same(a.nq, b.nq) && same(a.nd, b.nd)) << "norm out";
+    EXPECT_TRUE(same(std::vector<float>(a.partials.begin(), a.partials.begin() + plain_blocks[0]),
+                     std::vector<float>(b.partials.begin(), b.partials.begin() + plain_blocks[0])))
+        << "sums of squares";
+    EXPECT_TRUE(same(a.y, b.y)) << "normed";
+    EXPECT_TRUE(same(a.hq, b.hq) && same(a.hd, b.hd)) << "SwiGLU";
+    const std::vector<uint64_t> t = to_host(stamps);
+    size_t out_of_order = 0;
+    for (uint32_t k = 0; k < 3; ++k) {
+        ASSERT_LE(stamped_blocks[k], 256u);
+        for (uint32_t blk = 0; blk < stamped_blocks[k]; ++blk)
+            for (int j = 0; j < 5; ++j) {
+                const uint64_t* p = t.data() + 5 * (256 * k + blk);
+                out_of_order += p[j] == 0 || (j > 0 && p[j] < p[j - 1]);
+            }
+    }
+    EXPECT_EQ(out_of_order, 0u);
+}
+
 TEST(CudaMatvec, RejectsUnsupportedInputs) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     DeviceBuffer<uint8_t> w(1 << 16);
