@@ -504,6 +504,21 @@ TEST(CudaMatvec, FusedSweepEqualsSeparateLaunches) {
                                        nullptr), Error);
 }
 
+// A random Q8_0 matrix uploaded and converted to the split layout (the chained sweeps' tests).
+struct DeviceSplitMatrix {
+    HostWeights host;
+    DeviceBuffer<int8_t> codes;
+    DeviceBuffer<uint16_t> scales;
+    DeviceSplitMatrix(std::mt19937& rng, uint32_t rows, uint32_t cols)
+        : host(random_weights(rng, GgmlType::Q8_0, rows, cols)), codes((size_t)rows * cols),
+          scales((size_t)rows * cols / 32) {
+        auto gguf = to_device(host.bytes);
+        q8_0_to_split_cuda(gguf.data(), rows, cols, Q8Split{codes.data(), scales.data()}, nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());  // before the GGUF copy goes
+    }
+    Q8SplitConst view() const { return Q8SplitConst{codes.data(), scales.data()}; }
+};
+
 // gate|up with SwiGLU in its epilogue (matvec_q8s_swiglu_cuda) must write exactly the bits of
 // the plain GEMV over the 2 ff rows followed by swiglu_q16_cuda, on shapes whose 32-value
 // blocks are cut between 2 grid blocks (14B, 7B), between up to 32 (ff = 32: one pair per
@@ -516,13 +531,10 @@ void check_swiglu_epilogue(uint32_t ff, uint32_t cols) {
                  std::to_string(seed));
     std::mt19937 rng(seed);
     const uint32_t rows = 2 * ff;
-    const HostWeights w = random_weights(rng, GgmlType::Q8_0, rows, cols);
+    const DeviceSplitMatrix m(rng, rows, cols);
+    const HostWeights& w = m.host;
     const std::vector<float> x = random_floats(rng, cols, 2.0f);
-    auto d_w = to_device(w.bytes);
-    DeviceBuffer<int8_t> codes((size_t)rows * cols);
-    DeviceBuffer<uint16_t> scales((size_t)rows * cols / 32);
-    q8_0_to_split_cuda(d_w.data(), rows, cols, Q8Split{codes.data(), scales.data()}, nullptr);
-    const Q8SplitConst split{codes.data(), scales.data()};
+    const Q8SplitConst split = m.view();
     auto d_x = to_device(x);
     DeviceBuffer<int16_t> xq(cols), want_q(ff), got_q(ff);
     DeviceBuffer<float> xd(cols / 32), want_d(ff / 32), got_d(ff / 32), gate_up(rows), stage(ff);
@@ -600,17 +612,12 @@ void check_norm_chain(uint32_t rows, uint32_t cols, uint32_t ff) {
     SCOPED_TRACE("norm chain rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + " ff=" +
                  std::to_string(ff) + " seed=" + std::to_string(seed));
     std::mt19937 rng(seed);
-    const HostWeights w = random_weights(rng, GgmlType::Q8_0, rows, cols);
-    const HostWeights w2 = random_weights(rng, GgmlType::Q8_0, 2 * ff, rows);  // the consumer: gate|up shape
+    const DeviceSplitMatrix m(rng, rows, cols), m2(rng, 2 * ff, rows);  // m2: the consumer, gate|up's shape
+    const HostWeights& w2 = m2.host;
     const std::vector<float> x = random_floats(rng, cols, 2.0f), stream0 = random_floats(rng, rows, 3.0f);
     const std::vector<float> norm_w = random_floats(rng, rows);
     const float eps = 1e-5f;
-    auto d_w = to_device(w.bytes), d_w2 = to_device(w2.bytes);
-    DeviceBuffer<int8_t> codes((size_t)rows * cols), codes2((size_t)2 * ff * rows);
-    DeviceBuffer<uint16_t> scales((size_t)rows * cols / 32), scales2((size_t)2 * ff * rows / 32);
-    q8_0_to_split_cuda(d_w.data(), rows, cols, Q8Split{codes.data(), scales.data()}, nullptr);
-    q8_0_to_split_cuda(d_w2.data(), 2 * ff, rows, Q8Split{codes2.data(), scales2.data()}, nullptr);
-    const Q8SplitConst split{codes.data(), scales.data()}, split2{codes2.data(), scales2.data()};
+    const Q8SplitConst split = m.view(), split2 = m2.view();
     auto d_x = to_device(x), d_norm_w = to_device(norm_w);
     DeviceBuffer<int16_t> xq(cols), nq(rows), hq(ff);
     DeviceBuffer<float> xd(cols / 32), nd(rows / 32), hd(ff / 32), y_plain(rows), stage(rows), partials(kNormOutMaxBlocks);
@@ -734,13 +741,8 @@ TEST(CudaMatvec, ChainedStampedEqualsUnstamped) {
     SCOPED_TRACE("seed=" + std::to_string(seed));
     std::mt19937 rng(seed);
     const uint32_t E = 1024, cols = 2048, ff = 512;
-    const HostWeights w = random_weights(rng, GgmlType::Q8_0, E, cols), w2 = random_weights(rng, GgmlType::Q8_0, 2 * ff, E);
-    auto d_w = to_device(w.bytes), d_w2 = to_device(w2.bytes);
-    DeviceBuffer<int8_t> codes((size_t)E * cols), codes2((size_t)2 * ff * E);
-    DeviceBuffer<uint16_t> scales((size_t)E * cols / 32), scales2((size_t)2 * ff * E / 32);
-    q8_0_to_split_cuda(d_w.data(), E, cols, Q8Split{codes.data(), scales.data()}, nullptr);
-    q8_0_to_split_cuda(d_w2.data(), 2 * ff, E, Q8Split{codes2.data(), scales2.data()}, nullptr);
-    const Q8SplitConst split{codes.data(), scales.data()}, split2{codes2.data(), scales2.data()};
+    const DeviceSplitMatrix m(rng, E, cols), m2(rng, 2 * ff, E);
+    const Q8SplitConst split = m.view(), split2 = m2.view();
     auto d_x = to_device(random_floats(rng, cols, 2.0f));
     const std::vector<float> stream0 = random_floats(rng, E, 3.0f);
     auto d_norm_w = to_device(random_floats(rng, E));
