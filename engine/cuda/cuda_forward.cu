@@ -252,8 +252,8 @@ bool decode_layer_fits(const CudaModel& m) {
 Q8SplitConst split_of(const CudaMatrix& w) { return Q8SplitConst{reinterpret_cast<const int8_t*>(w.data), w.q8_scales}; }
 
 // Whether layer L's decode FFN runs gate|up with SwiGLU in its epilogue, straight into down
-// (matvec_q8s_swiglu_cuda): both in the split layout, gate|up stored back to back, and the
-// state holds the epilogue's buffers (CudaForwardState::glu_epilogue).
+// (matvec_q8s_swiglu_cuda): both in the split layout, gate|up stored back to back; the state
+// must also hold the epilogue's buffers (CudaForwardState::glu_q16, uses_glu_epilogue).
 bool glu_epilogue_takes(const CudaLayerWeights& L, uint32_t n_ff) {
     return L.fused_gate_up && L.ffn_gate.q8_scales && L.ffn_down.q8_scales &&
            matvec_q8s_swiglu_fits(n_ff, L.ffn_gate.n_in) && L.ffn_down.n_in == n_ff && matvec_q8s_fits(n_ff);
@@ -282,12 +282,6 @@ bool head_in_norm_chain(const CudaModel& m) {
     return m.output.q8_scales != nullptr && m.output.n_in == m.spec.n_embd && matvec_q8s_fits(m.output.n_in);
 }
 ActQ16 norm_q16(CudaForwardState& st) { return ActQ16{st.norm_q16.data(), st.norm_q16_scale.data()}; }
-// SPILLWAY_HANDOVER=lean (lab): the chained epilogues' cut-block hand-over with one acq_rel
-// atomic (GluScratch::lean); default: fence + atomic, as measured in session 31.
-GluScratch handover_scratch(float* stage, uint32_t* arrivals) {
-    static const bool lean = lab_knob("SPILLWAY_HANDOVER", "lean", "fence");
-    return GluScratch{stage, arrivals, lean};
-}
 // SPILLWAY_CHAIN_WO=MASK (lab): under the norm chain, 1: wo releases gate|up at its entry, 2:
 // the split merge before wo is a programmatic launch. Default 1 (session 28: with both, the
 // chain lost at depth).
@@ -387,8 +381,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         return NormedX{st.norm_partials[which].data(), n, s.norm_eps};
     };
     const auto norm_out = [&](const float* weight, int which) {
-        return NormOut{x, weight, st.norm_partials[which].data(), norm_q16(st),
-                       handover_scratch(proj, st.norm_arrivals.data())};
+        return NormOut{x, weight, st.norm_partials[which].data(), norm_q16(st), GluScratch{proj, st.norm_arrivals.data()}};
     };
     for (uint32_t il = 0; il < s.n_layer; ++il) {
         const CudaLayerWeights& L = m.layers[il];
@@ -521,7 +514,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                                              norm_out(L.ffn_norm, 0), stream,
                                                              (norm_chain_wo_mode() & 1) != 0);
                 matvec_q8s_swiglu_cuda(split_of(L.ffn_gate), norm_q16(st), F, L.ffn_gate.n_in, glu_q16(st),
-                                       handover_scratch(gate, st.glu_arrivals.data()), stream,
+                                       GluScratch{gate, st.glu_arrivals.data()}, stream,
                                        release_at_entry(GemvSite::gate_up), normed_x(0, ffn_norm_partials));
                 const bool last = il + 1 == s.n_layer;
                 if (!last || head_in_norm_chain(m)) {
@@ -562,8 +555,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             // gate|up writes SwiGLU's quantized output itself; down reads it (gate stages the
             // epilogue's hand-over).
             matvec_q8s_swiglu_cuda(split_of(L.ffn_gate), act_q16(st), F, L.ffn_gate.n_in, glu_q16(st),
-                                   handover_scratch(gate, st.glu_arrivals.data()), stream,
-                                   release_at_entry(GemvSite::gate_up));
+                                   GluScratch{gate, st.glu_arrivals.data()}, stream, release_at_entry(GemvSite::gate_up));
             matvec_q8s_cuda(split_of(L.ffn_down), glu_q16(st), proj, L.ffn_down.n_out, F, stream,
                             release_at_entry(GemvSite::down));
             continue;

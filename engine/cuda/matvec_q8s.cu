@@ -302,8 +302,6 @@ constexpr size_t kFusedStagePerCol = 8;
 __device__ __forceinline__ bool block_is_cut(uint32_t b, uint32_t n, uint32_t per_block) {
     return b * kActBlock / per_block != min(b * kActBlock + kActBlock - 1, n - 1) / per_block;
 }
-// kLean: GluScratch::lean (lab).
-template <bool kLean>
 __device__ __forceinline__ void quantize_block_values(const QuantOut& quant, const float* v, uint32_t r0, uint32_t r1,
                                                       uint32_t n, uint32_t per_block) {
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -312,19 +310,12 @@ __device__ __forceinline__ void quantize_block_values(const QuantOut& quant, con
             const uint32_t holders = min(b * kActBlock + kActBlock - 1, n - 1) / per_block - b * kActBlock / per_block + 1;
             uint32_t last = 0;
             if (lane == 0) {
+                __threadfence();
                 cuda::atomic_ref<uint32_t, cuda::thread_scope_device> arrivals(quant.scratch.arrivals[b]);
-                if constexpr (kLean) {
-                    // Release: the block's stores, ordered before by the block barrier; acquire:
-                    // the other holders' stores, for this warp's reads after __syncwarp.
-                    last = arrivals.fetch_add(1u, cuda::memory_order_acq_rel) == holders - 1;
-                    if (last) arrivals.store(0u, cuda::memory_order_relaxed);
-                } else {
+                last = arrivals.fetch_add(1u, cuda::memory_order_relaxed) == holders - 1;
+                if (last) {
+                    arrivals.store(0u, cuda::memory_order_relaxed);
                     __threadfence();
-                    last = arrivals.fetch_add(1u, cuda::memory_order_relaxed) == holders - 1;
-                    if (last) {
-                        arrivals.store(0u, cuda::memory_order_relaxed);
-                        __threadfence();
-                    }
                 }
             }
             __syncwarp();
@@ -340,7 +331,7 @@ __device__ __forceinline__ void quantize_block_values(const QuantOut& quant, con
 // from the segment sums (rows 2p and 2p + 1 of `part`, added in column order as the plain
 // epilogue adds a row; times inv_rms when x came normed, kNormIn), then act_q16 of h: the
 // operations of swiglu_q16_cuda, so the bits of the separate launches.
-template <bool kNormIn, bool kLean>
+template <bool kNormIn>
 __device__ __forceinline__ void glu_epilogue(const QuantOut& quant, const float* part, float* h_shared, uint32_t r0,
                                              uint32_t r1, uint32_t ff, uint32_t pairs_per_block, uint32_t segs,
                                              float inv_rms) {
@@ -354,7 +345,7 @@ __device__ __forceinline__ void glu_epilogue(const QuantOut& quant, const float*
         if (block_is_cut((r0 + p) / kActBlock, ff, pairs_per_block)) quant.scratch.stage[r0 + p] = h;
     }
     __syncthreads();
-    quantize_block_values<kLean>(quant, h_shared, r0, r1, ff, pairs_per_block);
+    quantize_block_values(quant, h_shared, r0, r1, ff, pairs_per_block);
 }
 
 // The norm epilogue of a block owning rows [r0, r1) of n (the residual stream's width): s =
@@ -362,7 +353,6 @@ __device__ __forceinline__ void glu_epilogue(const QuantOut& quant, const float*
 // then block_sum: fixed) into partials[block]; s * weight quantized per 32 values (act_q16,
 // its scales without inv_rms, which the consumer applies to its sums: NormedX). The block's
 // rows of the stream and the weight were copied into shared memory with x (stream_in, weight_in).
-template <bool kLean>
 __device__ __forceinline__ void norm_epilogue(const QuantOut& quant, const NormOut& norm, const float* part,
                                               const float* stream_in, const float* weight_in, float* v_shared,
                                               float* warp_sums, uint32_t r0, uint32_t r1, uint32_t n,
@@ -380,7 +370,7 @@ __device__ __forceinline__ void norm_epilogue(const QuantOut& quant, const NormO
     }
     const float block_sq = block_sum(sum_sq, warp_sums, kSweepWarps);  // its barrier publishes v_shared
     if (threadIdx.x == 0 && blockIdx.x < kNormOutMaxBlocks) norm.partials[blockIdx.x] = block_sq;
-    quantize_block_values<kLean>(quant, v_shared, r0, r1, n, rows_per_block);
+    quantize_block_values(quant, v_shared, r0, r1, n, rows_per_block);
 }
 
 // kRows = 2 (lab): a unit is a row pair's segment (the two rows' 512 codes at the same
@@ -400,7 +390,7 @@ constexpr uint32_t kSweepStamps = 5;
 // residual add and the next RMSNorm's first half (norm_epilogue). kNormIn: x came from a norm
 // epilogue; the sums are scaled by inv_rms from its sums of squares. Each its own instance.
 template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false, bool kStamps = false,
-          SweepOut kOut = SweepOut::plain, bool kNormIn = false, bool kLean = false,
+          SweepOut kOut = SweepOut::plain, bool kNormIn = false,
           typename Io = std::conditional_t<kOut == SweepOut::plain && !kNormIn, SweepIo, ChainedSweepIo>>
 __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep_kernel(
     const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const Io io, uint32_t rows,
@@ -564,10 +554,10 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     __syncthreads();
     stamp(3);
     if constexpr (kGlu) {
-        glu_epilogue<kNormIn, kLean>(io.quant, part, chain_values, r0, r1, rows, rows_per_block, segs,
+        glu_epilogue<kNormIn>(io.quant, part, chain_values, r0, r1, rows, rows_per_block, segs,
                               kNormIn ? *inv_rms_slot : 1.0f);
     } else if constexpr (kOut == SweepOut::norm) {
-        norm_epilogue<kLean>(io.quant, io.norm_out, part, stream_in, weight_in, chain_values, warp_sums, r0, r1, rows,
+        norm_epilogue(io.quant, io.norm_out, part, stream_in, weight_in, chain_values, warp_sums, r0, r1, rows,
                       rows_per_block, segs);
     } else {
         for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
@@ -583,11 +573,10 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
 
 // Returns the grid's block count. kOut glu: rows counts gate / up pairs.
 template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused, bool kStamps = false,
-          SweepOut kOut = SweepOut::plain, bool kNormIn = false, bool kLean = false, typename Io = SweepIo>
+          SweepOut kOut = SweepOut::plain, bool kNormIn = false, typename Io = SweepIo>
 uint32_t launch_q8s_sweep_as(Q8SplitConst w, const Io& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
                              bool release_at_entry) {
-    constexpr auto kKernel =
-        matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kStamps, kOut, kNormIn, kLean>;
+    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kStamps, kOut, kNormIn>;
     constexpr bool kGlu = kOut == SweepOut::glu, kChained = kOut != SweepOut::plain || kNormIn;
     static_assert(std::is_same_v<Io, std::conditional_t<kChained, ChainedSweepIo, SweepIo>>, "the kernel's parameters");
     // After the partial sums: the chained epilogues' values, inv_rms, 16 warp sums, and the
@@ -826,19 +815,13 @@ void check_chained_sweep(const char* what, Q8SplitConst w, ActQ16 x, const ActQ1
     }
 }
 
-// A chained instance, or its stamped twin (lab) when io.stamps is set, with the lean hand-over
-// (lab) when the scratch asks for it; returns the block count.
-template <SweepOut kOut, bool kNormIn, bool kLean = false>
+// A chained instance, or its stamped twin (lab) when io.stamps is set; returns the block count.
+template <SweepOut kOut, bool kNormIn>
 uint32_t launch_chained(Q8SplitConst w, const ChainedSweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
                         bool release_at_entry) {
-    if constexpr (kOut != SweepOut::plain && !kLean) {
-        if (io.quant.scratch.lean) return launch_chained<kOut, kNormIn, true>(w, io, rows, cols, stream, release_at_entry);
-    }
     if (io.stamps != nullptr)
-        return launch_q8s_sweep_as<4, 1, 2, false, true, kOut, kNormIn, kLean>(w, io, rows, cols, stream,
-                                                                             release_at_entry);
-    return launch_q8s_sweep_as<4, 1, 2, false, false, kOut, kNormIn, kLean>(w, io, rows, cols, stream,
-                                                                          release_at_entry);
+        return launch_q8s_sweep_as<4, 1, 2, false, true, kOut, kNormIn>(w, io, rows, cols, stream, release_at_entry);
+    return launch_q8s_sweep_as<4, 1, 2, false, false, kOut, kNormIn>(w, io, rows, cols, stream, release_at_entry);
 }
 
 void check_normed_x(const char* what, const NormedX& norm) {

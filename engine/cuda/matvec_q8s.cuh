@@ -67,10 +67,6 @@ uint32_t matvec_q8s_stamped_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t ro
 struct GluScratch {
     float* stage = nullptr;        // ff floats
     uint32_t* arrivals = nullptr;  // ff / 32 counts: zero before the first launch; launches leave them zero
-    // Lab (SPILLWAY_HANDOVER=lean in the engine): a holder counts its arrival with one acq_rel
-    // atomic instead of fence + atomic (+ fence), and the last one zeroes the count after its
-    // acquire, so nothing waits for that store. Same bits.
-    bool lean = false;
 };
 bool matvec_q8s_swiglu_fits(uint32_t ff, uint32_t cols);
 

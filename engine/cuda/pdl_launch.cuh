@@ -40,16 +40,6 @@ inline bool pdl_site_on(PdlSite site) {
     return (mask & (uint32_t)site) != 0;
 }
 
-// SPILLWAY_PDL_RELEASE=loads|wait (lab, session 30): the one-row RMSNorm and SwiGLU let the
-// next GEMV launch after their own loads have returned (loads) or right after their producer
-// wait (wait). Why: the hop timeline (bench "q8s hop timeline small") shows the GEMV's blocks,
-// launched at the release, issuing their first-round weight loads (~8 MB) at once, and the
-// small kernel's L2-resident loads then taking 1.3-4.3 us instead of ~0.5.
-inline bool pdl_release_after_loads() {
-    static const bool after_loads = lab_knob("SPILLWAY_PDL_RELEASE", "loads", "wait");
-    return after_loads;
-}
-
 // kernel<<<grid, block, smem, stream>>>(args...), programmatic when `pdl`.
 template <typename... KernelArgs, typename... Args>
 void launch_with_pdl(bool pdl, void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,

@@ -55,19 +55,17 @@ constexpr int kRowsThreads = 128;
 constexpr int kRowsPerThread = 10;
 constexpr uint32_t kManyRows = 64;  // from this many rows on, the many-rows shape
 
-// kReleaseAfterLoads: pdl_release_after_loads (lab); its own instance, so the default's code
-// stays as measured.
-template <int kBlockThreads, int kPerThread, bool kReleaseAfterLoads = false>
+template <int kBlockThreads, int kPerThread>
 __global__ void __launch_bounds__(kBlockThreads) rmsnorm_vec_kernel(float* __restrict__ x, const float* __restrict__ add,
                                                                   const float* __restrict__ weight,
                                                                   float* __restrict__ out, __half* __restrict__ out16,
                                                                   uint32_t dim, float eps, int16_t* __restrict__ q,
                                                                   float* __restrict__ qd) {
     // Programmatic launch (pdl_launch.cuh): the producer's writes are visible after the wait;
-    // then the Q8_0 matvec reading this output may launch and prefetch its weights (at once,
-    // or once this block's loads are back: pdl_release_after_loads).
+    // then the Q8_0 matvec reading this output may launch and prefetch its weights. (Releasing
+    // only after this block's loads measured 2-3% slower: sessions 30-31, docs/perf-notes.md.)
     pdl_wait_for_producer();
-    if constexpr (!kReleaseAfterLoads) pdl_release_dependents();
+    pdl_release_dependents();
     __shared__ float warp_sums[kBlockThreads / 32];
     const uint32_t n4 = dim / 4;
     float4* xr = reinterpret_cast<float4*>(x + (size_t)blockIdx.x * dim);
@@ -97,8 +95,6 @@ __global__ void __launch_bounds__(kBlockThreads) rmsnorm_vec_kernel(float* __res
             sum = fmaf(v[k].w, v[k].w, sum);
         }
     }
-    // sum needed x's (and the residual's) values; the weight's loads went out beside them.
-    if constexpr (kReleaseAfterLoads) pdl_release_dependents();
     const float inv_rms = rsqrtf(block_sum(sum, warp_sums, kBlockThreads / 32) / (float)dim + eps);
     float4* outr = out != nullptr ? reinterpret_cast<float4*>(out + (size_t)blockIdx.x * dim) : nullptr;
     uint2* out16r = out16 != nullptr ? reinterpret_cast<uint2*>(out16 + (size_t)blockIdx.x * dim) : nullptr;
@@ -143,11 +139,8 @@ void rmsnorm_cuda(float* x, const float* residual_add, const float* weight, floa
         rmsnorm_vec_kernel<kRowsThreads, kRowsPerThread><<<n_rows, kRowsThreads, 0, stream>>>(
             x, residual_add, weight, out, out_f16, dim, eps, q_out.q, q_out.d);
     else if (vec)
-        launch_with_pdl(pdl_site_on(PdlSite::rmsnorm),
-                        pdl_release_after_loads() ? rmsnorm_vec_kernel<kVecThreads, kVecPerThread, true>
-                                                  : rmsnorm_vec_kernel<kVecThreads, kVecPerThread, false>,
-                        dim3(n_rows), dim3(kVecThreads), 0, stream, x, residual_add, weight, out, out_f16, dim, eps,
-                        q_out.q, q_out.d);
+        launch_with_pdl(pdl_site_on(PdlSite::rmsnorm), rmsnorm_vec_kernel<kVecThreads, kVecPerThread>, dim3(n_rows),
+                        dim3(kVecThreads), 0, stream, x, residual_add, weight, out, out_f16, dim, eps, q_out.q, q_out.d);
     else
         rmsnorm_kernel<<<n_rows, kThreads, 0, stream>>>(x, residual_add, weight, out, out_f16, dim, eps);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());

@@ -35,12 +35,11 @@ __global__ void swiglu_f16_vec_kernel(const float4* __restrict__ gate, const flo
 
 constexpr int kQ16Threads = 256;
 
-// kReleaseAfterLoads: pdl_release_after_loads (lab). kStamps (lab, bench "q8s hop timeline"):
-// thread 0 of each block stamps the global timer at entry, producer wait returned, its values
-// formed and its values stored, at stamps[block * kSwigluStamps + k]. Each its own instance,
-// so the default's code stays as measured.
+// kStamps (lab, bench "q8s hop timeline"): thread 0 of each block stamps the global timer at
+// entry, producer wait returned, its values formed and its values stored, at stamps[block *
+// kSwigluStamps + k]. Its own instance, so the default's code stays as measured.
 constexpr uint32_t kSwigluStamps = 4;
-template <bool kReleaseAfterLoads, bool kStamps = false>
+template <bool kStamps>
 __global__ void __launch_bounds__(kQ16Threads) swiglu_q16_kernel(const float4* __restrict__ gate,
                                                                  const float4* __restrict__ up, uint32_t n4,
                                                                  int16_t* __restrict__ q, float* __restrict__ d,
@@ -52,17 +51,15 @@ __global__ void __launch_bounds__(kQ16Threads) swiglu_q16_kernel(const float4* _
     };
     stamp(0);
     // Programmatic launch (pdl_launch.cuh): the producer's writes are visible after the wait;
-    // then the Q8_0 matvec reading this output may launch and prefetch its weights (at once,
-    // or once this thread's loads are back: pdl_release_after_loads).
+    // then the Q8_0 matvec reading this output may launch and prefetch its weights.
     pdl_wait_for_producer();
     stamp(1);
-    if constexpr (!kReleaseAfterLoads) pdl_release_dependents();
+    pdl_release_dependents();
     const uint32_t i = blockIdx.x * kQ16Threads + threadIdx.x;
     if (i >= n4) return;  // n4 % 8 == 0: whole 8-lane groups leave together; thread 0 never does
     const float4 g = gate[i], u = up[i];
     const float4 h = make_float4(silu_times(g.x, u.x), silu_times(g.y, u.y), silu_times(g.z, u.z), silu_times(g.w, u.w));
     stamp(2);
-    if constexpr (kReleaseAfterLoads) pdl_release_dependents();
     quantize_act_q16_group(h, threadIdx.x % 32, q + 4 * (size_t)i, d + i / 8);
     stamp(3);
 }
@@ -102,9 +99,7 @@ uint32_t launch_swiglu_q16(const float* gate, const float* up, uint32_t n, ActQ1
         reinterpret_cast<uintptr_t>(out.q) % 16 != 0)
         fail("swiglu_q16_cuda: gate, up and q must be 16-byte aligned");
     const uint32_t n4 = n / 4, blocks = (n4 + kQ16Threads - 1) / kQ16Threads;
-    const bool after_loads = pdl_release_after_loads();
-    const auto kernel = stamps != nullptr ? (after_loads ? swiglu_q16_kernel<true, true> : swiglu_q16_kernel<false, true>)
-                                          : (after_loads ? swiglu_q16_kernel<true> : swiglu_q16_kernel<false>);
+    const auto kernel = stamps != nullptr ? swiglu_q16_kernel<true> : swiglu_q16_kernel<false>;
     launch_with_pdl(pdl_site_on(PdlSite::swiglu), kernel, dim3(blocks), dim3(kQ16Threads), 0, stream,
                     reinterpret_cast<const float4*>(gate), reinterpret_cast<const float4*>(up), n4, out.q, out.d,
                     stamps);
