@@ -131,10 +131,11 @@ if [ -z "$bench_only" ]; then
     # / SPILLWAY_POST_QKV=kernel (session 17): GEMVs release at exit; a quantize launch after a
     # single-split attention; the head on the 2-stage variant; bias + RoPE + K/V write in their
     # own launch at every depth. SPILLWAY_GLU_EPILOGUE=0 / SPILLWAY_NORM_CHAIN=0 (session 31):
-    # SwiGLU and the RMSNorms as launches of their own between the split-layout GEMVs.
+    # SwiGLU and the RMSNorms as launches of their own between the split-layout GEMVs;
+    # SPILLWAY_HANDOVER=lean: the chained epilogues' hand-over with one acq_rel atomic.
     for knob in default SPILLWAY_Q16X_SPLIT=pairs SPILLWAY_ATTENTION_QUANT=separate SPILLWAY_DECODE_LAYER=1 SPILLWAY_PDL_SMALL=0 \
         SPILLWAY_Q16X_RELEASE=0 SPILLWAY_ATTN_FINISH=kernels SPILLWAY_Q16X_KERNEL=smem4 SPILLWAY_POST_QKV=kernel \
-        SPILLWAY_GLU_EPILOGUE=0 SPILLWAY_NORM_CHAIN=0; do
+        SPILLWAY_GLU_EPILOGUE=0 SPILLWAY_NORM_CHAIN=0 SPILLWAY_HANDOVER=lean; do
       if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
       env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 0,8192,65536 \
         -ctk f16 >"$out/engine-ab-${knob%%=*}.log" 2>&1

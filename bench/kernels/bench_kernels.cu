@@ -430,12 +430,16 @@ struct LayerHopBuffers {
     DeviceBuffer<int16_t> norm_q16;
     DeviceBuffer<float> norm_d16, norm_partials;
     DeviceBuffer<uint32_t> norm_arrivals;
+    DeviceBuffer<unsigned long long> glu_tagged, norm_tagged;  // HandOver::tagged
     explicit LayerHopBuffers(uint32_t salt)
         : stream(5120), proj(5120), norm_w(5120), attn(5120), xn(5120), qkv(7168), gate_up(27648), q16(13824),
           glu_q16(13824), d16(13824 / 32), glu_d16(13824 / 32), glu_arrivals(13824 / 32), norm_q16(5120),
-          norm_d16(5120 / 32), norm_partials(kNormOutMaxBlocks), norm_arrivals(5120 / 32) {
+          norm_d16(5120 / 32), norm_partials(kNormOutMaxBlocks), norm_arrivals(5120 / 32), glu_tagged(13824),
+          norm_tagged(5120) {
         SPILLWAY_CUDA_CHECK(cudaMemset(glu_arrivals.data(), 0, glu_arrivals.bytes()));
         SPILLWAY_CUDA_CHECK(cudaMemset(norm_arrivals.data(), 0, norm_arrivals.bytes()));
+        SPILLWAY_CUDA_CHECK(cudaMemset(glu_tagged.data(), 0, glu_tagged.bytes()));  // tag 0: never this launch's
+        SPILLWAY_CUDA_CHECK(cudaMemset(norm_tagged.data(), 0, norm_tagged.bytes()));
         fill_f32<<<64, 256>>>(stream.data(), stream.size(), salt);
         fill_f32<<<64, 256>>>(norm_w.data(), norm_w.size(), salt + 1);
         fill_f32<<<256, 256>>>(gate_up.data(), gate_up.size(), salt + 2);
@@ -446,13 +450,26 @@ struct LayerHopBuffers {
     }
     ActQ16 act() const { return ActQ16{q16.data(), d16.data()}; }
     ActQ16 glu_act() const { return ActQ16{glu_q16.data(), glu_d16.data()}; }
-    GluScratch glu_scratch() const { return GluScratch{gate_up.data(), glu_arrivals.data()}; }
+    HandOver hand_over = HandOver::fence;  // the chained epilogues' (lab variants: matvec_q8s.cuh)
+    GluScratch glu_scratch() const {
+        return GluScratch{gate_up.data(), glu_arrivals.data(), hand_over, glu_tagged.data()};
+    }
     ActQ16 norm_act() const { return ActQ16{norm_q16.data(), norm_d16.data()}; }
     NormOut norm_out() const {
         return NormOut{stream.data(), norm_w.data(), norm_partials.data(), norm_act(),
-                       GluScratch{proj.data(), norm_arrivals.data()}};
+                       GluScratch{proj.data(), norm_arrivals.data(), hand_over, norm_tagged.data()}};
     }
 };
+
+// "chain-lean" / "-skip" / "-tagged" (bench variants of "chain" and "norm-chain"): the chained
+// epilogues' hand-over (HandOver, matvec_q8s.cuh); skip writes wrong values, its time is the
+// floor of any hand-over.
+HandOver hand_over_of(const std::string& variant) {
+    if (variant.size() > 5 && variant.compare(variant.size() - 5, 5, "-lean") == 0) return HandOver::lean;
+    if (variant.size() > 5 && variant.compare(variant.size() - 5, 5, "-skip") == 0) return HandOver::skip;
+    if (variant.size() > 7 && variant.compare(variant.size() - 7, 7, "-tagged") == 0) return HandOver::tagged;
+    return HandOver::fence;
+}
 
 // The four GEMVs with the engine's small kernels between them (RMSNorm with the residual add
 // before q|k|v and gate|up, SwiGLU before down, and one more RMSNorm standing in for the
@@ -464,7 +481,7 @@ struct LayerHopBuffers {
 // (matvec_q8s_swiglu_cuda) and down follows it directly: 3 hops. "chain": also the norms split across the GEMVs (wo and down
 // norm_out, q|k|v and gate|up normed), the engine's default decode: the attention's hop only.
 void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, const std::string& variant) {
-    const bool empty = variant == "empty", glu = variant == "glu", norm_chain = variant == "chain";
+    const bool empty = variant == "empty", glu = variant == "glu", norm_chain = variant.rfind("chain", 0) == 0;
     const std::string name = "q8s layer hops " + (variant.empty() ? "" : variant + " ") + q8s_name(kernel);
     const std::string shape = norm_chain ? "qkv, wo, gate|up+SwiGLU, down + 1 hop"
                               : glu ? "qkv, wo, gate|up+SwiGLU, down + 3 hops"
@@ -473,7 +490,8 @@ void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, c
     const LayerChainWeights chain(900);
     const auto& w = chain.sets;
     const size_t n_sets = w.size(), layer_bytes = chain.layer_bytes;
-    const LayerHopBuffers b(11);
+    LayerHopBuffers b(11);
+    b.hand_over = hand_over_of(variant);
     const ActQ16 act = b.act();
     const auto& [stream, proj, norm_w, attn, xn, qkv, gate_up] =
         std::tie(b.stream, b.proj, b.norm_w, b.attn, b.xn, b.qkv, b.gate_up);
@@ -539,10 +557,11 @@ void bench_q8s_hop_timeline(const Options& o, const std::string& mode) {
     constexpr uint32_t kSwigluBlocks = (13824 / 4 + 255) / 256;
     DeviceBuffer<uint64_t> swiglu_stamps(kLayers * kSwigluBlocks * 4);
     const auto gemv_stamps = [&](uint32_t l, uint32_t k) { return stamps.data() + (l * 4 + k) * slots; };
-    const LayerHopBuffers b(21);
+    LayerHopBuffers b(21);
+    b.hand_over = hand_over_of(mode);
     const ActQ16 act = b.act();
     const DeviceBuffer<float>&stream = b.stream, &proj = b.proj, &norm_w = b.norm_w, &xn = b.xn, &y = b.gate_up;
-    const bool chain_only = mode == "chain", small = mode == "small", norm_chain = mode == "norm-chain";
+    const bool chain_only = mode == "chain", small = mode == "small", norm_chain = mode.rfind("norm-chain", 0) == 0;
     // The separate launches' releases (qkv, gate|up and down at entry, wo not); all of them in
     // the chain and the norm chain.
     const bool release[4] = {true, chain_only || norm_chain, true, true};
@@ -629,7 +648,7 @@ void bench_q8s_hop_timeline(const Options& o, const std::string& mode) {
     for (uint32_t k = 0; k < 4; ++k) {
         const auto [t0, first] = k == 0 ? ends(l - 1, 3) : ends(l, k - 1);
         std::string hop = "-";
-        if (!chain_only && !small) {
+        if (!chain_only && !small && !norm_chain) {
             const uint64_t* e = at(l, k) + (size_t)kMaxBlocks * kStampsPerBlock;
             char buf[96];
             std::snprintf(buf, sizeof buf, "%.2f/%.2f/%.2f", (e[0] - t0) / 1000.0, (e[1] - t0) / 1000.0,
@@ -1309,9 +1328,11 @@ int main(int argc, char** argv) {
             bench_q8s_layer_chain(r, o, k, false);
             bench_q8s_layer_chain(r, o, k, true);
         }
-        for (const char* variant : {"", "empty", "glu", "chain"})
+        for (const char* variant : {"", "empty", "glu", "chain", "chain-lean", "chain-skip", "chain-tagged"})
             bench_q8s_layer_hops(r, o, MatvecQ8sKernel::sweep1r2, variant);
-        for (const char* mode : {"chain", "empty", "small", "norm-chain"}) bench_q8s_hop_timeline(o, mode);
+        for (const char* mode : {"chain", "empty", "small", "norm-chain", "norm-chain-lean", "norm-chain-skip",
+                                 "norm-chain-tagged"})
+            bench_q8s_hop_timeline(o, mode);
         for (const char* which : {"", "norms", "swiglu", "adds"}) bench_q8s_layer_chain_fused(r, o, which);
         bench_decode_layer(r, o);
         bench_matvec(r, o, GgmlType::Q8_0, 896, 896, 1);  // 0.5B shape: unaligned rows, launch-bound

@@ -282,6 +282,16 @@ bool head_in_norm_chain(const CudaModel& m) {
     return m.output.q8_scales != nullptr && m.output.n_in == m.spec.n_embd && matvec_q8s_fits(m.output.n_in);
 }
 ActQ16 norm_q16(CudaForwardState& st) { return ActQ16{st.norm_q16.data(), st.norm_q16_scale.data()}; }
+// SPILLWAY_HANDOVER=lean|skip|tagged (lab): the chained epilogues' cut-block hand-over with
+// one acq_rel atomic, none at all (skip: wrong output, the timing floor), or tagged words and
+// no count; default fence + atomic, as measured in session 31 (HandOver, matvec_q8s.cuh).
+HandOver handover_mode() {
+    static const int mode = std::max(0, lab_knob_choice("SPILLWAY_HANDOVER", {"fence", "lean", "skip", "tagged"}));
+    return static_cast<HandOver>(mode);
+}
+GluScratch handover_scratch(float* stage, uint32_t* arrivals, DeviceBuffer<unsigned long long>& tagged) {
+    return GluScratch{stage, arrivals, handover_mode(), tagged.size() > 0 ? tagged.data() : nullptr};
+}
 // SPILLWAY_CHAIN_WO=MASK (lab): under the norm chain, 1: wo releases gate|up at its entry, 2:
 // the split merge before wo is a programmatic launch. Default 1 (session 28: with both, the
 // chain lost at depth).
@@ -381,7 +391,8 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         return NormedX{st.norm_partials[which].data(), n, s.norm_eps};
     };
     const auto norm_out = [&](const float* weight, int which) {
-        return NormOut{x, weight, st.norm_partials[which].data(), norm_q16(st), GluScratch{proj, st.norm_arrivals.data()}};
+        return NormOut{x, weight, st.norm_partials[which].data(), norm_q16(st),
+                       handover_scratch(proj, st.norm_arrivals.data(), st.norm_tagged)};
     };
     for (uint32_t il = 0; il < s.n_layer; ++il) {
         const CudaLayerWeights& L = m.layers[il];
@@ -514,7 +525,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                                              norm_out(L.ffn_norm, 0), stream,
                                                              (norm_chain_wo_mode() & 1) != 0);
                 matvec_q8s_swiglu_cuda(split_of(L.ffn_gate), norm_q16(st), F, L.ffn_gate.n_in, glu_q16(st),
-                                       GluScratch{gate, st.glu_arrivals.data()}, stream,
+                                       handover_scratch(gate, st.glu_arrivals.data(), st.glu_tagged), stream,
                                        release_at_entry(GemvSite::gate_up), normed_x(0, ffn_norm_partials));
                 const bool last = il + 1 == s.n_layer;
                 if (!last || head_in_norm_chain(m)) {
@@ -555,7 +566,8 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             // gate|up writes SwiGLU's quantized output itself; down reads it (gate stages the
             // epilogue's hand-over).
             matvec_q8s_swiglu_cuda(split_of(L.ffn_gate), act_q16(st), F, L.ffn_gate.n_in, glu_q16(st),
-                                   GluScratch{gate, st.glu_arrivals.data()}, stream, release_at_entry(GemvSite::gate_up));
+                                   handover_scratch(gate, st.glu_arrivals.data(), st.glu_tagged), stream,
+                                   release_at_entry(GemvSite::gate_up));
             matvec_q8s_cuda(split_of(L.ffn_down), glu_q16(st), proj, L.ffn_down.n_out, F, stream,
                             release_at_entry(GemvSite::down));
             continue;
@@ -791,6 +803,10 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
         st.glu_q16 = DeviceBuffer<int16_t>(s.n_ff);
         st.glu_q16_scale = DeviceBuffer<float>(s.n_ff / 32);
         st.glu_arrivals = DeviceBuffer<uint32_t>(s.n_ff / 32);
+        if (handover_mode() == HandOver::tagged) {
+            st.glu_tagged = DeviceBuffer<unsigned long long>(s.n_ff);  // tag 0 is never a launch's
+            SPILLWAY_CUDA_CHECK(cudaMemsetAsync(st.glu_tagged.data(), 0, st.glu_tagged.bytes(), st.stream));
+        }
         // On the state's stream, which every launch of the epilogue uses.
         SPILLWAY_CUDA_CHECK(cudaMemsetAsync(st.glu_arrivals.data(), 0, st.glu_arrivals.bytes(), st.stream));
     }
@@ -800,6 +816,10 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
         st.norm_q16 = DeviceBuffer<int16_t>(s.n_embd);
         st.norm_q16_scale = DeviceBuffer<float>(s.n_embd / 32);
         st.norm_arrivals = DeviceBuffer<uint32_t>(s.n_embd / 32);
+        if (handover_mode() == HandOver::tagged) {
+            st.norm_tagged = DeviceBuffer<unsigned long long>(s.n_embd);
+            SPILLWAY_CUDA_CHECK(cudaMemsetAsync(st.norm_tagged.data(), 0, st.norm_tagged.bytes(), st.stream));
+        }
         for (auto& p : st.norm_partials) p = DeviceBuffer<float>(kNormOutMaxBlocks);
         SPILLWAY_CUDA_CHECK(cudaMemsetAsync(st.norm_arrivals.data(), 0, st.norm_arrivals.bytes(), st.stream));
     }
@@ -842,7 +862,8 @@ uint64_t cuda_forward_scratch_bytes(const CudaForwardState& st) {
            st.prefill_k_f16.bytes() + st.prefill_v_f16.bytes() + st.prefill_piece_out.bytes() +
            st.prefill_piece_lse.bytes() + st.prefill_lse.bytes() + st.decode_scratch.bytes() + st.glu_q16.bytes() +
            st.glu_q16_scale.bytes() + st.glu_arrivals.bytes() + st.norm_q16.bytes() + st.norm_q16_scale.bytes() +
-           st.norm_arrivals.bytes() + st.norm_partials[0].bytes() + st.norm_partials[1].bytes();
+           st.norm_arrivals.bytes() + st.norm_partials[0].bytes() + st.norm_partials[1].bytes() +
+           st.glu_tagged.bytes() + st.norm_tagged.bytes();
 }
 
 // Spill scratch is allocated on the first forward over a spilled cache: an unspilled engine

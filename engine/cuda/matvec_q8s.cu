@@ -302,20 +302,84 @@ constexpr size_t kFusedStagePerCol = 8;
 __device__ __forceinline__ bool block_is_cut(uint32_t b, uint32_t n, uint32_t per_block) {
     return b * kActBlock / per_block != min(b * kActBlock + kActBlock - 1, n - 1) / per_block;
 }
+// HandOver::tagged: the tags of the (at most two) cut blocks a grid block holds, its first and
+// its last 32-value block (the same one when the block holds fewer than 32 values).
+struct CutTags {
+    uint32_t first_block = 0, first = 0, last = 0;
+    __device__ uint32_t of(uint32_t b) const { return b == first_block ? first : last; }
+};
+template <HandOver kHandOver>
+__device__ __forceinline__ CutTags cut_tags(const uint32_t* cut_gen, uint32_t r0) {
+    CutTags tags;
+    if constexpr (kHandOver == HandOver::tagged) {
+        tags.first_block = r0 / kActBlock;
+        tags.first = cut_gen[0] + 1;
+        tags.last = cut_gen[1] + 1;
+    }
+    return tags;
+}
+// Value i of a cut block, stored for its other holders.
+template <HandOver kHandOver>
+__device__ __forceinline__ void stage_cut_value(const GluScratch& scratch, uint32_t i, float value, const CutTags& tags) {
+    if constexpr (kHandOver == HandOver::tagged) {
+        const unsigned long long word = (unsigned long long)tags.of(i / kActBlock) << 32 | __float_as_uint(value);
+        cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>(scratch.tagged[i])
+            .store(word, cuda::memory_order_relaxed);
+    } else {
+        scratch.stage[i] = value;
+    }
+}
+// kHandOver: GluScratch::hand_over (fence is the default; the others are lab variants).
+template <HandOver kHandOver>
 __device__ __forceinline__ void quantize_block_values(const QuantOut& quant, const float* v, uint32_t r0, uint32_t r1,
-                                                      uint32_t n, uint32_t per_block) {
+                                                      uint32_t n, uint32_t per_block, CutTags tags) {
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     for (uint32_t b = r0 / kActBlock + warp; b * kActBlock < r1; b += kSweepWarps) {
         if (block_is_cut(b, n, per_block)) {
+            if constexpr (kHandOver == HandOver::tagged) {
+                __threadfence();  // every lane: the SC fence between this block's stores and its reads
+                const uint32_t i = b * kActBlock + lane, tag = tags.of(b);
+                float h = 0.0f;
+                bool have = true;
+                if (i >= r0 && i < r1) {
+                    h = v[i - r0];
+                } else if (i < n) {
+                    const unsigned long long word =
+                        cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>(quant.scratch.tagged[i])
+                            .load(cuda::memory_order_relaxed);
+                    have = (uint32_t)(word >> 32) == tag;
+                    h = __uint_as_float((uint32_t)word);
+                }
+                if (!__all_sync(0xffffffffu, have)) continue;  // a later holder finishes it
+                quantize_act_q16_warp(h, lane, quant.out.q + (size_t)b * kActBlock, quant.out.d + b);
+                if (lane == 0)
+                    cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(quant.scratch.arrivals[b])
+                        .store(tag, cuda::memory_order_relaxed);
+                continue;
+            }
             const uint32_t holders = min(b * kActBlock + kActBlock - 1, n - 1) / per_block - b * kActBlock / per_block + 1;
             uint32_t last = 0;
+            if constexpr (kHandOver == HandOver::skip) {
+                // Lab timing floor: this holder's values only, the others taken as zero.
+                const uint32_t i = b * kActBlock + lane;
+                const float h = i >= r0 && i < r1 ? v[i - r0] : 0.0f;
+                quantize_act_q16_warp(h, lane, quant.out.q + (size_t)b * kActBlock, quant.out.d + b);
+                continue;
+            }
             if (lane == 0) {
-                __threadfence();
                 cuda::atomic_ref<uint32_t, cuda::thread_scope_device> arrivals(quant.scratch.arrivals[b]);
-                last = arrivals.fetch_add(1u, cuda::memory_order_relaxed) == holders - 1;
-                if (last) {
-                    arrivals.store(0u, cuda::memory_order_relaxed);
+                if constexpr (kHandOver == HandOver::lean) {
+                    // Release: the block's stores, ordered before by the block barrier; acquire:
+                    // the other holders' stores, for this warp's reads after __syncwarp.
+                    last = arrivals.fetch_add(1u, cuda::memory_order_acq_rel) == holders - 1;
+                    if (last) arrivals.store(0u, cuda::memory_order_relaxed);
+                } else {
                     __threadfence();
+                    last = arrivals.fetch_add(1u, cuda::memory_order_relaxed) == holders - 1;
+                    if (last) {
+                        arrivals.store(0u, cuda::memory_order_relaxed);
+                        __threadfence();
+                    }
                 }
             }
             __syncwarp();
@@ -331,10 +395,10 @@ __device__ __forceinline__ void quantize_block_values(const QuantOut& quant, con
 // from the segment sums (rows 2p and 2p + 1 of `part`, added in column order as the plain
 // epilogue adds a row; times inv_rms when x came normed, kNormIn), then act_q16 of h: the
 // operations of swiglu_q16_cuda, so the bits of the separate launches.
-template <bool kNormIn>
+template <bool kNormIn, HandOver kHandOver>
 __device__ __forceinline__ void glu_epilogue(const QuantOut& quant, const float* part, float* h_shared, uint32_t r0,
                                              uint32_t r1, uint32_t ff, uint32_t pairs_per_block, uint32_t segs,
-                                             float inv_rms) {
+                                             float inv_rms, CutTags tags) {
     for (uint32_t p = threadIdx.x; p < r1 - r0; p += kSweepWarps * 32) {
         float gate = 0.0f, up = 0.0f;
         for (uint32_t seg = 0; seg < segs; ++seg) gate += part[2 * p * segs + seg];
@@ -342,10 +406,10 @@ __device__ __forceinline__ void glu_epilogue(const QuantOut& quant, const float*
         if constexpr (kNormIn) gate *= inv_rms, up *= inv_rms;
         const float h = silu_times(gate, up);
         h_shared[p] = h;
-        if (block_is_cut((r0 + p) / kActBlock, ff, pairs_per_block)) quant.scratch.stage[r0 + p] = h;
+        if (block_is_cut((r0 + p) / kActBlock, ff, pairs_per_block)) stage_cut_value<kHandOver>(quant.scratch, r0 + p, h, tags);
     }
     __syncthreads();
-    quantize_block_values(quant, h_shared, r0, r1, ff, pairs_per_block);
+    quantize_block_values<kHandOver>(quant, h_shared, r0, r1, ff, pairs_per_block, tags);
 }
 
 // The norm epilogue of a block owning rows [r0, r1) of n (the residual stream's width): s =
@@ -353,10 +417,11 @@ __device__ __forceinline__ void glu_epilogue(const QuantOut& quant, const float*
 // then block_sum: fixed) into partials[block]; s * weight quantized per 32 values (act_q16,
 // its scales without inv_rms, which the consumer applies to its sums: NormedX). The block's
 // rows of the stream and the weight were copied into shared memory with x (stream_in, weight_in).
+template <HandOver kHandOver>
 __device__ __forceinline__ void norm_epilogue(const QuantOut& quant, const NormOut& norm, const float* part,
                                               const float* stream_in, const float* weight_in, float* v_shared,
                                               float* warp_sums, uint32_t r0, uint32_t r1, uint32_t n,
-                                              uint32_t rows_per_block, uint32_t segs) {
+                                              uint32_t rows_per_block, uint32_t segs, CutTags tags) {
     float sum_sq = 0.0f;
     for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
         float total = 0.0f;
@@ -366,11 +431,11 @@ __device__ __forceinline__ void norm_epilogue(const QuantOut& quant, const NormO
         sum_sq = fmaf(s, s, sum_sq);
         const float t = s * weight_in[r];
         v_shared[r] = t;
-        if (block_is_cut((r0 + r) / kActBlock, n, rows_per_block)) quant.scratch.stage[r0 + r] = t;
+        if (block_is_cut((r0 + r) / kActBlock, n, rows_per_block)) stage_cut_value<kHandOver>(quant.scratch, r0 + r, t, tags);
     }
     const float block_sq = block_sum(sum_sq, warp_sums, kSweepWarps);  // its barrier publishes v_shared
     if (threadIdx.x == 0 && blockIdx.x < kNormOutMaxBlocks) norm.partials[blockIdx.x] = block_sq;
-    quantize_block_values(quant, v_shared, r0, r1, n, rows_per_block);
+    quantize_block_values<kHandOver>(quant, v_shared, r0, r1, n, rows_per_block, tags);
 }
 
 // kRows = 2 (lab): a unit is a row pair's segment (the two rows' 512 codes at the same
@@ -390,7 +455,7 @@ constexpr uint32_t kSweepStamps = 5;
 // residual add and the next RMSNorm's first half (norm_epilogue). kNormIn: x came from a norm
 // epilogue; the sums are scaled by inv_rms from its sums of squares. Each its own instance.
 template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false, bool kStamps = false,
-          SweepOut kOut = SweepOut::plain, bool kNormIn = false,
+          SweepOut kOut = SweepOut::plain, bool kNormIn = false, HandOver kHandOver = HandOver::fence,
           typename Io = std::conditional_t<kOut == SweepOut::plain && !kNormIn, SweepIo, ChainedSweepIo>>
 __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep_kernel(
     const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const Io io, uint32_t rows,
@@ -468,6 +533,18 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     }
     pdl_wait_for_producer();  // W went out first: it does not depend on x's producer
     stamp(1);
+    // HandOver::tagged: the generations of this block's first and last 32-value blocks, loaded
+    // while x lands (the previous launch on this scratch has completed: the producer wait).
+    [[maybe_unused]] uint32_t* cut_gen = nullptr;
+    if constexpr (kOut != SweepOut::plain && kHandOver == HandOver::tagged) {
+        __shared__ uint32_t gen[2];
+        cut_gen = gen;
+        if (threadIdx.x < 2) {
+            const uint32_t b = (threadIdx.x == 0 ? r0 : r1 - 1) / kActBlock;
+            gen[threadIdx.x] = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(io.quant.scratch.arrivals[b])
+                                   .load(cuda::memory_order_relaxed);
+        }
+    }
     if constexpr (kOut == SweepOut::norm) {
         for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32)
             cp_async4(stream_in + r, io.norm_out.stream + r0 + r);
@@ -554,11 +631,11 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     __syncthreads();
     stamp(3);
     if constexpr (kGlu) {
-        glu_epilogue<kNormIn>(io.quant, part, chain_values, r0, r1, rows, rows_per_block, segs,
-                              kNormIn ? *inv_rms_slot : 1.0f);
+        glu_epilogue<kNormIn, kHandOver>(io.quant, part, chain_values, r0, r1, rows, rows_per_block, segs,
+                                         kNormIn ? *inv_rms_slot : 1.0f, cut_tags<kHandOver>(cut_gen, r0));
     } else if constexpr (kOut == SweepOut::norm) {
-        norm_epilogue(io.quant, io.norm_out, part, stream_in, weight_in, chain_values, warp_sums, r0, r1, rows,
-                      rows_per_block, segs);
+        norm_epilogue<kHandOver>(io.quant, io.norm_out, part, stream_in, weight_in, chain_values, warp_sums, r0, r1,
+                                 rows, rows_per_block, segs, cut_tags<kHandOver>(cut_gen, r0));
     } else {
         for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
             float total = 0.0f;
@@ -573,10 +650,11 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
 
 // Returns the grid's block count. kOut glu: rows counts gate / up pairs.
 template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused, bool kStamps = false,
-          SweepOut kOut = SweepOut::plain, bool kNormIn = false, typename Io = SweepIo>
+          SweepOut kOut = SweepOut::plain, bool kNormIn = false, HandOver kHandOver = HandOver::fence, typename Io = SweepIo>
 uint32_t launch_q8s_sweep_as(Q8SplitConst w, const Io& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
                              bool release_at_entry) {
-    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kStamps, kOut, kNormIn>;
+    constexpr auto kKernel =
+        matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kStamps, kOut, kNormIn, kHandOver>;
     constexpr bool kGlu = kOut == SweepOut::glu, kChained = kOut != SweepOut::plain || kNormIn;
     static_assert(std::is_same_v<Io, std::conditional_t<kChained, ChainedSweepIo, SweepIo>>, "the kernel's parameters");
     // After the partial sums: the chained epilogues' values, inv_rms, 16 warp sums, and the
@@ -815,13 +893,28 @@ void check_chained_sweep(const char* what, Q8SplitConst w, ActQ16 x, const ActQ1
     }
 }
 
-// A chained instance, or its stamped twin (lab) when io.stamps is set; returns the block count.
-template <SweepOut kOut, bool kNormIn>
+// A chained instance, or its stamped twin (lab) when io.stamps is set, with the hand-over the
+// scratch asks for (lab variants: HandOver); returns the block count.
+template <SweepOut kOut, bool kNormIn, HandOver kHandOver = HandOver::fence>
 uint32_t launch_chained(Q8SplitConst w, const ChainedSweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
                         bool release_at_entry) {
+    if constexpr (kOut != SweepOut::plain && kHandOver == HandOver::fence) {
+        switch (io.quant.scratch.hand_over) {
+            case HandOver::lean:
+                return launch_chained<kOut, kNormIn, HandOver::lean>(w, io, rows, cols, stream, release_at_entry);
+            case HandOver::skip:
+                return launch_chained<kOut, kNormIn, HandOver::skip>(w, io, rows, cols, stream, release_at_entry);
+            case HandOver::tagged:
+                if (io.quant.scratch.tagged == nullptr) fail("matvec_q8s: the tagged hand-over needs its words");
+                return launch_chained<kOut, kNormIn, HandOver::tagged>(w, io, rows, cols, stream, release_at_entry);
+            default: break;
+        }
+    }
     if (io.stamps != nullptr)
-        return launch_q8s_sweep_as<4, 1, 2, false, true, kOut, kNormIn>(w, io, rows, cols, stream, release_at_entry);
-    return launch_q8s_sweep_as<4, 1, 2, false, false, kOut, kNormIn>(w, io, rows, cols, stream, release_at_entry);
+        return launch_q8s_sweep_as<4, 1, 2, false, true, kOut, kNormIn, kHandOver>(w, io, rows, cols, stream,
+                                                                             release_at_entry);
+    return launch_q8s_sweep_as<4, 1, 2, false, false, kOut, kNormIn, kHandOver>(w, io, rows, cols, stream,
+                                                                          release_at_entry);
 }
 
 void check_normed_x(const char* what, const NormedX& norm) {

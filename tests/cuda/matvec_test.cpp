@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <tuple>
 
@@ -733,8 +734,9 @@ TEST(CudaMatvec, NormChainMatchesSeparateNorm) {
                  Error);
 }
 
-// The chained sweeps' stamped twins (lab timeline) compute exactly their bits, and every
-// block's five stamps are set and in order.
+// The chained sweeps' stamped twins (lab timeline) and their lean hand-over (lab,
+// HandOver::lean) compute exactly their bits, and every block's five stamps are set and in
+// order.
 TEST(CudaMatvec, ChainedStampedEqualsUnstamped) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     const uint32_t seed = fresh_seed();
@@ -756,7 +758,7 @@ TEST(CudaMatvec, ChainedStampedEqualsUnstamped) {
         std::vector<int16_t> nq, hq;
         std::vector<float> nd, hd;
     };
-    const auto run = [&](bool stamped, std::vector<uint32_t>& blocks) {
+    const auto run = [&](bool stamped, bool lean, std::vector<uint32_t>& blocks) {
         auto d_stream = to_device(stream0);
         DeviceBuffer<int16_t> nq(E), hq(ff);
         DeviceBuffer<float> nd(E / 32), hd(ff / 32), partials(kNormOutMaxBlocks), stage(E), stage2(ff), y(2 * ff);
@@ -769,31 +771,42 @@ TEST(CudaMatvec, ChainedStampedEqualsUnstamped) {
         uint64_t* s = stamped ? stamps.data() : nullptr;
         const uint32_t n = matvec_q8s_norm_out_cuda(
             split, x, E, cols,
-            NormOut{d_stream.data(), d_norm_w.data(), partials.data(), n_act, GluScratch{stage.data(), arrivals.data()}},
+            NormOut{d_stream.data(), d_norm_w.data(), partials.data(), n_act,
+                    GluScratch{stage.data(), arrivals.data(), lean ? HandOver::lean : HandOver::fence}},
             nullptr, false, s);
         const NormedX normed{partials.data(), n, 1e-5f};
         const uint32_t n2 = matvec_q8s_normed_cuda(split2, n_act, normed, y.data(), 2 * ff, E, nullptr, false,
                                                    s ? s + 5 * 256 : nullptr);
         const uint32_t n3 = matvec_q8s_swiglu_cuda(split2, n_act, ff, E, ActQ16{hq.data(), hd.data()},
-                                                   GluScratch{stage2.data(), arrivals2.data()}, nullptr, false, normed,
-                                                   s ? s + 5 * 512 : nullptr);
+                                                   GluScratch{stage2.data(), arrivals2.data(), lean ? HandOver::lean : HandOver::fence}, nullptr, false,
+                                                   normed, s ? s + 5 * 512 : nullptr);
         SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<uint32_t> left = to_host(arrivals), left2 = to_host(arrivals2);
+        EXPECT_EQ(std::count(left.begin(), left.end(), 0u) + std::count(left2.begin(), left2.end(), 0u),
+                  (long)(left.size() + left2.size()))
+            << "arrival counts not left zero";
         blocks = {n, n2, n3};
         return Outputs{to_host(d_stream), to_host(partials), to_host(y), to_host(nq), to_host(hq), to_host(nd),
                        to_host(hd)};
     };
-    std::vector<uint32_t> plain_blocks, stamped_blocks;
-    const Outputs a = run(false, plain_blocks), b = run(true, stamped_blocks);
+    std::vector<uint32_t> plain_blocks, lean_blocks, stamped_blocks;
+    const Outputs a = run(false, false, plain_blocks);
+    const Outputs lean = run(false, true, lean_blocks);
+    const Outputs b = run(true, false, stamped_blocks);  // last: its stamps are read below
     EXPECT_EQ(plain_blocks, stamped_blocks);
+    EXPECT_EQ(plain_blocks, lean_blocks);
     const auto same = [](const auto& u, const auto& v) {
         return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * sizeof(u[0])) == 0;
     };
-    EXPECT_TRUE(same(a.stream, b.stream) && same(a.nq, b.nq) && same(a.nd, b.nd)) << "norm out";
-    EXPECT_TRUE(same(std::vector<float>(a.partials.begin(), a.partials.begin() + plain_blocks[0]),
-                     std::vector<float>(b.partials.begin(), b.partials.begin() + plain_blocks[0])))
-        << "sums of squares";
-    EXPECT_TRUE(same(a.y, b.y)) << "normed";
-    EXPECT_TRUE(same(a.hq, b.hq) && same(a.hd, b.hd)) << "SwiGLU";
+    for (const Outputs* o : {&b, &lean}) {
+        SCOPED_TRACE(o == &b ? "stamped" : "lean hand-over");
+        EXPECT_TRUE(same(a.stream, o->stream) && same(a.nq, o->nq) && same(a.nd, o->nd)) << "norm out";
+        EXPECT_TRUE(same(std::vector<float>(a.partials.begin(), a.partials.begin() + plain_blocks[0]),
+                         std::vector<float>(o->partials.begin(), o->partials.begin() + plain_blocks[0])))
+            << "sums of squares";
+        EXPECT_TRUE(same(a.y, o->y)) << "normed";
+        EXPECT_TRUE(same(a.hq, o->hq) && same(a.hd, o->hd)) << "SwiGLU";
+    }
     const std::vector<uint64_t> t = to_host(stamps);
     size_t out_of_order = 0;
     for (uint32_t k = 0; k < 3; ++k) {
@@ -805,6 +818,89 @@ TEST(CudaMatvec, ChainedStampedEqualsUnstamped) {
             }
     }
     EXPECT_EQ(out_of_order, 0u);
+}
+
+// The lab hand-overs (HandOver::lean, ::tagged) give the default's (fence) bits launch after
+// launch on one scratch: the norm-out and SwiGLU producers of a chain, three launches in a row
+// (the stream accumulates), at a shape with many holders per cut block (8 rows per grid block
+// on 132 SMs) and at the 14B shape. fence and lean leave the counts zero; tagged leaves the
+// launch count in each cut block's generation and zero elsewhere.
+TEST(CudaMatvec, HandOverVariantsEqualFenceOverLaunches) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const uint32_t seed = fresh_seed();
+    SCOPED_TRACE("seed=" + std::to_string(seed));
+    std::mt19937 rng(seed);
+    for (const auto& [E, cols, ff] : std::vector<std::tuple<uint32_t, uint32_t, uint32_t>>{
+             {1024, 2048, 512}, {5120, 13824, 13824}, {3584, 18944, 18944}}) {
+        SCOPED_TRACE("E=" + std::to_string(E) + " cols=" + std::to_string(cols) + " ff=" + std::to_string(ff));
+        const DeviceSplitMatrix m(rng, E, cols), m2(rng, 2 * ff, E);
+        auto d_x = to_device(random_floats(rng, cols, 2.0f));
+        const std::vector<float> stream0 = random_floats(rng, E, 3.0f);
+        auto d_norm_w = to_device(random_floats(rng, E));
+        DeviceBuffer<int16_t> xq(cols);
+        DeviceBuffer<float> xd(cols / 32);
+        quantize_act_q16_cuda(d_x.data(), cols, 1, ActQ16{xq.data(), xd.data()}, nullptr);
+        const ActQ16 x{xq.data(), xd.data()};
+        struct Chain {
+            DeviceBuffer<float> stream, nd, hd, partials, stage, stage2;
+            DeviceBuffer<int16_t> nq, hq;
+            DeviceBuffer<uint32_t> arrivals, arrivals2;
+            DeviceBuffer<unsigned long long> tagged, tagged2;
+            Chain(uint32_t E, uint32_t ff)
+                : stream(E), nd(E / 32), hd(ff / 32), partials(kNormOutMaxBlocks), stage(E), stage2(ff), nq(E), hq(ff),
+                  arrivals(E / 32), arrivals2(ff / 32), tagged(E), tagged2(ff) {
+                SPILLWAY_CUDA_CHECK(cudaMemset(arrivals.data(), 0, arrivals.bytes()));
+                SPILLWAY_CUDA_CHECK(cudaMemset(arrivals2.data(), 0, arrivals2.bytes()));
+                SPILLWAY_CUDA_CHECK(cudaMemset(tagged.data(), 0, tagged.bytes()));
+                SPILLWAY_CUDA_CHECK(cudaMemset(tagged2.data(), 0, tagged2.bytes()));
+            }
+        };
+        const HandOver modes[3] = {HandOver::fence, HandOver::lean, HandOver::tagged};
+        std::vector<std::unique_ptr<Chain>> chains;
+        for (int k = 0; k < 3; ++k) {
+            chains.push_back(std::make_unique<Chain>(E, ff));
+            SPILLWAY_CUDA_CHECK(cudaMemcpy(chains.back()->stream.data(), stream0.data(), E * sizeof(float),
+                                           cudaMemcpyHostToDevice));
+        }
+        for (uint32_t launch = 1; launch <= 3; ++launch) {
+            SCOPED_TRACE("launch " + std::to_string(launch));
+            std::vector<std::vector<int16_t>> nq(3), hq(3);
+            std::vector<std::vector<float>> nd(3), hd(3), stream(3);
+            for (int k = 0; k < 3; ++k) {
+                Chain& c = *chains[k];
+                poison(c.nq), poison(c.nd), poison(c.hq), poison(c.hd);
+                const ActQ16 n_act{c.nq.data(), c.nd.data()};
+                const uint32_t n = matvec_q8s_norm_out_cuda(
+                    m.view(), x, E, cols,
+                    NormOut{c.stream.data(), d_norm_w.data(), c.partials.data(), n_act,
+                            GluScratch{c.stage.data(), c.arrivals.data(), modes[k], c.tagged.data()}},
+                    nullptr, false);
+                matvec_q8s_swiglu_cuda(m2.view(), n_act, ff, E, ActQ16{c.hq.data(), c.hd.data()},
+                                       GluScratch{c.stage2.data(), c.arrivals2.data(), modes[k], c.tagged2.data()},
+                                       nullptr, false, NormedX{c.partials.data(), n, 1e-5f});
+                SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+                nq[k] = to_host(c.nq), nd[k] = to_host(c.nd), hq[k] = to_host(c.hq), hd[k] = to_host(c.hd);
+                stream[k] = to_host(c.stream);
+                for (const auto* counts : {&c.arrivals, &c.arrivals2}) {
+                    const std::vector<uint32_t> left = to_host(*counts);
+                    const uint32_t expected = modes[k] == HandOver::tagged ? launch : 0u;
+                    const auto odd = std::count_if(left.begin(), left.end(),
+                                                   [&](uint32_t v) { return v != 0u && v != expected; });
+                    EXPECT_EQ(odd, 0) << "counts after " << (int)modes[k];
+                    if (modes[k] == HandOver::tagged)
+                        EXPECT_GT(std::count(left.begin(), left.end(), expected), 0) << "no cut block finished";
+                }
+            }
+            for (int k = 1; k < 3; ++k) {
+                SCOPED_TRACE(k == 1 ? "lean" : "tagged");
+                EXPECT_EQ(stream[k], stream[0]);
+                EXPECT_EQ(nq[k], nq[0]) << "norm out";
+                EXPECT_EQ(nd[k], nd[0]) << "norm out scales";
+                EXPECT_EQ(hq[k], hq[0]) << "SwiGLU";
+                EXPECT_EQ(hd[k], hd[0]) << "SwiGLU scales";
+            }
+        }
+    }
 }
 
 TEST(CudaMatvec, RejectsUnsupportedInputs) {
