@@ -463,11 +463,12 @@ struct LayerHopBuffers {
 
 // "chain-lean" / "-skip" / "-tagged" (bench variants of "chain" and "norm-chain"): the chained
 // epilogues' hand-over (HandOver, matvec_q8s.cuh); skip writes wrong values, its time is the
-// floor of any hand-over.
+// floor of any hand-over. "-wowait": wo lets gate|up launch when its wait returns, not at its
+// entry (NormOut::release_after_wait).
 HandOver hand_over_of(const std::string& variant) {
-    if (variant.size() > 5 && variant.compare(variant.size() - 5, 5, "-lean") == 0) return HandOver::lean;
-    if (variant.size() > 5 && variant.compare(variant.size() - 5, 5, "-skip") == 0) return HandOver::skip;
-    if (variant.size() > 7 && variant.compare(variant.size() - 7, 7, "-tagged") == 0) return HandOver::tagged;
+    if (variant.find("-lean") != std::string::npos) return HandOver::lean;
+    if (variant.find("-skip") != std::string::npos) return HandOver::skip;
+    if (variant.find("-tagged") != std::string::npos) return HandOver::tagged;
     return HandOver::fence;
 }
 
@@ -482,6 +483,7 @@ HandOver hand_over_of(const std::string& variant) {
 // norm_out, q|k|v and gate|up normed), the engine's default decode: the attention's hop only.
 void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, const std::string& variant) {
     const bool empty = variant == "empty", glu = variant == "glu", norm_chain = variant.rfind("chain", 0) == 0;
+    const bool wo_after_wait = variant.find("-wowait") != std::string::npos;
     const std::string name = "q8s layer hops " + (variant.empty() ? "" : variant + " ") + q8s_name(kernel);
     const std::string shape = norm_chain ? "qkv, wo, gate|up+SwiGLU, down + 1 hop"
                               : glu ? "qkv, wo, gate|up+SwiGLU, down + 3 hops"
@@ -511,7 +513,9 @@ void bench_q8s_layer_hops(Report& r, const Options& o, MatvecQ8sKernel kernel, c
         if (norm_chain) {
             matvec_q8s_normed_cuda(L[0].view(), b.norm_act(), normed, qkv.data(), 7168, 5120, st, true);
             rmsnorm_cuda(attn.data(), nullptr, norm_w.data(), xn.data(), 1, 5120, eps, st, act);  // the attention's hop
-            matvec_q8s_norm_out_cuda(L[1].view(), act, 5120, 5120, b.norm_out(), st, true);
+            NormOut wo_out = b.norm_out();
+            wo_out.release_after_wait = wo_after_wait;
+            matvec_q8s_norm_out_cuda(L[1].view(), act, 5120, 5120, wo_out, st, !wo_after_wait);
             matvec_q8s_swiglu_cuda(L[2].view(), b.norm_act(), 13824, 5120, b.glu_act(), b.glu_scratch(), st, true,
                                    normed);
             matvec_q8s_norm_out_cuda(L[3].view(), b.glu_act(), 5120, 13824, b.norm_out(), st, true);
@@ -562,6 +566,7 @@ void bench_q8s_hop_timeline(const Options& o, const std::string& mode) {
     const ActQ16 act = b.act();
     const DeviceBuffer<float>&stream = b.stream, &proj = b.proj, &norm_w = b.norm_w, &xn = b.xn, &y = b.gate_up;
     const bool chain_only = mode == "chain", small = mode == "small", norm_chain = mode.rfind("norm-chain", 0) == 0;
+    const bool wo_after_wait = mode.find("-wowait") != std::string::npos;
     // The separate launches' releases (qkv, gate|up and down at entry, wo not); all of them in
     // the chain and the norm chain.
     const bool release[4] = {true, chain_only || norm_chain, true, true};
@@ -580,8 +585,10 @@ void bench_q8s_hop_timeline(const Options& o, const std::string& mode) {
             blocks[0] = matvec_q8s_normed_cuda(L[0].view(), b.norm_act(), normed(), b.qkv.data(), 7168, 5120, st,
                                                release[0], gemv_stamps(l, 0));
             rmsnorm_cuda(b.attn.data(), nullptr, norm_w.data(), xn.data(), 1, 5120, 1e-5f, st, act);
-            blocks[1] = matvec_q8s_norm_out_cuda(L[1].view(), act, 5120, 5120, b.norm_out(), st, release[1],
-                                                 gemv_stamps(l, 1));
+            NormOut wo_out = b.norm_out();
+            wo_out.release_after_wait = wo_after_wait;
+            blocks[1] = matvec_q8s_norm_out_cuda(L[1].view(), act, 5120, 5120, wo_out, st,
+                                                 release[1] && !wo_after_wait, gemv_stamps(l, 1));
             const NormedX ffn_norm = normed();  // wo's partials: the same count and slots
             blocks[2] = matvec_q8s_swiglu_cuda(L[2].view(), b.norm_act(), 13824, 5120, b.glu_act(), b.glu_scratch(),
                                                st, release[2], ffn_norm, gemv_stamps(l, 2));
@@ -1328,10 +1335,11 @@ int main(int argc, char** argv) {
             bench_q8s_layer_chain(r, o, k, false);
             bench_q8s_layer_chain(r, o, k, true);
         }
-        for (const char* variant : {"", "empty", "glu", "chain", "chain-lean", "chain-skip", "chain-tagged"})
+        for (const char* variant : {"", "empty", "glu", "chain", "chain-lean", "chain-skip", "chain-tagged",
+                                    "chain-wowait", "chain-tagged-wowait"})
             bench_q8s_layer_hops(r, o, MatvecQ8sKernel::sweep1r2, variant);
         for (const char* mode : {"chain", "empty", "small", "norm-chain", "norm-chain-lean", "norm-chain-skip",
-                                 "norm-chain-tagged"})
+                                 "norm-chain-tagged", "norm-chain-wowait", "norm-chain-tagged-wowait"})
             bench_q8s_hop_timeline(o, mode);
         for (const char* which : {"", "norms", "swiglu", "adds"}) bench_q8s_layer_chain_fused(r, o, which);
         bench_decode_layer(r, o);

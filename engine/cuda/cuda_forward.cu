@@ -293,10 +293,12 @@ GluScratch handover_scratch(float* stage, uint32_t* arrivals, DeviceBuffer<unsig
     return GluScratch{stage, arrivals, handover_mode(), tagged.size() > 0 ? tagged.data() : nullptr};
 }
 // SPILLWAY_CHAIN_WO=MASK (lab): under the norm chain, 1: wo releases gate|up at its entry, 2:
-// the split merge before wo is a programmatic launch. Default 1 (session 28: with both, the
-// chain lost at depth).
+// the split merge before wo is a programmatic launch, 4: wo releases gate|up when its wait
+// for the attention returns (instead of 1; session 32's timeline: released at entry, gate|up's
+// first loads run beside the attention). Default 1 (session 28: with 1 and 2, the chain lost
+// at depth).
 uint32_t norm_chain_wo_mode() {
-    static const uint32_t mode = lab_knob_uint("SPILLWAY_CHAIN_WO", 1, 3, 0);
+    static const uint32_t mode = lab_knob_uint("SPILLWAY_CHAIN_WO", 1, 7, 0);
     return mode;
 }
 
@@ -521,9 +523,11 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                 // Measured (session 31, tg32 f16 0 / 8k / 64k): 230.0 / 206.4 / 131.4 this way;
                 // wo not releasing 228.7 / 201.9 / 129.7; with the merge programmatic too 230.5 /
                 // 204.2 / 126.5 (q8_0 at 8k: 170 against 202).
-                ffn_norm_partials = matvec_q8s_norm_out_cuda(split_of(L.wo), act_q16(st), E, L.wo.n_in,
-                                                             norm_out(L.ffn_norm, 0), stream,
-                                                             (norm_chain_wo_mode() & 1) != 0);
+                NormOut wo_out = norm_out(L.ffn_norm, 0);
+                wo_out.release_after_wait = (norm_chain_wo_mode() & 4) != 0;
+                ffn_norm_partials = matvec_q8s_norm_out_cuda(split_of(L.wo), act_q16(st), E, L.wo.n_in, wo_out,
+                                                             stream,
+                                                             (norm_chain_wo_mode() & 1) != 0 && !wo_out.release_after_wait);
                 matvec_q8s_swiglu_cuda(split_of(L.ffn_gate), norm_q16(st), F, L.ffn_gate.n_in, glu_q16(st),
                                        handover_scratch(gate, st.glu_arrivals.data(), st.glu_tagged), stream,
                                        release_at_entry(GemvSite::gate_up), normed_x(0, ffn_norm_partials));

@@ -456,7 +456,7 @@ constexpr uint32_t kSweepStamps = 5;
 // epilogue; the sums are scaled by inv_rms from its sums of squares. Each its own instance.
 template <int kUnroll, int kMinBlocks, int kRows = 1, bool kFused = false, bool kStamps = false,
           SweepOut kOut = SweepOut::plain, bool kNormIn = false, HandOver kHandOver = HandOver::fence,
-          typename Io = std::conditional_t<kOut == SweepOut::plain && !kNormIn, SweepIo, ChainedSweepIo>>
+          bool kReleaseAfterWait = false, typename Io = std::conditional_t<kOut == SweepOut::plain && !kNormIn, SweepIo, ChainedSweepIo>>
 __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep_kernel(
     const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const Io io, uint32_t rows,
     uint32_t cols, uint32_t rows_per_block, uint32_t release_at_entry) {
@@ -532,6 +532,7 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
         cp_async_commit();
     }
     pdl_wait_for_producer();  // W went out first: it does not depend on x's producer
+    if constexpr (kReleaseAfterWait) pdl_release_dependents();  // lab: NormOut::release_after_wait
     stamp(1);
     // HandOver::tagged: the generations of this block's first and last 32-value blocks, loaded
     // while x lands (the previous launch on this scratch has completed: the producer wait).
@@ -650,11 +651,12 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
 
 // Returns the grid's block count. kOut glu: rows counts gate / up pairs.
 template <int kUnroll, int kBlocksPerSm, int kRows, bool kFused, bool kStamps = false,
-          SweepOut kOut = SweepOut::plain, bool kNormIn = false, HandOver kHandOver = HandOver::fence, typename Io = SweepIo>
+          SweepOut kOut = SweepOut::plain, bool kNormIn = false, HandOver kHandOver = HandOver::fence,
+          bool kReleaseAfterWait = false, typename Io = SweepIo>
 uint32_t launch_q8s_sweep_as(Q8SplitConst w, const Io& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
                              bool release_at_entry) {
-    constexpr auto kKernel =
-        matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kStamps, kOut, kNormIn, kHandOver>;
+    constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kStamps, kOut, kNormIn,
+                                                     kHandOver, kReleaseAfterWait>;
     constexpr bool kGlu = kOut == SweepOut::glu, kChained = kOut != SweepOut::plain || kNormIn;
     static_assert(std::is_same_v<Io, std::conditional_t<kChained, ChainedSweepIo, SweepIo>>, "the kernel's parameters");
     // After the partial sums: the chained epilogues' values, inv_rms, 16 warp sums, and the
@@ -895,10 +897,23 @@ void check_chained_sweep(const char* what, Q8SplitConst w, ActQ16 x, const ActQ1
 
 // A chained instance, or its stamped twin (lab) when io.stamps is set, with the hand-over the
 // scratch asks for (lab variants: HandOver); returns the block count.
-template <SweepOut kOut, bool kNormIn, HandOver kHandOver = HandOver::fence>
+template <SweepOut kOut, bool kNormIn, HandOver kHandOver = HandOver::fence, bool kReleaseAfterWait = false>
 uint32_t launch_chained(Q8SplitConst w, const ChainedSweepIo& io, uint32_t rows, uint32_t cols, cudaStream_t stream,
                         bool release_at_entry) {
-    if constexpr (kOut != SweepOut::plain && kHandOver == HandOver::fence) {
+    if constexpr (kOut == SweepOut::norm && !kReleaseAfterWait) {
+        if (io.norm_out.release_after_wait) {
+            if (release_at_entry) fail("matvec_q8s_norm_out_cuda: release at entry or after the wait, not both");
+            switch (io.quant.scratch.hand_over) {  // the lab's two candidates
+                case HandOver::fence:
+                    return launch_chained<kOut, kNormIn, HandOver::fence, true>(w, io, rows, cols, stream, false);
+                case HandOver::tagged:
+                    if (io.quant.scratch.tagged == nullptr) fail("matvec_q8s: the tagged hand-over needs its words");
+                    return launch_chained<kOut, kNormIn, HandOver::tagged, true>(w, io, rows, cols, stream, false);
+                default: fail("matvec_q8s_norm_out_cuda: release after the wait takes the fence or tagged hand-over");
+            }
+        }
+    }
+    if constexpr (kOut != SweepOut::plain && kHandOver == HandOver::fence && !kReleaseAfterWait) {
         switch (io.quant.scratch.hand_over) {
             case HandOver::lean:
                 return launch_chained<kOut, kNormIn, HandOver::lean>(w, io, rows, cols, stream, release_at_entry);
@@ -911,10 +926,10 @@ uint32_t launch_chained(Q8SplitConst w, const ChainedSweepIo& io, uint32_t rows,
         }
     }
     if (io.stamps != nullptr)
-        return launch_q8s_sweep_as<4, 1, 2, false, true, kOut, kNormIn, kHandOver>(w, io, rows, cols, stream,
-                                                                             release_at_entry);
-    return launch_q8s_sweep_as<4, 1, 2, false, false, kOut, kNormIn, kHandOver>(w, io, rows, cols, stream,
-                                                                          release_at_entry);
+        return launch_q8s_sweep_as<4, 1, 2, false, true, kOut, kNormIn, kHandOver, kReleaseAfterWait>(
+            w, io, rows, cols, stream, release_at_entry);
+    return launch_q8s_sweep_as<4, 1, 2, false, false, kOut, kNormIn, kHandOver, kReleaseAfterWait>(
+        w, io, rows, cols, stream, release_at_entry);
 }
 
 void check_normed_x(const char* what, const NormedX& norm) {

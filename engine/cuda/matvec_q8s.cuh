@@ -106,6 +106,9 @@ struct NormOut {
     float* partials = nullptr;      // one per block: matvec_q8s_norm_out_cuda returns the count (<= kNormOutMaxBlocks)
     ActQ16 out;                     // [rows] stream * weight, quantized; must not be x
     GluScratch scratch;             // rows floats and rows / 32 arrival counts, as for the SwiGLU epilogue
+    // Lab (SPILLWAY_CHAIN_WO bit 4): let the next kernel launch when this one's producer wait
+    // returns, not at its entry (release_at_entry false) nor at its exit.
+    bool release_after_wait = false;
 };
 
 // out must not be x; release_at_entry as for matvec_q8s_cuda. Launches on one scratch must

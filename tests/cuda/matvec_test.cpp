@@ -823,8 +823,10 @@ TEST(CudaMatvec, ChainedStampedEqualsUnstamped) {
 // The lab hand-overs (HandOver::lean, ::tagged) give the default's (fence) bits launch after
 // launch on one scratch: the norm-out and SwiGLU producers of a chain, three launches in a row
 // (the stream accumulates), at a shape with many holders per cut block (8 rows per grid block
-// on 132 SMs) and at the 14B shape. fence and lean leave the counts zero; tagged leaves the
-// launch count in each cut block's generation and zero elsewhere.
+// on 132 SMs), at the 14B and the 7B shapes, and tagged once more with the norm-out releasing
+// its successor after its wait (NormOut::release_after_wait, its own instance). fence and lean
+// leave the counts zero; tagged leaves the launch count in each cut block's generation and
+// zero elsewhere.
 TEST(CudaMatvec, HandOverVariantsEqualFenceOverLaunches) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     const uint32_t seed = fresh_seed();
@@ -855,26 +857,28 @@ TEST(CudaMatvec, HandOverVariantsEqualFenceOverLaunches) {
                 SPILLWAY_CUDA_CHECK(cudaMemset(tagged2.data(), 0, tagged2.bytes()));
             }
         };
-        const HandOver modes[3] = {HandOver::fence, HandOver::lean, HandOver::tagged};
+        // The last: tagged with the norm-out releasing after its wait (its own instance).
+        constexpr int kModes = 4;
+        const HandOver modes[kModes] = {HandOver::fence, HandOver::lean, HandOver::tagged, HandOver::tagged};
         std::vector<std::unique_ptr<Chain>> chains;
-        for (int k = 0; k < 3; ++k) {
+        for (int k = 0; k < kModes; ++k) {
             chains.push_back(std::make_unique<Chain>(E, ff));
             SPILLWAY_CUDA_CHECK(cudaMemcpy(chains.back()->stream.data(), stream0.data(), E * sizeof(float),
                                            cudaMemcpyHostToDevice));
         }
         for (uint32_t launch = 1; launch <= 3; ++launch) {
             SCOPED_TRACE("launch " + std::to_string(launch));
-            std::vector<std::vector<int16_t>> nq(3), hq(3);
-            std::vector<std::vector<float>> nd(3), hd(3), stream(3);
-            for (int k = 0; k < 3; ++k) {
+            std::vector<std::vector<int16_t>> nq(kModes), hq(kModes);
+            std::vector<std::vector<float>> nd(kModes), hd(kModes), stream(kModes);
+            for (int k = 0; k < kModes; ++k) {
                 Chain& c = *chains[k];
                 poison(c.nq), poison(c.nd), poison(c.hq), poison(c.hd);
                 const ActQ16 n_act{c.nq.data(), c.nd.data()};
-                const uint32_t n = matvec_q8s_norm_out_cuda(
-                    m.view(), x, E, cols,
-                    NormOut{c.stream.data(), d_norm_w.data(), c.partials.data(), n_act,
-                            GluScratch{c.stage.data(), c.arrivals.data(), modes[k], c.tagged.data()}},
-                    nullptr, false);
+                NormOut out{c.stream.data(), d_norm_w.data(), c.partials.data(), n_act,
+                            GluScratch{c.stage.data(), c.arrivals.data(), modes[k], c.tagged.data()}};
+                out.release_after_wait = k == 3;
+                if (k == 3) EXPECT_THROW(matvec_q8s_norm_out_cuda(m.view(), x, E, cols, out, nullptr, true), Error);
+                const uint32_t n = matvec_q8s_norm_out_cuda(m.view(), x, E, cols, out, nullptr, false);
                 matvec_q8s_swiglu_cuda(m2.view(), n_act, ff, E, ActQ16{c.hq.data(), c.hd.data()},
                                        GluScratch{c.stage2.data(), c.arrivals2.data(), modes[k], c.tagged2.data()},
                                        nullptr, false, NormedX{c.partials.data(), n, 1e-5f});
@@ -891,8 +895,8 @@ TEST(CudaMatvec, HandOverVariantsEqualFenceOverLaunches) {
                         EXPECT_GT(std::count(left.begin(), left.end(), expected), 0) << "no cut block finished";
                 }
             }
-            for (int k = 1; k < 3; ++k) {
-                SCOPED_TRACE(k == 1 ? "lean" : "tagged");
+            for (int k = 1; k < kModes; ++k) {
+                SCOPED_TRACE(k == 1 ? "lean" : k == 2 ? "tagged" : "tagged, released after the wait");
                 EXPECT_EQ(stream[k], stream[0]);
                 EXPECT_EQ(nq[k], nq[0]) << "norm out";
                 EXPECT_EQ(nd[k], nd[0]) << "norm out scales";
