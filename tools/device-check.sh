@@ -70,6 +70,12 @@ if [ -z "$bench_only" ] && [ "$engine_only" = 0 ]; then
     test_status="test_cuda rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/ctest.log" | head -2 | tr '\n' ' ')"
   fi
   grep -E "Failed|FAILED|error|Expected|Which is|seed|SKIPPED" "$out/ctest.log" | head -60
+  # The forward suite once more under each lab decode variant that changes the engine's path
+  # (session 32): logits against the CPU engine and greedy tokens, as for the default.
+  for knob in SPILLWAY_HANDOVER=tagged SPILLWAY_CHAIN_WO=4 SPILLWAY_QKV_EPILOGUE=1; do
+    env "$knob" "$bin/test_cuda" --gtest_filter='CudaForward.*' >"$out/ctest-${knob//=/-}.log" 2>&1
+    echo "CudaForward.* with $knob rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/ctest-${knob//=/-}.log" | head -2 | tr '\n' ' ')"
+  done
   if [ "$sanitize" = 1 ]; then
     compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda" \
       --gtest_filter='CudaAttention.MergedPartials*:CudaSmallOps.*:CudaMatvec.Rejects*' >"$out/sanitize.log" 2>&1
@@ -132,14 +138,19 @@ if [ -z "$bench_only" ]; then
     # single-split attention; the head on the 2-stage variant; bias + RoPE + K/V write in their
     # own launch at every depth. SPILLWAY_GLU_EPILOGUE=0 / SPILLWAY_NORM_CHAIN=0 (session 31):
     # SwiGLU and the RMSNorms as launches of their own between the split-layout GEMVs;
-    # SPILLWAY_HANDOVER=lean: the chained epilogues' hand-over with one acq_rel atomic.
+    # Session 32 (lab, not yet measured): SPILLWAY_HANDOVER=lean|tagged|skip: the chained
+    # epilogues' hand-over with one acq_rel atomic, with tagged words and no count, or none
+    # (skip: wrong output, the timing floor); SPILLWAY_CHAIN_WO=4: wo lets gate|up launch when
+    # its wait returns; SPILLWAY_QKV_EPILOGUE=1: bias, RoPE and the f16 K / V write in q|k|v's
+    # epilogue.
     for knob in default SPILLWAY_Q16X_SPLIT=pairs SPILLWAY_ATTENTION_QUANT=separate SPILLWAY_DECODE_LAYER=1 SPILLWAY_PDL_SMALL=0 \
         SPILLWAY_Q16X_RELEASE=0 SPILLWAY_ATTN_FINISH=kernels SPILLWAY_Q16X_KERNEL=smem4 SPILLWAY_POST_QKV=kernel \
-        SPILLWAY_GLU_EPILOGUE=0 SPILLWAY_NORM_CHAIN=0 SPILLWAY_HANDOVER=lean; do
+        SPILLWAY_GLU_EPILOGUE=0 SPILLWAY_NORM_CHAIN=0 SPILLWAY_HANDOVER=lean SPILLWAY_HANDOVER=tagged \
+        SPILLWAY_HANDOVER=skip SPILLWAY_CHAIN_WO=4 SPILLWAY_QKV_EPILOGUE=1; do
       if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
       env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 0,8192,65536 \
-        -ctk f16 >"$out/engine-ab-${knob%%=*}.log" 2>&1
-      echo "engine A/B $knob rc=$?: $(grep -E '^\| f16' "$out/engine-ab-${knob%%=*}.log" | awk -F'|' '{printf "d=%s %s tok/s  ", $5, $6}')"
+        -ctk f16 >"$out/engine-ab-${knob//=/-}.log" 2>&1
+      echo "engine A/B $knob rc=$?: $(grep -E '^\| f16' "$out/engine-ab-${knob//=/-}.log" | awk -F'|' '{printf "d=%s %s tok/s  ", $5, $6}')"
     done
     # The quantized decode attention's copy fast path (session 13), Q load and split merge
     # (session 19), 64k.

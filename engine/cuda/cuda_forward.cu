@@ -224,6 +224,11 @@ bool post_qkv_in_attention() {
     return in_attention;
 }
 
+bool qkv_epilogue_on() {
+    static const bool on = lab_knob("SPILLWAY_QKV_EPILOGUE", "1", "0");
+    return on;
+}
+
 bool separate_attention_quant() {
     static const bool separate = lab_knob("SPILLWAY_ATTENTION_QUANT", "separate", "fused");
     return separate;
@@ -405,8 +410,24 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                          stream, takes_q16(L.wq, T) || takes_q16(L.wk, T) || takes_q16(L.wv, T) ? act_q16(st) : ActQ16{},
                          fused_prefill ? st.act_f16.data() : nullptr);
         op_times_mark("rmsnorm", stream);
+        // SPILLWAY_QKV_EPILOGUE=1 (lab): the norm chain's q|k|v GEMV does the post-QKV work
+        // itself (matvec_q8s_qkv_rope_cuda): f16 K and V, NeoX RoPE over whole heads, a
+        // resident cell.
+        const bool qkv_epilogue = norm_chain && il > 0 && qkv_epilogue_on() && !spilled && rope_table != nullptr &&
+                                  cache.k_type == KvType::f16 && cache.v_type == KvType::f16 && m.rope_dev.neox &&
+                                  m.rope_dev.n_dims == s.head_dim_k && s.head_dim_k == s.head_dim_v &&
+                                  L.wq.q8_scales != nullptr && L.fused_qkv &&
+                                  matvec_q8s_qkv_rope_fits(s.n_head, nkv, s.head_dim_k, L.wq.n_in);
         if (decode_layer && il > 0) {
             // q|k|v came out of the previous layer's kernel.
+        } else if (qkv_epilogue) {
+            // Bias, RoPE and the new cell's f16 K / V in the GEMV's epilogue (lab).
+            matvec_q8s_qkv_rope_cuda(split_of(L.wq), norm_q16(st), normed_x(1, attn_norm_partials), L.wq.n_in,
+                                     QkvRope{q, cache.k[il] + (uint64_t)pos0 * 2 * kd,
+                                             cache.v[il] + (uint64_t)pos0 * 2 * vd, L.bqkv, rope_table, s.n_head, nkv,
+                                             s.head_dim_k},
+                                     stream, release_at_entry(GemvSite::qkv));
+            op_times_mark("q|k|v + bias + rope + kv write", stream);
         } else if (norm_chain && il > 0) {
             matvec_q8s_normed_cuda(split_of(L.wq), norm_q16(st), normed_x(1, attn_norm_partials), q, qd + kd + vd,
                                    L.wq.n_in, stream, release_at_entry(GemvSite::qkv));
@@ -426,15 +447,15 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         }
         // Bias, RoPE and the K/V write in one launch (qkv_post.cuh); the spilled path writes K/V
         // itself, so it gets only bias and RoPE.
-        const bool post_fused = (T == 1 || fused_prefill) && qkv_post_fits(m) && T <= 65535;  // grid.y
+        const bool post_fused = !qkv_epilogue && (T == 1 || fused_prefill) && qkv_post_fits(m) && T <= 65535;  // grid.y
         // One token over a resident range the split kernel takes in several splits (f16 K, 65
         // to 16383 cells): the attention kernel itself does the bias, RoPE and the new cell's
         // K/V write (attention.cuh, AttentionPostQkv).
         const bool post_in_attention = T == 1 && post_fused && !spilled && rope_table != nullptr &&
                                        post_qkv_in_attention() &&
                                        attention_takes_post_qkv(shape, cache.k_type, cache.v_type, pos0 + 1, st.sm_count);
-        if (post_in_attention) {
-            // Nothing here: see the attention call below.
+        if (post_in_attention || qkv_epilogue) {
+            // Nothing here: see the attention call below, or done in the q|k|v GEMV.
         } else if (post_fused) {
             const bool write_kv = !spilled;
             qkv_post_cuda(QkvPostShape{s.n_head, nkv, s.head_dim_k}, m.rope_dev, q, k, v, L.bqkv, T,
@@ -451,7 +472,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             }
             op_times_mark("bias", stream);
         }
-        if (T == 1 && !post_fused) {
+        if (T == 1 && !post_fused && !qkv_epilogue) {
             rope_cuda(m.rope_dev, q, 1, s.n_head + nkv, s.head_dim_k, st.positions.data(), stream);  // q and k heads
         } else if (T > 1 && !post_fused) {
             rope_cuda(m.rope_dev, q, T, s.n_head, s.head_dim_k, st.positions.data(), stream);
@@ -470,7 +491,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             spill_layer_attention(*cache.spill, spill_cursor, args, stream);
             op_times_mark("attention (spilled)", stream);
         } else if (T == 1) {
-            if (!post_fused) {
+            if (!post_fused && !qkv_epilogue) {
                 kv_write_cuda(cache.k_type, k, cache.k[il], pos0, T, kd, stream);
                 kv_write_cuda(cache.v_type, v, cache.v[il], pos0, T, vd, stream);
             }

@@ -26,6 +26,7 @@
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
 #include "engine/cuda/q8_0_q16_device.cuh"
+#include "engine/cuda/rope_device.cuh"
 
 namespace spillway {
 namespace {
@@ -199,7 +200,9 @@ __global__ void __launch_bounds__(kWarpsPB * 32, kMinBlocks) matvec_q8s_kernel(
 // What a sweep writes after its sums (kOut): y (plain); SwiGLU of gate / up row pairs,
 // quantized (glu, matvec_q8s_swiglu_cuda); the residual add and the first half of the next
 // RMSNorm, quantized (norm, matvec_q8s_norm_out_cuda).
-enum class SweepOut : uint8_t { plain, glu, norm };
+// rope (lab): decode's q|k|v with bias, RoPE and the new cell's f16 K / V in its epilogue
+// (matvec_q8s_qkv_rope_cuda).
+enum class SweepOut : uint8_t { plain, glu, norm, rope };
 
 // A quantized epilogue's output and its hand-over scratch (glu, norm).
 struct QuantOut {
@@ -225,6 +228,7 @@ struct ChainedSweepIo : SweepIo {
     QuantOut quant;    // kOut glu / norm: the quantized output and the hand-over scratch
     NormedX norm_in;   // kNormIn: the producer's sums of squares; y scaled by their inv_rms
     NormOut norm_out;  // kOut norm: stream, weight and this launch's sums of squares
+    QkvRope rope;      // kOut rope
 };
 
 // x formed from f32 vectors by the block itself, into shared memory as int16 blocks (q then
@@ -438,6 +442,35 @@ __device__ __forceinline__ void norm_epilogue(const QuantOut& quant, const NormO
     quantize_block_values<kHandOver>(quant, v_shared, r0, r1, n, rows_per_block, tags);
 }
 
+// The rope epilogue of a block owning rotation pairs [r0, r1) (kRope above): per pair the two
+// rows' sums in column order (times inv_rms when x came normed), plus the bias, rotated (q and
+// k heads; NeoX over the whole head, the table's cos / sin), then q to rope.q and K / V to the
+// new cell's f16 rows: the arithmetic of the plain epilogue followed by qkv_post_kernel.
+__device__ __forceinline__ void rope_epilogue(const QkvRope& e, const float* part, uint32_t r0, uint32_t r1,
+                                              uint32_t segs, float inv_rms) {
+    const uint32_t half = e.head_dim / 2, qd = e.n_head * e.head_dim, kd = e.n_head_kv * e.head_dim;
+    for (uint32_t p = threadIdx.x; p < r1 - r0; p += kSweepWarps * 32) {
+        float x0 = 0.0f, x1 = 0.0f;
+        for (uint32_t seg = 0; seg < segs; ++seg) x0 += part[2 * p * segs + seg];  // column order
+        for (uint32_t seg = 0; seg < segs; ++seg) x1 += part[(2 * p + 1) * segs + seg];
+        x0 *= inv_rms, x1 *= inv_rms;
+        const uint32_t u = r0 + p, i = u % half, a = u / half * e.head_dim + i, b = a + half;
+        if (e.bias != nullptr) x0 += e.bias[a], x1 += e.bias[b];
+        if (a < qd + kd) {
+            const float2 cs = e.rope_table[i];
+            const float y0 = rope_pair_value(x0, x1, cs.x, cs.y, true), y1 = rope_pair_value(x0, x1, cs.x, cs.y, false);
+            x0 = y0, x1 = y1;
+        }
+        if (a < qd) {
+            e.q[a] = x0, e.q[b] = x1;
+        } else {
+            __half* row = reinterpret_cast<__half*>(a < qd + kd ? e.k_row : e.v_row);
+            const uint32_t at = a < qd + kd ? a - qd : a - qd - kd;
+            row[at] = __float2half_rn(x0), row[at + half] = __float2half_rn(x1);
+        }
+    }
+}
+
 // kRows = 2 (lab): a unit is a row pair's segment (the two rows' 512 codes at the same
 // columns share x's loads), units in pair-major order; kUnroll units x kRows rows = 8 sums.
 // kFused: x may be formed here (GemvX) and y accumulated; its own instance, so the plain
@@ -461,8 +494,8 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     const uint4* __restrict__ codes, const unsigned short* __restrict__ scales, const Io io, uint32_t rows,
     uint32_t cols, uint32_t rows_per_block, uint32_t release_at_entry) {
     static_assert(kUnroll * kRows == 8, "the reduction below is written for 8 sums");
-    constexpr bool kGlu = kOut == SweepOut::glu;
-    static_assert(!kGlu || kRows == 2, "SwiGLU pairs are row pairs");
+    constexpr bool kGlu = kOut == SweepOut::glu, kRope = kOut == SweepOut::rope, kPairs = kGlu || kRope;
+    static_assert(!kPairs || kRows == 2, "SwiGLU and rotation pairs are row pairs");
     static_assert((kOut == SweepOut::plain && !kNormIn) || !kFused, "the chained epilogues take a q16 x");
     const auto stamp = [&](uint32_t k) {
         if constexpr (kStamps) {
@@ -475,14 +508,24 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const uint32_t segs = cols / kUnitCols, row_vecs = cols / 16, row_blocks = cols / 32;
     const uint32_t r0 = min(rows, blockIdx.x * rows_per_block), r1 = min(rows, r0 + rows_per_block);
-    const uint32_t block_rows = kGlu ? 2 * (r1 - r0) : r1 - r0;     // kGlu: a pair's gate and up rows
+    const uint32_t block_rows = kPairs ? 2 * (r1 - r0) : r1 - r0;   // kGlu: a pair's gate and up rows
     const uint32_t n_parts = block_rows * segs;                      // (row, segment) sums of the block
     const uint32_t n = (block_rows + kRows - 1) / kRows * segs;      // units
     // Rows are contiguous, so (row r, segment s) of the block, part index r * segs + s, starts
     // at codes + (r0 * row_vecs + 32 (r * segs + s)) and its scales at + 16 (r * segs + s).
     // Unit j (segment s = j % segs) holds parts kRows j - (kRows - 1) s + k segs, k < kRows.
-    const uint4* w_base = codes + (size_t)r0 * row_vecs + lane;
-    const unsigned short* d_base = scales + (size_t)r0 * row_blocks + lane / 2;
+    // kRope: unit u is rows a = (u / half) head_dim + u % half and a + half (half = head_dim /
+    // 2), a rotation pair; a block's units lie in at most two heads (rows_per_block <= half),
+    // so from its first row they run on contiguously, skip half rows at the head boundary
+    // (from unit j_cross), and each pair's second row lies half rows further on.
+    uint32_t row0 = r0, half = 0, j_cross = 0;
+    if constexpr (kRope) {
+        half = io.rope.head_dim / 2;
+        row0 = r0 + r0 / half * half;
+        j_cross = (half - r0 % half) * segs;
+    }
+    const uint4* w_base = codes + (size_t)row0 * row_vecs + lane;
+    const unsigned short* d_base = scales + (size_t)row0 * row_blocks + lane / 2;
     const auto part_of = [&](uint32_t j, uint32_t seg, int k) { return kRows * j - (kRows - 1) * seg + k * segs; };
     uint4 w[kUnroll][kRows];
     unsigned short d[kUnroll][kRows];
@@ -491,8 +534,10 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
         for (int k = 0; k < kRows; ++k) {
             // kGlu: unit j is pair r0 + j / segs at segment j % segs; its up row lies rows
             // rows further on.
-            const uint32_t q = kGlu ? j + (uint32_t)k * rows * segs : part_of(j, seg, k);
-            if (j < n && (kGlu || q < n_parts)) {
+            const uint32_t q = kGlu    ? j + (uint32_t)k * rows * segs
+                               : kRope ? j + (j >= j_cross ? half * segs : 0u) + (uint32_t)k * half * segs
+                                       : part_of(j, seg, k);
+            if (j < n && (kPairs || q < n_parts)) {
                 w[i][k] = __ldcs(w_base + (size_t)q * 32);
                 d[i][k] = __ldcs(d_base + (size_t)q * 16);
             }
@@ -519,7 +564,7 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     }
     // After the partial sums (kGlu: 2 rows per pair): the chained epilogues' values (one per
     // row or pair), inv_rms, 16 warp sums, the norm epilogue's rows of the stream and weight.
-    float* chain_values = part + (kGlu ? 2 : 1) * rows_per_block * segs;
+    float* chain_values = part + (kPairs ? 2 : 1) * rows_per_block * segs;
     float* inv_rms_slot = chain_values + rows_per_block;
     float* warp_sums = inv_rms_slot + 1;
     float* stream_in = warp_sums + kSweepWarps;
@@ -637,6 +682,8 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     } else if constexpr (kOut == SweepOut::norm) {
         norm_epilogue<kHandOver>(io.quant, io.norm_out, part, stream_in, weight_in, chain_values, warp_sums, r0, r1,
                                  rows, rows_per_block, segs, cut_tags<kHandOver>(cut_gen, r0));
+    } else if constexpr (kRope) {
+        rope_epilogue(io.rope, part, r0, r1, segs, kNormIn ? *inv_rms_slot : 1.0f);
     } else {
         for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
             float total = 0.0f;
@@ -657,7 +704,7 @@ uint32_t launch_q8s_sweep_as(Q8SplitConst w, const Io& io, uint32_t rows, uint32
                              bool release_at_entry) {
     constexpr auto kKernel = matvec_q8s_sweep_kernel<kUnroll, kBlocksPerSm, kRows, kFused, kStamps, kOut, kNormIn,
                                                      kHandOver, kReleaseAfterWait>;
-    constexpr bool kGlu = kOut == SweepOut::glu, kChained = kOut != SweepOut::plain || kNormIn;
+    constexpr bool kGlu = kOut == SweepOut::glu || kOut == SweepOut::rope, kChained = kOut != SweepOut::plain || kNormIn;
     static_assert(std::is_same_v<Io, std::conditional_t<kChained, ChainedSweepIo, SweepIo>>, "the kernel's parameters");
     // After the partial sums: the chained epilogues' values, inv_rms, 16 warp sums, and the
     // norm epilogue's rows of the stream and the weight.
@@ -994,6 +1041,37 @@ uint32_t matvec_q8s_normed_cuda(Q8SplitConst w, ActQ16 x, const NormedX& norm, f
     io.norm_in = norm;
     io.stamps = stamps;
     const uint32_t blocks = launch_chained<SweepOut::plain, true>(w, io, rows, cols, stream, release_at_entry);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    return blocks;
+}
+
+bool matvec_q8s_qkv_rope_fits(uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim, uint32_t cols) {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0)
+        return false;
+    const std::optional<MatvecQ8sKernel> forced = q8s_kernel_override();
+    const uint64_t pairs = (uint64_t)(n_head + 2 * n_head_kv) * head_dim / 2;
+    return (!forced || *forced == MatvecQ8sKernel::sweep1r2) && n_head > 0 && n_head_kv > 0 && head_dim >= 2 &&
+           head_dim % 2 == 0 && pairs > 0 && (pairs + sms - 1) / sms <= head_dim / 2 && matvec_q8s_fits(cols);
+}
+
+uint32_t matvec_q8s_qkv_rope_cuda(Q8SplitConst w, ActQ16 x, const NormedX& norm, uint32_t cols, const QkvRope& rope,
+                                  cudaStream_t stream, bool release_at_entry) {
+    if (!matvec_q8s_qkv_rope_fits(rope.n_head, rope.n_head_kv, rope.head_dim, cols))
+        fail("matvec_q8s_qkv_rope_cuda: heads, head_dim (even, at most head_dim / 2 pairs per SM) or cols not taken");
+    if (rope.q == nullptr || rope.k_row == nullptr || rope.v_row == nullptr || rope.rope_table == nullptr ||
+        norm.partials == nullptr)
+        fail("matvec_q8s_qkv_rope_cuda: q, the K and V rows, the rope table and the sums of squares must be given");
+    check_chained_sweep("matvec_q8s_qkv_rope_cuda", w, x, nullptr, nullptr);
+    check_normed_x("matvec_q8s_qkv_rope_cuda", norm);
+    ChainedSweepIo io{q16_io(x, nullptr)};
+    io.norm_in = norm;
+    io.rope = rope;
+    const uint32_t pairs = (rope.n_head + 2 * rope.n_head_kv) * rope.head_dim / 2;
+    const uint32_t blocks =
+        launch_q8s_sweep_as<4, 1, 2, false, false, SweepOut::rope, true, HandOver::fence, false, ChainedSweepIo>(
+            w, io, pairs, cols, stream, release_at_entry);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
     return blocks;
 }

@@ -128,6 +128,26 @@ uint32_t matvec_q8s_norm_out_cuda(Q8SplitConst w, ActQ16 x, uint32_t rows, uint3
 uint32_t matvec_q8s_normed_cuda(Q8SplitConst w, ActQ16 x, const NormedX& norm, float* y, uint32_t rows, uint32_t cols,
                                 cudaStream_t stream, bool release_at_entry = false, uint64_t* stamps = nullptr);
 
+// Lab (SPILLWAY_QKV_EPILOGUE=1 in the engine): decode's q|k|v GEMV (x from a norm epilogue)
+// with the post-QKV work in its epilogue, so no qkv_post launch sits before the attention:
+// bias, NeoX RoPE over the whole head, q written rotated, the new cell's K and V written as
+// f16. A unit of the sweep is one rotation pair, rows i and i + head_dim / 2 of a head (the
+// matrix as uploaded), so every block holds whole pairs and nothing is handed over. Bits:
+// matvec_q8s_normed_cuda followed by qkv_post_cuda with the rope table (f16 K / V).
+struct QkvRope {
+    float* q = nullptr;                   // [n_head * head_dim], rotated
+    uint8_t* k_row = nullptr;             // the new cell's f16 K row ([n_head_kv * head_dim] halves)
+    uint8_t* v_row = nullptr;             // and its V row
+    const float* bias = nullptr;          // q|k|v biases back to back, or null
+    const float2* rope_table = nullptr;   // this token's cos / sin, [head_dim / 2]
+    uint32_t n_head = 0, n_head_kv = 0, head_dim = 0;
+};
+// head_dim even, (n_head + 2 n_head_kv) head_dim / 2 pairs spread over the SMs at most
+// head_dim / 2 per block, cols as matvec_q8s_fits.
+bool matvec_q8s_qkv_rope_fits(uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim, uint32_t cols);
+uint32_t matvec_q8s_qkv_rope_cuda(Q8SplitConst w, ActQ16 x, const NormedX& norm, uint32_t cols, const QkvRope& rope,
+                                  cudaStream_t stream, bool release_at_entry = false);
+
 // Decode fusion (session 28): the sweep GEMV forms x itself from what the previous ops left
 // in f32, so no RMSNorm or SwiGLU launch sits between two GEMVs, and adds W x into the
 // residual stream itself, so no launch is needed for the add. Every block computes the same

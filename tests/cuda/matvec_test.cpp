@@ -3,6 +3,8 @@
 // f32, so the tolerance is f32 summation error: 1e-5 for every weight type.
 #include "engine/cuda/matvec.cuh"
 #include "engine/cuda/matvec_q8s.cuh"
+#include "engine/cuda/qkv_post.cuh"
+#include "engine/cuda/rope.cuh"
 #include "engine/cuda/rmsnorm.cuh"
 #include "engine/cuda/swiglu.cuh"
 
@@ -15,6 +17,7 @@
 #include <tuple>
 
 #include "act_q16_ref.h"
+#include "engine/cpu/rope.h"
 #include "cuda_test_util.h"
 #include "gguf/quants.h"
 
@@ -905,6 +908,84 @@ TEST(CudaMatvec, HandOverVariantsEqualFenceOverLaunches) {
             }
         }
     }
+}
+
+// The q|k|v GEMV with the post-QKV work in its epilogue (matvec_q8s_qkv_rope_cuda, lab) writes
+// exactly the bits of matvec_q8s_normed_cuda followed by qkv_post_cuda with the rope table: q,
+// and the new cell's f16 K and V rows; the cache's other rows stay as they were (poisoned).
+// 14B and 7B head shapes (blocks cut inside heads, crossing a head boundary), 64-dim heads,
+// with and without bias, at a random position.
+TEST(CudaMatvec, QkvRopeEpilogueEqualsNormedThenPost) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    struct Case {
+        uint32_t n_head, n_head_kv, head_dim, cols;
+        bool bias;
+    };
+    for (const Case& c : {Case{40, 8, 128, 5120, true}, Case{28, 4, 128, 3584, true}, Case{4, 2, 64, 1024, false},
+                          Case{40, 8, 128, 5120, false}}) {
+        const uint32_t seed = fresh_seed();
+        SCOPED_TRACE("heads " + std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + " dim " +
+                     std::to_string(c.head_dim) + (c.bias ? " bias" : "") + " seed " + std::to_string(seed));
+        std::mt19937 rng(seed);
+        const uint32_t D = c.head_dim, qd = c.n_head * D, kd = c.n_head_kv * D, rows = qd + 2 * kd;
+        ASSERT_TRUE(matvec_q8s_qkv_rope_fits(c.n_head, c.n_head_kv, D, c.cols));
+        const DeviceSplitMatrix m(rng, rows, c.cols);
+        auto d_x = to_device(random_floats(rng, c.cols, 2.0f));
+        DeviceBuffer<int16_t> xq(c.cols);
+        DeviceBuffer<float> xd(c.cols / 32);
+        quantize_act_q16_cuda(d_x.data(), c.cols, 1, ActQ16{xq.data(), xd.data()}, nullptr);
+        const ActQ16 x{xq.data(), xd.data()};
+        std::vector<float> partials(7);
+        for (float& p : partials) p = std::uniform_real_distribution<float>(100.0f, 900.0f)(rng);
+        auto d_partials = to_device(partials);
+        const NormedX normed{d_partials.data(), (uint32_t)partials.size(), 1e-6f};
+        auto d_bias = to_device(random_floats(rng, rows, 0.5f));
+        RopeSpec spec;
+        spec.type = RopeType::neox;
+        spec.freq_base = 1000000.0f;
+        spec.n_dims = D;
+        const RopeTables tables = make_rope_tables(spec, D);
+        auto d_inv = to_device(tables.inv_freq);
+        auto d_mix = to_device(tables.ramp_mix);
+        RopeDeviceTables dt;
+        dt.neox = true;
+        dt.n_dims = tables.n_dims;
+        dt.inv_freq = d_inv.data();
+        dt.ramp_mix = d_mix.data();
+        dt.freq_scale = tables.freq_scale;
+        dt.mscale = tables.mscale;
+        const uint32_t n_cells = 16, cell = std::uniform_int_distribution<uint32_t>(0, n_cells - 1)(rng);
+        auto d_pos = to_device(std::vector<int32_t>{(int32_t)(1000 + 37 * cell)});
+        DeviceBuffer<float2> table(D / 2);
+        rope_table_cuda(dt, d_pos.data(), 1, table.data(), nullptr);
+        const float* bias = c.bias ? d_bias.data() : nullptr;
+        // Reference: the plain normed GEMV, then the post-QKV launch.
+        DeviceBuffer<float> y(rows);
+        DeviceBuffer<uint8_t> k_ref((size_t)n_cells * 2 * kd), v_ref((size_t)n_cells * 2 * kd);
+        poison(k_ref), poison(v_ref);
+        matvec_q8s_normed_cuda(m.view(), x, normed, y.data(), rows, c.cols, nullptr);
+        qkv_post_cuda(QkvPostShape{c.n_head, c.n_head_kv, D}, dt, y.data(), y.data() + qd, y.data() + qd + kd, bias, 1,
+                      d_pos.data(), KvType::f16, k_ref.data(), KvType::f16, v_ref.data(), cell, nullptr, table.data());
+        // The epilogue.
+        DeviceBuffer<float> q(qd);
+        DeviceBuffer<uint8_t> k_c((size_t)n_cells * 2 * kd), v_c((size_t)n_cells * 2 * kd);
+        poison(q), poison(k_c), poison(v_c);
+        matvec_q8s_qkv_rope_cuda(m.view(), x, normed, c.cols,
+                                 QkvRope{q.data(), k_c.data() + (size_t)cell * 2 * kd, v_c.data() + (size_t)cell * 2 * kd,
+                                         bias, table.data(), c.n_head, c.n_head_kv, D},
+                                 nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> y_h = to_host(y), q_h = to_host(q);
+        const auto same = [](const void* a, const void* b, size_t bytes) { return std::memcmp(a, b, bytes) == 0; };
+        EXPECT_TRUE(same(q_h.data(), y_h.data(), (size_t)qd * sizeof(float))) << "q";
+        const std::vector<uint8_t> kc = to_host(k_c), kr = to_host(k_ref), vc = to_host(v_c), vr = to_host(v_ref);
+        EXPECT_TRUE(same(kc.data(), kr.data(), kc.size())) << "K cache";
+        EXPECT_TRUE(same(vc.data(), vr.data(), vc.size())) << "V cache";
+        EXPECT_FALSE(std::isnan(q_h[0]) || std::isnan(q_h[qd - 1])) << "q not written";
+    }
+    // A head too narrow for the SMs (more than head_dim / 2 pairs per block) is not taken.
+    EXPECT_FALSE(matvec_q8s_qkv_rope_fits(4096, 4096, 2, 512));
+    EXPECT_FALSE(matvec_q8s_qkv_rope_fits(40, 8, 127, 5120));
 }
 
 TEST(CudaMatvec, RejectsUnsupportedInputs) {
