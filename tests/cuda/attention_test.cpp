@@ -17,6 +17,7 @@
 #include "engine/cuda/rope.cuh"
 #include "kv/kv_codec.h"
 #include "late_producer.cuh"
+#include "rope_test_util.h"
 
 namespace spillway {
 namespace {
@@ -261,20 +262,8 @@ TEST(CudaAttention, PostQkvInsideTheKernelEqualsItsOwnLaunch) {
     const uint32_t sms = sm_count();
     for (const AttentionShape& s : {make_shape(40, 8, 128), make_shape(4, 2, 64)}) {
         const uint32_t D = s.head_dim_k, qd = s.n_head * D, kd = s.n_head_kv * D;
-        RopeSpec rope;
-        rope.type = RopeType::neox;
-        rope.freq_base = 1000000.0f;
-        rope.n_dims = D;
-        const RopeTables tables = make_rope_tables(rope, D);
-        auto d_inv = to_device(tables.inv_freq);
-        auto d_mix = to_device(tables.ramp_mix);
-        RopeDeviceTables dt;
-        dt.neox = true;
-        dt.n_dims = tables.n_dims;
-        dt.inv_freq = d_inv.data();
-        dt.ramp_mix = d_mix.data();
-        dt.freq_scale = tables.freq_scale;
-        dt.mscale = tables.mscale;
+        const NeoxDeviceRope rope(D);
+        const RopeDeviceTables& dt = rope.tables;
         for (KvType kt : kTypes)
             for (KvType vt : kTypes)
                 for (uint32_t n_cells : {1u, 40u, 1000u, 6000u})

@@ -4,7 +4,6 @@
 #include "engine/cuda/matvec.cuh"
 #include "engine/cuda/matvec_q8s.cuh"
 #include "engine/cuda/qkv_post.cuh"
-#include "engine/cuda/rope.cuh"
 #include "engine/cuda/rmsnorm.cuh"
 #include "engine/cuda/swiglu.cuh"
 
@@ -17,9 +16,9 @@
 #include <tuple>
 
 #include "act_q16_ref.h"
-#include "engine/cpu/rope.h"
 #include "cuda_test_util.h"
 #include "gguf/quants.h"
+#include "rope_test_util.h"
 
 namespace spillway {
 namespace {
@@ -509,6 +508,18 @@ TEST(CudaMatvec, FusedSweepEqualsSeparateLaunches) {
 }
 
 // A random Q8_0 matrix uploaded and converted to the split layout (the chained sweeps' tests).
+// A random x (values in +-2) quantized on the device as act_q16, for the chained sweeps.
+struct RandomQ16 {
+    DeviceBuffer<int16_t> q;
+    DeviceBuffer<float> d;
+    RandomQ16(std::mt19937& rng, uint32_t n) : q(n), d(n / 32) {
+        auto f = to_device(random_floats(rng, n, 2.0f));
+        quantize_act_q16_cuda(f.data(), n, 1, act(), nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());  // before f goes
+    }
+    ActQ16 act() const { return ActQ16{q.data(), d.data()}; }
+};
+
 struct DeviceSplitMatrix {
     HostWeights host;
     DeviceBuffer<int8_t> codes;
@@ -748,13 +759,10 @@ TEST(CudaMatvec, ChainedStampedEqualsUnstamped) {
     const uint32_t E = 1024, cols = 2048, ff = 512;
     const DeviceSplitMatrix m(rng, E, cols), m2(rng, 2 * ff, E);
     const Q8SplitConst split = m.view(), split2 = m2.view();
-    auto d_x = to_device(random_floats(rng, cols, 2.0f));
+    const RandomQ16 xr(rng, cols);
+    const ActQ16 x = xr.act();
     const std::vector<float> stream0 = random_floats(rng, E, 3.0f);
     auto d_norm_w = to_device(random_floats(rng, E));
-    DeviceBuffer<int16_t> xq(cols);
-    DeviceBuffer<float> xd(cols / 32);
-    quantize_act_q16_cuda(d_x.data(), cols, 1, ActQ16{xq.data(), xd.data()}, nullptr);
-    const ActQ16 x{xq.data(), xd.data()};
     DeviceBuffer<uint64_t> stamps(5 * 1024);
     struct Outputs {
         std::vector<float> stream, partials, y;
@@ -839,13 +847,10 @@ TEST(CudaMatvec, HandOverVariantsEqualFenceOverLaunches) {
              {1024, 2048, 512}, {5120, 13824, 13824}, {3584, 18944, 18944}}) {
         SCOPED_TRACE("E=" + std::to_string(E) + " cols=" + std::to_string(cols) + " ff=" + std::to_string(ff));
         const DeviceSplitMatrix m(rng, E, cols), m2(rng, 2 * ff, E);
-        auto d_x = to_device(random_floats(rng, cols, 2.0f));
+        const RandomQ16 xr(rng, cols);
+        const ActQ16 x = xr.act();
         const std::vector<float> stream0 = random_floats(rng, E, 3.0f);
         auto d_norm_w = to_device(random_floats(rng, E));
-        DeviceBuffer<int16_t> xq(cols);
-        DeviceBuffer<float> xd(cols / 32);
-        quantize_act_q16_cuda(d_x.data(), cols, 1, ActQ16{xq.data(), xd.data()}, nullptr);
-        const ActQ16 x{xq.data(), xd.data()};
         struct Chain {
             DeviceBuffer<float> stream, nd, hd, partials, stage, stage2;
             DeviceBuffer<int16_t> nq, hq;
@@ -930,30 +935,15 @@ TEST(CudaMatvec, QkvRopeEpilogueEqualsNormedThenPost) {
         const uint32_t D = c.head_dim, qd = c.n_head * D, kd = c.n_head_kv * D, rows = qd + 2 * kd;
         ASSERT_TRUE(matvec_q8s_qkv_rope_fits(c.n_head, c.n_head_kv, D, c.cols));
         const DeviceSplitMatrix m(rng, rows, c.cols);
-        auto d_x = to_device(random_floats(rng, c.cols, 2.0f));
-        DeviceBuffer<int16_t> xq(c.cols);
-        DeviceBuffer<float> xd(c.cols / 32);
-        quantize_act_q16_cuda(d_x.data(), c.cols, 1, ActQ16{xq.data(), xd.data()}, nullptr);
-        const ActQ16 x{xq.data(), xd.data()};
+        const RandomQ16 xr(rng, c.cols);
+        const ActQ16 x = xr.act();
         std::vector<float> partials(7);
         for (float& p : partials) p = std::uniform_real_distribution<float>(100.0f, 900.0f)(rng);
         auto d_partials = to_device(partials);
         const NormedX normed{d_partials.data(), (uint32_t)partials.size(), 1e-6f};
         auto d_bias = to_device(random_floats(rng, rows, 0.5f));
-        RopeSpec spec;
-        spec.type = RopeType::neox;
-        spec.freq_base = 1000000.0f;
-        spec.n_dims = D;
-        const RopeTables tables = make_rope_tables(spec, D);
-        auto d_inv = to_device(tables.inv_freq);
-        auto d_mix = to_device(tables.ramp_mix);
-        RopeDeviceTables dt;
-        dt.neox = true;
-        dt.n_dims = tables.n_dims;
-        dt.inv_freq = d_inv.data();
-        dt.ramp_mix = d_mix.data();
-        dt.freq_scale = tables.freq_scale;
-        dt.mscale = tables.mscale;
+        const NeoxDeviceRope rope(D);
+        const RopeDeviceTables& dt = rope.tables;
         const uint32_t n_cells = 16, cell = std::uniform_int_distribution<uint32_t>(0, n_cells - 1)(rng);
         auto d_pos = to_device(std::vector<int32_t>{(int32_t)(1000 + 37 * cell)});
         DeviceBuffer<float2> table(D / 2);

@@ -1,0 +1,34 @@
+#pragma once
+// NeoX RoPE tables of one head size on the device (the engine's RopeDeviceTables), for the
+// GPU tests that rotate heads: the decode attention's post-QKV work, the q|k|v epilogue.
+#include <cstdint>
+
+#include "cuda_test_util.h"
+#include "engine/cpu/rope.h"
+#include "engine/cuda/rope.cuh"
+
+namespace spillway::cuda_test {
+
+struct NeoxDeviceRope {
+    DeviceBuffer<double> inv_freq;
+    DeviceBuffer<float> ramp_mix;
+    RopeDeviceTables tables;
+    // Rotation over the whole head (n_dims = head_dim), Qwen2's base.
+    explicit NeoxDeviceRope(uint32_t head_dim) {
+        RopeSpec spec;
+        spec.type = RopeType::neox;
+        spec.freq_base = 1000000.0f;
+        spec.n_dims = head_dim;
+        const RopeTables host = make_rope_tables(spec, head_dim);
+        inv_freq = to_device(host.inv_freq);
+        ramp_mix = to_device(host.ramp_mix);
+        tables.neox = true;
+        tables.n_dims = host.n_dims;
+        tables.inv_freq = inv_freq.data();
+        tables.ramp_mix = ramp_mix.data();
+        tables.freq_scale = host.freq_scale;
+        tables.mscale = host.mscale;
+    }
+};
+
+}  // namespace spillway::cuda_test
