@@ -411,21 +411,21 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                          fused_prefill ? st.act_f16.data() : nullptr);
         op_times_mark("rmsnorm", stream);
         // SPILLWAY_QKV_EPILOGUE=1 (lab): the norm chain's q|k|v GEMV does the post-QKV work
-        // itself (matvec_q8s_qkv_rope_cuda): f16 K and V, NeoX RoPE over whole heads, a
-        // resident cell.
+        // itself (matvec_q8s_qkv_rope_cuda): NeoX RoPE over whole heads, a resident cell.
         const bool qkv_epilogue = norm_chain && il > 0 && qkv_epilogue_on() && !spilled && rope_table != nullptr &&
-                                  cache.k_type == KvType::f16 && cache.v_type == KvType::f16 && m.rope_dev.neox &&
+                                  st.qkv_kv_stage.size() > 0 && m.rope_dev.neox &&
                                   m.rope_dev.n_dims == s.head_dim_k && s.head_dim_k == s.head_dim_v &&
                                   L.wq.q8_scales != nullptr && L.fused_qkv &&
                                   matvec_q8s_qkv_rope_fits(s.n_head, nkv, s.head_dim_k, L.wq.n_in);
         if (decode_layer && il > 0) {
             // q|k|v came out of the previous layer's kernel.
         } else if (qkv_epilogue) {
-            // Bias, RoPE and the new cell's f16 K / V in the GEMV's epilogue (lab).
+            // Bias, RoPE and the new cell's K / V in the GEMV's epilogue (lab).
             matvec_q8s_qkv_rope_cuda(split_of(L.wq), norm_q16(st), normed_x(1, attn_norm_partials), L.wq.n_in,
-                                     QkvRope{q, cache.k[il] + (uint64_t)pos0 * 2 * kd,
-                                             cache.v[il] + (uint64_t)pos0 * 2 * vd, L.bqkv, rope_table, s.n_head, nkv,
-                                             s.head_dim_k},
+                                     QkvRope{q, cache.k[il] + (uint64_t)pos0 * kv_row_bytes(cache.k_type, kd),
+                                             cache.v[il] + (uint64_t)pos0 * kv_row_bytes(cache.v_type, vd), L.bqkv,
+                                             rope_table, s.n_head, nkv, s.head_dim_k, cache.k_type, cache.v_type,
+                                             GluScratch{st.qkv_kv_stage.data(), st.qkv_kv_arrivals.data()}},
                                      stream, release_at_entry(GemvSite::qkv));
             op_times_mark("q|k|v + bias + rope + kv write", stream);
         } else if (norm_chain && il > 0) {
@@ -846,6 +846,12 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
             SPILLWAY_CUDA_CHECK(cudaMemsetAsync(st.norm_tagged.data(), 0, st.norm_tagged.bytes(), st.stream));
         }
         for (auto& p : st.norm_partials) p = DeviceBuffer<float>(kNormOutMaxBlocks);
+        if (qkv_epilogue_on()) {
+            const size_t kd = (size_t)m.n_head_kv * s.head_dim_k;
+            st.qkv_kv_stage = DeviceBuffer<float>(2 * kd);
+            st.qkv_kv_arrivals = DeviceBuffer<uint32_t>(kd / 32);
+            SPILLWAY_CUDA_CHECK(cudaMemsetAsync(st.qkv_kv_arrivals.data(), 0, st.qkv_kv_arrivals.bytes(), st.stream));
+        }
         SPILLWAY_CUDA_CHECK(cudaMemsetAsync(st.norm_arrivals.data(), 0, st.norm_arrivals.bytes(), st.stream));
     }
     {
@@ -888,7 +894,7 @@ uint64_t cuda_forward_scratch_bytes(const CudaForwardState& st) {
            st.prefill_piece_lse.bytes() + st.prefill_lse.bytes() + st.decode_scratch.bytes() + st.glu_q16.bytes() +
            st.glu_q16_scale.bytes() + st.glu_arrivals.bytes() + st.norm_q16.bytes() + st.norm_q16_scale.bytes() +
            st.norm_arrivals.bytes() + st.norm_partials[0].bytes() + st.norm_partials[1].bytes() +
-           st.glu_tagged.bytes() + st.norm_tagged.bytes();
+           st.glu_tagged.bytes() + st.norm_tagged.bytes() + st.qkv_kv_stage.bytes() + st.qkv_kv_arrivals.bytes();
 }
 
 // Spill scratch is allocated on the first forward over a spilled cache: an unspilled engine

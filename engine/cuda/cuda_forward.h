@@ -109,6 +109,10 @@ struct CudaForwardState {
     DeviceBuffer<float> norm_q16_scale;
     DeviceBuffer<uint32_t> norm_arrivals;
     DeviceBuffer<unsigned long long> norm_tagged;  // SPILLWAY_HANDOVER=tagged (lab): [n_embd] words
+    // SPILLWAY_QKV_EPILOGUE=1 (lab) with a quantized K or V: q|k|v's hand-over of the cache
+    // blocks cut between its grid blocks ([2 kd] floats, [kd / 32] counts, left zero).
+    DeviceBuffer<float> qkv_kv_stage;
+    DeviceBuffer<uint32_t> qkv_kv_arrivals;
     DeviceBuffer<float> norm_partials[2];
     bool norm_chain = true;  // with the buffers above: decode takes the chain (tests turn it off)
     // Decode through the persistent layer kernel (decode_layer.cuh): its scratch (zeroed here;

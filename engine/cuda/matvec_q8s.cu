@@ -26,6 +26,7 @@
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
 #include "engine/cuda/q8_0_q16_device.cuh"
+#include "engine/cuda/kv_write_device.cuh"
 #include "engine/cuda/rope_device.cuh"
 
 namespace spillway {
@@ -442,13 +443,27 @@ __device__ __forceinline__ void norm_epilogue(const QuantOut& quant, const NormO
     quantize_block_values<kHandOver>(quant, v_shared, r0, r1, n, rows_per_block, tags);
 }
 
+// One warp's 32 values into a cache block of the tier (qkv_post's stores; warp-uniform type).
+__device__ __forceinline__ void store_cache_block(KvType type, float v, uint8_t* row, uint32_t block, uint32_t lane) {
+    switch (type) {
+        case KvType::f16: kv_store_block<KvType::f16>(v, row, block, lane); break;
+        case KvType::q8_0: kv_store_block<KvType::q8_0>(v, row, block, lane); break;
+        case KvType::q4_0: kv_store_block<KvType::q4_0>(v, row, block, lane); break;
+    }
+}
+
 // The rope epilogue of a block owning rotation pairs [r0, r1) (kRope above): per pair the two
 // rows' sums in column order (times inv_rms when x came normed), plus the bias, rotated (q and
 // k heads; NeoX over the whole head, the table's cos / sin), then q to rope.q and K / V to the
-// new cell's f16 rows: the arithmetic of the plain epilogue followed by qkv_post_kernel.
-__device__ __forceinline__ void rope_epilogue(const QkvRope& e, const float* part, uint32_t r0, uint32_t r1,
-                                              uint32_t segs, float inv_rms) {
+// new cell's rows: the arithmetic of the plain epilogue followed by qkv_post_kernel. f16 K / V
+// go out value by value; a quantized tier's values wait in shared memory (vals: 2 per pair) for
+// their 32-unit group, cut groups through the hand-over (their values staged by unit).
+__device__ __forceinline__ void rope_epilogue(const QkvRope& e, const float* part, float* vals, uint32_t r0,
+                                              uint32_t r1, uint32_t n_units, uint32_t per_block, uint32_t segs,
+                                              float inv_rms) {
     const uint32_t half = e.head_dim / 2, qd = e.n_head * e.head_dim, kd = e.n_head_kv * e.head_dim;
+    const uint32_t q_units = qd / 2, k_units = kd / 2;  // units of the q heads, of the k heads
+    const bool quantized = e.k_type != KvType::f16 || e.v_type != KvType::f16;
     for (uint32_t p = threadIdx.x; p < r1 - r0; p += kSweepWarps * 32) {
         float x0 = 0.0f, x1 = 0.0f;
         for (uint32_t seg = 0; seg < segs; ++seg) x0 += part[2 * p * segs + seg];  // column order
@@ -463,11 +478,51 @@ __device__ __forceinline__ void rope_epilogue(const QkvRope& e, const float* par
         }
         if (a < qd) {
             e.q[a] = x0, e.q[b] = x1;
-        } else {
+        } else if (!quantized) {
             __half* row = reinterpret_cast<__half*>(a < qd + kd ? e.k_row : e.v_row);
             const uint32_t at = a < qd + kd ? a - qd : a - qd - kd;
             row[at] = __float2half_rn(x0), row[at + half] = __float2half_rn(x1);
+        } else {
+            vals[2 * p] = x0, vals[2 * p + 1] = x1;
+            if (block_is_cut(u / kActBlock, n_units, per_block)) {
+                e.kv_scratch.stage[2 * (u - q_units)] = x0;
+                e.kv_scratch.stage[2 * (u - q_units) + 1] = x1;
+            }
         }
+    }
+    if (!quantized) return;
+    __syncthreads();
+    // A warp per 32-unit group of the K / V heads (head_dim % 64 == 0: groups never straddle
+    // q and k, or k and v, or two halves of a head).
+    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (uint32_t g = max(r0, q_units) / kActBlock + warp; g * kActBlock < r1; g += kSweepWarps) {
+        if (block_is_cut(g, n_units, per_block)) {
+            const uint32_t holders =
+                min(g * kActBlock + kActBlock - 1, n_units - 1) / per_block - g * kActBlock / per_block + 1;
+            uint32_t last = 0;
+            if (lane == 0) {
+                __threadfence();
+                cuda::atomic_ref<uint32_t, cuda::thread_scope_device> arrivals(
+                    e.kv_scratch.arrivals[g - q_units / kActBlock]);
+                last = arrivals.fetch_add(1u, cuda::memory_order_relaxed) == holders - 1;
+                if (last) {
+                    arrivals.store(0u, cuda::memory_order_relaxed);
+                    __threadfence();
+                }
+            }
+            __syncwarp();
+            if (!__shfl_sync(0xffffffffu, last, 0)) continue;
+        }
+        const uint32_t u = g * kActBlock + lane;
+        const bool mine = u >= r0 && u < r1;
+        const float x0 = mine ? vals[2 * (u - r0)] : __ldcg(e.kv_scratch.stage + 2 * (u - q_units));
+        const float x1 = mine ? vals[2 * (u - r0) + 1] : __ldcg(e.kv_scratch.stage + 2 * (u - q_units) + 1);
+        const bool is_k = u < q_units + k_units;
+        const uint32_t at = (u / half) * e.head_dim + u % half - qd - (is_k ? 0 : kd);  // dim i's place in the row
+        const KvType type = is_k ? e.k_type : e.v_type;
+        uint8_t* row = is_k ? e.k_row : e.v_row;
+        store_cache_block(type, x0, row, at / kActBlock, lane);
+        store_cache_block(type, x1, row, (at + half) / kActBlock, lane);
     }
 }
 
@@ -683,7 +738,8 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
         norm_epilogue<kHandOver>(io.quant, io.norm_out, part, stream_in, weight_in, chain_values, warp_sums, r0, r1,
                                  rows, rows_per_block, segs, cut_tags<kHandOver>(cut_gen, r0));
     } else if constexpr (kRope) {
-        rope_epilogue(io.rope, part, r0, r1, segs, kNormIn ? *inv_rms_slot : 1.0f);
+        // vals: the stream / weight rows' place (2 per pair), apart from inv_rms.
+        rope_epilogue(io.rope, part, stream_in, r0, r1, rows, rows_per_block, segs, kNormIn ? *inv_rms_slot : 1.0f);
     } else {
         for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
             float total = 0.0f;
@@ -1052,8 +1108,8 @@ bool matvec_q8s_qkv_rope_fits(uint32_t n_head, uint32_t n_head_kv, uint32_t head
         return false;
     const std::optional<MatvecQ8sKernel> forced = q8s_kernel_override();
     const uint64_t pairs = (uint64_t)(n_head + 2 * n_head_kv) * head_dim / 2;
-    return (!forced || *forced == MatvecQ8sKernel::sweep1r2) && n_head > 0 && n_head_kv > 0 && head_dim >= 2 &&
-           head_dim % 2 == 0 && pairs > 0 && (pairs + sms - 1) / sms <= head_dim / 2 && matvec_q8s_fits(cols);
+    return (!forced || *forced == MatvecQ8sKernel::sweep1r2) && n_head > 0 && n_head_kv > 0 && head_dim >= 64 &&
+           head_dim % 64 == 0 && pairs > 0 && (pairs + sms - 1) / sms <= head_dim / 2 && matvec_q8s_fits(cols);
 }
 
 uint32_t matvec_q8s_qkv_rope_cuda(Q8SplitConst w, ActQ16 x, const NormedX& norm, uint32_t cols, const QkvRope& rope,
@@ -1063,6 +1119,9 @@ uint32_t matvec_q8s_qkv_rope_cuda(Q8SplitConst w, ActQ16 x, const NormedX& norm,
     if (rope.q == nullptr || rope.k_row == nullptr || rope.v_row == nullptr || rope.rope_table == nullptr ||
         norm.partials == nullptr)
         fail("matvec_q8s_qkv_rope_cuda: q, the K and V rows, the rope table and the sums of squares must be given");
+    if ((rope.k_type != KvType::f16 || rope.v_type != KvType::f16) &&
+        (rope.kv_scratch.stage == nullptr || rope.kv_scratch.arrivals == nullptr))
+        fail("matvec_q8s_qkv_rope_cuda: a quantized K or V needs the hand-over scratch");
     check_chained_sweep("matvec_q8s_qkv_rope_cuda", w, x, nullptr, nullptr);
     check_normed_x("matvec_q8s_qkv_rope_cuda", norm);
     ChainedSweepIo io{q16_io(x, nullptr)};

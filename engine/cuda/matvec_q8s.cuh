@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "engine/cuda/act_quant.cuh"
+#include "model/model_spec.h"
 
 namespace spillway {
 
@@ -130,20 +131,28 @@ uint32_t matvec_q8s_normed_cuda(Q8SplitConst w, ActQ16 x, const NormedX& norm, f
 
 // Lab (SPILLWAY_QKV_EPILOGUE=1 in the engine): decode's q|k|v GEMV (x from a norm epilogue)
 // with the post-QKV work in its epilogue, so no qkv_post launch sits before the attention:
-// bias, NeoX RoPE over the whole head, q written rotated, the new cell's K and V written as
-// f16. A unit of the sweep is one rotation pair, rows i and i + head_dim / 2 of a head (the
-// matrix as uploaded), so every block holds whole pairs and nothing is handed over. Bits:
-// matvec_q8s_normed_cuda followed by qkv_post_cuda with the rope table (f16 K / V).
+// bias, NeoX RoPE over the whole head, q written rotated, the new cell's K and V written in
+// the cache's tiers. A unit of the sweep is one rotation pair, rows i and i + head_dim / 2 of
+// a head (the matrix as uploaded), so every block holds whole pairs. Quantized K / V: the 32
+// units from a multiple of 32 hold two 32-value cache blocks (dims i and i + head_dim / 2),
+// and a group cut between two grid blocks is finished by its last holder through kv_scratch
+// (the fence hand-over of the SwiGLU epilogue). Bits: matvec_q8s_normed_cuda followed by
+// qkv_post_cuda with the rope table.
 struct QkvRope {
     float* q = nullptr;                   // [n_head * head_dim], rotated
-    uint8_t* k_row = nullptr;             // the new cell's f16 K row ([n_head_kv * head_dim] halves)
+    uint8_t* k_row = nullptr;             // the new cell's K row (n_head_kv * head_dim values in k_type)
     uint8_t* v_row = nullptr;             // and its V row
     const float* bias = nullptr;          // q|k|v biases back to back, or null
     const float2* rope_table = nullptr;   // this token's cos / sin, [head_dim / 2]
     uint32_t n_head = 0, n_head_kv = 0, head_dim = 0;
+    KvType k_type = KvType::f16, v_type = KvType::f16;
+    // Quantized K or V: 2 n_head_kv head_dim floats and n_head_kv head_dim / 32 counts (zero
+    // before the first launch; launches leave them zero).
+    GluScratch kv_scratch;
 };
-// head_dim even, (n_head + 2 n_head_kv) head_dim / 2 pairs spread over the SMs at most
-// head_dim / 2 per block, cols as matvec_q8s_fits.
+// head_dim a multiple of 64 (whole 32-value blocks in each half of a head), (n_head + 2
+// n_head_kv) head_dim / 2 pairs spread over the SMs at most head_dim / 2 per block, cols as
+// matvec_q8s_fits.
 bool matvec_q8s_qkv_rope_fits(uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim, uint32_t cols);
 uint32_t matvec_q8s_qkv_rope_cuda(Q8SplitConst w, ActQ16 x, const NormedX& norm, uint32_t cols, const QkvRope& rope,
                                   cudaStream_t stream, bool release_at_entry = false);

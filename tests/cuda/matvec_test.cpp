@@ -917,20 +917,27 @@ TEST(CudaMatvec, HandOverVariantsEqualFenceOverLaunches) {
 
 // The q|k|v GEMV with the post-QKV work in its epilogue (matvec_q8s_qkv_rope_cuda, lab) writes
 // exactly the bits of matvec_q8s_normed_cuda followed by qkv_post_cuda with the rope table: q,
-// and the new cell's f16 K and V rows; the cache's other rows stay as they were (poisoned).
-// 14B and 7B head shapes (blocks cut inside heads, crossing a head boundary), 64-dim heads,
-// with and without bias, at a random position.
+// and the new cell's K and V rows in every tier pair; the cache's other rows stay as they were
+// (poisoned). 14B and 7B head shapes (blocks cut inside heads and inside 32-unit groups,
+// crossing a head boundary), 64-dim heads, with and without bias, at a random cell; each case
+// launched twice on one hand-over scratch (the counts are left zero).
 TEST(CudaMatvec, QkvRopeEpilogueEqualsNormedThenPost) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     struct Case {
         uint32_t n_head, n_head_kv, head_dim, cols;
         bool bias;
+        KvType k_type, v_type;
     };
-    for (const Case& c : {Case{40, 8, 128, 5120, true}, Case{28, 4, 128, 3584, true}, Case{4, 2, 64, 1024, false},
-                          Case{40, 8, 128, 5120, false}}) {
+    const std::vector<Case> cases{
+        {40, 8, 128, 5120, true, KvType::f16, KvType::f16},   {28, 4, 128, 3584, true, KvType::f16, KvType::f16},
+        {4, 2, 64, 1024, false, KvType::f16, KvType::f16},    {40, 8, 128, 5120, false, KvType::q8_0, KvType::q8_0},
+        {40, 8, 128, 5120, true, KvType::q4_0, KvType::q4_0}, {28, 4, 128, 3584, true, KvType::q8_0, KvType::q4_0},
+        {4, 2, 64, 1024, true, KvType::f16, KvType::q8_0},    {40, 8, 128, 5120, true, KvType::q4_0, KvType::f16}};
+    for (const Case& c : cases) {
         const uint32_t seed = fresh_seed();
         SCOPED_TRACE("heads " + std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + " dim " +
-                     std::to_string(c.head_dim) + (c.bias ? " bias" : "") + " seed " + std::to_string(seed));
+                     std::to_string(c.head_dim) + (c.bias ? " bias" : "") + " K " + kv_type_name(c.k_type) + " V " +
+                     kv_type_name(c.v_type) + " seed " + std::to_string(seed));
         std::mt19937 rng(seed);
         const uint32_t D = c.head_dim, qd = c.n_head * D, kd = c.n_head_kv * D, rows = qd + 2 * kd;
         ASSERT_TRUE(matvec_q8s_qkv_rope_fits(c.n_head, c.n_head_kv, D, c.cols));
@@ -943,39 +950,50 @@ TEST(CudaMatvec, QkvRopeEpilogueEqualsNormedThenPost) {
         const NormedX normed{d_partials.data(), (uint32_t)partials.size(), 1e-6f};
         auto d_bias = to_device(random_floats(rng, rows, 0.5f));
         const NeoxDeviceRope rope(D);
-        const RopeDeviceTables& dt = rope.tables;
         const uint32_t n_cells = 16, cell = std::uniform_int_distribution<uint32_t>(0, n_cells - 1)(rng);
         auto d_pos = to_device(std::vector<int32_t>{(int32_t)(1000 + 37 * cell)});
         DeviceBuffer<float2> table(D / 2);
-        rope_table_cuda(dt, d_pos.data(), 1, table.data(), nullptr);
+        rope_table_cuda(rope.tables, d_pos.data(), 1, table.data(), nullptr);
         const float* bias = c.bias ? d_bias.data() : nullptr;
+        const size_t k_row = kv_row_bytes(c.k_type, kd), v_row = kv_row_bytes(c.v_type, kd);
         // Reference: the plain normed GEMV, then the post-QKV launch.
         DeviceBuffer<float> y(rows);
-        DeviceBuffer<uint8_t> k_ref((size_t)n_cells * 2 * kd), v_ref((size_t)n_cells * 2 * kd);
+        DeviceBuffer<uint8_t> k_ref(n_cells * k_row), v_ref(n_cells * v_row);
         poison(k_ref), poison(v_ref);
         matvec_q8s_normed_cuda(m.view(), x, normed, y.data(), rows, c.cols, nullptr);
-        qkv_post_cuda(QkvPostShape{c.n_head, c.n_head_kv, D}, dt, y.data(), y.data() + qd, y.data() + qd + kd, bias, 1,
-                      d_pos.data(), KvType::f16, k_ref.data(), KvType::f16, v_ref.data(), cell, nullptr, table.data());
-        // The epilogue.
-        DeviceBuffer<float> q(qd);
-        DeviceBuffer<uint8_t> k_c((size_t)n_cells * 2 * kd), v_c((size_t)n_cells * 2 * kd);
-        poison(q), poison(k_c), poison(v_c);
-        matvec_q8s_qkv_rope_cuda(m.view(), x, normed, c.cols,
-                                 QkvRope{q.data(), k_c.data() + (size_t)cell * 2 * kd, v_c.data() + (size_t)cell * 2 * kd,
-                                         bias, table.data(), c.n_head, c.n_head_kv, D},
-                                 nullptr);
-        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-        const std::vector<float> y_h = to_host(y), q_h = to_host(q);
-        const auto same = [](const void* a, const void* b, size_t bytes) { return std::memcmp(a, b, bytes) == 0; };
-        EXPECT_TRUE(same(q_h.data(), y_h.data(), (size_t)qd * sizeof(float))) << "q";
-        const std::vector<uint8_t> kc = to_host(k_c), kr = to_host(k_ref), vc = to_host(v_c), vr = to_host(v_ref);
-        EXPECT_TRUE(same(kc.data(), kr.data(), kc.size())) << "K cache";
-        EXPECT_TRUE(same(vc.data(), vr.data(), vc.size())) << "V cache";
-        EXPECT_FALSE(std::isnan(q_h[0]) || std::isnan(q_h[qd - 1])) << "q not written";
+        qkv_post_cuda(QkvPostShape{c.n_head, c.n_head_kv, D}, rope.tables, y.data(), y.data() + qd, y.data() + qd + kd,
+                      bias, 1, d_pos.data(), c.k_type, k_ref.data(), c.v_type, v_ref.data(), cell, nullptr,
+                      table.data());
+        // The epilogue, twice on one scratch.
+        DeviceBuffer<float> stage(2 * kd);
+        DeviceBuffer<uint32_t> arrivals(kd / 32);
+        SPILLWAY_CUDA_CHECK(cudaMemset(arrivals.data(), 0, arrivals.bytes()));
+        for (int launch = 0; launch < 2; ++launch) {
+            SCOPED_TRACE("launch " + std::to_string(launch));
+            DeviceBuffer<float> q(qd);
+            DeviceBuffer<uint8_t> k_c(n_cells * k_row), v_c(n_cells * v_row);
+            poison(q), poison(k_c), poison(v_c);
+            matvec_q8s_qkv_rope_cuda(m.view(), x, normed, c.cols,
+                                     QkvRope{q.data(), k_c.data() + cell * k_row, v_c.data() + cell * v_row, bias,
+                                             table.data(), c.n_head, c.n_head_kv, D, c.k_type, c.v_type,
+                                             GluScratch{stage.data(), arrivals.data()}},
+                                     nullptr);
+            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+            const std::vector<float> y_h = to_host(y), q_h = to_host(q);
+            const auto same = [](const void* a, const void* b, size_t bytes) { return std::memcmp(a, b, bytes) == 0; };
+            EXPECT_TRUE(same(q_h.data(), y_h.data(), (size_t)qd * sizeof(float))) << "q";
+            EXPECT_FALSE(std::isnan(q_h[0]) || std::isnan(q_h[qd - 1])) << "q not written";
+            const std::vector<uint8_t> kc = to_host(k_c), kr = to_host(k_ref), vc = to_host(v_c), vr = to_host(v_ref);
+            EXPECT_TRUE(same(kc.data(), kr.data(), kc.size())) << "K cache";
+            EXPECT_TRUE(same(vc.data(), vr.data(), vc.size())) << "V cache";
+            const std::vector<uint32_t> left = to_host(arrivals);
+            EXPECT_EQ(std::count(left.begin(), left.end(), 0u), (long)left.size()) << "counts not left zero";
+        }
     }
-    // A head too narrow for the SMs (more than head_dim / 2 pairs per block) is not taken.
-    EXPECT_FALSE(matvec_q8s_qkv_rope_fits(4096, 4096, 2, 512));
-    EXPECT_FALSE(matvec_q8s_qkv_rope_fits(40, 8, 127, 5120));
+    // Heads too narrow for the SMs (more than head_dim / 2 pairs per block), or not whole
+    // 32-value blocks per half head, are not taken.
+    EXPECT_FALSE(matvec_q8s_qkv_rope_fits(8192, 8192, 64, 512));
+    EXPECT_FALSE(matvec_q8s_qkv_rope_fits(40, 8, 96, 5120));
 }
 
 TEST(CudaMatvec, RejectsUnsupportedInputs) {
