@@ -307,6 +307,35 @@ constexpr size_t kFusedStagePerCol = 8;
 __device__ __forceinline__ bool block_is_cut(uint32_t b, uint32_t n, uint32_t per_block) {
     return b * kActBlock / per_block != min(b * kActBlock + kActBlock - 1, n - 1) / per_block;
 }
+// How many grid blocks of per_block values hold a part of 32-value block b.
+__device__ __forceinline__ uint32_t cut_holders(uint32_t b, uint32_t n, uint32_t per_block) {
+    return min(b * kActBlock + kActBlock - 1, n - 1) / per_block - b * kActBlock / per_block + 1;
+}
+// A warp holding part of a cut block counts its arrival (after the block barrier that ordered
+// its block's stores of the values): true in every lane for the last of `holders`, which may
+// then read the others' values; the count is left zero for the next launch. fence: the fences
+// of a grid barrier (one before the arrival, the last arrival's before its reads); lean (lab):
+// one acq_rel atomic, the count zeroed after it with nothing waiting for that store.
+template <HandOver kHandOver>
+__device__ __forceinline__ bool arrive_last(uint32_t* count, uint32_t holders, uint32_t lane) {
+    uint32_t last = 0;
+    if (lane == 0) {
+        cuda::atomic_ref<uint32_t, cuda::thread_scope_device> arrivals(*count);
+        if constexpr (kHandOver == HandOver::lean) {
+            last = arrivals.fetch_add(1u, cuda::memory_order_acq_rel) == holders - 1;
+            if (last) arrivals.store(0u, cuda::memory_order_relaxed);
+        } else {
+            __threadfence();
+            last = arrivals.fetch_add(1u, cuda::memory_order_relaxed) == holders - 1;
+            if (last) {
+                arrivals.store(0u, cuda::memory_order_relaxed);
+                __threadfence();
+            }
+        }
+    }
+    __syncwarp();
+    return __shfl_sync(0xffffffffu, last, 0) != 0;
+}
 // HandOver::tagged: the tags of the (at most two) cut blocks a grid block holds, its first and
 // its last 32-value block (the same one when the block holds fewer than 32 values).
 struct CutTags {
@@ -362,8 +391,6 @@ __device__ __forceinline__ void quantize_block_values(const QuantOut& quant, con
                         .store(tag, cuda::memory_order_relaxed);
                 continue;
             }
-            const uint32_t holders = min(b * kActBlock + kActBlock - 1, n - 1) / per_block - b * kActBlock / per_block + 1;
-            uint32_t last = 0;
             if constexpr (kHandOver == HandOver::skip) {
                 // Lab timing floor: this holder's values only, the others taken as zero.
                 const uint32_t i = b * kActBlock + lane;
@@ -371,24 +398,7 @@ __device__ __forceinline__ void quantize_block_values(const QuantOut& quant, con
                 quantize_act_q16_warp(h, lane, quant.out.q + (size_t)b * kActBlock, quant.out.d + b);
                 continue;
             }
-            if (lane == 0) {
-                cuda::atomic_ref<uint32_t, cuda::thread_scope_device> arrivals(quant.scratch.arrivals[b]);
-                if constexpr (kHandOver == HandOver::lean) {
-                    // Release: the block's stores, ordered before by the block barrier; acquire:
-                    // the other holders' stores, for this warp's reads after __syncwarp.
-                    last = arrivals.fetch_add(1u, cuda::memory_order_acq_rel) == holders - 1;
-                    if (last) arrivals.store(0u, cuda::memory_order_relaxed);
-                } else {
-                    __threadfence();
-                    last = arrivals.fetch_add(1u, cuda::memory_order_relaxed) == holders - 1;
-                    if (last) {
-                        arrivals.store(0u, cuda::memory_order_relaxed);
-                        __threadfence();
-                    }
-                }
-            }
-            __syncwarp();
-            if (!__shfl_sync(0xffffffffu, last, 0)) continue;
+            if (!arrive_last<kHandOver>(quant.scratch.arrivals + b, cut_holders(b, n, per_block), lane)) continue;
         }
         const uint32_t i = b * kActBlock + lane;
         const float h = i >= r0 && i < r1 ? v[i - r0] : __ldcg(quant.scratch.stage + i);
@@ -496,23 +506,10 @@ __device__ __forceinline__ void rope_epilogue(const QkvRope& e, const float* par
     // q and k, or k and v, or two halves of a head).
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     for (uint32_t g = max(r0, q_units) / kActBlock + warp; g * kActBlock < r1; g += kSweepWarps) {
-        if (block_is_cut(g, n_units, per_block)) {
-            const uint32_t holders =
-                min(g * kActBlock + kActBlock - 1, n_units - 1) / per_block - g * kActBlock / per_block + 1;
-            uint32_t last = 0;
-            if (lane == 0) {
-                __threadfence();
-                cuda::atomic_ref<uint32_t, cuda::thread_scope_device> arrivals(
-                    e.kv_scratch.arrivals[g - q_units / kActBlock]);
-                last = arrivals.fetch_add(1u, cuda::memory_order_relaxed) == holders - 1;
-                if (last) {
-                    arrivals.store(0u, cuda::memory_order_relaxed);
-                    __threadfence();
-                }
-            }
-            __syncwarp();
-            if (!__shfl_sync(0xffffffffu, last, 0)) continue;
-        }
+        if (block_is_cut(g, n_units, per_block) &&
+            !arrive_last<HandOver::fence>(e.kv_scratch.arrivals + (g - q_units / kActBlock),
+                                          cut_holders(g, n_units, per_block), lane))
+            continue;
         const uint32_t u = g * kActBlock + lane;
         const bool mine = u >= r0 && u < r1;
         const float x0 = mine ? vals[2 * (u - r0)] : __ldcg(e.kv_scratch.stage + 2 * (u - q_units));
@@ -1102,10 +1099,15 @@ uint32_t matvec_q8s_normed_cuda(Q8SplitConst w, ActQ16 x, const NormedX& norm, f
 }
 
 bool matvec_q8s_qkv_rope_fits(uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim, uint32_t cols) {
-    int device = 0, sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0)
-        return false;
+    // Asked per layer and step while a decode graph is captured: the SM count once.
+    static const int sms = [] {
+        int device = 0, count = 0;
+        if (cudaGetDevice(&device) != cudaSuccess ||
+            cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+            return 0;
+        return count;
+    }();
+    if (sms <= 0) return false;
     const std::optional<MatvecQ8sKernel> forced = q8s_kernel_override();
     const uint64_t pairs = (uint64_t)(n_head + 2 * n_head_kv) * head_dim / 2;
     return (!forced || *forced == MatvecQ8sKernel::sweep1r2) && n_head > 0 && n_head_kv > 0 && head_dim >= 64 &&
