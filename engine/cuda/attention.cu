@@ -972,9 +972,9 @@ uint32_t attention_split_count(const AttentionShape& shape, uint32_t n_cells, ui
 bool attention_kernel_supports(AttentionKernel kernel, const AttentionShape& shape, KvType k_type, KvType v_type) {
     if (!attention_supports(shape)) return false;
     if (kernel == AttentionKernel::tensor_core) return true;
-    if (kernel == AttentionKernel::mma)
-        return shape.head_dim_k == attention_mma::kHeadDim && shape.n_head / shape.n_head_kv <= attention_mma::kMaxGroup;
-    (void)v_type;
+    if (kernel == AttentionKernel::mma || kernel == AttentionKernel::mma_vconv)
+        return shape.head_dim_k == attention_mma::kHeadDim && shape.n_head / shape.n_head_kv <= attention_mma::kMaxGroup &&
+               (kernel == AttentionKernel::mma || v_type != KvType::f16);
     return (k_type == KvType::q8_0 || k_type == KvType::q4_0) && shape.head_dim_k == (uint32_t)kIdD &&
            shape.n_head / shape.n_head_kv <= (uint32_t)kIdMaxG;
 }
@@ -994,16 +994,27 @@ AttentionKernel attention_default_kernel(const AttentionShape& shape, KvType k_t
     // mma for long ranges wherever it applies (docs/perf-notes.md, "Decode attention,
     // session 10 — D1"), else int_dot for quantized K, else tensor_core.
     if (n_cells >= attention_mma_min_cells(k_type, v_type) && attention_kernel_supports(AttentionKernel::mma, shape, k_type, v_type))
-        return AttentionKernel::mma;
+        return attention_mma::v_convert_blocks_per_sm() != 0 &&
+                       attention_kernel_supports(AttentionKernel::mma_vconv, shape, k_type, v_type)
+                   ? AttentionKernel::mma_vconv
+                   : AttentionKernel::mma;
     return attention_kernel_supports(AttentionKernel::int_dot, shape, k_type, v_type) ? AttentionKernel::int_dot
                                                                                       : AttentionKernel::tensor_core;
+}
+
+// The V-converting kernel's blocks per SM for `kernel` (0: not that kernel): the lab knob's
+// count, 2 when the kernel is asked for explicitly with the knob off.
+static uint32_t vconv_blocks(AttentionKernel kernel) {
+    if (kernel != AttentionKernel::mma_vconv) return 0;
+    const uint32_t knob = attention_mma::v_convert_blocks_per_sm();
+    return knob != 0 ? knob : 2;
 }
 
 uint32_t attention_split_count(AttentionKernel kernel, const AttentionShape& shape, KvType k_type, KvType v_type,
                                uint32_t n_cells, uint32_t sm_count) {
     if (kernel == AttentionKernel::int_dot) return plan_int_dot_any(k_type, v_type, shape, n_cells, sm_count).n_splits;
-    if (kernel == AttentionKernel::mma)
-        return attention_mma::plan(k_type, v_type, shape.n_head_kv, n_cells, sm_count).n_splits;
+    if (kernel == AttentionKernel::mma || kernel == AttentionKernel::mma_vconv)
+        return attention_mma::plan(k_type, v_type, shape.n_head_kv, n_cells, sm_count, vconv_blocks(kernel)).n_splits;
     return plan_splits(shape, n_cells, sm_count).n_splits;
 }
 
@@ -1017,7 +1028,11 @@ size_t attention_workspace_bytes(const AttentionShape& shape, uint32_t n_cells, 
     if (attention_supports(shape) && shape.head_dim_k == attention_mma::kHeadDim)
         for (KvType kt : {KvType::f16, KvType::q8_0, KvType::q4_0})
             for (KvType vt : {KvType::f16, KvType::q8_0, KvType::q4_0})
-                splits = std::max(splits, attention_mma::plan(kt, vt, shape.n_head_kv, n_cells, sm_count).n_splits);
+                for (AttentionKernel kernel : {AttentionKernel::mma, AttentionKernel::mma_vconv})
+                    if (kernel == AttentionKernel::mma || vt != KvType::f16)
+                        splits = std::max(splits, attention_mma::plan(kt, vt, shape.n_head_kv, n_cells, sm_count,
+                                                                      vconv_blocks(kernel))
+                                                      .n_splits);
     if (splits <= 1) return 0;
     return (size_t)splits * shape.n_head * (shape.head_dim_v + 1) * sizeof(float);
 }
@@ -1072,9 +1087,10 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
         fail("attention_partial_cuda: K and V cells must be 16-byte aligned");
     const size_t needed = attention_workspace_bytes(shape, n_cells, sm_count);
     const bool int_dot = kernel == AttentionKernel::int_dot, mma = kernel == AttentionKernel::mma;
+    const bool on_mma = mma || kernel == AttentionKernel::mma_vconv;  // either mma kernel
     SplitPlan plan = int_dot ? plan_int_dot_any(k_type, v_type, shape, n_cells, sm_count)
                              : plan_splits(shape, n_cells, sm_count);
-    if (mma) plan = attention_mma::plan(k_type, v_type, shape.n_head_kv, n_cells, sm_count);
+    if (on_mma) plan = attention_mma::plan(k_type, v_type, shape.n_head_kv, n_cells, sm_count, vconv_blocks(kernel));
     if (workspace_bytes < needed || (needed > 0 && workspace == nullptr))
         fail("attention_partial_cuda: workspace of " + std::to_string(workspace_bytes) + " bytes, need " + std::to_string(needed));
 
@@ -1127,8 +1143,8 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
         p.out_q = out_q16.q;
         p.out_d = out_q16.d;
     }
-    if (mma) {
-        attention_mma::launch(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream);
+    if (on_mma) {
+        attention_mma::launch(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream, vconv_blocks(kernel));
     } else if (int_dot) {
         if (k_type == KvType::q8_0) dispatch_int_dot_v<KvType::q8_0>(v_type, p, shape.n_head_kv, plan.n_splits, stream);
         else dispatch_int_dot_v<KvType::q4_0>(v_type, p, shape.n_head_kv, plan.n_splits, stream);

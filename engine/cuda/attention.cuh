@@ -80,7 +80,11 @@ void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType 
 // streaming its own cells (docs/perf-notes.md, "Integer-dot decode attention"). mma: every
 // K/V type pair, head dim 128, <= 8 query heads per KV head; QK and PV both on mma.sync with
 // the K/V operands built in registers from the raw cache bytes (engine/cuda/attention_mma.cu).
-enum class AttentionKernel { tensor_core, int_dot, mma };
+// mma_vconv (lab, quantized V only): mma's K path with V dequantized into an f16 tile by a
+// converter warp beside each MMA warp (attention_mma.cu, namespace vconv); the default choice
+// where mma would be when SPILLWAY_ATTN_V_CONVERT=2|3 (its blocks per SM; explicitly asked for
+// with the knob off: 2).
+enum class AttentionKernel { tensor_core, int_dot, mma, mma_vconv };
 
 bool attention_kernel_supports(AttentionKernel kernel, const AttentionShape& shape, KvType k_type, KvType v_type);
 

@@ -43,6 +43,7 @@
 #include "engine/cuda/kv_tile.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
+#include "engine/cuda/prefill_mma_device.cuh"
 
 namespace spillway::attention_mma {
 namespace {
@@ -227,6 +228,44 @@ __device__ __forceinline__ void q_fragments_from_coalesced(const float4 (&qv)[8]
     __syncwarp();  // the scratch stage is refilled by the loop's first issue
 }
 
+// Q's loads for q_load 1 and 2, issued ahead of the step copies (Params::q_load).
+__device__ __forceinline__ void q_loads(const Params& p, const float* q_group, uint32_t ng, uint32_t g, uint32_t t,
+                                        uint32_t lane, float4 (&qv)[8]) {
+    if (p.q_load == 2) {
+        load_q_coalesced(q_group, ng, lane, qv);
+    } else if (p.q_load == 1) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            qv[j] = g < ng ? load_f4_in_order(q_group + g * kD + 32 * t + 4 * j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+// Q^T as QK's B operand (k = dims, n = heads): lane (g, t) holds head g, dims 32t .. 32t+31,
+// pre-scaled to base-2 score units; heads past the group are zero columns. scratch: 2 KiB of
+// shared memory free until the warp's first step (q_load 2).
+__device__ __forceinline__ void q_fragments(const Params& p, const float4 (&qv)[8], const float* q_group, uint32_t ng,
+                                            uint32_t g, uint32_t t, uint32_t lane, uint8_t* scratch,
+                                            uint32_t (&qb)[8][2]) {
+    if (p.q_load == 2) {
+        q_fragments_from_coalesced(qv, p.scale_log2, lane, scratch, qb);
+    } else if (p.q_load == 1) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            qb[j][0] = pack_h2(qv[j].x * p.scale_log2, qv[j].y * p.scale_log2);
+            qb[j][1] = pack_h2(qv[j].z * p.scale_log2, qv[j].w * p.scale_log2);
+        }
+    } else {
+        float x[32];
+        const float* qg = q_group + (size_t)g * kD + 32 * t;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) x[i] = g < ng ? qg[i] * p.scale_log2 : 0.0f;
+#pragma unroll
+        for (int kt = 0; kt < 8; ++kt) {
+            qb[kt][0] = pack_h2(x[4 * kt], x[4 * kt + 1]);
+            qb[kt][1] = pack_h2(x[4 * kt + 2], x[4 * kt + 3]);
+        }
+    }
+}
+
 // Two bytes of x (kSel 0x4140: bytes 0, 1; 0x4342: 2, 3; 0x4240: 0, 2; 0x4341: 1, 3), each an
 // unsigned u < 256, as half2 of u - bias: 0x64 above a byte is the half 1024 + u (exact), so
 // is the subtraction.
@@ -254,6 +293,46 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
     uint32_t y;
     asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
     return y;
+}
+
+// One step's online softmax per head (base 2). s = (cell g, heads 2t, 2t+1), (cell g+8, ...);
+// a head's 16 cells are spread over the 8 lane groups; cells from `valid` on are masked (-inf
+// -> p = 0). acc (O^T, columns heads 2t and 2t+1 in registers 0 / 2 and 1 / 3) is rescaled
+// where a running max grew; pb0 / pb1: P^T as PV's B operand (k = cells 2t, 2t+1 and 2t+8,
+// 2t+9; n = head g).
+__device__ __forceinline__ void softmax_step(float (&s)[4], uint32_t g, uint32_t valid, float (&m_run)[2],
+                                             float (&l_run)[2], float (&acc)[8][4], uint32_t& pb0, uint32_t& pb1) {
+    if (g >= valid) s[0] = s[1] = -INFINITY;
+    if (g + 8 >= valid) s[2] = s[3] = -INFINITY;
+    float alpha[2], e[4];
+    bool grew = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float mx = fmaxf(s[h], s[2 + h]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));  // finite: cell 0 is valid
+        const float m_new = fmaxf(m_run[h], mx);
+        grew |= m_new > m_run[h];
+        // 0 on the first step; exactly 1 when the max did not grow (the skipped rescale below
+        // relies on it).
+        alpha[h] = m_new > m_run[h] ? exp2_ftz(m_run[h] - m_new) : 1.0f;
+        e[h] = exp2_ftz(s[h] - m_new);
+        e[2 + h] = exp2_ftz(s[2 + h] - m_new);
+        l_run[h] = l_run[h] * alpha[h] + (e[h] + e[2 + h]);
+        m_run[h] = m_new;
+    }
+    // Once the running maxima settle, most steps leave them unchanged: alpha = 1 exactly
+    // for every head of the warp, and the 32 multiplies are skipped.
+    if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt) {
+            acc[mt][0] *= alpha[0], acc[mt][1] *= alpha[1], acc[mt][2] *= alpha[0], acc[mt][3] *= alpha[1];
+        }
+    }
+    // P^T tiles (cells x heads) transposed into PV's B operand.
+    pb0 = transpose8x8(pack_h2(e[0], e[1]));
+    pb1 = transpose8x8(pack_h2(e[2], e[3]));
 }
 
 // Block t of one cell's K slice (dims 32t .. 32t+31) as raw words: f16 16 words of 2
@@ -431,6 +510,56 @@ __device__ __forceinline__ void pv_quantized_block(const uint8_t* sv, const uint
     }
 }
 
+// The end of a split: each warp's (m, l, acc) goes into its own merge area (m[8], l[8],
+// acc[8][128]); acc[mt] registers 0 / 1 hold dim dim_of(mt), registers 2 / 3 dim dim_of(mt) +
+// kNext, for heads 2t / 2t + 1 (the lanes of group g = 0 write m and l, which all groups share).
+template <uint32_t kNext, typename DimOf>
+__device__ __forceinline__ void store_warp_state(uint8_t* area, const float (&m_run)[2], const float (&l_run)[2],
+                                                 const float (&acc)[8][4], uint32_t g, uint32_t t, DimOf dim_of) {
+    float* mw = reinterpret_cast<float*>(area);
+    float* lw = mw + kMaxGroup;
+    float* aw = lw + kMaxGroup;
+    if (g == 0) {
+        mw[2 * t] = m_run[0], mw[2 * t + 1] = m_run[1];
+        lw[2 * t] = l_run[0], lw[2 * t + 1] = l_run[1];
+    }
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) {
+        const uint32_t d = dim_of(mt);
+        aw[(2 * t) * kD + d] = acc[mt][0];
+        aw[(2 * t + 1) * kD + d] = acc[mt][1];
+        aw[(2 * t) * kD + d + kNext] = acc[mt][2];
+        aw[(2 * t + 1) * kD + d + kNext] = acc[mt][3];
+    }
+}
+// The block's kAreas merge areas (area_bytes apart from smem) merged into this split's partial,
+// by all kThreadsT threads (after a barrier that published the areas).
+template <int kAreas, uint32_t kThreadsT>
+__device__ __forceinline__ void write_block_partial(const Params& p, const uint8_t* smem, size_t area_bytes,
+                                                    uint32_t kv_head, uint32_t split) {
+    const uint32_t ng = p.n_group;
+    for (uint32_t idx = threadIdx.x; idx < ng * kD; idx += kThreadsT) {
+        const uint32_t h = idx / kD, d = idx % kD;
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kAreas; ++w) m = fmaxf(m, reinterpret_cast<const float*>(smem + w * area_bytes)[h]);
+        float l = 0.0f, o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kAreas; ++w) {
+            const float* mw = reinterpret_cast<const float*>(smem + w * area_bytes);
+            const float mv = mw[h];
+            if (mv != -INFINITY) {  // a warp with no step contributes nothing
+                const float sc = exp2f(mv - m);
+                l += mw[kMaxGroup + h] * sc;
+                o += mw[2 * kMaxGroup + h * kD + d] * sc;
+            }
+        }
+        const uint32_t head = kv_head * ng + h;
+        p.part_out[((size_t)split * p.n_head + head) * kD + d] = o / l;
+        if (d == 0) p.part_lse[(size_t)split * p.n_head + head] = (m + log2f(l)) / kLog2e;
+    }
+}
+
 // kUniform: K and V rows are whole 16-byte chunks (every tier with 8 KV heads of dim 128), so
 // every cell of this head has the same lead: copy addresses and shared-memory offsets are the
 // same in every step and are computed once (the launch picks it; SPILLWAY_ATTN_FAST_COPY=0
@@ -528,13 +657,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     // waited ~8 us (lab timeline, session 19).
     const float* q_group = p.q + (size_t)kv_head * ng * kD;
     float4 qv[8];
-    if (p.q_load == 2) {
-        load_q_coalesced(q_group, ng, lane, qv);
-    } else if (p.q_load == 1) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-            qv[j] = g < ng ? load_f4_in_order(q_group + g * kD + 32 * t + 4 * j) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+    q_loads(p, q_group, ng, g, t, lane, qv);
     if (!settled) {
 #pragma unroll
         for (int s = 0; s < L::kStages - 1; ++s) issue(s);
@@ -611,39 +734,8 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
             for (int j = 0; j < 4; ++j) s[j] += s_odd[j];
         }
 
-        // Online softmax per head (base 2). s = (cell g, heads 2t, 2t+1), (cell g+8, ...);
-        // a head's 16 cells are spread over the 8 lane groups. Invalid cells: -inf -> p = 0.
-        if (g >= valid) s[0] = s[1] = -INFINITY;
-        if (g + 8 >= valid) s[2] = s[3] = -INFINITY;
-        float alpha[2], e[4];
-        bool grew = false;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float mx = fmaxf(s[h], s[2 + h]);
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));  // finite: cell 0 is valid
-            const float m_new = fmaxf(m_run[h], mx);
-            grew |= m_new > m_run[h];
-            // 0 on the first step; exactly 1 when the max did not grow (the skipped rescale below
-            // relies on it).
-            alpha[h] = m_new > m_run[h] ? exp2_ftz(m_run[h] - m_new) : 1.0f;
-            e[h] = exp2_ftz(s[h] - m_new);
-            e[2 + h] = exp2_ftz(s[2 + h] - m_new);
-            l_run[h] = l_run[h] * alpha[h] + (e[h] + e[2 + h]);
-            m_run[h] = m_new;
-        }
-        // Once the running maxima settle, most steps leave them unchanged: alpha = 1 exactly
-        // for every head of the warp, and the 32 multiplies are skipped.
-        if (__any_sync(0xffffffffu, grew)) {
-#pragma unroll
-            for (int mt = 0; mt < 8; ++mt) {
-                acc[mt][0] *= alpha[0], acc[mt][1] *= alpha[1], acc[mt][2] *= alpha[0], acc[mt][3] *= alpha[1];
-            }
-        }
-        // P^T tiles (cells x heads) transposed into PV's B operand (k = cells 2t, 2t+1 and
-        // 2t+8, 2t+9; n = head g).
-        const uint32_t pb0 = transpose8x8(pack_h2(e[0], e[1])), pb1 = transpose8x8(pack_h2(e[2], e[3]));
+        uint32_t pb0, pb1;
+        softmax_step(s, g, valid, m_run, l_run, acc, pb0, pb1);
 
         // O^T[dim][head] += V^T P^T: A rows = dims (v_tile_dim), k = cells.
         {
@@ -686,23 +778,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     }
     __syncthreads();  // every warp is done with its ring
     timeline_stamp(p, 5);
-    {
-        float* mw = reinterpret_cast<float*>(ring);
-        float* lw = mw + kMaxGroup;
-        float* aw = lw + kMaxGroup;
-        if (g == 0) {
-            mw[2 * t] = m_run[0], mw[2 * t + 1] = m_run[1];
-            lw[2 * t] = l_run[0], lw[2 * t + 1] = l_run[1];
-        }
-#pragma unroll
-        for (int mt = 0; mt < 8; ++mt) {
-            const uint32_t d = v_tile_dim<VT>(mt, g);
-            aw[(2 * t) * kD + d] = acc[mt][0];
-            aw[(2 * t + 1) * kD + d] = acc[mt][1];
-            aw[(2 * t) * kD + d + 1] = acc[mt][2];
-            aw[(2 * t + 1) * kD + d + 1] = acc[mt][3];
-        }
-    }
+    store_warp_state<1>(ring, m_run, l_run, acc, g, t, [&](int mt) { return v_tile_dim<VT>(mt, g); });
     __syncthreads();
     timeline_stamp(p, 8);
     for (uint32_t idx = tid; idx < ng * kD; idx += kThreads) {
@@ -728,6 +804,279 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     timeline_stamp(p, 6);
     attention_finish_single_split<kD>(p, kv_head);
 }
+
+// ---- Quantized V converted to f16 by a paired warp (lab: AttentionKernel::mma_vconv) ----
+// Why: the quantized loops above are latency-bound at 16 warps per SM (Nsight, session 22): a
+// warp's step is one dependent chain of ~600 (q8_0) / ~500 (q4_0) instructions, about a third
+// of them V's (two cells' codes interleaved per register by permutes, the block scale in P).
+// Here each of a block's 4 MMA warps has a converter warp beside it. The converter copies its
+// step's raw V cells, dequantizes them (d * q rounded once to f16, as the tensor_core kernel)
+// into a 4 KiB tile (16 cells x 128 dims, 16-byte chunks swizzled by cell so that 8 rows of one
+// chunk hit 8 bank groups), and the MMA warp reads V^T's fragments from it with ldmatrix.trans:
+// no permutes, no scale in P. K stays as above (fragments from the raw ring). The two warps
+// hand the one tile back and forth through two named barriers of 64 threads (full: converter
+// -> MMA warp; empty: back), so the converter dequantizes step i + 1 into registers while its
+// MMA warp runs step i. Counted per 16-cell step, not yet measured: MMA warp ~200 (q8_0 K) /
+// ~150 (q4_0 K) instructions, converter ~160 / ~130, against ~600 / ~500 in one chain today;
+// shared-memory traffic ~17 KB (q8_0) / ~13 KB (q4_0) per step against ~9 KB. kBlocks blocks of
+// 8 warps per SM: 2 (128 registers, no spill) or 3 (80 registers; ptxas spills 28-40 bytes of
+// the uniform instances, 32-76 of the others), i.e. 8 or 12 MMA warps per SM instead of 16.
+namespace vconv {
+
+constexpr int kPairs = 4;
+constexpr int kThreads = 2 * kPairs * 32;
+constexpr uint32_t kRowBytes = kD * 2;              // one cell of the f16 tile
+constexpr uint32_t kTileBytes = kStep * kRowBytes;  // 4 KiB
+constexpr uint32_t kFullBarrier = 1, kEmptyBarrier = 1 + kPairs;  // + the pair; 0 is __syncthreads'
+
+template <KvType KT, KvType VT, int kBlocksPerSm>
+struct Layout {
+    static constexpr uint32_t kSliceK = slice_bytes(KT, kD), kSliceV = slice_bytes(VT, kD);
+    static constexpr uint32_t kWinK = window_bytes(KT), kWinV = window_bytes(VT);
+    static constexpr size_t k_stage = (size_t)kStep * kWinK, v_stage = (size_t)kStep * kWinV;
+    // lds_words may read 4 bytes past the last cell's window: the tile follows the V ring, and
+    // the last pair's tile is followed by this slack.
+    static constexpr size_t kSlack = 16;
+    static constexpr size_t pair_bytes_for(int stages) { return kTileBytes + stages * (k_stage + v_stage); }
+    static constexpr bool fits(int stages) {
+        return kBlocksPerSm * (kPairs * pair_bytes_for(stages) + kSlack + kSmemReservedPerBlock) <= kSmemPerSm;
+    }
+    static constexpr int kStages = fits(4) ? 4 : fits(3) ? 3 : 2;
+    static constexpr size_t pair_bytes = pair_bytes_for(kStages);
+    static constexpr size_t total = kPairs * pair_bytes + kSlack;
+    static_assert(fits(kStages), "kBlocksPerSm blocks per SM");
+    static_assert(pair_bytes % 16 == 0 && k_stage % 16 == 0 && v_stage % 16 == 0, "16-byte aligned regions");
+    static_assert(pair_bytes >= (2 * kMaxGroup + kMaxGroup * kD) * 4, "the merge area fits in a pair's region");
+    static_assert(kTileBytes >= 32 * 64, "Q's f16 rows fit in the tile");
+};
+
+// Named barrier of one warp pair: bar.arrive does not wait, bar.sync waits until both warps
+// arrived; each orders the executing warp's earlier shared-memory accesses before the other's
+// later ones.
+__device__ __forceinline__ void pair_barrier_sync(uint32_t id) {
+    asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void pair_barrier_arrive(uint32_t id) {
+    asm volatile("bar.arrive %0, 64;\n" ::"r"(id) : "memory");
+}
+
+// One cell's V block (32 values; the block starts at byte off of the 16-byte-aligned stage)
+// as 16 half2 of d * q in dim order (h[j] = dims 2j, 2j + 1), d * q rounded once.
+template <KvType VT>
+__device__ __forceinline__ void v_block_to_f16(const uint8_t* base16, uint32_t off, uint32_t (&h)[16]) {
+    const __half2 d = __half2half2(*reinterpret_cast<const __half*>(base16 + off));
+    if constexpr (VT == KvType::q8_0) {
+        uint32_t w[8];
+        lds_words<8>(base16, off + 2, w);
+        const __half2 bias = __float2half2_rn(1024.0f + 128.0f);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const uint32_t x = w[k] ^ 0x80808080u;  // signed -> q + 128
+            h[2 * k] = bytes_to_h2<0x4140>(x, bias, d);
+            h[2 * k + 1] = bytes_to_h2<0x4342>(x, bias, d);
+        }
+    } else {
+        // q4_0: dims 0..15 are the low nibbles of qs[0..15], 16..31 the high ones.
+        uint32_t w[4];
+        lds_words<4>(base16, off + 2, w);
+        const __half2 bias = __float2half2_rn(1024.0f + 8.0f);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const uint32_t lo = w[k] & 0x0F0F0F0Fu, hi = (w[k] >> 4) & 0x0F0F0F0Fu;
+            h[2 * k] = bytes_to_h2<0x4140>(lo, bias, d);
+            h[2 * k + 1] = bytes_to_h2<0x4342>(lo, bias, d);
+            h[8 + 2 * k] = bytes_to_h2<0x4140>(hi, bias, d);
+            h[8 + 2 * k + 1] = bytes_to_h2<0x4342>(hi, bias, d);
+        }
+    }
+}
+
+// Byte offset of chunk (8 dims) `chunk` of cell `cell` in the tile.
+__device__ __forceinline__ uint32_t tile_chunk(uint32_t cell, uint32_t chunk) {
+    return cell * kRowBytes + ((chunk ^ (cell & 7)) << 4);
+}
+
+// Warps 0..3: the MMA warps (K's copies, QK, softmax, PV); warps 4..7: their converters (V's
+// copies and dequantization). Pair w's local step i is chunk w + 4 i of the split, as warp w's
+// in attention_mma_kernel. Quantized V only; no whole-wave plans, no lab timeline (launch checks).
+template <KvType KT, KvType VT, bool kUniform, int kBlocks>
+__global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(Params p) {
+    using L = Layout<KT, VT, kBlocks>;
+    static_assert(VT != KvType::f16, "quantized V");
+    extern __shared__ __align__(128) uint8_t smem[];
+    const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const uint32_t pair = warp % kPairs;
+    const bool converter = warp >= (uint32_t)kPairs;
+    const uint32_t g = lane / 4, t = lane % 4;
+    uint8_t* k_ring = smem + pair * L::pair_bytes;
+    uint8_t* v_ring = k_ring + L::kStages * L::k_stage;
+    uint8_t* tile = v_ring + L::kStages * L::v_stage;
+
+    const uint32_t kv_head = blockIdx.x, split = blockIdx.y;
+    const uint32_t cell_begin = split * p.cells_per_split;
+    const uint32_t cell_end = min(p.n_cells, cell_begin + p.cells_per_split);
+    const uint32_t n_chunks = (cell_end - cell_begin + kStep - 1) / kStep;
+    const uint32_t ng = p.n_group;
+    const uint64_t k_head_off = (uint64_t)kv_head * L::kSliceK, v_head_off = (uint64_t)kv_head * L::kSliceV;
+    const uint32_t k_row16 = (uint32_t)(p.k_row_bytes & 15), k_head16 = (uint32_t)(k_head_off & 15);
+    const uint32_t v_row16 = (uint32_t)(p.v_row_bytes & 15), v_head16 = (uint32_t)(v_head_off & 15);
+
+    // Copy addresses computed once (kUniform), as in attention_mma_kernel; each warp uses its
+    // operand's set.
+    constexpr uint32_t kLanesK = copy_lanes<L::kWinK>(), kLanesV = copy_lanes<L::kWinV>();
+    const bool k_lane_on = lane % kLanesK < L::kWinK / 16, v_lane_on = lane % kLanesV < L::kWinV / 16;
+    const uint64_t k_lane_src = (uint64_t)(lane / kLanesK) * p.k_row_bytes + k_head_off - k_head16 + 16 * (lane % kLanesK);
+    const uint64_t v_lane_src = (uint64_t)(lane / kLanesV) * p.v_row_bytes + v_head_off - v_head16 + 16 * (lane % kLanesV);
+    const uint32_t k_lane_dst = (uint32_t)__cvta_generic_to_shared(k_ring) + (lane / kLanesK) * L::kWinK + 16 * (lane % kLanesK);
+    const uint32_t v_lane_dst = (uint32_t)__cvta_generic_to_shared(v_ring) + (lane / kLanesV) * L::kWinV + 16 * (lane % kLanesV);
+    const uint32_t k_pass = (32 / kLanesK) * (uint32_t)p.k_row_bytes, v_pass = (32 / kLanesV) * (uint32_t)p.v_row_bytes;
+
+    auto issue = [&](uint32_t i) {
+        const uint32_t chunk = pair + kPairs * i;
+        if (chunk < n_chunks) {
+            const uint32_t slot = i % L::kStages;
+            const uint32_t first = cell_begin + chunk * kStep;
+            const uint32_t count = min((uint32_t)kStep, cell_end - first);
+            if (converter) {
+                if (kUniform && count == kStep) {
+                    if (v_lane_on)
+                        copy_windows_hoisted<L::kWinV, kLanesV>(v_lane_dst + slot * (uint32_t)L::v_stage,
+                                                                p.v + (uint64_t)first * p.v_row_bytes + v_lane_src, v_pass);
+                } else {
+                    copy_windows<L::kSliceV, L::kWinV>(v_ring + slot * L::v_stage, p.v + first * p.v_row_bytes + v_head_off,
+                                                       (uint32_t)p.v_row_bytes, count, lane);
+                }
+            } else {
+                if (kUniform && count == kStep) {
+                    if (k_lane_on)
+                        copy_windows_hoisted<L::kWinK, kLanesK>(k_lane_dst + slot * (uint32_t)L::k_stage,
+                                                                p.k + (uint64_t)first * p.k_row_bytes + k_lane_src, k_pass);
+                } else {
+                    copy_windows<L::kSliceK, L::kWinK>(k_ring + slot * L::k_stage, p.k + first * p.k_row_bytes + k_head_off,
+                                                       (uint32_t)p.k_row_bytes, count, lane);
+                }
+            }
+        }
+        cp_async_commit();  // empty groups keep the wait count uniform
+    };
+    // Programmatic launch: as attention_mma_kernel (settled splits copy before the wait).
+    const bool settled = cell_end <= p.settled_cells;
+    if (settled) {
+#pragma unroll
+        for (int s = 0; s < L::kStages - 1; ++s) issue(s);
+    }
+    pdl_wait_for_producer();
+    pdl_release_dependents();
+
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    float acc[8][4];
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
+    if (converter) {
+        if (!settled) {
+#pragma unroll
+            for (int s = 0; s < L::kStages - 1; ++s) issue(s);
+        }
+        // Lane: cell c of the step, V blocks b0 and b0 + 1 (4 chunks each).
+        const uint32_t c = lane % kStep, b0 = 2 * (lane / kStep);
+        constexpr uint32_t kBlock = VT == KvType::q8_0 ? 34 : 18;
+        for (uint32_t i = 0; pair + kPairs * i < n_chunks; ++i) {
+            issue(i + L::kStages - 1);
+            cp_async_wait<L::kStages - 1>();
+            __syncwarp();
+            const uint8_t* sv = v_ring + (i % L::kStages) * L::v_stage;
+            const uint32_t first = cell_begin + (pair + kPairs * i) * kStep;
+            const uint32_t valid = min((uint32_t)kStep, cell_end - first);
+            const uint32_t off = kUniform ? c * L::kWinV + v_head16 : c * L::kWinV + (((first + c) * v_row16 + v_head16) & 15);
+            uint32_t h[2][16];
+            v_block_to_f16<VT>(sv, off + kBlock * b0, h[0]);
+            v_block_to_f16<VT>(sv, off + kBlock * (b0 + 1), h[1]);
+            if (c >= valid) {  // stale ring bytes: zeros, so that a masked p = 0 never meets a NaN
+#pragma unroll
+                for (int bb = 0; bb < 2; ++bb)
+#pragma unroll
+                    for (int j = 0; j < 16; ++j) h[bb][j] = 0;
+            }
+            pair_barrier_sync(kEmptyBarrier + pair);  // the MMA warp is done with the tile
+#pragma unroll
+            for (int bb = 0; bb < 2; ++bb)
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+                    *reinterpret_cast<uint4*>(tile + tile_chunk(c, 4 * (b0 + bb) + q)) =
+                        make_uint4(h[bb][4 * q], h[bb][4 * q + 1], h[bb][4 * q + 2], h[bb][4 * q + 3]);
+            pair_barrier_arrive(kFullBarrier + pair);
+            __syncwarp();  // this stage is refilled by the next step's issue
+        }
+        pair_barrier_sync(kEmptyBarrier + pair);  // the MMA warp's last release (one per step, one after Q)
+    } else {
+        const float* q_group = p.q + (size_t)kv_head * ng * kD;
+        float4 qv[8];
+        q_loads(p, q_group, ng, g, t, lane, qv);
+        if (!settled) {
+#pragma unroll
+            for (int s = 0; s < L::kStages - 1; ++s) issue(s);
+        }
+        uint32_t qb[8][2];
+        q_fragments(p, qv, q_group, ng, g, t, lane, tile, qb);  // the tile is Q's scratch until the first step
+        pair_barrier_arrive(kEmptyBarrier + pair);
+        // ldmatrix.x4.trans of PV's A operand (V^T: rows dims 16 mt .., k = cells): lanes 8 m
+        // .. 8 m + 7 address matrix m = (dims + 8 (m % 2), cells + 8 (m / 2)).
+        const uint32_t mat = lane / 8, pv_cell = lane % 8 + 8 * (mat / 2), pv_half = mat % 2;
+        for (uint32_t i = 0; pair + kPairs * i < n_chunks; ++i) {
+            issue(i + L::kStages - 1);
+            cp_async_wait<L::kStages - 1>();
+            __syncwarp();
+            const uint8_t* sk = k_ring + (i % L::kStages) * L::k_stage;
+            const uint32_t first = cell_begin + (pair + kPairs * i) * kStep;
+            const uint32_t valid = min((uint32_t)kStep, cell_end - first);
+            float s[4];
+            {
+                auto k_slice = [&](uint32_t c) {
+                    if constexpr (kUniform) return c * L::kWinK + k_head16;
+                    else return c * L::kWinK + (((first + c) * k_row16 + k_head16) & 15);
+                };
+                const KWords<KT> k0 = k_words<KT>(sk, k_slice(g), t), k1 = k_words<KT>(sk, k_slice(g + 8), t);
+                float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                s[0] = s[1] = s[2] = s[3] = 0.0f;
+#pragma unroll
+                for (int kt = 0; kt < 8; ++kt) {
+                    uint32_t a0, a1, a2, a3;
+                    k_fragment<KT>(k0, kt, a0, a2);
+                    k_fragment<KT>(k1, kt, a1, a3);
+                    mma16816(kt % 2 ? s_odd : s, a0, a1, a2, a3, qb[kt][0], qb[kt][1]);
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j) s[j] += s_odd[j];
+            }
+            uint32_t pb0, pb1;
+            softmax_step(s, g, valid, m_run, l_run, acc, pb0, pb1);
+            pair_barrier_sync(kFullBarrier + pair);  // the converter's tile of this step
+#pragma unroll
+            for (int mt = 0; mt < 8; ++mt) {
+                uint32_t a[4];
+                prefill_mma::ldmatrix_x4_trans(a, tile + tile_chunk(pv_cell, 2 * mt + pv_half));
+                mma16816(acc[mt], a[0], a[1], a[2], a[3], pb0, pb1);
+            }
+            pair_barrier_arrive(kEmptyBarrier + pair);
+            __syncwarp();  // this stage is refilled by the next step's issue
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 4);
+            l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 8);
+            l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 16);
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with its ring and tile
+    // acc[mt]: rows (dims) 16 mt + g (registers 0, 1) and + 8 (2, 3).
+    if (!converter) store_warp_state<8>(k_ring, m_run, l_run, acc, g, t, [&](int mt) { return 16 * (uint32_t)mt + g; });
+    __syncthreads();
+    write_block_partial<kPairs, kThreads>(p, smem, L::pair_bytes, kv_head, split);
+    attention_finish_single_split<kD>(p, kv_head);
+}
+
+}  // namespace vconv
 
 // SPILLWAY_ATTN_MMA_BLOCKS=N (lab): plan the splits for N blocks per SM instead of the
 // resident count (more than resident: several waves). 0 or unset: the resident count.
@@ -755,10 +1104,11 @@ uint32_t planned_blocks_per_sm(uint32_t n_cells) {
 }
 
 template <KvType KT, KvType VT>
-Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
+Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count, uint32_t v_convert_blocks) {
     if (n_cells == 0) return {0, 0};
-    const uint32_t per_sm = lab_blocks_per_sm() > 0 ? lab_blocks_per_sm() : planned_blocks_per_sm<KT, VT>(n_cells);
-    if (lab_whole_waves()) {
+    const uint32_t resident = v_convert_blocks != 0 ? v_convert_blocks : planned_blocks_per_sm<KT, VT>(n_cells);
+    const uint32_t per_sm = lab_blocks_per_sm() > 0 ? lab_blocks_per_sm() : resident;
+    if (lab_whole_waves() && v_convert_blocks == 0) {
         // The per-SM timeline (session 19) showed 392 or 512 blocks on 396 or 528 slots; filling
         // them exactly moved the engine by under 1% (SM speed, not placement, sets the tail).
         const uint32_t slots = per_sm * std::max(1u, sm_count), lo = slots / n_head_kv, hi_heads = slots % n_head_kv;
@@ -770,26 +1120,39 @@ Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
         }
     }
     const uint32_t wanted = std::max(1u, per_sm * std::max(1u, sm_count) / n_head_kv);
+    static_assert(kWarps == vconv::kPairs, "one split minimum for both kernels");
     const uint32_t min_cells = kStep * kWarps;  // a step per warp
     const uint32_t splits = std::min(wanted, (n_cells + min_cells - 1) / min_cells);
     const uint32_t per = ((n_cells + splits - 1) / splits + kStep - 1) / kStep * kStep;
     return {(n_cells + per - 1) / per, per};
 }
 
-template <KvType KT, KvType VT, bool kUniform>
+// kKernel's shared memory (kSmem) and carveout, once per instance.
+template <auto kKernel, size_t kSmem>
 void configure_once() {
     static const bool configured = [] {
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 (int)Layout<KT, VT>::total));
-        // All of the unified L1/shared memory as shared: the split count assumes
-        // Layout::blocks_per_sm blocks fit at once (a smaller carveout makes a second wave).
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform>,
-                                                 cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                 (int)cudaSharedmemCarveoutMaxShared));
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
+        // All of the unified L1/shared memory as shared: the split count assumes the planned
+        // blocks per SM fit at once (a smaller carveout makes a second wave).
+        SPILLWAY_CUDA_CHECK(
+            cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout, (int)cudaSharedmemCarveoutMaxShared));
         return true;
     }();
     (void)configured;
+}
+
+// The V-converting kernel's instance for kBlocks blocks per SM.
+template <KvType KT, KvType VT, int kBlocks>
+void launch_vconv(const Params& p, dim3 grid, bool uniform, bool pdl, cudaStream_t stream) {
+    constexpr size_t smem = vconv::Layout<KT, VT, kBlocks>::total;
+    const dim3 block(vconv::kThreads);
+    if (uniform) {
+        configure_once<vconv::attention_mma_vconv_kernel<KT, VT, true, kBlocks>, smem>();
+        launch_with_pdl(pdl, vconv::attention_mma_vconv_kernel<KT, VT, true, kBlocks>, grid, block, smem, stream, p);
+    } else {
+        configure_once<vconv::attention_mma_vconv_kernel<KT, VT, false, kBlocks>, smem>();
+        launch_with_pdl(pdl, vconv::attention_mma_vconv_kernel<KT, VT, false, kBlocks>, grid, block, smem, stream, p);
+    }
 }
 
 // SPILLWAY_ATTN_Q_LOAD (lab): scalar (per-lane loads after the copies, as before session
@@ -801,21 +1164,32 @@ uint32_t lab_q_load() {
 }
 
 template <KvType KT, KvType VT>
-void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
+void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream,
+                uint32_t v_convert_blocks) {
     constexpr size_t smem = Layout<KT, VT>::total;
     // SPILLWAY_ATTN_FAST_COPY=0 (lab): every step through the generic per-cell copy.
     static const bool fast_copy = !lab_knob("SPILLWAY_ATTN_FAST_COPY", "0", "1");
     Params p = params;
     p.q_load = reinterpret_cast<uintptr_t>(p.q) % 16 == 0 ? lab_q_load() : 0;
     const dim3 grid(n_head_kv, n_splits);
-    if (fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0) {
-        configure_once<KT, VT, true>();
-        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, true>, grid, dim3(kThreads), smem,
-                        stream, p);
+    const bool uniform = fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0;
+    const bool pdl = pdl_site_on(PdlSite::attention);
+    if (v_convert_blocks != 0) {
+        if constexpr (VT == KvType::f16) {
+            fail("attention_mma: the V-converting kernel takes quantized V only");
+        } else {
+            if (p.splits_lo != 0 || p.timeline != nullptr)
+                fail("attention_mma: the V-converting kernel takes neither whole-wave plans nor the lab timeline");
+            if (v_convert_blocks == 3) launch_vconv<KT, VT, 3>(p, grid, uniform, pdl, stream);
+            else if (v_convert_blocks == 2) launch_vconv<KT, VT, 2>(p, grid, uniform, pdl, stream);
+            else fail("attention_mma: the V-converting kernel runs 2 or 3 blocks per SM");
+        }
+    } else if (uniform) {
+        configure_once<attention_mma_kernel<KT, VT, true>, smem>();
+        launch_with_pdl(pdl, attention_mma_kernel<KT, VT, true>, grid, dim3(kThreads), smem, stream, p);
     } else {
-        configure_once<KT, VT, false>();
-        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, false>, grid, dim3(kThreads), smem,
-                        stream, p);
+        configure_once<attention_mma_kernel<KT, VT, false>, smem>();
+        launch_with_pdl(pdl, attention_mma_kernel<KT, VT, false>, grid, dim3(kThreads), smem, stream, p);
     }
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
@@ -839,14 +1213,25 @@ auto with_types(KvType kt, KvType vt, F&& f) {
 
 }  // namespace
 
-Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
-    return with_types(k_type, v_type,
-                      [&]<KvType KT, KvType VT>() { return plan_for<KT, VT>(n_head_kv, n_cells, sm_count); });
+uint32_t v_convert_blocks_per_sm() {
+    // SPILLWAY_ATTN_V_CONVERT=2|3 (lab): the V-converting kernel at that many blocks per SM.
+    static const int choice = lab_knob_choice("SPILLWAY_ATTN_V_CONVERT", {"off", "2", "3"});
+    return choice <= 0 ? 0u : (uint32_t)choice + 1;
+}
+
+Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count,
+          uint32_t v_convert_blocks) {
+    if (v_convert_blocks != 0 && (v_type == KvType::f16 || (v_convert_blocks != 2 && v_convert_blocks != 3)))
+        fail("attention_mma: the V-converting kernel takes quantized V at 2 or 3 blocks per SM");
+    return with_types(k_type, v_type, [&]<KvType KT, KvType VT>() {
+        return plan_for<KT, VT>(n_head_kv, n_cells, sm_count, v_convert_blocks);
+    });
 }
 
 void launch(KvType k_type, KvType v_type, const Params& p, uint32_t n_head_kv, uint32_t n_splits,
-            cudaStream_t stream) {
-    with_types(k_type, v_type, [&]<KvType KT, KvType VT>() { launch_for<KT, VT>(p, n_head_kv, n_splits, stream); });
+            cudaStream_t stream, uint32_t v_convert_blocks) {
+    with_types(k_type, v_type,
+               [&]<KvType KT, KvType VT>() { launch_for<KT, VT>(p, n_head_kv, n_splits, stream, v_convert_blocks); });
 }
 
 }  // namespace spillway::attention_mma

@@ -82,10 +82,18 @@ struct Plan {
 };
 
 // Splits for n_cells: one wave of blocks (as many per SM as shared memory allows, at most 4).
-Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count);
+// v_convert_blocks (lab; 0: this kernel): the plan of the kernel whose converter warps
+// dequantize quantized V into an f16 tile beside each MMA warp (attention_mma.cu, namespace
+// vconv), at 2 or 3 blocks of 8 warps per SM.
+Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count,
+          uint32_t v_convert_blocks = 0);
 
-// Grid (n_head_kv, n_splits); every CUDA return code checked.
+// Grid (n_head_kv, n_splits); every CUDA return code checked. v_convert_blocks as for plan.
 void launch(KvType k_type, KvType v_type, const Params& p, uint32_t n_head_kv, uint32_t n_splits,
-            cudaStream_t stream);
+            cudaStream_t stream, uint32_t v_convert_blocks = 0);
+
+// SPILLWAY_ATTN_V_CONVERT=off|2|3 (lab): the V-converting kernel's blocks per SM where the
+// engine would run this kernel with quantized V; 0 when off (the default).
+uint32_t v_convert_blocks_per_sm();
 
 }  // namespace spillway::attention_mma

@@ -32,7 +32,10 @@ struct KvCells {
 };
 
 const char* kernel_name(AttentionKernel k) {
-    return k == AttentionKernel::int_dot ? "int_dot " : k == AttentionKernel::mma ? "mma " : "tensor_core ";
+    return k == AttentionKernel::int_dot     ? "int_dot "
+           : k == AttentionKernel::mma       ? "mma "
+           : k == AttentionKernel::mma_vconv ? "mma_vconv "
+                                             : "tensor_core ";
 }
 
 KvCells random_cells(std::mt19937& rng, const AttentionShape& s, KvType kt, KvType vt, uint32_t n_cells) {
@@ -188,6 +191,25 @@ TEST(CudaAttention, MmaKernelMatchesCpu) {
     check_attention(make_shape(8, 1, 128), KvType::q8_0, KvType::q8_0, 20000, &kernel);
 }
 
+// The lab kernel whose converter warps dequantize V into an f16 tile for each MMA warp
+// (quantized V only): every K type with both quantized V types, the same boundaries as above
+// (partial steps: the converter zeroes cells past the range; pairs with no step: their
+// barriers stay balanced), the unaligned windows of odd KV-head counts, and many splits.
+TEST(CudaAttention, MmaVconvKernelMatchesCpu) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const AttentionKernel kernel = AttentionKernel::mma_vconv;
+    for (KvType kt : kTypes)
+        for (KvType vt : {KvType::q8_0, KvType::q4_0})
+            for (uint32_t n_cells : {1u, 15u, 17u, 65u, 4099u, 20000u})
+                check_attention(make_shape(40, 8, 128), kt, vt, n_cells, &kernel);
+    for (const AttentionShape& s : {make_shape(32, 8, 128), make_shape(28, 4, 128), make_shape(8, 8, 128),
+                                    make_shape(8, 1, 128), make_shape(21, 3, 128)})
+        for (uint32_t n_cells : {7u, 700u, 3001u})
+            for (KvType kt : kTypes) check_attention(s, kt, kt == KvType::q8_0 ? KvType::q8_0 : KvType::q4_0, n_cells, &kernel);
+    check_attention(make_shape(8, 1, 128), KvType::q8_0, KvType::q8_0, 20000, &kernel);
+    EXPECT_FALSE(attention_kernel_supports(kernel, make_shape(40, 8, 128), KvType::q8_0, KvType::f16));
+}
+
 // The decode attention launched programmatically behind the kernel that writes q and the
 // step's new cell (the engine: bias + RoPE + KV write): splits of settled cells (earlier
 // steps') copy before waiting for that producer, the split with the new cell after. Here the
@@ -202,7 +224,8 @@ TEST(CudaAttention, ProgrammaticLaunchReadsTheNewCellAfterItsProducer) {
     const uint32_t sms = sm_count();
     cudaStream_t stream = nullptr;
     SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    for (AttentionKernel kernel : {AttentionKernel::tensor_core, AttentionKernel::mma, AttentionKernel::int_dot}) {
+    for (AttentionKernel kernel :
+         {AttentionKernel::tensor_core, AttentionKernel::mma, AttentionKernel::int_dot, AttentionKernel::mma_vconv}) {
         for (KvType kt : {KvType::f16, KvType::q8_0}) {
             if (!attention_kernel_supports(kernel, s, kt, kt)) continue;
             for (uint32_t n_cells : {40u, 5000u, 20000u}) {
