@@ -994,7 +994,7 @@ AttentionKernel attention_default_kernel(const AttentionShape& shape, KvType k_t
     // mma for long ranges wherever it applies (docs/perf-notes.md, "Decode attention,
     // session 10 — D1"), else int_dot for quantized K, else tensor_core.
     if (n_cells >= attention_mma_min_cells(k_type, v_type) && attention_kernel_supports(AttentionKernel::mma, shape, k_type, v_type))
-        return attention_mma::v_convert_blocks_per_sm() != 0 &&
+        return attention_mma::v_convert_mode().blocks != 0 &&
                        attention_kernel_supports(AttentionKernel::mma_vconv, shape, k_type, v_type)
                    ? AttentionKernel::mma_vconv
                    : AttentionKernel::mma;
@@ -1002,19 +1002,19 @@ AttentionKernel attention_default_kernel(const AttentionShape& shape, KvType k_t
                                                                                       : AttentionKernel::tensor_core;
 }
 
-// The V-converting kernel's blocks per SM for `kernel` (0: not that kernel): the lab knob's
-// count, 2 when the kernel is asked for explicitly with the knob off.
-static uint32_t vconv_blocks(AttentionKernel kernel) {
-    if (kernel != AttentionKernel::mma_vconv) return 0;
-    const uint32_t knob = attention_mma::v_convert_blocks_per_sm();
-    return knob != 0 ? knob : 2;
+// The V-converting kernel's mode for `kernel` (blocks 0: not that kernel): the lab knob's, or 2
+// blocks per SM converting V only when the kernel is asked for explicitly with the knob off.
+static attention_mma::VConvert vconv_mode(AttentionKernel kernel) {
+    if (kernel != AttentionKernel::mma_vconv) return {};
+    const attention_mma::VConvert knob = attention_mma::v_convert_mode();
+    return knob.blocks != 0 ? knob : attention_mma::VConvert{2, false};
 }
 
 uint32_t attention_split_count(AttentionKernel kernel, const AttentionShape& shape, KvType k_type, KvType v_type,
                                uint32_t n_cells, uint32_t sm_count) {
     if (kernel == AttentionKernel::int_dot) return plan_int_dot_any(k_type, v_type, shape, n_cells, sm_count).n_splits;
     if (kernel == AttentionKernel::mma || kernel == AttentionKernel::mma_vconv)
-        return attention_mma::plan(k_type, v_type, shape.n_head_kv, n_cells, sm_count, vconv_blocks(kernel)).n_splits;
+        return attention_mma::plan(k_type, v_type, shape.n_head_kv, n_cells, sm_count, vconv_mode(kernel)).n_splits;
     return plan_splits(shape, n_cells, sm_count).n_splits;
 }
 
@@ -1031,7 +1031,7 @@ size_t attention_workspace_bytes(const AttentionShape& shape, uint32_t n_cells, 
                 for (AttentionKernel kernel : {AttentionKernel::mma, AttentionKernel::mma_vconv})
                     if (kernel == AttentionKernel::mma || vt != KvType::f16)
                         splits = std::max(splits, attention_mma::plan(kt, vt, shape.n_head_kv, n_cells, sm_count,
-                                                                      vconv_blocks(kernel))
+                                                                      vconv_mode(kernel))
                                                       .n_splits);
     if (splits <= 1) return 0;
     return (size_t)splits * shape.n_head * (shape.head_dim_v + 1) * sizeof(float);
@@ -1090,7 +1090,7 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     const bool on_mma = mma || kernel == AttentionKernel::mma_vconv;  // either mma kernel
     SplitPlan plan = int_dot ? plan_int_dot_any(k_type, v_type, shape, n_cells, sm_count)
                              : plan_splits(shape, n_cells, sm_count);
-    if (on_mma) plan = attention_mma::plan(k_type, v_type, shape.n_head_kv, n_cells, sm_count, vconv_blocks(kernel));
+    if (on_mma) plan = attention_mma::plan(k_type, v_type, shape.n_head_kv, n_cells, sm_count, vconv_mode(kernel));
     if (workspace_bytes < needed || (needed > 0 && workspace == nullptr))
         fail("attention_partial_cuda: workspace of " + std::to_string(workspace_bytes) + " bytes, need " + std::to_string(needed));
 
@@ -1144,7 +1144,7 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
         p.out_d = out_q16.d;
     }
     if (on_mma) {
-        attention_mma::launch(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream, vconv_blocks(kernel));
+        attention_mma::launch(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream, vconv_mode(kernel));
     } else if (int_dot) {
         if (k_type == KvType::q8_0) dispatch_int_dot_v<KvType::q8_0>(v_type, p, shape.n_head_kv, plan.n_splits, stream);
         else dispatch_int_dot_v<KvType::q4_0>(v_type, p, shape.n_head_kv, plan.n_splits, stream);

@@ -82,8 +82,8 @@ void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType 
 // the K/V operands built in registers from the raw cache bytes (engine/cuda/attention_mma.cu).
 // mma_vconv (lab, quantized V only): mma's K path with V dequantized into an f16 tile by a
 // converter warp beside each MMA warp (attention_mma.cu, namespace vconv); the default choice
-// where mma would be when SPILLWAY_ATTN_V_CONVERT=2|3 (its blocks per SM; explicitly asked for
-// with the knob off: 2).
+// where mma would be when SPILLWAY_ATTN_V_CONVERT=2|3|kv2|kv3 (its blocks per SM; kv: quantized
+// K converted too; explicitly asked for with the knob off: 2, V only).
 enum class AttentionKernel { tensor_core, int_dot, mma, mma_vconv };
 
 bool attention_kernel_supports(AttentionKernel kernel, const AttentionShape& shape, KvType k_type, KvType v_type);

@@ -805,7 +805,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     attention_finish_single_split<kD>(p, kv_head);
 }
 
-// ---- Quantized V converted to f16 by a paired warp (lab: AttentionKernel::mma_vconv) ----
+// ---- Quantized V (and K) converted to f16 by a paired warp (lab: AttentionKernel::mma_vconv) ----
 // Why: the quantized loops above are latency-bound at 16 warps per SM (Nsight, session 22): a
 // warp's step is one dependent chain of ~600 (q8_0) / ~500 (q4_0) instructions, about a third
 // of them V's (two cells' codes interleaved per register by permutes, the block scale in P).
@@ -813,31 +813,37 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
 // step's raw V cells, dequantizes them (d * q rounded once to f16, as the tensor_core kernel)
 // into a 4 KiB tile (16 cells x 128 dims, 16-byte chunks swizzled by cell so that 8 rows of one
 // chunk hit 8 bank groups), and the MMA warp reads V^T's fragments from it with ldmatrix.trans:
-// no permutes, no scale in P. K stays as above (fragments from the raw ring). The two warps
-// hand the one tile back and forth through two named barriers of 64 threads (full: converter
-// -> MMA warp; empty: back), so the converter dequantizes step i + 1 into registers while its
-// MMA warp runs step i. Counted per 16-cell step, not yet measured: MMA warp ~200 (q8_0 K) /
-// ~150 (q4_0 K) instructions, converter ~160 / ~130, against ~600 / ~500 in one chain today;
-// shared-memory traffic ~17 KB (q8_0) / ~13 KB (q4_0) per step against ~9 KB. kBlocks blocks of
-// 8 warps per SM: 2 (128 registers, no spill) or 3 (80 registers; ptxas spills 28-40 bytes of
-// the uniform instances, 32-76 of the others), i.e. 8 or 12 MMA warps per SM instead of 16.
+// no permutes, no scale in P. kConvertK (quantized K): the converter does the same for K into a
+// second tile, which the MMA warp reads with ldmatrix, so its step is two ldmatrix + MMA loops
+// around the softmax; otherwise K stays as in attention_mma_kernel (fragments from the raw
+// ring, copied by the MMA warp). The two warps hand the tiles back and forth through two named
+// barriers of 64 threads (full: converter -> MMA warp; empty: back), so the converter
+// dequantizes step i + 1 into registers while its MMA warp runs step i.
+// Counted per 16-cell step (not yet measured; no disassembler here): V only, MMA warp ~250
+// instructions (the K conversion stays in its chain), converter ~180; K and V, MMA warp ~100,
+// converter ~300 (q8_0) / ~280 (q4_0); today one chain of ~600 / ~500. Shared-memory traffic
+// per step ~17 / ~13 KB (V only, q8_0 / q4_0) and ~25 / ~21 KB (K and V) against ~9 KB: K and V
+// q4_0 nears the shared-memory rate (128 B per clock) at HBM pace.
+// kBlocks blocks of 8 warps per SM: 2 (<= 128 registers) or 3 (80; ptxas spills 28-76 bytes of
+// the V-only instances), i.e. 8 or 12 MMA warps per SM instead of 16.
 namespace vconv {
 
 constexpr int kPairs = 4;
 constexpr int kThreads = 2 * kPairs * 32;
-constexpr uint32_t kRowBytes = kD * 2;              // one cell of the f16 tile
+constexpr uint32_t kRowBytes = kD * 2;              // one cell of an f16 tile
 constexpr uint32_t kTileBytes = kStep * kRowBytes;  // 4 KiB
 constexpr uint32_t kFullBarrier = 1, kEmptyBarrier = 1 + kPairs;  // + the pair; 0 is __syncthreads'
 
-template <KvType KT, KvType VT, int kBlocksPerSm>
+template <KvType KT, KvType VT, int kBlocksPerSm, bool kConvertK>
 struct Layout {
     static constexpr uint32_t kSliceK = slice_bytes(KT, kD), kSliceV = slice_bytes(VT, kD);
     static constexpr uint32_t kWinK = window_bytes(KT), kWinV = window_bytes(VT);
     static constexpr size_t k_stage = (size_t)kStep * kWinK, v_stage = (size_t)kStep * kWinV;
-    // lds_words may read 4 bytes past the last cell's window: the tile follows the V ring, and
-    // the last pair's tile is followed by this slack.
+    static constexpr uint32_t kTiles = kConvertK ? 2 : 1;  // V's f16 tile, then K's
+    // lds_words may read 4 bytes past the last cell's window: the tiles follow the rings, and
+    // the last pair's tiles are followed by this slack.
     static constexpr size_t kSlack = 16;
-    static constexpr size_t pair_bytes_for(int stages) { return kTileBytes + stages * (k_stage + v_stage); }
+    static constexpr size_t pair_bytes_for(int stages) { return kTiles * kTileBytes + stages * (k_stage + v_stage); }
     static constexpr bool fits(int stages) {
         return kBlocksPerSm * (kPairs * pair_bytes_for(stages) + kSlack + kSmemReservedPerBlock) <= kSmemPerSm;
     }
@@ -860,12 +866,13 @@ __device__ __forceinline__ void pair_barrier_arrive(uint32_t id) {
     asm volatile("bar.arrive %0, 64;\n" ::"r"(id) : "memory");
 }
 
-// One cell's V block (32 values; the block starts at byte off of the 16-byte-aligned stage)
-// as 16 half2 of d * q in dim order (h[j] = dims 2j, 2j + 1), d * q rounded once.
-template <KvType VT>
-__device__ __forceinline__ void v_block_to_f16(const uint8_t* base16, uint32_t off, uint32_t (&h)[16]) {
+// One cell's quantized block (32 values; the block starts at byte off of the 16-byte-aligned
+// stage) as 16 half2 of d * q in dim order (h[j] = dims 2j, 2j + 1), d * q rounded once.
+template <KvType T>
+__device__ __forceinline__ void block_to_f16(const uint8_t* base16, uint32_t off, uint32_t (&h)[16]) {
+    static_assert(T != KvType::f16, "quantized blocks");
     const __half2 d = __half2half2(*reinterpret_cast<const __half*>(base16 + off));
-    if constexpr (VT == KvType::q8_0) {
+    if constexpr (T == KvType::q8_0) {
         uint32_t w[8];
         lds_words<8>(base16, off + 2, w);
         const __half2 bias = __float2half2_rn(1024.0f + 128.0f);
@@ -891,26 +898,72 @@ __device__ __forceinline__ void v_block_to_f16(const uint8_t* base16, uint32_t o
     }
 }
 
-// Byte offset of chunk (8 dims) `chunk` of cell `cell` in the tile.
+// Byte offset of chunk (8 dims) `chunk` of cell `cell` in a tile.
 __device__ __forceinline__ uint32_t tile_chunk(uint32_t cell, uint32_t chunk) {
     return cell * kRowBytes + ((chunk ^ (cell & 7)) << 4);
 }
 
-// Warps 0..3: the MMA warps (K's copies, QK, softmax, PV); warps 4..7: their converters (V's
-// copies and dequantization). Pair w's local step i is chunk w + 4 i of the split, as warp w's
-// in attention_mma_kernel. Quantized V only; no whole-wave plans, no lab timeline (launch checks).
-template <KvType KT, KvType VT, bool kUniform, int kBlocks>
+// A converter lane's two blocks (b0, b0 + 1) of its cell c into a tile: chunks 4 b .. 4 b + 3.
+__device__ __forceinline__ void store_blocks(uint8_t* tile, uint32_t c, uint32_t b0, const uint32_t (&h)[2][16]) {
+#pragma unroll
+    for (int bb = 0; bb < 2; ++bb)
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+            *reinterpret_cast<uint4*>(tile + tile_chunk(c, 4 * (b0 + bb) + q)) =
+                make_uint4(h[bb][4 * q], h[bb][4 * q + 1], h[bb][4 * q + 2], h[bb][4 * q + 3]);
+}
+
+// A converter lane's blocks of its cell from a stage (slice at byte off), zeros for a cell past
+// the step's valid ones (stale ring bytes may hold NaN, and a masked p = 0 must not meet it).
+template <KvType T>
+__device__ __forceinline__ void convert_cell(const uint8_t* stage, uint32_t off, uint32_t b0, bool valid,
+                                             uint32_t (&h)[2][16]) {
+    constexpr uint32_t kBlock = T == KvType::q8_0 ? 34 : 18;
+    block_to_f16<T>(stage, off + kBlock * b0, h[0]);
+    block_to_f16<T>(stage, off + kBlock * (b0 + 1), h[1]);
+    if (!valid) {
+#pragma unroll
+        for (int bb = 0; bb < 2; ++bb)
+#pragma unroll
+            for (int j = 0; j < 16; ++j) h[bb][j] = 0;
+    }
+}
+
+// Q^T as QK's B operand in the standard m16n8k16 order (kConvertK: K's fragments come from
+// ldmatrix, so the contraction index is not permuted): lane (g, t), step kt: head g, dims 16 kt
+// + 2t, + 1 and 16 kt + 2t + 8, + 9, pre-scaled to base-2 units; heads past the group are zero.
+__device__ __forceinline__ void q_fragments_standard(const Params& p, const float* q_group, uint32_t ng, uint32_t g,
+                                                     uint32_t t, uint32_t (&qb)[8][2]) {
+#pragma unroll
+    for (int kt = 0; kt < 8; ++kt) {
+        float2 lo = make_float2(0.0f, 0.0f), hi = make_float2(0.0f, 0.0f);
+        if (g < ng) {
+            lo = *reinterpret_cast<const float2*>(q_group + g * kD + 16 * kt + 2 * t);
+            hi = *reinterpret_cast<const float2*>(q_group + g * kD + 16 * kt + 2 * t + 8);
+        }
+        qb[kt][0] = pack_h2(lo.x * p.scale_log2, lo.y * p.scale_log2);
+        qb[kt][1] = pack_h2(hi.x * p.scale_log2, hi.y * p.scale_log2);
+    }
+}
+
+// Warps 0..3: the MMA warps (QK, softmax, PV; K's copies unless kConvertK); warps 4..7: their
+// converters (V's copies and dequantization, and K's with kConvertK). Pair w's local step i is
+// chunk w + 4 i of the split, as warp w's in attention_mma_kernel. Quantized V (and K with
+// kConvertK) only; no whole-wave plans, no lab timeline (launch checks).
+template <KvType KT, KvType VT, bool kUniform, int kBlocks, bool kConvertK>
 __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(Params p) {
-    using L = Layout<KT, VT, kBlocks>;
-    static_assert(VT != KvType::f16, "quantized V");
+    using L = Layout<KT, VT, kBlocks, kConvertK>;
+    static_assert(VT != KvType::f16 && (!kConvertK || KT != KvType::f16), "quantized operands");
     extern __shared__ __align__(128) uint8_t smem[];
     const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const uint32_t pair = warp % kPairs;
     const bool converter = warp >= (uint32_t)kPairs;
+    const bool copies_k = kConvertK ? converter : !converter, copies_v = converter;
     const uint32_t g = lane / 4, t = lane % 4;
     uint8_t* k_ring = smem + pair * L::pair_bytes;
     uint8_t* v_ring = k_ring + L::kStages * L::k_stage;
-    uint8_t* tile = v_ring + L::kStages * L::v_stage;
+    uint8_t* v_tile = v_ring + L::kStages * L::v_stage;
+    uint8_t* k_tile = v_tile + kTileBytes;  // kConvertK
 
     const uint32_t kv_head = blockIdx.x, split = blockIdx.y;
     const uint32_t cell_begin = split * p.cells_per_split;
@@ -921,8 +974,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
     const uint32_t k_row16 = (uint32_t)(p.k_row_bytes & 15), k_head16 = (uint32_t)(k_head_off & 15);
     const uint32_t v_row16 = (uint32_t)(p.v_row_bytes & 15), v_head16 = (uint32_t)(v_head_off & 15);
 
-    // Copy addresses computed once (kUniform), as in attention_mma_kernel; each warp uses its
-    // operand's set.
+    // Copy addresses computed once (kUniform), as in attention_mma_kernel.
     constexpr uint32_t kLanesK = copy_lanes<L::kWinK>(), kLanesV = copy_lanes<L::kWinV>();
     const bool k_lane_on = lane % kLanesK < L::kWinK / 16, v_lane_on = lane % kLanesV < L::kWinV / 16;
     const uint64_t k_lane_src = (uint64_t)(lane / kLanesK) * p.k_row_bytes + k_head_off - k_head16 + 16 * (lane % kLanesK);
@@ -937,8 +989,9 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
             const uint32_t slot = i % L::kStages;
             const uint32_t first = cell_begin + chunk * kStep;
             const uint32_t count = min((uint32_t)kStep, cell_end - first);
-            if (converter) {
-                if (kUniform && count == kStep) {
+            const bool hoisted = kUniform && count == kStep;
+            if (copies_v) {
+                if (hoisted) {
                     if (v_lane_on)
                         copy_windows_hoisted<L::kWinV, kLanesV>(v_lane_dst + slot * (uint32_t)L::v_stage,
                                                                 p.v + (uint64_t)first * p.v_row_bytes + v_lane_src, v_pass);
@@ -946,8 +999,9 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
                     copy_windows<L::kSliceV, L::kWinV>(v_ring + slot * L::v_stage, p.v + first * p.v_row_bytes + v_head_off,
                                                        (uint32_t)p.v_row_bytes, count, lane);
                 }
-            } else {
-                if (kUniform && count == kStep) {
+            }
+            if (copies_k) {
+                if (hoisted) {
                     if (k_lane_on)
                         copy_windows_hoisted<L::kWinK, kLanesK>(k_lane_dst + slot * (uint32_t)L::k_stage,
                                                                 p.k + (uint64_t)first * p.k_row_bytes + k_lane_src, k_pass);
@@ -960,8 +1014,9 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
         cp_async_commit();  // empty groups keep the wait count uniform
     };
     // Programmatic launch: as attention_mma_kernel (settled splits copy before the wait).
+    const bool copies = copies_k || copies_v;
     const bool settled = cell_end <= p.settled_cells;
-    if (settled) {
+    if (settled && copies) {
 #pragma unroll
         for (int s = 0; s < L::kStages - 1; ++s) issue(s);
     }
@@ -977,67 +1032,80 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
 #pragma unroll
             for (int s = 0; s < L::kStages - 1; ++s) issue(s);
         }
-        // Lane: cell c of the step, V blocks b0 and b0 + 1 (4 chunks each).
+        // Lane: cell c of the step, blocks b0 and b0 + 1 (4 chunks each) of V (and of K).
         const uint32_t c = lane % kStep, b0 = 2 * (lane / kStep);
-        constexpr uint32_t kBlock = VT == KvType::q8_0 ? 34 : 18;
         for (uint32_t i = 0; pair + kPairs * i < n_chunks; ++i) {
             issue(i + L::kStages - 1);
             cp_async_wait<L::kStages - 1>();
             __syncwarp();
-            const uint8_t* sv = v_ring + (i % L::kStages) * L::v_stage;
             const uint32_t first = cell_begin + (pair + kPairs * i) * kStep;
-            const uint32_t valid = min((uint32_t)kStep, cell_end - first);
-            const uint32_t off = kUniform ? c * L::kWinV + v_head16 : c * L::kWinV + (((first + c) * v_row16 + v_head16) & 15);
-            uint32_t h[2][16];
-            v_block_to_f16<VT>(sv, off + kBlock * b0, h[0]);
-            v_block_to_f16<VT>(sv, off + kBlock * (b0 + 1), h[1]);
-            if (c >= valid) {  // stale ring bytes: zeros, so that a masked p = 0 never meets a NaN
-#pragma unroll
-                for (int bb = 0; bb < 2; ++bb)
-#pragma unroll
-                    for (int j = 0; j < 16; ++j) h[bb][j] = 0;
+            const bool valid = c < min((uint32_t)kStep, cell_end - first);
+            const uint32_t v_off = kUniform ? c * L::kWinV + v_head16 : c * L::kWinV + (((first + c) * v_row16 + v_head16) & 15);
+            const uint8_t* sv = v_ring + (i % L::kStages) * L::v_stage;
+            uint32_t hv[2][16];
+            if constexpr (kConvertK) {
+                const uint32_t k_off = kUniform ? c * L::kWinK + k_head16 : c * L::kWinK + (((first + c) * k_row16 + k_head16) & 15);
+                uint32_t hk[2][16];
+                convert_cell<KT>(k_ring + (i % L::kStages) * L::k_stage, k_off, b0, valid, hk);
+                // At 3 blocks per SM (80 registers) V is converted after K is stored, so that
+                // only one operand's 32 registers are live; at 2 both are ready at the barrier.
+                if constexpr (kBlocks == 2) convert_cell<VT>(sv, v_off, b0, valid, hv);
+                pair_barrier_sync(kEmptyBarrier + pair);  // the MMA warp is done with the tiles
+                store_blocks(k_tile, c, b0, hk);
+                if constexpr (kBlocks != 2) convert_cell<VT>(sv, v_off, b0, valid, hv);
+            } else {
+                convert_cell<VT>(sv, v_off, b0, valid, hv);
+                pair_barrier_sync(kEmptyBarrier + pair);
             }
-            pair_barrier_sync(kEmptyBarrier + pair);  // the MMA warp is done with the tile
-#pragma unroll
-            for (int bb = 0; bb < 2; ++bb)
-#pragma unroll
-                for (int q = 0; q < 4; ++q)
-                    *reinterpret_cast<uint4*>(tile + tile_chunk(c, 4 * (b0 + bb) + q)) =
-                        make_uint4(h[bb][4 * q], h[bb][4 * q + 1], h[bb][4 * q + 2], h[bb][4 * q + 3]);
+            store_blocks(v_tile, c, b0, hv);
             pair_barrier_arrive(kFullBarrier + pair);
             __syncwarp();  // this stage is refilled by the next step's issue
         }
         pair_barrier_sync(kEmptyBarrier + pair);  // the MMA warp's last release (one per step, one after Q)
     } else {
         const float* q_group = p.q + (size_t)kv_head * ng * kD;
-        float4 qv[8];
-        q_loads(p, q_group, ng, g, t, lane, qv);
-        if (!settled) {
-#pragma unroll
-            for (int s = 0; s < L::kStages - 1; ++s) issue(s);
-        }
         uint32_t qb[8][2];
-        q_fragments(p, qv, q_group, ng, g, t, lane, tile, qb);  // the tile is Q's scratch until the first step
+        if constexpr (kConvertK) {
+            q_fragments_standard(p, q_group, ng, g, t, qb);
+        } else {
+            float4 qv[8];
+            q_loads(p, q_group, ng, g, t, lane, qv);
+            if (!settled) {
+#pragma unroll
+                for (int s = 0; s < L::kStages - 1; ++s) issue(s);
+            }
+            q_fragments(p, qv, q_group, ng, g, t, lane, v_tile, qb);  // the tile is Q's scratch until the first step
+        }
         pair_barrier_arrive(kEmptyBarrier + pair);
-        // ldmatrix.x4.trans of PV's A operand (V^T: rows dims 16 mt .., k = cells): lanes 8 m
-        // .. 8 m + 7 address matrix m = (dims + 8 (m % 2), cells + 8 (m / 2)).
-        const uint32_t mat = lane / 8, pv_cell = lane % 8 + 8 * (mat / 2), pv_half = mat % 2;
+        // ldmatrix.x4 of QK's A operand (K: rows cells, k = dims 16 kt ..): lanes 8 m .. 8 m + 7
+        // address matrix m = (cells + 8 (m % 2), dims + 8 (m / 2)). ldmatrix.x4.trans of PV's
+        // (V^T: rows dims 16 mt .., k = cells): matrix m = (dims + 8 (m % 2), cells + 8 (m / 2)).
+        const uint32_t mat = lane / 8;
+        const uint32_t qk_cell = lane % 8 + 8 * (mat % 2), qk_half = mat / 2;
+        const uint32_t pv_cell = lane % 8 + 8 * (mat / 2), pv_half = mat % 2;
         for (uint32_t i = 0; pair + kPairs * i < n_chunks; ++i) {
-            issue(i + L::kStages - 1);
-            cp_async_wait<L::kStages - 1>();
-            __syncwarp();
-            const uint8_t* sk = k_ring + (i % L::kStages) * L::k_stage;
             const uint32_t first = cell_begin + (pair + kPairs * i) * kStep;
             const uint32_t valid = min((uint32_t)kStep, cell_end - first);
-            float s[4];
-            {
+            float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // two accumulator chains of 4 MMAs
+            if constexpr (kConvertK) {
+                pair_barrier_sync(kFullBarrier + pair);  // the converter's tiles of this step
+#pragma unroll
+                for (int kt = 0; kt < 8; ++kt) {
+                    uint32_t a[4];
+                    prefill_mma::ldmatrix_x4(a, k_tile + tile_chunk(qk_cell, 2 * kt + qk_half));
+                    mma16816(kt % 2 ? s_odd : s, a[0], a[1], a[2], a[3], qb[kt][0], qb[kt][1]);
+                }
+            } else {
+                issue(i + L::kStages - 1);
+                cp_async_wait<L::kStages - 1>();
+                __syncwarp();
+                const uint8_t* sk = k_ring + (i % L::kStages) * L::k_stage;
                 auto k_slice = [&](uint32_t c) {
                     if constexpr (kUniform) return c * L::kWinK + k_head16;
                     else return c * L::kWinK + (((first + c) * k_row16 + k_head16) & 15);
                 };
                 const KWords<KT> k0 = k_words<KT>(sk, k_slice(g), t), k1 = k_words<KT>(sk, k_slice(g + 8), t);
-                float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                s[0] = s[1] = s[2] = s[3] = 0.0f;
 #pragma unroll
                 for (int kt = 0; kt < 8; ++kt) {
                     uint32_t a0, a1, a2, a3;
@@ -1045,16 +1113,16 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
                     k_fragment<KT>(k1, kt, a1, a3);
                     mma16816(kt % 2 ? s_odd : s, a0, a1, a2, a3, qb[kt][0], qb[kt][1]);
                 }
-#pragma unroll
-                for (int j = 0; j < 4; ++j) s[j] += s_odd[j];
             }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) s[j] += s_odd[j];
             uint32_t pb0, pb1;
             softmax_step(s, g, valid, m_run, l_run, acc, pb0, pb1);
-            pair_barrier_sync(kFullBarrier + pair);  // the converter's tile of this step
+            if constexpr (!kConvertK) pair_barrier_sync(kFullBarrier + pair);  // the converter's V tile
 #pragma unroll
             for (int mt = 0; mt < 8; ++mt) {
                 uint32_t a[4];
-                prefill_mma::ldmatrix_x4_trans(a, tile + tile_chunk(pv_cell, 2 * mt + pv_half));
+                prefill_mma::ldmatrix_x4_trans(a, v_tile + tile_chunk(pv_cell, 2 * mt + pv_half));
                 mma16816(acc[mt], a[0], a[1], a[2], a[3], pb0, pb1);
             }
             pair_barrier_arrive(kEmptyBarrier + pair);
@@ -1068,7 +1136,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
         }
     }
     cp_async_wait<0>();
-    __syncthreads();  // every warp is done with its ring and tile
+    __syncthreads();  // every warp is done with its ring and tiles
     // acc[mt]: rows (dims) 16 mt + g (registers 0, 1) and + 8 (2, 3).
     if (!converter) store_warp_state<8>(k_ring, m_run, l_run, acc, g, t, [&](int mt) { return 16 * (uint32_t)mt + g; });
     __syncthreads();
@@ -1104,11 +1172,11 @@ uint32_t planned_blocks_per_sm(uint32_t n_cells) {
 }
 
 template <KvType KT, KvType VT>
-Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count, uint32_t v_convert_blocks) {
+Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count, VConvert vc) {
     if (n_cells == 0) return {0, 0};
-    const uint32_t resident = v_convert_blocks != 0 ? v_convert_blocks : planned_blocks_per_sm<KT, VT>(n_cells);
+    const uint32_t resident = vc.blocks != 0 ? vc.blocks : planned_blocks_per_sm<KT, VT>(n_cells);
     const uint32_t per_sm = lab_blocks_per_sm() > 0 ? lab_blocks_per_sm() : resident;
-    if (lab_whole_waves() && v_convert_blocks == 0) {
+    if (lab_whole_waves() && vc.blocks == 0) {
         // The per-SM timeline (session 19) showed 392 or 512 blocks on 396 or 528 slots; filling
         // them exactly moved the engine by under 1% (SM speed, not placement, sets the tail).
         const uint32_t slots = per_sm * std::max(1u, sm_count), lo = slots / n_head_kv, hi_heads = slots % n_head_kv;
@@ -1142,16 +1210,18 @@ void configure_once() {
 }
 
 // The V-converting kernel's instance for kBlocks blocks per SM.
-template <KvType KT, KvType VT, int kBlocks>
+template <KvType KT, KvType VT, int kBlocks, bool kConvertK>
 void launch_vconv(const Params& p, dim3 grid, bool uniform, bool pdl, cudaStream_t stream) {
-    constexpr size_t smem = vconv::Layout<KT, VT, kBlocks>::total;
+    constexpr size_t smem = vconv::Layout<KT, VT, kBlocks, kConvertK>::total;
     const dim3 block(vconv::kThreads);
     if (uniform) {
-        configure_once<vconv::attention_mma_vconv_kernel<KT, VT, true, kBlocks>, smem>();
-        launch_with_pdl(pdl, vconv::attention_mma_vconv_kernel<KT, VT, true, kBlocks>, grid, block, smem, stream, p);
+        constexpr auto kKernel = vconv::attention_mma_vconv_kernel<KT, VT, true, kBlocks, kConvertK>;
+        configure_once<kKernel, smem>();
+        launch_with_pdl(pdl, kKernel, grid, block, smem, stream, p);
     } else {
-        configure_once<vconv::attention_mma_vconv_kernel<KT, VT, false, kBlocks>, smem>();
-        launch_with_pdl(pdl, vconv::attention_mma_vconv_kernel<KT, VT, false, kBlocks>, grid, block, smem, stream, p);
+        constexpr auto kKernel = vconv::attention_mma_vconv_kernel<KT, VT, false, kBlocks, kConvertK>;
+        configure_once<kKernel, smem>();
+        launch_with_pdl(pdl, kKernel, grid, block, smem, stream, p);
     }
 }
 
@@ -1164,8 +1234,7 @@ uint32_t lab_q_load() {
 }
 
 template <KvType KT, KvType VT>
-void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream,
-                uint32_t v_convert_blocks) {
+void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream, VConvert vc) {
     constexpr size_t smem = Layout<KT, VT>::total;
     // SPILLWAY_ATTN_FAST_COPY=0 (lab): every step through the generic per-cell copy.
     static const bool fast_copy = !lab_knob("SPILLWAY_ATTN_FAST_COPY", "0", "1");
@@ -1174,14 +1243,18 @@ void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cud
     const dim3 grid(n_head_kv, n_splits);
     const bool uniform = fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0;
     const bool pdl = pdl_site_on(PdlSite::attention);
-    if (v_convert_blocks != 0) {
+    if (vc.blocks != 0) {
         if constexpr (VT == KvType::f16) {
             fail("attention_mma: the V-converting kernel takes quantized V only");
         } else {
             if (p.splits_lo != 0 || p.timeline != nullptr)
                 fail("attention_mma: the V-converting kernel takes neither whole-wave plans nor the lab timeline");
-            if (v_convert_blocks == 3) launch_vconv<KT, VT, 3>(p, grid, uniform, pdl, stream);
-            else if (v_convert_blocks == 2) launch_vconv<KT, VT, 2>(p, grid, uniform, pdl, stream);
+            // K converted too where it is quantized (f16 K's fragments come straight from its ring).
+            constexpr bool kCanConvertK = KT != KvType::f16;
+            if (vc.blocks == 3 && vc.k && kCanConvertK) launch_vconv<KT, VT, 3, kCanConvertK>(p, grid, uniform, pdl, stream);
+            else if (vc.blocks == 2 && vc.k && kCanConvertK) launch_vconv<KT, VT, 2, kCanConvertK>(p, grid, uniform, pdl, stream);
+            else if (vc.blocks == 3) launch_vconv<KT, VT, 3, false>(p, grid, uniform, pdl, stream);
+            else if (vc.blocks == 2) launch_vconv<KT, VT, 2, false>(p, grid, uniform, pdl, stream);
             else fail("attention_mma: the V-converting kernel runs 2 or 3 blocks per SM");
         }
     } else if (uniform) {
@@ -1213,25 +1286,24 @@ auto with_types(KvType kt, KvType vt, F&& f) {
 
 }  // namespace
 
-uint32_t v_convert_blocks_per_sm() {
-    // SPILLWAY_ATTN_V_CONVERT=2|3 (lab): the V-converting kernel at that many blocks per SM.
-    static const int choice = lab_knob_choice("SPILLWAY_ATTN_V_CONVERT", {"off", "2", "3"});
-    return choice <= 0 ? 0u : (uint32_t)choice + 1;
+VConvert v_convert_mode() {
+    // SPILLWAY_ATTN_V_CONVERT=2|3|kv2|kv3 (lab): the V-converting kernel at that many blocks per
+    // SM; kv: its converters dequantize quantized K too.
+    static const int choice = lab_knob_choice("SPILLWAY_ATTN_V_CONVERT", {"off", "2", "3", "kv2", "kv3"});
+    static constexpr VConvert kModes[] = {{}, {2, false}, {3, false}, {2, true}, {3, true}};
+    return choice <= 0 ? VConvert{} : kModes[choice];
 }
 
-Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count,
-          uint32_t v_convert_blocks) {
-    if (v_convert_blocks != 0 && (v_type == KvType::f16 || (v_convert_blocks != 2 && v_convert_blocks != 3)))
+Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count, VConvert vc) {
+    if (vc.blocks != 0 && (v_type == KvType::f16 || (vc.blocks != 2 && vc.blocks != 3)))
         fail("attention_mma: the V-converting kernel takes quantized V at 2 or 3 blocks per SM");
-    return with_types(k_type, v_type, [&]<KvType KT, KvType VT>() {
-        return plan_for<KT, VT>(n_head_kv, n_cells, sm_count, v_convert_blocks);
-    });
+    return with_types(k_type, v_type,
+                      [&]<KvType KT, KvType VT>() { return plan_for<KT, VT>(n_head_kv, n_cells, sm_count, vc); });
 }
 
 void launch(KvType k_type, KvType v_type, const Params& p, uint32_t n_head_kv, uint32_t n_splits,
-            cudaStream_t stream, uint32_t v_convert_blocks) {
-    with_types(k_type, v_type,
-               [&]<KvType KT, KvType VT>() { launch_for<KT, VT>(p, n_head_kv, n_splits, stream, v_convert_blocks); });
+            cudaStream_t stream, VConvert vc) {
+    with_types(k_type, v_type, [&]<KvType KT, KvType VT>() { launch_for<KT, VT>(p, n_head_kv, n_splits, stream, vc); });
 }
 
 }  // namespace spillway::attention_mma

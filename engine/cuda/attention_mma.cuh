@@ -81,19 +81,24 @@ struct Plan {
     uint32_t hi_heads = 0;
 };
 
-// Splits for n_cells: one wave of blocks (as many per SM as shared memory allows, at most 4).
-// v_convert_blocks (lab; 0: this kernel): the plan of the kernel whose converter warps
-// dequantize quantized V into an f16 tile beside each MMA warp (attention_mma.cu, namespace
-// vconv), at 2 or 3 blocks of 8 warps per SM.
-Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count,
-          uint32_t v_convert_blocks = 0);
+// The lab kernel whose converter warps dequantize quantized V (and, with k, quantized K) into
+// f16 tiles beside each MMA warp (attention_mma.cu, namespace vconv): blocks of 8 warps per SM
+// (2 or 3); blocks == 0: this file's mma kernel.
+struct VConvert {
+    uint32_t blocks = 0;
+    bool k = false;
+};
 
-// Grid (n_head_kv, n_splits); every CUDA return code checked. v_convert_blocks as for plan.
+// Splits for n_cells: one wave of blocks (as many per SM as shared memory allows, at most 4),
+// or of the V-converting kernel's blocks.
+Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count, VConvert vc = {});
+
+// Grid (n_head_kv, n_splits); every CUDA return code checked.
 void launch(KvType k_type, KvType v_type, const Params& p, uint32_t n_head_kv, uint32_t n_splits,
-            cudaStream_t stream, uint32_t v_convert_blocks = 0);
+            cudaStream_t stream, VConvert vc = {});
 
-// SPILLWAY_ATTN_V_CONVERT=off|2|3 (lab): the V-converting kernel's blocks per SM where the
-// engine would run this kernel with quantized V; 0 when off (the default).
-uint32_t v_convert_blocks_per_sm();
+// SPILLWAY_ATTN_V_CONVERT=off|2|3|kv2|kv3 (lab): the V-converting kernel where the engine would
+// run the mma kernel with quantized V (kv: K converted too); blocks 0 when off (the default).
+VConvert v_convert_mode();
 
 }  // namespace spillway::attention_mma
