@@ -937,9 +937,10 @@ __device__ __forceinline__ void q_fragments_standard(const Params& p, const floa
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt) {
         float2 lo = make_float2(0.0f, 0.0f), hi = make_float2(0.0f, 0.0f);
-        if (g < ng) {
-            lo = *reinterpret_cast<const float2*>(q_group + g * kD + 16 * kt + 2 * t);
-            hi = *reinterpret_cast<const float2*>(q_group + g * kD + 16 * kt + 2 * t + 8);
+        if (g < ng) {  // scalar loads: q need only be 4-byte aligned
+            const float* at = q_group + g * kD + 16 * kt + 2 * t;
+            lo = make_float2(at[0], at[1]);
+            hi = make_float2(at[8], at[9]);
         }
         qb[kt][0] = pack_h2(lo.x * p.scale_log2, lo.y * p.scale_log2);
         qb[kt][1] = pack_h2(hi.x * p.scale_log2, hi.y * p.scale_log2);
