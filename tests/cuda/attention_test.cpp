@@ -398,9 +398,10 @@ TEST(CudaAttention, DefaultKernelChoice) {
     EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::f16, kAttentionMmaMinCells), AttentionKernel::mma);
     EXPECT_EQ(attention_default_kernel(make_shape(14, 2, 64), KvType::q8_0, KvType::q8_0), AttentionKernel::tensor_core);
     EXPECT_EQ(attention_default_kernel(make_shape(16, 1, 128), KvType::q8_0, KvType::q8_0), AttentionKernel::tensor_core);
-    // One wave of blocks at most (mma: <= 4 per SM, int_dot: <= 3), one split for one cell,
-    // and the shared workspace covers each kernel's splits.
-    for (const auto& [kernel, blocks_per_sm] : {std::pair{AttentionKernel::mma, 4u}, std::pair{AttentionKernel::int_dot, 3u}})
+    // One wave of blocks at most (mma: <= 4 per SM, int_dot and mma_vconv: <= 3), one split for
+    // one cell, and the shared workspace covers each kernel's splits.
+    for (const auto& [kernel, blocks_per_sm] : {std::pair{AttentionKernel::mma, 4u}, std::pair{AttentionKernel::int_dot, 3u},
+                                                std::pair{AttentionKernel::mma_vconv, 3u}})
         for (KvType kt : kTypes)
             for (KvType vt : kTypes) {
                 if (!attention_kernel_supports(kernel, s, kt, vt)) continue;  // int_dot: quantized K only
@@ -410,6 +411,8 @@ TEST(CudaAttention, DefaultKernelChoice) {
                 EXPECT_GE(attention_workspace_bytes(s, 65536, 132), (size_t)n * s.n_head * (s.head_dim_v + 1) * 4);
             }
     EXPECT_FALSE(attention_kernel_supports(AttentionKernel::int_dot, s, KvType::f16, KvType::f16));
+    EXPECT_FALSE(attention_kernel_supports(AttentionKernel::mma_vconv, s, KvType::q8_0, KvType::f16));
+    EXPECT_TRUE(attention_kernel_supports(AttentionKernel::mma_vconv, s, KvType::f16, KvType::q4_0));
 }
 
 TEST(CudaAttention, EmptyRangeIsTheMergeIdentity) {
