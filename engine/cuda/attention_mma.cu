@@ -149,6 +149,29 @@ __host__ __device__ constexpr uint32_t copy_lanes() {
     return kPer <= 4 ? 4 : kPer <= 8 ? 8 : kPer <= 16 ? 16 : 32;
 }
 
+// One operand's per-lane copy addresses for full steps whose rows are whole 16-byte chunks
+// (copy_windows_hoisted), computed once per split: this lane's first chunk of the step's first
+// cell (src, from the step's first row) and its place in a stage (dst, from ring_s). The
+// V-converting kernel's; attention_mma_kernel keeps the same arithmetic written out (through
+// this struct its uniform instances' PTX changed, and that kernel's speed has followed small
+// code changes before).
+template <uint32_t kWin>
+struct HoistedCopy {
+    static constexpr uint32_t kLanes = copy_lanes<kWin>();
+    bool on;
+    uint64_t src;
+    uint32_t dst, pass;
+    __device__ HoistedCopy(uint32_t lane, uint64_t row_bytes, uint64_t head_off, uint32_t head16, uint32_t ring_s)
+        : on(lane % kLanes < kWin / 16),
+          src((uint64_t)(lane / kLanes) * row_bytes + head_off - head16 + 16 * (lane % kLanes)),
+          dst(ring_s + (lane / kLanes) * kWin + 16 * (lane % kLanes)),
+          pass((32 / kLanes) * (uint32_t)row_bytes) {}
+    // The step whose first row is `rows` into the stage stage_offset bytes from ring_s.
+    __device__ __forceinline__ void issue(uint32_t stage_offset, const uint8_t* rows) const {
+        if (on) copy_windows_hoisted<kWin, kLanes>(dst + stage_offset, rows + src, pass);
+    }
+};
+
 // exp2 on the special-function unit alone: exp2f adds a range fix-up for results below
 // 2^-126, softmax weights that small are zero here anyway.
 __device__ __forceinline__ float exp2_ftz(float x) {
@@ -384,6 +407,27 @@ __device__ __forceinline__ void k_fragment(const KWords<KT>& k, int kt, uint32_t
     }
 }
 
+// S^T[cell][head] = K Q^T for one step from the raw ring: A rows = cells g and g + 8 (this
+// lane's, their slices at byte off_g / off_g8 of the stage sk), k = dims in k_fragment's
+// permuted order. Two accumulator chains of 4 MMAs instead of one of 8: half the dependent
+// latency.
+template <KvType KT>
+__device__ __forceinline__ void qk_from_raw(const uint8_t* sk, uint32_t off_g, uint32_t off_g8, uint32_t t,
+                                            const uint32_t (&qb)[8][2], float (&s)[4]) {
+    const KWords<KT> k0 = k_words<KT>(sk, off_g, t), k1 = k_words<KT>(sk, off_g8, t);
+    float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    s[0] = s[1] = s[2] = s[3] = 0.0f;
+#pragma unroll
+    for (int kt = 0; kt < 8; ++kt) {
+        uint32_t a0, a1, a2, a3;
+        k_fragment<KT>(k0, kt, a0, a2);
+        k_fragment<KT>(k1, kt, a1, a3);
+        mma16816(kt % 2 ? s_odd : s, a0, a1, a2, a3, qb[kt][0], qb[kt][1]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) s[j] += s_odd[j];
+}
+
 // f16 V: dims 16g .. 16g+15 of one cell's slice as 8 words of 2 values.
 struct VWordsF16 {
     uint32_t w[8];
@@ -533,7 +577,9 @@ __device__ __forceinline__ void store_warp_state(uint8_t* area, const float (&m_
     }
 }
 // The block's kAreas merge areas (area_bytes apart from smem) merged into this split's partial,
-// by all kThreadsT threads (after a barrier that published the areas).
+// by all kThreadsT threads (after a barrier that published the areas). The V-converting
+// kernel's; attention_mma_kernel keeps the same loop written out (called from it, this
+// function changed its parameter loads in all 18 instances' PTX).
 template <int kAreas, uint32_t kThreadsT>
 __device__ __forceinline__ void write_block_partial(const Params& p, const uint8_t* smem, size_t area_bytes,
                                                     uint32_t kv_head, uint32_t split) {
@@ -719,19 +765,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
                 if constexpr (kUniform) return c * L::kWinK + k_head16;
                 else return c * L::kWinK + (((first + c) * k_row16 + k_head16) & 15);
             };
-            const KWords<KT> k0 = k_words<KT>(sk, k_slice(g), t), k1 = k_words<KT>(sk, k_slice(g + 8), t);
-            // Two accumulator chains of 4 MMAs instead of one of 8: half the dependent latency.
-            float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            s[0] = s[1] = s[2] = s[3] = 0.0f;
-#pragma unroll
-            for (int kt = 0; kt < 8; ++kt) {
-                uint32_t a0, a1, a2, a3;
-                k_fragment<KT>(k0, kt, a0, a2);
-                k_fragment<KT>(k1, kt, a1, a3);
-                mma16816(kt % 2 ? s_odd : s, a0, a1, a2, a3, qb[kt][0], qb[kt][1]);
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) s[j] += s_odd[j];
+            qk_from_raw<KT>(sk, k_slice(g), k_slice(g + 8), t, qb, s);
         }
 
         uint32_t pb0, pb1;
@@ -976,13 +1010,8 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
     const uint32_t v_row16 = (uint32_t)(p.v_row_bytes & 15), v_head16 = (uint32_t)(v_head_off & 15);
 
     // Copy addresses computed once (kUniform), as in attention_mma_kernel.
-    constexpr uint32_t kLanesK = copy_lanes<L::kWinK>(), kLanesV = copy_lanes<L::kWinV>();
-    const bool k_lane_on = lane % kLanesK < L::kWinK / 16, v_lane_on = lane % kLanesV < L::kWinV / 16;
-    const uint64_t k_lane_src = (uint64_t)(lane / kLanesK) * p.k_row_bytes + k_head_off - k_head16 + 16 * (lane % kLanesK);
-    const uint64_t v_lane_src = (uint64_t)(lane / kLanesV) * p.v_row_bytes + v_head_off - v_head16 + 16 * (lane % kLanesV);
-    const uint32_t k_lane_dst = (uint32_t)__cvta_generic_to_shared(k_ring) + (lane / kLanesK) * L::kWinK + 16 * (lane % kLanesK);
-    const uint32_t v_lane_dst = (uint32_t)__cvta_generic_to_shared(v_ring) + (lane / kLanesV) * L::kWinV + 16 * (lane % kLanesV);
-    const uint32_t k_pass = (32 / kLanesK) * (uint32_t)p.k_row_bytes, v_pass = (32 / kLanesV) * (uint32_t)p.v_row_bytes;
+    const HoistedCopy<L::kWinK> k_copy(lane, p.k_row_bytes, k_head_off, k_head16, (uint32_t)__cvta_generic_to_shared(k_ring));
+    const HoistedCopy<L::kWinV> v_copy(lane, p.v_row_bytes, v_head_off, v_head16, (uint32_t)__cvta_generic_to_shared(v_ring));
 
     auto issue = [&](uint32_t i) {
         const uint32_t chunk = pair + kPairs * i;
@@ -993,9 +1022,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
             const bool hoisted = kUniform && count == kStep;
             if (copies_v) {
                 if (hoisted) {
-                    if (v_lane_on)
-                        copy_windows_hoisted<L::kWinV, kLanesV>(v_lane_dst + slot * (uint32_t)L::v_stage,
-                                                                p.v + (uint64_t)first * p.v_row_bytes + v_lane_src, v_pass);
+                    v_copy.issue(slot * (uint32_t)L::v_stage, p.v + (uint64_t)first * p.v_row_bytes);
                 } else {
                     copy_windows<L::kSliceV, L::kWinV>(v_ring + slot * L::v_stage, p.v + first * p.v_row_bytes + v_head_off,
                                                        (uint32_t)p.v_row_bytes, count, lane);
@@ -1003,9 +1030,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
             }
             if (copies_k) {
                 if (hoisted) {
-                    if (k_lane_on)
-                        copy_windows_hoisted<L::kWinK, kLanesK>(k_lane_dst + slot * (uint32_t)L::k_stage,
-                                                                p.k + (uint64_t)first * p.k_row_bytes + k_lane_src, k_pass);
+                    k_copy.issue(slot * (uint32_t)L::k_stage, p.k + (uint64_t)first * p.k_row_bytes);
                 } else {
                     copy_windows<L::kSliceK, L::kWinK>(k_ring + slot * L::k_stage, p.k + first * p.k_row_bytes + k_head_off,
                                                        (uint32_t)p.k_row_bytes, count, lane);
@@ -1087,16 +1112,19 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
         for (uint32_t i = 0; pair + kPairs * i < n_chunks; ++i) {
             const uint32_t first = cell_begin + (pair + kPairs * i) * kStep;
             const uint32_t valid = min((uint32_t)kStep, cell_end - first);
-            float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // two accumulator chains of 4 MMAs
+            float s[4];
             if constexpr (kConvertK) {
                 pair_barrier_sync(kFullBarrier + pair);  // the converter's tiles of this step
+                float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // two accumulator chains of 4 MMAs
+                s[0] = s[1] = s[2] = s[3] = 0.0f;
 #pragma unroll
                 for (int kt = 0; kt < 8; ++kt) {
                     uint32_t a[4];
                     prefill_mma::ldmatrix_x4(a, k_tile + tile_chunk(qk_cell, 2 * kt + qk_half));
                     mma16816(kt % 2 ? s_odd : s, a[0], a[1], a[2], a[3], qb[kt][0], qb[kt][1]);
                 }
+#pragma unroll
+                for (int j = 0; j < 4; ++j) s[j] += s_odd[j];
             } else {
                 issue(i + L::kStages - 1);
                 cp_async_wait<L::kStages - 1>();
@@ -1106,17 +1134,8 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
                     if constexpr (kUniform) return c * L::kWinK + k_head16;
                     else return c * L::kWinK + (((first + c) * k_row16 + k_head16) & 15);
                 };
-                const KWords<KT> k0 = k_words<KT>(sk, k_slice(g), t), k1 = k_words<KT>(sk, k_slice(g + 8), t);
-#pragma unroll
-                for (int kt = 0; kt < 8; ++kt) {
-                    uint32_t a0, a1, a2, a3;
-                    k_fragment<KT>(k0, kt, a0, a2);
-                    k_fragment<KT>(k1, kt, a1, a3);
-                    mma16816(kt % 2 ? s_odd : s, a0, a1, a2, a3, qb[kt][0], qb[kt][1]);
-                }
+                qk_from_raw<KT>(sk, k_slice(g), k_slice(g + 8), t, qb, s);
             }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) s[j] += s_odd[j];
             uint32_t pb0, pb1;
             softmax_step(s, g, valid, m_run, l_run, acc, pb0, pb1);
             if constexpr (!kConvertK) pair_barrier_sync(kFullBarrier + pair);  // the converter's V tile
