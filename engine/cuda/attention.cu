@@ -1086,8 +1086,8 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     if (reinterpret_cast<uintptr_t>(k_cells) % 16 != 0 || reinterpret_cast<uintptr_t>(v_cells) % 16 != 0)
         fail("attention_partial_cuda: K and V cells must be 16-byte aligned");
     const size_t needed = attention_workspace_bytes(shape, n_cells, sm_count);
-    const bool int_dot = kernel == AttentionKernel::int_dot, mma = kernel == AttentionKernel::mma;
-    const bool on_mma = mma || kernel == AttentionKernel::mma_vconv;  // either mma kernel
+    const bool int_dot = kernel == AttentionKernel::int_dot;
+    const bool on_mma = kernel == AttentionKernel::mma || kernel == AttentionKernel::mma_vconv;  // either mma kernel
     SplitPlan plan = int_dot ? plan_int_dot_any(k_type, v_type, shape, n_cells, sm_count)
                              : plan_splits(shape, n_cells, sm_count);
     if (on_mma) plan = attention_mma::plan(k_type, v_type, shape.n_head_kv, n_cells, sm_count, vconv_mode(kernel));
@@ -1135,10 +1135,10 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     }
     p.n_splits = plan.n_splits;
     uint64_t* const merge_timeline =
-        mma && lab_timeline != nullptr
+        on_mma && lab_timeline != nullptr
             ? lab_timeline + (size_t)shape.n_head_kv * plan.n_splits * kAttentionTimelineWarpsPerBlock * kAttentionTimelineSlots
             : nullptr;
-    if (mma) p.timeline = lab_timeline;
+    if (on_mma) p.timeline = lab_timeline;
     if (plan.n_splits == 1 && out_q16 && attention_finish_fused() && shape.head_dim_v % 32 == 0) {
         p.out_q = out_q16.q;
         p.out_d = out_q16.d;

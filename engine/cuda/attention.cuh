@@ -126,8 +126,8 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
                                  uint32_t settled_cells = 0, const AttentionPostQkv* post = nullptr,
                                  bool merge_programmatic = true);
 
-// Lab (benchmarks only, not thread-safe): while set, the mma kernel's warps and the split
-// merge's blocks write globaltimer stamps here. Warp w of block (kv_head, split) at
+// Lab (benchmarks only, not thread-safe): while set, the mma kernel's warps (mma_vconv: its 4
+// MMA warps) and the split merge's blocks write globaltimer stamps here. Warp w of block (kv_head, split) at
 // ((split * n_head_kv + kv_head) * 4 + w) * kAttentionTimelineSlots (the slots are listed in
 // attention_mma.cuh); after all warps, per merge block (one per query head) [0] entry, [1]
 // after the dependency wait, [2] done, [3] partials and lse loaded (max reduced), [4] the

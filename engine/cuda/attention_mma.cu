@@ -984,7 +984,8 @@ __device__ __forceinline__ void q_fragments_standard(const Params& p, const floa
 // Warps 0..3: the MMA warps (QK, softmax, PV; K's copies unless kConvertK); warps 4..7: their
 // converters (V's copies and dequantization, and K's with kConvertK). Pair w's local step i is
 // chunk w + 4 i of the split, as warp w's in attention_mma_kernel. Quantized V (and K with
-// kConvertK) only; no whole-wave plans, no lab timeline (launch checks).
+// kConvertK) only; no whole-wave plans (launch checks). The lab timeline (Params::timeline) is
+// stamped by the MMA warps in attention_mma_kernel's slots, so the 4-warp layout holds.
 template <KvType KT, KvType VT, bool kUniform, int kBlocks, bool kConvertK>
 __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(Params p) {
     using L = Layout<KT, VT, kBlocks, kConvertK>;
@@ -1039,6 +1040,16 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
         }
         cp_async_commit();  // empty groups keep the wait count uniform
     };
+    // Lab timeline: the MMA warps stamp, warp w in the slots of attention_mma_kernel's warp w.
+    const auto stamp = [&](uint32_t slot, uint64_t value = 0, bool time = true) {
+        if (!converter) timeline_stamp(p, slot, value, time);
+    };
+    stamp(0);
+    if (p.timeline != nullptr) {
+        uint32_t sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        stamp(9, sm, false);
+    }
     // Programmatic launch: as attention_mma_kernel (settled splits copy before the wait).
     const bool copies = copies_k || copies_v;
     const bool settled = cell_end <= p.settled_cells;
@@ -1048,6 +1059,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
     }
     pdl_wait_for_producer();
     pdl_release_dependents();
+    stamp(1);
 
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     float acc[8][4];
@@ -1102,6 +1114,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
             }
             q_fragments(p, qv, q_group, ng, g, t, lane, v_tile, qb);  // the tile is Q's scratch until the first step
         }
+        stamp(2);
         pair_barrier_arrive(kEmptyBarrier + pair);
         // ldmatrix.x4 of QK's A operand (K: rows cells, k = dims 16 kt ..): lanes 8 m .. 8 m + 7
         // address matrix m = (cells + 8 (m % 2), dims + 8 (m / 2)). ldmatrix.x4.trans of PV's
@@ -1139,6 +1152,7 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
             uint32_t pb0, pb1;
             softmax_step(s, g, valid, m_run, l_run, acc, pb0, pb1);
             if constexpr (!kConvertK) pair_barrier_sync(kFullBarrier + pair);  // the converter's V tile
+            if (i == 0) stamp(3);  // the first step's operands in hand
 #pragma unroll
             for (int mt = 0; mt < 8; ++mt) {
                 uint32_t a[4];
@@ -1148,6 +1162,8 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
             pair_barrier_arrive(kEmptyBarrier + pair);
             __syncwarp();  // this stage is refilled by the next step's issue
         }
+        stamp(4);
+        stamp(7, pair < n_chunks ? (n_chunks - pair + kPairs - 1) / kPairs : 0, false);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 4);
@@ -1157,10 +1173,13 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with its ring and tiles
+    stamp(5);
     // acc[mt]: rows (dims) 16 mt + g (registers 0, 1) and + 8 (2, 3).
     if (!converter) store_warp_state<8>(k_ring, m_run, l_run, acc, g, t, [&](int mt) { return 16 * (uint32_t)mt + g; });
     __syncthreads();
+    stamp(8);
     write_block_partial<kPairs, kThreads>(p, smem, L::pair_bytes, kv_head, split);
+    stamp(6);
     attention_finish_single_split<kD>(p, kv_head);
 }
 
@@ -1267,8 +1286,7 @@ void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cud
         if constexpr (VT == KvType::f16) {
             fail("attention_mma: the V-converting kernel takes quantized V only");
         } else {
-            if (p.splits_lo != 0 || p.timeline != nullptr)
-                fail("attention_mma: the V-converting kernel takes neither whole-wave plans nor the lab timeline");
+            if (p.splits_lo != 0) fail("attention_mma: the V-converting kernel takes no whole-wave plan");
             // K converted too where it is quantized (f16 K's fragments come straight from its ring).
             constexpr bool kCanConvertK = KT != KvType::f16;
             if (vc.blocks == 3 && vc.k && kCanConvertK) launch_vconv<KT, VT, 3, kCanConvertK>(p, grid, uniform, pdl, stream);
