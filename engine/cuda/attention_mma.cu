@@ -858,8 +858,8 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
 // converter ~300 (q8_0) / ~280 (q4_0); today one chain of ~600 / ~500. Shared-memory traffic
 // per step ~17 / ~13 KB (V only, q8_0 / q4_0) and ~25 / ~21 KB (K and V) against ~9 KB: K and V
 // q4_0 nears the shared-memory rate (128 B per clock) at HBM pace.
-// kBlocks blocks of 8 warps per SM: 2 (<= 128 registers) or 3 (80; ptxas spills 28-76 bytes of
-// the V-only instances), i.e. 8 or 12 MMA warps per SM instead of 16.
+// kBlocks blocks of 8 warps per SM: 2 (<= 128 registers) or 3 (80; ptxas spills 32-68 bytes in
+// every mode), i.e. 8 or 12 MMA warps per SM instead of 16.
 namespace vconv {
 
 constexpr int kPairs = 4;
