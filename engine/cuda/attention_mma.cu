@@ -900,66 +900,35 @@ __device__ __forceinline__ void pair_barrier_arrive(uint32_t id) {
     asm volatile("bar.arrive %0, 64;\n" ::"r"(id) : "memory");
 }
 
-// One cell's quantized block (32 values; the block starts at byte off of the 16-byte-aligned
-// stage) as 16 half2 of d * q in dim order (h[j] = dims 2j, 2j + 1), d * q rounded once.
-template <KvType T>
-__device__ __forceinline__ void block_to_f16(const uint8_t* base16, uint32_t off, uint32_t (&h)[16]) {
-    static_assert(T != KvType::f16, "quantized blocks");
-    const __half2 d = __half2half2(*reinterpret_cast<const __half*>(base16 + off));
-    if constexpr (T == KvType::q8_0) {
-        uint32_t w[8];
-        lds_words<8>(base16, off + 2, w);
-        const __half2 bias = __float2half2_rn(1024.0f + 128.0f);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            const uint32_t x = w[k] ^ 0x80808080u;  // signed -> q + 128
-            h[2 * k] = bytes_to_h2<0x4140>(x, bias, d);
-            h[2 * k + 1] = bytes_to_h2<0x4342>(x, bias, d);
-        }
-    } else {
-        // q4_0: dims 0..15 are the low nibbles of qs[0..15], 16..31 the high ones.
-        uint32_t w[4];
-        lds_words<4>(base16, off + 2, w);
-        const __half2 bias = __float2half2_rn(1024.0f + 8.0f);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const uint32_t lo = w[k] & 0x0F0F0F0Fu, hi = (w[k] >> 4) & 0x0F0F0F0Fu;
-            h[2 * k] = bytes_to_h2<0x4140>(lo, bias, d);
-            h[2 * k + 1] = bytes_to_h2<0x4342>(lo, bias, d);
-            h[8 + 2 * k] = bytes_to_h2<0x4140>(hi, bias, d);
-            h[8 + 2 * k + 1] = bytes_to_h2<0x4342>(hi, bias, d);
-        }
-    }
-}
-
 // Byte offset of chunk (8 dims) `chunk` of cell `cell` in a tile.
 __device__ __forceinline__ uint32_t tile_chunk(uint32_t cell, uint32_t chunk) {
     return cell * kRowBytes + ((chunk ^ (cell & 7)) << 4);
 }
 
 // A converter lane's two blocks (b0, b0 + 1) of its cell c into a tile: chunks 4 b .. 4 b + 3.
-__device__ __forceinline__ void store_blocks(uint8_t* tile, uint32_t c, uint32_t b0, const uint32_t (&h)[2][16]) {
+__device__ __forceinline__ void store_blocks(uint8_t* tile, uint32_t c, uint32_t b0, const uint4 (&h)[2][4]) {
 #pragma unroll
     for (int bb = 0; bb < 2; ++bb)
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
-            *reinterpret_cast<uint4*>(tile + tile_chunk(c, 4 * (b0 + bb) + q)) =
-                make_uint4(h[bb][4 * q], h[bb][4 * q + 1], h[bb][4 * q + 2], h[bb][4 * q + 3]);
+        for (int q = 0; q < 4; ++q) *reinterpret_cast<uint4*>(tile + tile_chunk(c, 4 * (b0 + bb) + q)) = h[bb][q];
 }
 
-// A converter lane's blocks of its cell from a stage (slice at byte off), zeros for a cell past
-// the step's valid ones (stale ring bytes may hold NaN, and a masked p = 0 must not meet it).
+// A converter lane's blocks b0, b0 + 1 of its cell (slice at byte off of the stage) as f16
+// chunks of 8 values (kv_tile::dequant8_quantized: d * q rounded once, as the tensor_core
+// kernel), zeros for a cell past the step's valid ones (stale ring bytes may hold NaN, and a
+// masked p = 0 must not meet it).
 template <KvType T>
 __device__ __forceinline__ void convert_cell(const uint8_t* stage, uint32_t off, uint32_t b0, bool valid,
-                                             uint32_t (&h)[2][16]) {
-    constexpr uint32_t kBlock = T == KvType::q8_0 ? 34 : 18;
-    block_to_f16<T>(stage, off + kBlock * b0, h[0]);
-    block_to_f16<T>(stage, off + kBlock * (b0 + 1), h[1]);
+                                             uint4 (&h)[2][4]) {
+#pragma unroll
+    for (int bb = 0; bb < 2; ++bb)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) h[bb][q] = kv_tile::dequant8_quantized<T>(stage + off, 4 * ((int)b0 + bb) + q);
     if (!valid) {
 #pragma unroll
         for (int bb = 0; bb < 2; ++bb)
 #pragma unroll
-            for (int j = 0; j < 16; ++j) h[bb][j] = 0;
+            for (int q = 0; q < 4; ++q) h[bb][q] = make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -1080,10 +1049,10 @@ __global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(
             const bool valid = c < min((uint32_t)kStep, cell_end - first);
             const uint32_t v_off = kUniform ? c * L::kWinV + v_head16 : c * L::kWinV + (((first + c) * v_row16 + v_head16) & 15);
             const uint8_t* sv = v_ring + (i % L::kStages) * L::v_stage;
-            uint32_t hv[2][16];
+            uint4 hv[2][4];
             if constexpr (kConvertK) {
                 const uint32_t k_off = kUniform ? c * L::kWinK + k_head16 : c * L::kWinK + (((first + c) * k_row16 + k_head16) & 15);
-                uint32_t hk[2][16];
+                uint4 hk[2][4];
                 convert_cell<KT>(k_ring + (i % L::kStages) * L::k_stage, k_off, b0, valid, hk);
                 // At 3 blocks per SM (80 registers) V is converted after K is stored, so that
                 // only one operand's 32 registers are live; at 2 both are ready at the barrier.
