@@ -318,16 +318,12 @@ const char* q8s_name(MatvecQ8sKernel k) {
     return kNames[(int)k];
 }
 
-// l2_warm: one weight set, read again by every launch, so a matrix that fits in L2 is read from
-// there: the ceiling for weights asked into L2 ahead of their GEMV (attention.cuh,
-// AttentionL2Prefetch).
-void bench_matvec_q8s(Report& r, const Options& o, uint32_t rows, uint32_t cols, MatvecQ8sKernel kernel,
-                      bool l2_warm = false) {
-    const std::string name = std::string("matvec q8s ") + q8s_name(kernel) + (l2_warm ? " L2-warm" : "");
+void bench_matvec_q8s(Report& r, const Options& o, uint32_t rows, uint32_t cols, MatvecQ8sKernel kernel) {
+    const std::string name = std::string("matvec q8s ") + q8s_name(kernel);
     const std::string shape = std::to_string(rows) + "x" + std::to_string(cols);
     if (!o.only.empty() && (name + " " + shape).find(o.only) == std::string::npos) return;
     const size_t w_bytes = *ggml_row_bytes(GgmlType::Q8_0, cols) * rows;
-    const size_t n_sets = l2_warm ? 1 : rotation_count(w_bytes);
+    const size_t n_sets = rotation_count(w_bytes);
     std::vector<Q8SplitBuffers> w;
     w.reserve(n_sets);
     for (size_t i = 0; i < n_sets; ++i) w.emplace_back(rows, cols, 100 + 2 * (uint32_t)i);
@@ -885,50 +881,6 @@ void bench_attention(Report& r, const Options& o, KvType kt, KvType vt, uint32_t
     r.add(name, "40/8x128, " + std::to_string(n_cells / 1024) + "k cells", (double)(k_bytes + v_bytes), us);
 }
 
-// The decode attention (default kernel) followed by a 14B wo GEMV (sweep1r2, its own rotating
-// sets, so it reads HBM unless the attention asked its bytes into L2): the pair the lab's
-// AttentionL2Prefetch (attention.cuh) is for, per ask mode. Bytes: KV + wo.
-void bench_attention_then_wo(Report& r, const Options& o, KvType kt, KvType vt, uint32_t n_cells, int sms,
-                             AttentionL2Ask ask) {
-    static const char* const kAsks[] = {"off", "plain", "kv-ef", "evict-last"};
-    const std::string name = std::string("attention+wo ") + kv_type_name(kt) + "/" + kv_type_name(vt) + " L2 ask " +
-                             kAsks[(int)ask];
-    if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
-    const AttentionShape s{40, 8, 128, 128, 1.0f / std::sqrt(128.0f)};
-    const size_t k_bytes = kv_row_bytes(kt, 8 * 128) * n_cells, v_bytes = kv_row_bytes(vt, 8 * 128) * n_cells;
-    const size_t n_sets = rotation_count(k_bytes + v_bytes);
-    std::vector<DeviceBuffer<uint8_t>> k, v;
-    for (size_t i = 0; i < n_sets; ++i) {
-        k.emplace_back(k_bytes);
-        v.emplace_back(v_bytes);
-        fill_type(ggml_of(kt), k.back().data(), k_bytes, 200 + i);
-        fill_type(ggml_of(vt), v.back().data(), v_bytes, 300 + i);
-    }
-    constexpr uint32_t kE = 5120;
-    const size_t wo_bytes = *ggml_row_bytes(GgmlType::Q8_0, kE) * kE, wo_sets = rotation_count(wo_bytes);
-    std::vector<Q8SplitBuffers> wo;
-    wo.reserve(wo_sets);
-    for (size_t i = 0; i < wo_sets; ++i) wo.emplace_back(kE, kE, 400 + 2 * (uint32_t)i);
-    DeviceBuffer<float> q(40 * 128), out(40 * 128), lse(40), y(kE);
-    fill_f32<<<64, 256>>>(q.data(), q.size(), 9);
-    const QuantizedX xq(kE);
-    DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
-    const double us = median_us([&](cudaStream_t st, int i) {
-        const Q8SplitConst w = wo[i % wo_sets].view();
-        AttentionL2Prefetch l2;
-        l2.ask = ask;
-        l2.base[0] = w.codes;
-        l2.bytes[0] = (uint64_t)kE * kE;
-        l2.base[1] = w.scales;
-        l2.bytes[1] = (uint64_t)kE * (kE / 32) * 2;
-        attention_partial_cuda(s, q.data(), kt, k[i % n_sets].data(), vt, v[i % n_sets].data(), n_cells, out.data(),
-                               lse.data(), ws.data(), ws.bytes(), sms, st, ActQ16{}, 0, nullptr, true, &l2);
-        matvec_q8s_cuda_with(MatvecQ8sKernel::sweep1r2, w, xq.act(), y.data(), kE, kE, st);
-    }, o.iters);
-    r.add(name, "40/8x128, " + std::to_string(n_cells / 1024) + "k cells; 5120x5120", (double)(k_bytes + v_bytes + wo_bytes),
-          us);
-}
-
 // Where one mma decode attention launch's time goes (lab timeline, globaltimer stamps per
 // warp and per merge block; single launches, not graph-timed): per-warp means of each phase,
 // the tail of the last warp, and the split merge after it.
@@ -1384,8 +1336,6 @@ int main(int argc, char** argv) {
             bench_q8s_layer_chain(r, o, k, false);
             bench_q8s_layer_chain(r, o, k, true);
         }
-        for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{{5120, 5120}, {7168, 5120}})
-            bench_matvec_q8s(r, o, rows, cols, MatvecQ8sKernel::sweep1r2, true);
         for (const char* variant : {"", "empty", "glu", "chain", "chain-lean", "chain-skip", "chain-tagged",
                                     "chain-wowait", "chain-tagged-wowait"})
             bench_q8s_layer_hops(r, o, MatvecQ8sKernel::sweep1r2, variant);
@@ -1403,11 +1353,6 @@ int main(int argc, char** argv) {
             bench_attention(r, o, KvType::q4_0, KvType::q4_0, cells, prop.multiProcessorCount);
         }
         bench_attention(r, o, KvType::q8_0, KvType::q4_0, 65536, prop.multiProcessorCount);
-        for (KvType t : {KvType::f16, KvType::q8_0, KvType::q4_0})
-            for (uint32_t cells : {32768u, 65536u})
-                for (AttentionL2Ask ask : {AttentionL2Ask::off, AttentionL2Ask::plain, AttentionL2Ask::kv_evict_first,
-                                           AttentionL2Ask::evict_last})
-                    bench_attention_then_wo(r, o, t, t, cells, prop.multiProcessorCount, ask);
         // Time against depth for the default pick ("attention scan"): the intercept of a line
         // through these rows is the launch's fixed cost.
         for (KvType t : {KvType::f16, KvType::q8_0, KvType::q4_0})

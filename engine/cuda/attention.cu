@@ -1037,16 +1037,6 @@ size_t attention_workspace_bytes(const AttentionShape& shape, uint32_t n_cells, 
     return (size_t)splits * shape.n_head * (shape.head_dim_v + 1) * sizeof(float);
 }
 
-AttentionL2Ask attention_l2_prefetch_mode() {
-    static const int choice = lab_knob_choice("SPILLWAY_ATTN_L2_PREFETCH", {"off", "plain", "kv-ef", "evict-last"});
-    return choice <= 0 ? AttentionL2Ask::off : (AttentionL2Ask)choice;
-}
-
-uint32_t attention_l2_prefetch_min_cells() {
-    static const uint32_t cells = lab_knob_uint("SPILLWAY_ATTN_L2_PREFETCH_MIN_CELLS", 32768, UINT32_MAX);
-    return cells;
-}
-
 // SPILLWAY_ATTN_FINISH=kernels (lab): a single split's int16 output written by a quantize
 // launch of its own, as before session 17 (A/B in one binary).
 bool attention_finish_fused() {
@@ -1069,19 +1059,17 @@ void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType 
                             const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                             uint32_t n_cells, float* out, float* lse, void* workspace,
                             size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16,
-                            uint32_t settled_cells, const AttentionPostQkv* post, bool merge_programmatic,
-                            const AttentionL2Prefetch* l2_prefetch) {
+                            uint32_t settled_cells, const AttentionPostQkv* post, bool merge_programmatic) {
     attention_partial_cuda_with(attention_default_kernel(shape, k_type, v_type, n_cells), shape, q, k_type, k_cells, v_type,
                                 v_cells, n_cells, out, lse, workspace, workspace_bytes, sm_count, stream, out_q16,
-                                settled_cells, post, merge_programmatic, l2_prefetch);
+                                settled_cells, post, merge_programmatic);
 }
 
 void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& shape, const float* q,
                                  KvType k_type, const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                                  uint32_t n_cells, float* out, float* lse, void* workspace, size_t workspace_bytes,
                                  uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16, uint32_t settled_cells,
-                                 const AttentionPostQkv* post, bool merge_programmatic,
-                                 const AttentionL2Prefetch* l2_prefetch) {
+                                 const AttentionPostQkv* post, bool merge_programmatic) {
     if (out_q16 && (!out_q16.d || reinterpret_cast<uintptr_t>(out_q16.q) % 16 != 0))
         fail("attention_partial_cuda: the quantized output needs q (16-byte aligned) and d");
     if (!attention_kernel_supports(kernel, shape, k_type, v_type))
@@ -1151,16 +1139,6 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
             ? lab_timeline + (size_t)shape.n_head_kv * plan.n_splits * kAttentionTimelineWarpsPerBlock * kAttentionTimelineSlots
             : nullptr;
     if (on_mma) p.timeline = lab_timeline;
-    if (l2_prefetch != nullptr && l2_prefetch->ask != AttentionL2Ask::off) {
-        for (int r = 0; r < 2; ++r) {
-            if (l2_prefetch->bytes[r] != 0 && (l2_prefetch->base[r] == nullptr ||
-                                               reinterpret_cast<uintptr_t>(l2_prefetch->base[r]) % 16 != 0))
-                fail("attention_partial_cuda: an L2 prefetch region needs a 16-byte aligned base");
-            p.l2_base[r] = static_cast<const uint8_t*>(l2_prefetch->base[r]);
-            p.l2_bytes[r] = l2_prefetch->bytes[r] / 16 * 16;
-        }
-        p.l2_ask = (uint32_t)l2_prefetch->ask;
-    }
     if (plan.n_splits == 1 && out_q16 && attention_finish_fused() && shape.head_dim_v % 32 == 0) {
         p.out_q = out_q16.q;
         p.out_d = out_q16.d;

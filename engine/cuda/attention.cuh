@@ -62,24 +62,6 @@ struct AttentionPostQkv {
 };
 bool attention_takes_post_qkv(const AttentionShape& shape, KvType k_type, KvType v_type, uint32_t n_cells,
                               uint32_t sm_count);
-// Lab (SPILLWAY_ATTN_L2_PREFETCH): at a long range the quantized decode attention keeps HBM
-// only 52-68% busy (docs/perf-notes.md, session 33), and the wo GEMV right after it reads its
-// ~28 MB (14B) from HBM. With ask != off, the mma kernel's blocks ask L2 for these regions at
-// entry (cp.async.bulk.prefetch.L2, each block its share; sm_90 only, ignored elsewhere and by
-// the other kernels): plain, plain with the attention's own K/V copies marked evict-first, or
-// with an evict-last policy. The result does not change (tests). Bases 16-byte aligned; sizes
-// are rounded down to 16 bytes.
-enum class AttentionL2Ask : uint32_t { off, plain, kv_evict_first, evict_last };
-struct AttentionL2Prefetch {
-    AttentionL2Ask ask = AttentionL2Ask::off;
-    const void* base[2] = {nullptr, nullptr};
-    uint64_t bytes[2] = {0, 0};
-};
-// SPILLWAY_ATTN_L2_PREFETCH=off|plain|kv-ef|evict-last (default off) and
-// SPILLWAY_ATTN_L2_PREFETCH_MIN_CELLS (default 32768): the engine's choice per decode step.
-AttentionL2Ask attention_l2_prefetch_mode();
-uint32_t attention_l2_prefetch_min_cells();
-
 // merge_programmatic = false: the split merge is an ordinary launch whatever SPILLWAY_PDL_SMALL
 // says (the fused decode, whose wo GEMV lets gate|up launch at its entry: with both early,
 // q8_0 KV at 8k ran 180 instead of 191.5 tok/s; docs/perf-notes.md, session 28).
@@ -88,7 +70,7 @@ void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType 
                             uint32_t n_cells, float* out, float* lse, void* workspace,
                             size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16 = {},
                             uint32_t settled_cells = 0, const AttentionPostQkv* post = nullptr,
-                            bool merge_programmatic = true, const AttentionL2Prefetch* l2_prefetch = nullptr);
+                            bool merge_programmatic = true);
 
 // Which split kernel attention_partial_cuda runs. tensor_core: the f16 wmma kernel that
 // dequantizes K/V to f16 tiles (every type pair, head dim 64/128, <= 16 query heads per KV
@@ -142,7 +124,7 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
                                  uint32_t n_cells, float* out, float* lse, void* workspace, size_t workspace_bytes,
                                  uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16 = {},
                                  uint32_t settled_cells = 0, const AttentionPostQkv* post = nullptr,
-                                 bool merge_programmatic = true, const AttentionL2Prefetch* l2_prefetch = nullptr);
+                                 bool merge_programmatic = true);
 
 // Lab (benchmarks only, not thread-safe): while set, the mma kernel's warps (mma_vconv: its 4
 // MMA warps) and the split merge's blocks write globaltimer stamps here. Warp w of block (kv_head, split) at

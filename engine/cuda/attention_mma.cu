@@ -29,7 +29,6 @@
 // past the slice, so nothing beyond the cache is read. Readers add the cell's lead (0 or 8).
 #include "engine/cuda/attention_mma.cuh"
 #include "engine/cuda/attention_finish_device.cuh"
-#include "engine/cuda/bulk_copy_device.cuh"
 
 #include <cuda_fp16.h>
 
@@ -144,37 +143,6 @@ __device__ __forceinline__ void copy_windows_hoisted(uint32_t dst_lane, const ui
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst_lane + r * kCellsPerPass * kWin),
                      "l"(src_lane + (size_t)r * pass));
 }
-// copy_windows_hoisted with an L2 policy on every copy (the lab's evict-first K / V, which lets
-// the bytes asked into L2 for the next kernel outlive the attention's own stream).
-template <uint32_t kWin, uint32_t kLanes>
-__device__ __forceinline__ void copy_windows_hoisted_hinted(uint32_t dst_lane, const uint8_t* src_lane, uint32_t pass,
-                                                            uint64_t l2_policy) {
-    constexpr uint32_t kCellsPerPass = 32 / kLanes;
-#pragma unroll
-    for (uint32_t r = 0; r < kStep / kCellsPerPass; ++r)
-        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst_lane + r * kCellsPerPass * kWin),
-                     "l"(src_lane + (size_t)r * pass), "l"(l2_policy));
-}
-
-// Params::l2_ask: this block's share of each region asked into L2 (thread 0 only; the TMA
-// engine fetches while the block goes on). sm_90 only: elsewhere nothing is asked.
-template <uint32_t kAsk>
-__device__ __forceinline__ void ask_l2_share(const Params& p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const uint64_t blocks = (uint64_t)gridDim.x * gridDim.y, b = (uint64_t)blockIdx.y * gridDim.x + blockIdx.x;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const uint64_t share = (p.l2_bytes[r] / 16 + blocks - 1) / blocks * 16, begin = b * share;
-        if (begin >= p.l2_bytes[r]) continue;
-        const uint32_t n = (uint32_t)min(share, p.l2_bytes[r] - begin);
-        if constexpr (kAsk == 3) l2_prefetch_bulk(p.l2_base[r] + begin, n, l2_evict_last_policy());
-        else l2_prefetch_bulk(p.l2_base[r] + begin, n);
-    }
-#else
-    (void)p;
-#endif
-}
-
 template <uint32_t kWin>
 __host__ __device__ constexpr uint32_t copy_lanes() {
     constexpr uint32_t kPer = kWin / 16;
@@ -642,11 +610,8 @@ __device__ __forceinline__ void write_block_partial(const Params& p, const uint8
 // every cell of this head has the same lead: copy addresses and shared-memory offsets are the
 // same in every step and are computed once (the launch picks it; SPILLWAY_ATTN_FAST_COPY=0
 // never does).
-// kAsk (lab, Params::l2_ask; instances for rows of whole chunks only): 0 nothing, 1 the regions
-// asked into L2 at entry, 2 also K / V copied evict-first, 3 asked with an evict-last policy.
-template <KvType KT, KvType VT, bool kUniform, uint32_t kAsk = 0>
+template <KvType KT, KvType VT, bool kUniform>
 __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kernel(Params p) {
-    static_assert(kAsk == 0 || kUniform, "the L2 asks come with the hoisted copies");
     using L = Layout<KT, VT>;
     extern __shared__ __align__(128) uint8_t smem[];
     const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -700,24 +665,12 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
             const uint32_t first = cell_begin + chunk * kStep;
             const uint32_t count = min((uint32_t)kStep, cell_end - first);
             if (kUniform && count == kStep) {
-                if constexpr (kAsk == 2) {
-                    const uint64_t l2_policy = l2_evict_first_policy();  // per step: no register kept
-                    if (k_lane_on)
-                        copy_windows_hoisted_hinted<L::kWinK, kLanesK>(
-                            k_lane_dst + slot * (uint32_t)L::stage, p.k + (uint64_t)first * p.k_row_bytes + k_lane_src,
-                            k_pass, l2_policy);
-                    if (v_lane_on)
-                        copy_windows_hoisted_hinted<L::kWinV, kLanesV>(
-                            v_lane_dst + slot * (uint32_t)L::stage, p.v + (uint64_t)first * p.v_row_bytes + v_lane_src,
-                            v_pass, l2_policy);
-                } else {
-                    if (k_lane_on)
-                        copy_windows_hoisted<L::kWinK, kLanesK>(k_lane_dst + slot * (uint32_t)L::stage,
-                                                                p.k + (uint64_t)first * p.k_row_bytes + k_lane_src, k_pass);
-                    if (v_lane_on)
-                        copy_windows_hoisted<L::kWinV, kLanesV>(v_lane_dst + slot * (uint32_t)L::stage,
-                                                                p.v + (uint64_t)first * p.v_row_bytes + v_lane_src, v_pass);
-                }
+                if (k_lane_on)
+                    copy_windows_hoisted<L::kWinK, kLanesK>(k_lane_dst + slot * (uint32_t)L::stage,
+                                                            p.k + (uint64_t)first * p.k_row_bytes + k_lane_src, k_pass);
+                if (v_lane_on)
+                    copy_windows_hoisted<L::kWinV, kLanesV>(v_lane_dst + slot * (uint32_t)L::stage,
+                                                            p.v + (uint64_t)first * p.v_row_bytes + v_lane_src, v_pass);
                 cp_async_commit();
                 return;
             }
@@ -732,9 +685,6 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     // split made only of settled cells (earlier steps') starts its copies before waiting for
     // it; the split holding the new cell copies after. The grid is one wave (plan_for), so
     // the split merge released here only takes SMs this grid has left.
-    if constexpr (kAsk != 0) {
-        if (tid == 0) ask_l2_share<kAsk>(p);
-    }
     timeline_stamp(p, 0);
     if (p.timeline != nullptr) {
         uint32_t sm;
@@ -1313,20 +1263,6 @@ void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cud
             else if (vc.blocks == 3) launch_vconv<KT, VT, 3, false>(p, grid, uniform, pdl, stream);
             else if (vc.blocks == 2) launch_vconv<KT, VT, 2, false>(p, grid, uniform, pdl, stream);
             else fail("attention_mma: the V-converting kernel runs 2 or 3 blocks per SM");
-        }
-    } else if (uniform && p.l2_ask != 0) {
-        // The lab's L2 asks: instances for the uniform pairs only (compile time); others ask nothing.
-        if constexpr (KT == VT) {
-            auto go = [&]<uint32_t kAsk>() {
-                configure_once<attention_mma_kernel<KT, VT, true, kAsk>, smem>();
-                launch_with_pdl(pdl, attention_mma_kernel<KT, VT, true, kAsk>, grid, dim3(kThreads), smem, stream, p);
-            };
-            if (p.l2_ask == 1) go.template operator()<1>();
-            else if (p.l2_ask == 2) go.template operator()<2>();
-            else go.template operator()<3>();
-        } else {
-            configure_once<attention_mma_kernel<KT, VT, true>, smem>();
-            launch_with_pdl(pdl, attention_mma_kernel<KT, VT, true>, grid, dim3(kThreads), smem, stream, p);
         }
     } else if (uniform) {
         configure_once<attention_mma_kernel<KT, VT, true>, smem>();

@@ -60,12 +60,6 @@ struct Params {
     uint32_t splits_lo;
     uint32_t splits_hi;
     uint32_t hi_heads;
-    // Lab (attention.cuh, AttentionL2Prefetch): l2_ask != 0 asks L2 at the kernel's entry for
-    // up to two regions the next kernels read (the wo GEMV's codes and scales), each block its
-    // 1 / grid share (16-byte aligned bases, sizes multiples of 16). 0: nothing asked.
-    uint32_t l2_ask;
-    const uint8_t* l2_base[2];
-    uint64_t l2_bytes[2];
 };
 
 // Stamps per warp of the lab timeline: [0] entry, [1] after the dependency wait, [2] Q in

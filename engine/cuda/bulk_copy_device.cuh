@@ -63,15 +63,11 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// Asks L2 for `bytes` (a multiple of 16) from src (16-byte aligned) without waiting: the TMA
-// engine fetches them while the issuing thread goes on. With a policy: L2 keeps them by it.
-__device__ __forceinline__ void l2_prefetch_bulk(const void* src, uint32_t bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void l2_prefetch_bulk(const void* src, uint32_t bytes, uint64_t l2_policy) {
-    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(src), "r"(bytes),
-                 "l"(l2_policy)
-                 : "memory");
+// An L2 policy for data read once (weights in a decode step): evicted first.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
 }
 
 // bytes % 16 == 0, both addresses 16-byte aligned; completes `bytes` transactions on bar.
@@ -84,25 +80,6 @@ __device__ __forceinline__ void bulk_copy_global_to_shared(void* dst, const void
         : "memory");
 }
 
-#endif
-
-// L2 policies (createpolicy, sm_80+); declared in every pass so that kernels compiled for
-// several architectures can name them.
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-// An L2 policy for data read once (weights in a decode step): evicted first.
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-    return policy;
-}
-
-// An L2 policy for data wanted again soon (weights asked into L2 ahead of their GEMV): kept
-// over normal and evict-first lines.
-__device__ __forceinline__ uint64_t l2_evict_last_policy() {
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
-    return policy;
-}
 #endif
 
 }  // namespace spillway

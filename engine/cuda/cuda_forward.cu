@@ -234,28 +234,6 @@ bool separate_attention_quant() {
     return separate;
 }
 
-// Lab (SPILLWAY_ATTN_L2_PREFETCH, attention.cuh): wo's bytes for a long range's attention to ask
-// into L2, so that the GEMV after it reads them from there. Split layout: codes and scales;
-// GGUF: the rows. Bases rounded up to 16 bytes (the prefetch's alignment).
-AttentionL2Prefetch wo_l2_prefetch(const CudaMatrix& wo, uint32_t n_cells) {
-    AttentionL2Prefetch l2;
-    const AttentionL2Ask ask = attention_l2_prefetch_mode();
-    if (ask == AttentionL2Ask::off || n_cells < attention_l2_prefetch_min_cells()) return l2;
-    l2.ask = ask;
-    auto region = [&](int r, const void* base, uint64_t bytes) {
-        const uintptr_t a = reinterpret_cast<uintptr_t>(base), up = (a + 15) / 16 * 16;
-        l2.base[r] = reinterpret_cast<const void*>(up);
-        l2.bytes[r] = bytes > up - a ? (bytes - (up - a)) / 16 * 16 : 0;
-    };
-    if (wo.q8_scales != nullptr) {
-        region(0, wo.data, (uint64_t)wo.n_out * wo.n_in);
-        region(1, wo.q8_scales, (uint64_t)wo.n_out * (wo.n_in / 32) * 2);
-    } else {
-        region(0, wo.data, wo.bytes());
-    }
-    return l2;
-}
-
 // Whether one token's wo, gate|up, down and the next layer's q|k|v can run as one persistent
 // kernel (decode_layer.cuh): every layer has Q8_0 weights of shapes it takes, gate|up and
 // q|k|v stored back to back, and the GPU runs it.
@@ -531,14 +509,13 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                 post.v_cache = cache.v[il];
             }
             if (st.attn_timeline != nullptr) attention_lab_timeline(st.attn_timeline + il * st.attn_timeline_stride);
-            const AttentionL2Prefetch wo_l2 = wo_l2_prefetch(L.wo, pos0 + 1);
             attention_partial_cuda(shape, q, cache.k_type, cache.k[il], cache.v_type, cache.v[il], pos0 + 1,
                                    st.attn.data(), st.attn_lse.data(), st.attn_workspace.data(),
                                    st.attn_workspace.size(), st.sm_count, stream,
                                    takes_q16(L.wo, T) && !separate_attention_quant() ? act_q16(st) : ActQ16{},
                                    pos0,  // cells before pos0: written by earlier steps
                                    post_in_attention ? &post : nullptr,
-                                   !fused && (!norm_chain || (norm_chain_wo_mode() & 2) != 0), &wo_l2);
+                                   !fused && (!norm_chain || (norm_chain_wo_mode() & 2) != 0));
             if (st.attn_timeline != nullptr) attention_lab_timeline(nullptr);
         } else {
             if (!post_fused) {

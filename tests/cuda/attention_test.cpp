@@ -7,7 +7,6 @@
 #include "engine/cuda/attention.cuh"
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 
 #include "act_q16_ref.h"
@@ -65,7 +64,7 @@ struct GpuPartial {
 // kernel == nullptr: attention_partial_cuda's own choice (attention_default_kernel).
 GpuPartial run_gpu(const AttentionShape& s, const std::vector<float>& q, KvType kt, const uint8_t* k,
                    KvType vt, const uint8_t* v, uint32_t n_cells, uint32_t n_k_bytes, uint32_t n_v_bytes,
-                   const AttentionKernel* kernel = nullptr, const AttentionL2Prefetch* l2_prefetch = nullptr) {
+                   const AttentionKernel* kernel = nullptr) {
     auto d_q = to_device(q);
     DeviceBuffer<uint8_t> d_k(std::max(1u, n_k_bytes)), d_v(std::max(1u, n_v_bytes));
     if (n_k_bytes) SPILLWAY_CUDA_CHECK(cudaMemcpy(d_k.data(), k, n_k_bytes, cudaMemcpyHostToDevice));
@@ -86,8 +85,7 @@ GpuPartial run_gpu(const AttentionShape& s, const std::vector<float>& q, KvType 
     const ActQ16 out_q16{d_oq.data(), d_od.data()};
     if (kernel)
         attention_partial_cuda_with(*kernel, s, d_q.data(), kt, d_k.data(), vt, d_v.data(), n_cells, d_out.data(),
-                                    d_lse.data(), ws.data(), ws.bytes(), sms, nullptr, out_q16, 0, nullptr, true,
-                                    l2_prefetch);
+                                    d_lse.data(), ws.data(), ws.bytes(), sms, nullptr, out_q16);
     else
         attention_partial_cuda(s, d_q.data(), kt, d_k.data(), vt, d_v.data(), n_cells, d_out.data(), d_lse.data(),
                                ws.data(), ws.bytes(), sms, nullptr, out_q16);
@@ -191,62 +189,6 @@ TEST(CudaAttention, MmaKernelMatchesCpu) {
             for (KvType kt : kTypes) check_attention(s, kt, kt == KvType::f16 ? KvType::q4_0 : kt, n_cells, &kernel);
     // One KV head over many cells: hundreds of splits, past the merge's first 64 partials.
     check_attention(make_shape(8, 1, 128), KvType::q8_0, KvType::q8_0, 20000, &kernel);
-}
-
-// The lab's L2 asks (AttentionL2Prefetch: the mma kernel's blocks prefetch another buffer, the
-// wo GEMV's weights in the engine, and may copy K / V evict-first) change no result bit, for
-// every pair (the mixed ones run the plain instance), at one split per block and many; the
-// prefetched buffer is left as it was; a misaligned region is refused.
-TEST(CudaAttention, L2PrefetchLeavesTheResultBitEqual) {
-    SPILLWAY_SKIP_WITHOUT_GPU();
-    const AttentionKernel kernel = AttentionKernel::mma;
-    const AttentionShape s = make_shape(40, 8, 128);
-    // An odd size (rounded down to 16 bytes by the call) and a second region inside the first.
-    const size_t region_bytes = (size_t(3) << 20) + 40;
-    std::vector<uint8_t> region(region_bytes);
-    for (size_t i = 0; i < region_bytes; ++i) region[i] = (uint8_t)(i * 131 + 7);
-    auto d_region = to_device(region);
-    for (KvType kt : kTypes)
-        for (KvType vt : kTypes)
-            for (uint32_t n_cells : {300u, 20000u}) {
-                const uint32_t seed = fresh_seed();
-                SCOPED_TRACE(std::string("K ") + kv_type_name(kt) + " V " + kv_type_name(vt) + " cells " +
-                             std::to_string(n_cells) + " seed " + std::to_string(seed));
-                std::mt19937 rng(seed);
-                const auto q = random_floats(rng, (size_t)s.n_head * s.head_dim_k, 2.5f);
-                const KvCells cells = random_cells(rng, s, kt, vt, n_cells);
-                const uint32_t k_bytes = kv_row_bytes(kt, s.n_head_kv * s.head_dim_k) * n_cells;
-                const uint32_t v_bytes = kv_row_bytes(vt, s.n_head_kv * s.head_dim_v) * n_cells;
-                const GpuPartial plain =
-                    run_gpu(s, q, kt, cells.k.data(), vt, cells.v.data(), n_cells, k_bytes, v_bytes, &kernel);
-                for (AttentionL2Ask ask :
-                     {AttentionL2Ask::plain, AttentionL2Ask::kv_evict_first, AttentionL2Ask::evict_last}) {
-                    AttentionL2Prefetch l2;
-                    l2.ask = ask;
-                    l2.base[0] = d_region.data();
-                    l2.bytes[0] = region_bytes;
-                    l2.base[1] = d_region.data() + 4096;
-                    l2.bytes[1] = 100000;
-                    const GpuPartial asked = run_gpu(s, q, kt, cells.k.data(), vt, cells.v.data(), n_cells, k_bytes,
-                                                     v_bytes, &kernel, &l2);
-                    EXPECT_EQ(std::memcmp(asked.out.data(), plain.out.data(), plain.out.size() * sizeof(float)), 0)
-                        << "output differs with ask " << (int)ask;
-                    EXPECT_EQ(std::memcmp(asked.lse.data(), plain.lse.data(), plain.lse.size() * sizeof(float)), 0)
-                        << "lse differs with ask " << (int)ask;
-                }
-            }
-    EXPECT_EQ(to_host(d_region), region);
-    AttentionL2Prefetch misaligned;
-    misaligned.ask = AttentionL2Ask::plain;
-    misaligned.base[0] = d_region.data() + 8;
-    misaligned.bytes[0] = 4096;
-    std::mt19937 rng(fresh_seed());
-    const auto q = random_floats(rng, (size_t)s.n_head * s.head_dim_k, 2.5f);
-    const KvCells cells = random_cells(rng, s, KvType::q8_0, KvType::q8_0, 64);
-    const uint32_t bytes = kv_row_bytes(KvType::q8_0, s.n_head_kv * s.head_dim_k) * 64;
-    EXPECT_THROW(run_gpu(s, q, KvType::q8_0, cells.k.data(), KvType::q8_0, cells.v.data(), 64, bytes, bytes, &kernel,
-                         &misaligned),
-                 Error);
 }
 
 // The lab kernel whose converter warps dequantize V into an f16 tile for each MMA warp
