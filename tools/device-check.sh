@@ -76,16 +76,6 @@ if [ -z "$bench_only" ] && [ "$engine_only" = 0 ]; then
     env "$knob" "$bin/test_cuda" --gtest_filter='CudaForward.*' >"$out/ctest-${knob//=/-}.log" 2>&1
     echo "CudaForward.* with $knob rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/ctest-${knob//=/-}.log" | head -2 | tr '\n' ' ')"
   done
-  # The V-converting decode attention (session 33) as the default pick in each of its modes (2 or
-  # 3 blocks per SM; kv: K converted too): its own test, the programmatic-launch ordering, the
-  # forward suite (and the spill suite once).
-  for knob in SPILLWAY_ATTN_V_CONVERT=2 SPILLWAY_ATTN_V_CONVERT=3 SPILLWAY_ATTN_V_CONVERT=kv2 SPILLWAY_ATTN_V_CONVERT=kv3; do
-    filter='CudaAttention.MmaVconv*:CudaAttention.Programmatic*:CudaForward.*'
-    [ "$knob" = SPILLWAY_ATTN_V_CONVERT=kv2 ] && filter="$filter:CudaSpill.*"
-    env "$knob" timeout 300 "$bin/test_cuda" --gtest_filter="$filter" \
-      >"$out/ctest-${knob//=/-}.log" 2>&1
-    echo "V-convert tests with $knob rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/ctest-${knob//=/-}.log" | head -2 | tr '\n' ' ')"
-  done
   if [ "$sanitize" = 1 ]; then
     compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda" \
       --gtest_filter='CudaAttention.MergedPartials*:CudaSmallOps.*:CudaMatvec.Rejects*' >"$out/sanitize.log" 2>&1
@@ -179,16 +169,6 @@ if [ -z "$bench_only" ]; then
       env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 4096,8192,32768 \
         -ctk q8_0,q4_0,q8_0 -ctv q8_0,q4_0,q4_0 >"$out/engine-ab-mma-range.log" 2>&1
       echo "engine A/B $knob rc=$?: $(grep -E '^\| q' "$out/engine-ab-mma-range.log" | awk -F'|' '{printf "%s d=%s %s tok/s  ", $2, $5, $6}')"
-    done
-    # The V-converting decode attention (session 33, lab): converter warps dequantize V (kv: and
-    # quantized K) into f16 tiles beside each MMA warp, at 2 or 3 blocks of 8 warps per SM,
-    # against the default.
-    for knob in default SPILLWAY_ATTN_V_CONVERT=2 SPILLWAY_ATTN_V_CONVERT=3 SPILLWAY_ATTN_V_CONVERT=kv2 \
-        SPILLWAY_ATTN_V_CONVERT=kv3; do
-      if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
-      env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 8192,32768,65536 \
-        -ctk q8_0,q4_0,q8_0,f16 -ctv q8_0,q4_0,q4_0,q8_0 >"$out/engine-ab-vconv.log" 2>&1
-      echo "engine A/B $knob rc=$?: $(grep -E '^\| (f16|q)' "$out/engine-ab-vconv.log" | awk -F'|' '{printf "%s/%s d=%s %s tok/s  ", $2, $3, $5, $6}')"
     done
     # Q8_0 weights in the split layout at every decode site, the default since session 27
     # (SPILLWAY_Q8_SPLIT=0: GGUF's block layout and the q16x GEMV, 7-13% slower then).

@@ -851,10 +851,9 @@ void bench_decode_layer(Report& r, const Options& o) {
 void bench_attention(Report& r, const Options& o, KvType kt, KvType vt, uint32_t n_cells, int sms,
                      const AttentionKernel* kernel = nullptr, const char* prefix = "attention ") {
     const std::string name = std::string(prefix) + kv_type_name(kt) + "/" + kv_type_name(vt) +
-                             (kernel ? (*kernel == AttentionKernel::int_dot     ? " int_dot"
-                                        : *kernel == AttentionKernel::mma       ? " mma"
-                                        : *kernel == AttentionKernel::mma_vconv ? " mma_vconv"
-                                                                                : " tensor_core")
+                             (kernel ? (*kernel == AttentionKernel::int_dot ? " int_dot"
+                                        : *kernel == AttentionKernel::mma   ? " mma"
+                                                                            : " tensor_core")
                                      : "");
     if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
     const AttentionShape s{40, 8, 128, 128, 1.0f / std::sqrt(128.0f)};
@@ -1376,14 +1375,6 @@ int main(int argc, char** argv) {
             }
         for (AttentionKernel k : {AttentionKernel::int_dot, AttentionKernel::mma})
             bench_attention(r, o, KvType::q8_0, KvType::q4_0, 65536, prop.multiProcessorCount, &k);
-        // The V-converting lab kernel beside mma (its blocks per SM: SPILLWAY_ATTN_V_CONVERT, else 2).
-        {
-            const AttentionKernel k = AttentionKernel::mma_vconv;
-            for (uint32_t cells : {8192u, 65536u})
-                for (const auto& [kt, vt] : {std::pair{KvType::q8_0, KvType::q8_0}, std::pair{KvType::q4_0, KvType::q4_0},
-                                             std::pair{KvType::q8_0, KvType::q4_0}, std::pair{KvType::f16, KvType::q8_0}})
-                    bench_attention(r, o, kt, vt, cells, prop.multiProcessorCount, &k);
-        }
         bench_small_ops(r, o);
         bench_sm_speed(o, prop.multiProcessorCount);
         bench_stream_shapes(r, o, prop.multiProcessorCount);

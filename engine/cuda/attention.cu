@@ -972,9 +972,9 @@ uint32_t attention_split_count(const AttentionShape& shape, uint32_t n_cells, ui
 bool attention_kernel_supports(AttentionKernel kernel, const AttentionShape& shape, KvType k_type, KvType v_type) {
     if (!attention_supports(shape)) return false;
     if (kernel == AttentionKernel::tensor_core) return true;
-    if (kernel == AttentionKernel::mma || kernel == AttentionKernel::mma_vconv)
-        return shape.head_dim_k == attention_mma::kHeadDim && shape.n_head / shape.n_head_kv <= attention_mma::kMaxGroup &&
-               (kernel == AttentionKernel::mma || v_type != KvType::f16);
+    if (kernel == AttentionKernel::mma)
+        return shape.head_dim_k == attention_mma::kHeadDim && shape.n_head / shape.n_head_kv <= attention_mma::kMaxGroup;
+    (void)v_type;
     return (k_type == KvType::q8_0 || k_type == KvType::q4_0) && shape.head_dim_k == (uint32_t)kIdD &&
            shape.n_head / shape.n_head_kv <= (uint32_t)kIdMaxG;
 }
@@ -994,27 +994,16 @@ AttentionKernel attention_default_kernel(const AttentionShape& shape, KvType k_t
     // mma for long ranges wherever it applies (docs/perf-notes.md, "Decode attention,
     // session 10 — D1"), else int_dot for quantized K, else tensor_core.
     if (n_cells >= attention_mma_min_cells(k_type, v_type) && attention_kernel_supports(AttentionKernel::mma, shape, k_type, v_type))
-        return attention_mma::v_convert_mode().blocks != 0 &&
-                       attention_kernel_supports(AttentionKernel::mma_vconv, shape, k_type, v_type)
-                   ? AttentionKernel::mma_vconv
-                   : AttentionKernel::mma;
+        return AttentionKernel::mma;
     return attention_kernel_supports(AttentionKernel::int_dot, shape, k_type, v_type) ? AttentionKernel::int_dot
                                                                                       : AttentionKernel::tensor_core;
-}
-
-// The V-converting kernel's mode for `kernel` (blocks 0: not that kernel): the lab knob's, or 2
-// blocks per SM converting V only when the kernel is asked for explicitly with the knob off.
-static attention_mma::VConvert vconv_mode(AttentionKernel kernel) {
-    if (kernel != AttentionKernel::mma_vconv) return {};
-    const attention_mma::VConvert knob = attention_mma::v_convert_mode();
-    return knob.blocks != 0 ? knob : attention_mma::VConvert{2, false};
 }
 
 uint32_t attention_split_count(AttentionKernel kernel, const AttentionShape& shape, KvType k_type, KvType v_type,
                                uint32_t n_cells, uint32_t sm_count) {
     if (kernel == AttentionKernel::int_dot) return plan_int_dot_any(k_type, v_type, shape, n_cells, sm_count).n_splits;
-    if (kernel == AttentionKernel::mma || kernel == AttentionKernel::mma_vconv)
-        return attention_mma::plan(k_type, v_type, shape.n_head_kv, n_cells, sm_count, vconv_mode(kernel)).n_splits;
+    if (kernel == AttentionKernel::mma)
+        return attention_mma::plan(k_type, v_type, shape.n_head_kv, n_cells, sm_count).n_splits;
     return plan_splits(shape, n_cells, sm_count).n_splits;
 }
 
@@ -1028,11 +1017,7 @@ size_t attention_workspace_bytes(const AttentionShape& shape, uint32_t n_cells, 
     if (attention_supports(shape) && shape.head_dim_k == attention_mma::kHeadDim)
         for (KvType kt : {KvType::f16, KvType::q8_0, KvType::q4_0})
             for (KvType vt : {KvType::f16, KvType::q8_0, KvType::q4_0})
-                for (AttentionKernel kernel : {AttentionKernel::mma, AttentionKernel::mma_vconv})
-                    if (kernel == AttentionKernel::mma || vt != KvType::f16)
-                        splits = std::max(splits, attention_mma::plan(kt, vt, shape.n_head_kv, n_cells, sm_count,
-                                                                      vconv_mode(kernel))
-                                                      .n_splits);
+                splits = std::max(splits, attention_mma::plan(kt, vt, shape.n_head_kv, n_cells, sm_count).n_splits);
     if (splits <= 1) return 0;
     return (size_t)splits * shape.n_head * (shape.head_dim_v + 1) * sizeof(float);
 }
@@ -1086,11 +1071,10 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     if (reinterpret_cast<uintptr_t>(k_cells) % 16 != 0 || reinterpret_cast<uintptr_t>(v_cells) % 16 != 0)
         fail("attention_partial_cuda: K and V cells must be 16-byte aligned");
     const size_t needed = attention_workspace_bytes(shape, n_cells, sm_count);
-    const bool int_dot = kernel == AttentionKernel::int_dot;
-    const bool on_mma = kernel == AttentionKernel::mma || kernel == AttentionKernel::mma_vconv;  // either mma kernel
+    const bool int_dot = kernel == AttentionKernel::int_dot, mma = kernel == AttentionKernel::mma;
     SplitPlan plan = int_dot ? plan_int_dot_any(k_type, v_type, shape, n_cells, sm_count)
                              : plan_splits(shape, n_cells, sm_count);
-    if (on_mma) plan = attention_mma::plan(k_type, v_type, shape.n_head_kv, n_cells, sm_count, vconv_mode(kernel));
+    if (mma) plan = attention_mma::plan(k_type, v_type, shape.n_head_kv, n_cells, sm_count);
     if (workspace_bytes < needed || (needed > 0 && workspace == nullptr))
         fail("attention_partial_cuda: workspace of " + std::to_string(workspace_bytes) + " bytes, need " + std::to_string(needed));
 
@@ -1135,16 +1119,16 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     }
     p.n_splits = plan.n_splits;
     uint64_t* const merge_timeline =
-        on_mma && lab_timeline != nullptr
+        mma && lab_timeline != nullptr
             ? lab_timeline + (size_t)shape.n_head_kv * plan.n_splits * kAttentionTimelineWarpsPerBlock * kAttentionTimelineSlots
             : nullptr;
-    if (on_mma) p.timeline = lab_timeline;
+    if (mma) p.timeline = lab_timeline;
     if (plan.n_splits == 1 && out_q16 && attention_finish_fused() && shape.head_dim_v % 32 == 0) {
         p.out_q = out_q16.q;
         p.out_d = out_q16.d;
     }
-    if (on_mma) {
-        attention_mma::launch(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream, vconv_mode(kernel));
+    if (mma) {
+        attention_mma::launch(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream);
     } else if (int_dot) {
         if (k_type == KvType::q8_0) dispatch_int_dot_v<KvType::q8_0>(v_type, p, shape.n_head_kv, plan.n_splits, stream);
         else dispatch_int_dot_v<KvType::q4_0>(v_type, p, shape.n_head_kv, plan.n_splits, stream);

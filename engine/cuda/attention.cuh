@@ -80,11 +80,7 @@ void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType 
 // streaming its own cells (docs/perf-notes.md, "Integer-dot decode attention"). mma: every
 // K/V type pair, head dim 128, <= 8 query heads per KV head; QK and PV both on mma.sync with
 // the K/V operands built in registers from the raw cache bytes (engine/cuda/attention_mma.cu).
-// mma_vconv (lab, quantized V only): mma's K path with V dequantized into an f16 tile by a
-// converter warp beside each MMA warp (attention_mma.cu, namespace vconv); the default choice
-// where mma would be when SPILLWAY_ATTN_V_CONVERT=2|3|kv2|kv3 (its blocks per SM; kv: quantized
-// K converted too; explicitly asked for with the knob off: 2, V only).
-enum class AttentionKernel { tensor_core, int_dot, mma, mma_vconv };
+enum class AttentionKernel { tensor_core, int_dot, mma };
 
 bool attention_kernel_supports(AttentionKernel kernel, const AttentionShape& shape, KvType k_type, KvType v_type);
 
@@ -126,8 +122,8 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
                                  uint32_t settled_cells = 0, const AttentionPostQkv* post = nullptr,
                                  bool merge_programmatic = true);
 
-// Lab (benchmarks only, not thread-safe): while set, the mma kernel's warps (mma_vconv: its 4
-// MMA warps) and the split merge's blocks write globaltimer stamps here. Warp w of block (kv_head, split) at
+// Lab (benchmarks only, not thread-safe): while set, the mma kernel's warps and the split
+// merge's blocks write globaltimer stamps here. Warp w of block (kv_head, split) at
 // ((split * n_head_kv + kv_head) * 4 + w) * kAttentionTimelineSlots (the slots are listed in
 // attention_mma.cuh); after all warps, per merge block (one per query head) [0] entry, [1]
 // after the dependency wait, [2] done, [3] partials and lse loaded (max reduced), [4] the

@@ -43,7 +43,6 @@
 #include "engine/cuda/kv_tile.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
-#include "engine/cuda/prefill_mma_device.cuh"
 
 namespace spillway::attention_mma {
 namespace {
@@ -149,29 +148,6 @@ __host__ __device__ constexpr uint32_t copy_lanes() {
     return kPer <= 4 ? 4 : kPer <= 8 ? 8 : kPer <= 16 ? 16 : 32;
 }
 
-// One operand's per-lane copy addresses for full steps whose rows are whole 16-byte chunks
-// (copy_windows_hoisted), computed once per split: this lane's first chunk of the step's first
-// cell (src, from the step's first row) and its place in a stage (dst, from ring_s). The
-// V-converting kernel's; attention_mma_kernel keeps the same arithmetic written out (through
-// this struct its uniform instances' PTX changed, and that kernel's speed has followed small
-// code changes before).
-template <uint32_t kWin>
-struct HoistedCopy {
-    static constexpr uint32_t kLanes = copy_lanes<kWin>();
-    bool on;
-    uint64_t src;
-    uint32_t dst, pass;
-    __device__ HoistedCopy(uint32_t lane, uint64_t row_bytes, uint64_t head_off, uint32_t head16, uint32_t ring_s)
-        : on(lane % kLanes < kWin / 16),
-          src((uint64_t)(lane / kLanes) * row_bytes + head_off - head16 + 16 * (lane % kLanes)),
-          dst(ring_s + (lane / kLanes) * kWin + 16 * (lane % kLanes)),
-          pass((32 / kLanes) * (uint32_t)row_bytes) {}
-    // The step whose first row is `rows` into the stage stage_offset bytes from ring_s.
-    __device__ __forceinline__ void issue(uint32_t stage_offset, const uint8_t* rows) const {
-        if (on) copy_windows_hoisted<kWin, kLanes>(dst + stage_offset, rows + src, pass);
-    }
-};
-
 // exp2 on the special-function unit alone: exp2f adds a range fix-up for results below
 // 2^-126, softmax weights that small are zero here anyway.
 __device__ __forceinline__ float exp2_ftz(float x) {
@@ -251,44 +227,6 @@ __device__ __forceinline__ void q_fragments_from_coalesced(const float4 (&qv)[8]
     __syncwarp();  // the scratch stage is refilled by the loop's first issue
 }
 
-// Q's loads for q_load 1 and 2, issued ahead of the step copies (Params::q_load).
-__device__ __forceinline__ void q_loads(const Params& p, const float* q_group, uint32_t ng, uint32_t g, uint32_t t,
-                                        uint32_t lane, float4 (&qv)[8]) {
-    if (p.q_load == 2) {
-        load_q_coalesced(q_group, ng, lane, qv);
-    } else if (p.q_load == 1) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-            qv[j] = g < ng ? load_f4_in_order(q_group + g * kD + 32 * t + 4 * j) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-}
-// Q^T as QK's B operand (k = dims, n = heads): lane (g, t) holds head g, dims 32t .. 32t+31,
-// pre-scaled to base-2 score units; heads past the group are zero columns. scratch: 2 KiB of
-// shared memory free until the warp's first step (q_load 2).
-__device__ __forceinline__ void q_fragments(const Params& p, const float4 (&qv)[8], const float* q_group, uint32_t ng,
-                                            uint32_t g, uint32_t t, uint32_t lane, uint8_t* scratch,
-                                            uint32_t (&qb)[8][2]) {
-    if (p.q_load == 2) {
-        q_fragments_from_coalesced(qv, p.scale_log2, lane, scratch, qb);
-    } else if (p.q_load == 1) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            qb[j][0] = pack_h2(qv[j].x * p.scale_log2, qv[j].y * p.scale_log2);
-            qb[j][1] = pack_h2(qv[j].z * p.scale_log2, qv[j].w * p.scale_log2);
-        }
-    } else {
-        float x[32];
-        const float* qg = q_group + (size_t)g * kD + 32 * t;
-#pragma unroll
-        for (int i = 0; i < 32; ++i) x[i] = g < ng ? qg[i] * p.scale_log2 : 0.0f;
-#pragma unroll
-        for (int kt = 0; kt < 8; ++kt) {
-            qb[kt][0] = pack_h2(x[4 * kt], x[4 * kt + 1]);
-            qb[kt][1] = pack_h2(x[4 * kt + 2], x[4 * kt + 3]);
-        }
-    }
-}
-
 // Two bytes of x (kSel 0x4140: bytes 0, 1; 0x4342: 2, 3; 0x4240: 0, 2; 0x4341: 1, 3), each an
 // unsigned u < 256, as half2 of u - bias: 0x64 above a byte is the half 1024 + u (exact), so
 // is the subtraction.
@@ -316,46 +254,6 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
     uint32_t y;
     asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
     return y;
-}
-
-// One step's online softmax per head (base 2). s = (cell g, heads 2t, 2t+1), (cell g+8, ...);
-// a head's 16 cells are spread over the 8 lane groups; cells from `valid` on are masked (-inf
-// -> p = 0). acc (O^T, columns heads 2t and 2t+1 in registers 0 / 2 and 1 / 3) is rescaled
-// where a running max grew; pb0 / pb1: P^T as PV's B operand (k = cells 2t, 2t+1 and 2t+8,
-// 2t+9; n = head g).
-__device__ __forceinline__ void softmax_step(float (&s)[4], uint32_t g, uint32_t valid, float (&m_run)[2],
-                                             float (&l_run)[2], float (&acc)[8][4], uint32_t& pb0, uint32_t& pb1) {
-    if (g >= valid) s[0] = s[1] = -INFINITY;
-    if (g + 8 >= valid) s[2] = s[3] = -INFINITY;
-    float alpha[2], e[4];
-    bool grew = false;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float mx = fmaxf(s[h], s[2 + h]);
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));  // finite: cell 0 is valid
-        const float m_new = fmaxf(m_run[h], mx);
-        grew |= m_new > m_run[h];
-        // 0 on the first step; exactly 1 when the max did not grow (the skipped rescale below
-        // relies on it).
-        alpha[h] = m_new > m_run[h] ? exp2_ftz(m_run[h] - m_new) : 1.0f;
-        e[h] = exp2_ftz(s[h] - m_new);
-        e[2 + h] = exp2_ftz(s[2 + h] - m_new);
-        l_run[h] = l_run[h] * alpha[h] + (e[h] + e[2 + h]);
-        m_run[h] = m_new;
-    }
-    // Once the running maxima settle, most steps leave them unchanged: alpha = 1 exactly
-    // for every head of the warp, and the 32 multiplies are skipped.
-    if (__any_sync(0xffffffffu, grew)) {
-#pragma unroll
-        for (int mt = 0; mt < 8; ++mt) {
-            acc[mt][0] *= alpha[0], acc[mt][1] *= alpha[1], acc[mt][2] *= alpha[0], acc[mt][3] *= alpha[1];
-        }
-    }
-    // P^T tiles (cells x heads) transposed into PV's B operand.
-    pb0 = transpose8x8(pack_h2(e[0], e[1]));
-    pb1 = transpose8x8(pack_h2(e[2], e[3]));
 }
 
 // Block t of one cell's K slice (dims 32t .. 32t+31) as raw words: f16 16 words of 2
@@ -405,27 +303,6 @@ __device__ __forceinline__ void k_fragment(const KWords<KT>& k, int kt, uint32_t
         lo = bytes_to_h2<0x4140>(x, bias, k.scale);
         hi = bytes_to_h2<0x4342>(x, bias, k.scale);
     }
-}
-
-// S^T[cell][head] = K Q^T for one step from the raw ring: A rows = cells g and g + 8 (this
-// lane's, their slices at byte off_g / off_g8 of the stage sk), k = dims in k_fragment's
-// permuted order. Two accumulator chains of 4 MMAs instead of one of 8: half the dependent
-// latency.
-template <KvType KT>
-__device__ __forceinline__ void qk_from_raw(const uint8_t* sk, uint32_t off_g, uint32_t off_g8, uint32_t t,
-                                            const uint32_t (&qb)[8][2], float (&s)[4]) {
-    const KWords<KT> k0 = k_words<KT>(sk, off_g, t), k1 = k_words<KT>(sk, off_g8, t);
-    float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    s[0] = s[1] = s[2] = s[3] = 0.0f;
-#pragma unroll
-    for (int kt = 0; kt < 8; ++kt) {
-        uint32_t a0, a1, a2, a3;
-        k_fragment<KT>(k0, kt, a0, a2);
-        k_fragment<KT>(k1, kt, a1, a3);
-        mma16816(kt % 2 ? s_odd : s, a0, a1, a2, a3, qb[kt][0], qb[kt][1]);
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) s[j] += s_odd[j];
 }
 
 // f16 V: dims 16g .. 16g+15 of one cell's slice as 8 words of 2 values.
@@ -554,58 +431,6 @@ __device__ __forceinline__ void pv_quantized_block(const uint8_t* sv, const uint
     }
 }
 
-// The end of a split: each warp's (m, l, acc) goes into its own merge area (m[8], l[8],
-// acc[8][128]); acc[mt] registers 0 / 1 hold dim dim_of(mt), registers 2 / 3 dim dim_of(mt) +
-// kNext, for heads 2t / 2t + 1 (the lanes of group g = 0 write m and l, which all groups share).
-template <uint32_t kNext, typename DimOf>
-__device__ __forceinline__ void store_warp_state(uint8_t* area, const float (&m_run)[2], const float (&l_run)[2],
-                                                 const float (&acc)[8][4], uint32_t g, uint32_t t, DimOf dim_of) {
-    float* mw = reinterpret_cast<float*>(area);
-    float* lw = mw + kMaxGroup;
-    float* aw = lw + kMaxGroup;
-    if (g == 0) {
-        mw[2 * t] = m_run[0], mw[2 * t + 1] = m_run[1];
-        lw[2 * t] = l_run[0], lw[2 * t + 1] = l_run[1];
-    }
-#pragma unroll
-    for (int mt = 0; mt < 8; ++mt) {
-        const uint32_t d = dim_of(mt);
-        aw[(2 * t) * kD + d] = acc[mt][0];
-        aw[(2 * t + 1) * kD + d] = acc[mt][1];
-        aw[(2 * t) * kD + d + kNext] = acc[mt][2];
-        aw[(2 * t + 1) * kD + d + kNext] = acc[mt][3];
-    }
-}
-// The block's kAreas merge areas (area_bytes apart from smem) merged into this split's partial,
-// by all kThreadsT threads (after a barrier that published the areas). The V-converting
-// kernel's; attention_mma_kernel keeps the same loop written out (called from it, this
-// function changed its parameter loads in all 18 instances' PTX).
-template <int kAreas, uint32_t kThreadsT>
-__device__ __forceinline__ void write_block_partial(const Params& p, const uint8_t* smem, size_t area_bytes,
-                                                    uint32_t kv_head, uint32_t split) {
-    const uint32_t ng = p.n_group;
-    for (uint32_t idx = threadIdx.x; idx < ng * kD; idx += kThreadsT) {
-        const uint32_t h = idx / kD, d = idx % kD;
-        float m = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < kAreas; ++w) m = fmaxf(m, reinterpret_cast<const float*>(smem + w * area_bytes)[h]);
-        float l = 0.0f, o = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kAreas; ++w) {
-            const float* mw = reinterpret_cast<const float*>(smem + w * area_bytes);
-            const float mv = mw[h];
-            if (mv != -INFINITY) {  // a warp with no step contributes nothing
-                const float sc = exp2f(mv - m);
-                l += mw[kMaxGroup + h] * sc;
-                o += mw[2 * kMaxGroup + h * kD + d] * sc;
-            }
-        }
-        const uint32_t head = kv_head * ng + h;
-        p.part_out[((size_t)split * p.n_head + head) * kD + d] = o / l;
-        if (d == 0) p.part_lse[(size_t)split * p.n_head + head] = (m + log2f(l)) / kLog2e;
-    }
-}
-
 // kUniform: K and V rows are whole 16-byte chunks (every tier with 8 KV heads of dim 128), so
 // every cell of this head has the same lead: copy addresses and shared-memory offsets are the
 // same in every step and are computed once (the launch picks it; SPILLWAY_ATTN_FAST_COPY=0
@@ -703,7 +528,13 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     // waited ~8 us (lab timeline, session 19).
     const float* q_group = p.q + (size_t)kv_head * ng * kD;
     float4 qv[8];
-    q_loads(p, q_group, ng, g, t, lane, qv);
+    if (p.q_load == 2) {
+        load_q_coalesced(q_group, ng, lane, qv);
+    } else if (p.q_load == 1) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            qv[j] = g < ng ? load_f4_in_order(q_group + g * kD + 32 * t + 4 * j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     if (!settled) {
 #pragma unroll
         for (int s = 0; s < L::kStages - 1; ++s) issue(s);
@@ -765,11 +596,54 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
                 if constexpr (kUniform) return c * L::kWinK + k_head16;
                 else return c * L::kWinK + (((first + c) * k_row16 + k_head16) & 15);
             };
-            qk_from_raw<KT>(sk, k_slice(g), k_slice(g + 8), t, qb, s);
+            const KWords<KT> k0 = k_words<KT>(sk, k_slice(g), t), k1 = k_words<KT>(sk, k_slice(g + 8), t);
+            // Two accumulator chains of 4 MMAs instead of one of 8: half the dependent latency.
+            float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            s[0] = s[1] = s[2] = s[3] = 0.0f;
+#pragma unroll
+            for (int kt = 0; kt < 8; ++kt) {
+                uint32_t a0, a1, a2, a3;
+                k_fragment<KT>(k0, kt, a0, a2);
+                k_fragment<KT>(k1, kt, a1, a3);
+                mma16816(kt % 2 ? s_odd : s, a0, a1, a2, a3, qb[kt][0], qb[kt][1]);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) s[j] += s_odd[j];
         }
 
-        uint32_t pb0, pb1;
-        softmax_step(s, g, valid, m_run, l_run, acc, pb0, pb1);
+        // Online softmax per head (base 2). s = (cell g, heads 2t, 2t+1), (cell g+8, ...);
+        // a head's 16 cells are spread over the 8 lane groups. Invalid cells: -inf -> p = 0.
+        if (g >= valid) s[0] = s[1] = -INFINITY;
+        if (g + 8 >= valid) s[2] = s[3] = -INFINITY;
+        float alpha[2], e[4];
+        bool grew = false;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = fmaxf(s[h], s[2 + h]);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));  // finite: cell 0 is valid
+            const float m_new = fmaxf(m_run[h], mx);
+            grew |= m_new > m_run[h];
+            // 0 on the first step; exactly 1 when the max did not grow (the skipped rescale below
+            // relies on it).
+            alpha[h] = m_new > m_run[h] ? exp2_ftz(m_run[h] - m_new) : 1.0f;
+            e[h] = exp2_ftz(s[h] - m_new);
+            e[2 + h] = exp2_ftz(s[2 + h] - m_new);
+            l_run[h] = l_run[h] * alpha[h] + (e[h] + e[2 + h]);
+            m_run[h] = m_new;
+        }
+        // Once the running maxima settle, most steps leave them unchanged: alpha = 1 exactly
+        // for every head of the warp, and the 32 multiplies are skipped.
+        if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+            for (int mt = 0; mt < 8; ++mt) {
+                acc[mt][0] *= alpha[0], acc[mt][1] *= alpha[1], acc[mt][2] *= alpha[0], acc[mt][3] *= alpha[1];
+            }
+        }
+        // P^T tiles (cells x heads) transposed into PV's B operand (k = cells 2t, 2t+1 and
+        // 2t+8, 2t+9; n = head g).
+        const uint32_t pb0 = transpose8x8(pack_h2(e[0], e[1])), pb1 = transpose8x8(pack_h2(e[2], e[3]));
 
         // O^T[dim][head] += V^T P^T: A rows = dims (v_tile_dim), k = cells.
         {
@@ -812,7 +686,23 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     }
     __syncthreads();  // every warp is done with its ring
     timeline_stamp(p, 5);
-    store_warp_state<1>(ring, m_run, l_run, acc, g, t, [&](int mt) { return v_tile_dim<VT>(mt, g); });
+    {
+        float* mw = reinterpret_cast<float*>(ring);
+        float* lw = mw + kMaxGroup;
+        float* aw = lw + kMaxGroup;
+        if (g == 0) {
+            mw[2 * t] = m_run[0], mw[2 * t + 1] = m_run[1];
+            lw[2 * t] = l_run[0], lw[2 * t + 1] = l_run[1];
+        }
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt) {
+            const uint32_t d = v_tile_dim<VT>(mt, g);
+            aw[(2 * t) * kD + d] = acc[mt][0];
+            aw[(2 * t + 1) * kD + d] = acc[mt][1];
+            aw[(2 * t) * kD + d + 1] = acc[mt][2];
+            aw[(2 * t + 1) * kD + d + 1] = acc[mt][3];
+        }
+    }
     __syncthreads();
     timeline_stamp(p, 8);
     for (uint32_t idx = tid; idx < ng * kD; idx += kThreads) {
@@ -838,321 +728,6 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     timeline_stamp(p, 6);
     attention_finish_single_split<kD>(p, kv_head);
 }
-
-// ---- Quantized V (and K) converted to f16 by a paired warp (lab: AttentionKernel::mma_vconv) ----
-// Why: the quantized loops above are latency-bound at 16 warps per SM (Nsight, session 22): a
-// warp's step is one dependent chain of ~600 (q8_0) / ~500 (q4_0) instructions, about a third
-// of them V's (two cells' codes interleaved per register by permutes, the block scale in P).
-// Here each of a block's 4 MMA warps has a converter warp beside it. The converter copies its
-// step's raw V cells, dequantizes them (d * q rounded once to f16, as the tensor_core kernel)
-// into a 4 KiB tile (16 cells x 128 dims, 16-byte chunks swizzled by cell so that 8 rows of one
-// chunk hit 8 bank groups), and the MMA warp reads V^T's fragments from it with ldmatrix.trans:
-// no permutes, no scale in P. kConvertK (quantized K): the converter does the same for K into a
-// second tile, which the MMA warp reads with ldmatrix, so its step is two ldmatrix + MMA loops
-// around the softmax; otherwise K stays as in attention_mma_kernel (fragments from the raw
-// ring, copied by the MMA warp). The two warps hand the tiles back and forth through two named
-// barriers of 64 threads (full: converter -> MMA warp; empty: back), so the converter
-// dequantizes step i + 1 into registers while its MMA warp runs step i.
-// Counted per 16-cell step (not yet measured; no disassembler here): V only, MMA warp ~250
-// instructions (the K conversion stays in its chain), converter ~180; K and V, MMA warp ~100,
-// converter ~300 (q8_0) / ~280 (q4_0); today one chain of ~600 / ~500. Shared-memory traffic
-// per step ~17 / ~13 KB (V only, q8_0 / q4_0) and ~25 / ~21 KB (K and V) against ~9 KB: K and V
-// q4_0 nears the shared-memory rate (128 B per clock) at HBM pace.
-// kBlocks blocks of 8 warps per SM: 2 (<= 128 registers) or 3 (80; ptxas spills 32-68 bytes in
-// every mode), i.e. 8 or 12 MMA warps per SM instead of 16.
-namespace vconv {
-
-constexpr int kPairs = 4;
-constexpr int kThreads = 2 * kPairs * 32;
-constexpr uint32_t kRowBytes = kD * 2;              // one cell of an f16 tile
-constexpr uint32_t kTileBytes = kStep * kRowBytes;  // 4 KiB
-constexpr uint32_t kFullBarrier = 1, kEmptyBarrier = 1 + kPairs;  // + the pair; 0 is __syncthreads'
-
-template <KvType KT, KvType VT, int kBlocksPerSm, bool kConvertK>
-struct Layout {
-    static constexpr uint32_t kSliceK = slice_bytes(KT, kD), kSliceV = slice_bytes(VT, kD);
-    static constexpr uint32_t kWinK = window_bytes(KT), kWinV = window_bytes(VT);
-    static constexpr size_t k_stage = (size_t)kStep * kWinK, v_stage = (size_t)kStep * kWinV;
-    static constexpr uint32_t kTiles = kConvertK ? 2 : 1;  // V's f16 tile, then K's
-    // lds_words may read 4 bytes past the last cell's window: the tiles follow the rings, and
-    // the last pair's tiles are followed by this slack.
-    static constexpr size_t kSlack = 16;
-    static constexpr size_t pair_bytes_for(int stages) { return kTiles * kTileBytes + stages * (k_stage + v_stage); }
-    static constexpr bool fits(int stages) {
-        return kBlocksPerSm * (kPairs * pair_bytes_for(stages) + kSlack + kSmemReservedPerBlock) <= kSmemPerSm;
-    }
-    static constexpr int kStages = fits(4) ? 4 : fits(3) ? 3 : 2;
-    static constexpr size_t pair_bytes = pair_bytes_for(kStages);
-    static constexpr size_t total = kPairs * pair_bytes + kSlack;
-    static_assert(fits(kStages), "kBlocksPerSm blocks per SM");
-    static_assert(pair_bytes % 16 == 0 && k_stage % 16 == 0 && v_stage % 16 == 0, "16-byte aligned regions");
-    static_assert(pair_bytes >= (2 * kMaxGroup + kMaxGroup * kD) * 4, "the merge area fits in a pair's region");
-    static_assert(kTileBytes >= 32 * 64, "Q's f16 rows fit in the tile");
-};
-
-// Named barrier of one warp pair: bar.arrive does not wait, bar.sync waits until both warps
-// arrived; each orders the executing warp's earlier shared-memory accesses before the other's
-// later ones.
-__device__ __forceinline__ void pair_barrier_sync(uint32_t id) {
-    asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory");
-}
-__device__ __forceinline__ void pair_barrier_arrive(uint32_t id) {
-    asm volatile("bar.arrive %0, 64;\n" ::"r"(id) : "memory");
-}
-
-// Byte offset of chunk (8 dims) `chunk` of cell `cell` in a tile.
-__device__ __forceinline__ uint32_t tile_chunk(uint32_t cell, uint32_t chunk) {
-    return cell * kRowBytes + ((chunk ^ (cell & 7)) << 4);
-}
-
-// A converter lane's two blocks (b0, b0 + 1) of its cell c into a tile: chunks 4 b .. 4 b + 3.
-__device__ __forceinline__ void store_blocks(uint8_t* tile, uint32_t c, uint32_t b0, const uint4 (&h)[2][4]) {
-#pragma unroll
-    for (int bb = 0; bb < 2; ++bb)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) *reinterpret_cast<uint4*>(tile + tile_chunk(c, 4 * (b0 + bb) + q)) = h[bb][q];
-}
-
-// A converter lane's blocks b0, b0 + 1 of its cell (slice at byte off of the stage) as f16
-// chunks of 8 values (kv_tile::dequant8_quantized: d * q rounded once, as the tensor_core
-// kernel), zeros for a cell past the step's valid ones (stale ring bytes may hold NaN, and a
-// masked p = 0 must not meet it).
-template <KvType T>
-__device__ __forceinline__ void convert_cell(const uint8_t* stage, uint32_t off, uint32_t b0, bool valid,
-                                             uint4 (&h)[2][4]) {
-#pragma unroll
-    for (int bb = 0; bb < 2; ++bb)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) h[bb][q] = kv_tile::dequant8_quantized<T>(stage + off, 4 * ((int)b0 + bb) + q);
-    if (!valid) {
-#pragma unroll
-        for (int bb = 0; bb < 2; ++bb)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) h[bb][q] = make_uint4(0, 0, 0, 0);
-    }
-}
-
-// Q^T as QK's B operand in the standard m16n8k16 order (kConvertK: K's fragments come from
-// ldmatrix, so the contraction index is not permuted): lane (g, t), step kt: head g, dims 16 kt
-// + 2t, + 1 and 16 kt + 2t + 8, + 9, pre-scaled to base-2 units; heads past the group are zero.
-__device__ __forceinline__ void q_fragments_standard(const Params& p, const float* q_group, uint32_t ng, uint32_t g,
-                                                     uint32_t t, uint32_t (&qb)[8][2]) {
-#pragma unroll
-    for (int kt = 0; kt < 8; ++kt) {
-        float2 lo = make_float2(0.0f, 0.0f), hi = make_float2(0.0f, 0.0f);
-        if (g < ng) {  // scalar loads: q need only be 4-byte aligned
-            const float* at = q_group + g * kD + 16 * kt + 2 * t;
-            lo = make_float2(at[0], at[1]);
-            hi = make_float2(at[8], at[9]);
-        }
-        qb[kt][0] = pack_h2(lo.x * p.scale_log2, lo.y * p.scale_log2);
-        qb[kt][1] = pack_h2(hi.x * p.scale_log2, hi.y * p.scale_log2);
-    }
-}
-
-// Warps 0..3: the MMA warps (QK, softmax, PV; K's copies unless kConvertK); warps 4..7: their
-// converters (V's copies and dequantization, and K's with kConvertK). Pair w's local step i is
-// chunk w + 4 i of the split, as warp w's in attention_mma_kernel. Quantized V (and K with
-// kConvertK) only; no whole-wave plans (launch checks). The lab timeline (Params::timeline) is
-// stamped by the MMA warps in attention_mma_kernel's slots, so the 4-warp layout holds.
-template <KvType KT, KvType VT, bool kUniform, int kBlocks, bool kConvertK>
-__global__ void __launch_bounds__(kThreads, kBlocks) attention_mma_vconv_kernel(Params p) {
-    using L = Layout<KT, VT, kBlocks, kConvertK>;
-    static_assert(VT != KvType::f16 && (!kConvertK || KT != KvType::f16), "quantized operands");
-    extern __shared__ __align__(128) uint8_t smem[];
-    const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const uint32_t pair = warp % kPairs;
-    const bool converter = warp >= (uint32_t)kPairs;
-    const bool copies_k = kConvertK ? converter : !converter, copies_v = converter;
-    const uint32_t g = lane / 4, t = lane % 4;
-    uint8_t* k_ring = smem + pair * L::pair_bytes;
-    uint8_t* v_ring = k_ring + L::kStages * L::k_stage;
-    uint8_t* v_tile = v_ring + L::kStages * L::v_stage;
-    uint8_t* k_tile = v_tile + kTileBytes;  // kConvertK
-
-    const uint32_t kv_head = blockIdx.x, split = blockIdx.y;
-    const uint32_t cell_begin = split * p.cells_per_split;
-    const uint32_t cell_end = min(p.n_cells, cell_begin + p.cells_per_split);
-    const uint32_t n_chunks = (cell_end - cell_begin + kStep - 1) / kStep;
-    const uint32_t ng = p.n_group;
-    const uint64_t k_head_off = (uint64_t)kv_head * L::kSliceK, v_head_off = (uint64_t)kv_head * L::kSliceV;
-    const uint32_t k_row16 = (uint32_t)(p.k_row_bytes & 15), k_head16 = (uint32_t)(k_head_off & 15);
-    const uint32_t v_row16 = (uint32_t)(p.v_row_bytes & 15), v_head16 = (uint32_t)(v_head_off & 15);
-
-    // Copy addresses computed once (kUniform), as in attention_mma_kernel.
-    const HoistedCopy<L::kWinK> k_copy(lane, p.k_row_bytes, k_head_off, k_head16, (uint32_t)__cvta_generic_to_shared(k_ring));
-    const HoistedCopy<L::kWinV> v_copy(lane, p.v_row_bytes, v_head_off, v_head16, (uint32_t)__cvta_generic_to_shared(v_ring));
-
-    auto issue = [&](uint32_t i) {
-        const uint32_t chunk = pair + kPairs * i;
-        if (chunk < n_chunks) {
-            const uint32_t slot = i % L::kStages;
-            const uint32_t first = cell_begin + chunk * kStep;
-            const uint32_t count = min((uint32_t)kStep, cell_end - first);
-            const bool hoisted = kUniform && count == kStep;
-            if (copies_v) {
-                if (hoisted) {
-                    v_copy.issue(slot * (uint32_t)L::v_stage, p.v + (uint64_t)first * p.v_row_bytes);
-                } else {
-                    copy_windows<L::kSliceV, L::kWinV>(v_ring + slot * L::v_stage, p.v + first * p.v_row_bytes + v_head_off,
-                                                       (uint32_t)p.v_row_bytes, count, lane);
-                }
-            }
-            if (copies_k) {
-                if (hoisted) {
-                    k_copy.issue(slot * (uint32_t)L::k_stage, p.k + (uint64_t)first * p.k_row_bytes);
-                } else {
-                    copy_windows<L::kSliceK, L::kWinK>(k_ring + slot * L::k_stage, p.k + first * p.k_row_bytes + k_head_off,
-                                                       (uint32_t)p.k_row_bytes, count, lane);
-                }
-            }
-        }
-        cp_async_commit();  // empty groups keep the wait count uniform
-    };
-    // Lab timeline: the MMA warps stamp, warp w in the slots of attention_mma_kernel's warp w.
-    const auto stamp = [&](uint32_t slot, uint64_t value = 0, bool time = true) {
-        if (!converter) timeline_stamp(p, slot, value, time);
-    };
-    stamp(0);
-    if (p.timeline != nullptr) {
-        uint32_t sm;
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        stamp(9, sm, false);
-    }
-    // Programmatic launch: as attention_mma_kernel (settled splits copy before the wait).
-    const bool copies = copies_k || copies_v;
-    const bool settled = cell_end <= p.settled_cells;
-    if (settled && copies) {
-#pragma unroll
-        for (int s = 0; s < L::kStages - 1; ++s) issue(s);
-    }
-    pdl_wait_for_producer();
-    pdl_release_dependents();
-    stamp(1);
-
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-    float acc[8][4];
-#pragma unroll
-    for (int mt = 0; mt < 8; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
-    if (converter) {
-        if (!settled) {
-#pragma unroll
-            for (int s = 0; s < L::kStages - 1; ++s) issue(s);
-        }
-        // Lane: cell c of the step, blocks b0 and b0 + 1 (4 chunks each) of V (and of K).
-        const uint32_t c = lane % kStep, b0 = 2 * (lane / kStep);
-        for (uint32_t i = 0; pair + kPairs * i < n_chunks; ++i) {
-            issue(i + L::kStages - 1);
-            cp_async_wait<L::kStages - 1>();
-            __syncwarp();
-            const uint32_t first = cell_begin + (pair + kPairs * i) * kStep;
-            const bool valid = c < min((uint32_t)kStep, cell_end - first);
-            const uint32_t v_off = kUniform ? c * L::kWinV + v_head16 : c * L::kWinV + (((first + c) * v_row16 + v_head16) & 15);
-            const uint8_t* sv = v_ring + (i % L::kStages) * L::v_stage;
-            uint4 hv[2][4];
-            if constexpr (kConvertK) {
-                const uint32_t k_off = kUniform ? c * L::kWinK + k_head16 : c * L::kWinK + (((first + c) * k_row16 + k_head16) & 15);
-                uint4 hk[2][4];
-                convert_cell<KT>(k_ring + (i % L::kStages) * L::k_stage, k_off, b0, valid, hk);
-                // At 3 blocks per SM (80 registers) V is converted after K is stored, so that
-                // only one operand's 32 registers are live; at 2 both are ready at the barrier.
-                if constexpr (kBlocks == 2) convert_cell<VT>(sv, v_off, b0, valid, hv);
-                pair_barrier_sync(kEmptyBarrier + pair);  // the MMA warp is done with the tiles
-                store_blocks(k_tile, c, b0, hk);
-                if constexpr (kBlocks != 2) convert_cell<VT>(sv, v_off, b0, valid, hv);
-            } else {
-                convert_cell<VT>(sv, v_off, b0, valid, hv);
-                pair_barrier_sync(kEmptyBarrier + pair);
-            }
-            store_blocks(v_tile, c, b0, hv);
-            pair_barrier_arrive(kFullBarrier + pair);
-            __syncwarp();  // this stage is refilled by the next step's issue
-        }
-        pair_barrier_sync(kEmptyBarrier + pair);  // the MMA warp's last release (one per step, one after Q)
-    } else {
-        const float* q_group = p.q + (size_t)kv_head * ng * kD;
-        uint32_t qb[8][2];
-        if constexpr (kConvertK) {
-            q_fragments_standard(p, q_group, ng, g, t, qb);
-        } else {
-            float4 qv[8];
-            q_loads(p, q_group, ng, g, t, lane, qv);
-            if (!settled) {
-#pragma unroll
-                for (int s = 0; s < L::kStages - 1; ++s) issue(s);
-            }
-            q_fragments(p, qv, q_group, ng, g, t, lane, v_tile, qb);  // the tile is Q's scratch until the first step
-        }
-        stamp(2);
-        pair_barrier_arrive(kEmptyBarrier + pair);
-        // ldmatrix.x4 of QK's A operand (K: rows cells, k = dims 16 kt ..): lanes 8 m .. 8 m + 7
-        // address matrix m = (cells + 8 (m % 2), dims + 8 (m / 2)). ldmatrix.x4.trans of PV's
-        // (V^T: rows dims 16 mt .., k = cells): matrix m = (dims + 8 (m % 2), cells + 8 (m / 2)).
-        const uint32_t mat = lane / 8;
-        const uint32_t qk_cell = lane % 8 + 8 * (mat % 2), qk_half = mat / 2;
-        const uint32_t pv_cell = lane % 8 + 8 * (mat / 2), pv_half = mat % 2;
-        for (uint32_t i = 0; pair + kPairs * i < n_chunks; ++i) {
-            const uint32_t first = cell_begin + (pair + kPairs * i) * kStep;
-            const uint32_t valid = min((uint32_t)kStep, cell_end - first);
-            float s[4];
-            if constexpr (kConvertK) {
-                pair_barrier_sync(kFullBarrier + pair);  // the converter's tiles of this step
-                float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // two accumulator chains of 4 MMAs
-                s[0] = s[1] = s[2] = s[3] = 0.0f;
-#pragma unroll
-                for (int kt = 0; kt < 8; ++kt) {
-                    uint32_t a[4];
-                    prefill_mma::ldmatrix_x4(a, k_tile + tile_chunk(qk_cell, 2 * kt + qk_half));
-                    mma16816(kt % 2 ? s_odd : s, a[0], a[1], a[2], a[3], qb[kt][0], qb[kt][1]);
-                }
-#pragma unroll
-                for (int j = 0; j < 4; ++j) s[j] += s_odd[j];
-            } else {
-                issue(i + L::kStages - 1);
-                cp_async_wait<L::kStages - 1>();
-                __syncwarp();
-                const uint8_t* sk = k_ring + (i % L::kStages) * L::k_stage;
-                auto k_slice = [&](uint32_t c) {
-                    if constexpr (kUniform) return c * L::kWinK + k_head16;
-                    else return c * L::kWinK + (((first + c) * k_row16 + k_head16) & 15);
-                };
-                qk_from_raw<KT>(sk, k_slice(g), k_slice(g + 8), t, qb, s);
-            }
-            uint32_t pb0, pb1;
-            softmax_step(s, g, valid, m_run, l_run, acc, pb0, pb1);
-            if constexpr (!kConvertK) pair_barrier_sync(kFullBarrier + pair);  // the converter's V tile
-            if (i == 0) stamp(3);  // the first step's operands in hand
-#pragma unroll
-            for (int mt = 0; mt < 8; ++mt) {
-                uint32_t a[4];
-                prefill_mma::ldmatrix_x4_trans(a, v_tile + tile_chunk(pv_cell, 2 * mt + pv_half));
-                mma16816(acc[mt], a[0], a[1], a[2], a[3], pb0, pb1);
-            }
-            pair_barrier_arrive(kEmptyBarrier + pair);
-            __syncwarp();  // this stage is refilled by the next step's issue
-        }
-        stamp(4);
-        stamp(7, pair < n_chunks ? (n_chunks - pair + kPairs - 1) / kPairs : 0, false);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 4);
-            l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 8);
-            l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 16);
-        }
-    }
-    cp_async_wait<0>();
-    __syncthreads();  // every warp is done with its ring and tiles
-    stamp(5);
-    // acc[mt]: rows (dims) 16 mt + g (registers 0, 1) and + 8 (2, 3).
-    if (!converter) store_warp_state<8>(k_ring, m_run, l_run, acc, g, t, [&](int mt) { return 16 * (uint32_t)mt + g; });
-    __syncthreads();
-    stamp(8);
-    write_block_partial<kPairs, kThreads>(p, smem, L::pair_bytes, kv_head, split);
-    stamp(6);
-    attention_finish_single_split<kD>(p, kv_head);
-}
-
-}  // namespace vconv
 
 // SPILLWAY_ATTN_MMA_BLOCKS=N (lab): plan the splits for N blocks per SM instead of the
 // resident count (more than resident: several waves). 0 or unset: the resident count.
@@ -1180,11 +755,10 @@ uint32_t planned_blocks_per_sm(uint32_t n_cells) {
 }
 
 template <KvType KT, KvType VT>
-Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count, VConvert vc) {
+Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     if (n_cells == 0) return {0, 0};
-    const uint32_t resident = vc.blocks != 0 ? vc.blocks : planned_blocks_per_sm<KT, VT>(n_cells);
-    const uint32_t per_sm = lab_blocks_per_sm() > 0 ? lab_blocks_per_sm() : resident;
-    if (lab_whole_waves() && vc.blocks == 0) {
+    const uint32_t per_sm = lab_blocks_per_sm() > 0 ? lab_blocks_per_sm() : planned_blocks_per_sm<KT, VT>(n_cells);
+    if (lab_whole_waves()) {
         // The per-SM timeline (session 19) showed 392 or 512 blocks on 396 or 528 slots; filling
         // them exactly moved the engine by under 1% (SM speed, not placement, sets the tail).
         const uint32_t slots = per_sm * std::max(1u, sm_count), lo = slots / n_head_kv, hi_heads = slots % n_head_kv;
@@ -1196,41 +770,26 @@ Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count, VConvert 
         }
     }
     const uint32_t wanted = std::max(1u, per_sm * std::max(1u, sm_count) / n_head_kv);
-    static_assert(kWarps == vconv::kPairs, "one split minimum for both kernels");
     const uint32_t min_cells = kStep * kWarps;  // a step per warp
     const uint32_t splits = std::min(wanted, (n_cells + min_cells - 1) / min_cells);
     const uint32_t per = ((n_cells + splits - 1) / splits + kStep - 1) / kStep * kStep;
     return {(n_cells + per - 1) / per, per};
 }
 
-// kKernel's shared memory (kSmem) and carveout, once per instance.
-template <auto kKernel, size_t kSmem>
+template <KvType KT, KvType VT, bool kUniform>
 void configure_once() {
     static const bool configured = [] {
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
-        // All of the unified L1/shared memory as shared: the split count assumes the planned
-        // blocks per SM fit at once (a smaller carveout makes a second wave).
-        SPILLWAY_CUDA_CHECK(
-            cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout, (int)cudaSharedmemCarveoutMaxShared));
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 (int)Layout<KT, VT>::total));
+        // All of the unified L1/shared memory as shared: the split count assumes
+        // Layout::blocks_per_sm blocks fit at once (a smaller carveout makes a second wave).
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform>,
+                                                 cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                 (int)cudaSharedmemCarveoutMaxShared));
         return true;
     }();
     (void)configured;
-}
-
-// The V-converting kernel's instance for kBlocks blocks per SM.
-template <KvType KT, KvType VT, int kBlocks, bool kConvertK>
-void launch_vconv(const Params& p, dim3 grid, bool uniform, bool pdl, cudaStream_t stream) {
-    constexpr size_t smem = vconv::Layout<KT, VT, kBlocks, kConvertK>::total;
-    const dim3 block(vconv::kThreads);
-    if (uniform) {
-        constexpr auto kKernel = vconv::attention_mma_vconv_kernel<KT, VT, true, kBlocks, kConvertK>;
-        configure_once<kKernel, smem>();
-        launch_with_pdl(pdl, kKernel, grid, block, smem, stream, p);
-    } else {
-        constexpr auto kKernel = vconv::attention_mma_vconv_kernel<KT, VT, false, kBlocks, kConvertK>;
-        configure_once<kKernel, smem>();
-        launch_with_pdl(pdl, kKernel, grid, block, smem, stream, p);
-    }
 }
 
 // SPILLWAY_ATTN_Q_LOAD (lab): scalar (per-lane loads after the copies, as before session
@@ -1242,34 +801,21 @@ uint32_t lab_q_load() {
 }
 
 template <KvType KT, KvType VT>
-void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream, VConvert vc) {
+void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
     constexpr size_t smem = Layout<KT, VT>::total;
     // SPILLWAY_ATTN_FAST_COPY=0 (lab): every step through the generic per-cell copy.
     static const bool fast_copy = !lab_knob("SPILLWAY_ATTN_FAST_COPY", "0", "1");
     Params p = params;
     p.q_load = reinterpret_cast<uintptr_t>(p.q) % 16 == 0 ? lab_q_load() : 0;
     const dim3 grid(n_head_kv, n_splits);
-    const bool uniform = fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0;
-    const bool pdl = pdl_site_on(PdlSite::attention);
-    if (vc.blocks != 0) {
-        if constexpr (VT == KvType::f16) {
-            fail("attention_mma: the V-converting kernel takes quantized V only");
-        } else {
-            if (p.splits_lo != 0) fail("attention_mma: the V-converting kernel takes no whole-wave plan");
-            // K converted too where it is quantized (f16 K's fragments come straight from its ring).
-            constexpr bool kCanConvertK = KT != KvType::f16;
-            if (vc.blocks == 3 && vc.k && kCanConvertK) launch_vconv<KT, VT, 3, kCanConvertK>(p, grid, uniform, pdl, stream);
-            else if (vc.blocks == 2 && vc.k && kCanConvertK) launch_vconv<KT, VT, 2, kCanConvertK>(p, grid, uniform, pdl, stream);
-            else if (vc.blocks == 3) launch_vconv<KT, VT, 3, false>(p, grid, uniform, pdl, stream);
-            else if (vc.blocks == 2) launch_vconv<KT, VT, 2, false>(p, grid, uniform, pdl, stream);
-            else fail("attention_mma: the V-converting kernel runs 2 or 3 blocks per SM");
-        }
-    } else if (uniform) {
-        configure_once<attention_mma_kernel<KT, VT, true>, smem>();
-        launch_with_pdl(pdl, attention_mma_kernel<KT, VT, true>, grid, dim3(kThreads), smem, stream, p);
+    if (fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0) {
+        configure_once<KT, VT, true>();
+        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, true>, grid, dim3(kThreads), smem,
+                        stream, p);
     } else {
-        configure_once<attention_mma_kernel<KT, VT, false>, smem>();
-        launch_with_pdl(pdl, attention_mma_kernel<KT, VT, false>, grid, dim3(kThreads), smem, stream, p);
+        configure_once<KT, VT, false>();
+        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, false>, grid, dim3(kThreads), smem,
+                        stream, p);
     }
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
@@ -1293,24 +839,14 @@ auto with_types(KvType kt, KvType vt, F&& f) {
 
 }  // namespace
 
-VConvert v_convert_mode() {
-    // SPILLWAY_ATTN_V_CONVERT=2|3|kv2|kv3 (lab): the V-converting kernel at that many blocks per
-    // SM; kv: its converters dequantize quantized K too.
-    static const int choice = lab_knob_choice("SPILLWAY_ATTN_V_CONVERT", {"off", "2", "3", "kv2", "kv3"});
-    static constexpr VConvert kModes[] = {{}, {2, false}, {3, false}, {2, true}, {3, true}};
-    return choice <= 0 ? VConvert{} : kModes[choice];
-}
-
-Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count, VConvert vc) {
-    if (vc.blocks != 0 && (v_type == KvType::f16 || (vc.blocks != 2 && vc.blocks != 3)))
-        fail("attention_mma: the V-converting kernel takes quantized V at 2 or 3 blocks per SM");
+Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     return with_types(k_type, v_type,
-                      [&]<KvType KT, KvType VT>() { return plan_for<KT, VT>(n_head_kv, n_cells, sm_count, vc); });
+                      [&]<KvType KT, KvType VT>() { return plan_for<KT, VT>(n_head_kv, n_cells, sm_count); });
 }
 
 void launch(KvType k_type, KvType v_type, const Params& p, uint32_t n_head_kv, uint32_t n_splits,
-            cudaStream_t stream, VConvert vc) {
-    with_types(k_type, v_type, [&]<KvType KT, KvType VT>() { launch_for<KT, VT>(p, n_head_kv, n_splits, stream, vc); });
+            cudaStream_t stream) {
+    with_types(k_type, v_type, [&]<KvType KT, KvType VT>() { launch_for<KT, VT>(p, n_head_kv, n_splits, stream); });
 }
 
 }  // namespace spillway::attention_mma

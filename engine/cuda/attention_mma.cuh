@@ -81,24 +81,11 @@ struct Plan {
     uint32_t hi_heads = 0;
 };
 
-// The lab kernel whose converter warps dequantize quantized V (and, with k, quantized K) into
-// f16 tiles beside each MMA warp (attention_mma.cu, namespace vconv): blocks of 8 warps per SM
-// (2 or 3); blocks == 0: this file's mma kernel.
-struct VConvert {
-    uint32_t blocks = 0;
-    bool k = false;
-};
-
-// Splits for n_cells: one wave of blocks (as many per SM as shared memory allows, at most 4),
-// or of the V-converting kernel's blocks.
-Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count, VConvert vc = {});
+// Splits for n_cells: one wave of blocks (as many per SM as shared memory allows, at most 4).
+Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count);
 
 // Grid (n_head_kv, n_splits); every CUDA return code checked.
 void launch(KvType k_type, KvType v_type, const Params& p, uint32_t n_head_kv, uint32_t n_splits,
-            cudaStream_t stream, VConvert vc = {});
-
-// SPILLWAY_ATTN_V_CONVERT=off|2|3|kv2|kv3 (lab): the V-converting kernel where the engine would
-// run the mma kernel with quantized V (kv: K converted too); blocks 0 when off (the default).
-VConvert v_convert_mode();
+            cudaStream_t stream);
 
 }  // namespace spillway::attention_mma

@@ -96,18 +96,16 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
     CudaForwardState st;
     init_cuda_forward_state(st, model, chunk, false, n_ctx);
     report.hbm_gb_s = measure_vram_read_gbps();
-    // Lab, SPILLWAY_ATTN_ENGINE_TIMELINE=1 (attention_timeline.h): every layer's mma (or
-    // mma_vconv: its MMA warps) decode attention stamps its timeline inside the graphs; each
-    // decode row's last step is summarised on stderr.
+    // Lab, SPILLWAY_ATTN_ENGINE_TIMELINE=1 (attention_timeline.h): every layer's mma
+    // decode attention stamps its timeline inside the graphs; each decode row's last step is
+    // summarised on stderr.
     const AttentionShape attn_shape{s.n_head, model.n_head_kv, s.head_dim_k, s.head_dim_v,
                                     1.0f / std::sqrt((float)s.head_dim_k)};
     DeviceBuffer<uint64_t> attn_stamps;
     if (lab_knob("SPILLWAY_ATTN_ENGINE_TIMELINE", "1", "0")) {
         uint32_t splits = 1;
         for (const auto& [kt, vt] : o.kv_types)
-            for (AttentionKernel k : {AttentionKernel::mma, AttentionKernel::mma_vconv})  // whichever runs
-                if (attention_kernel_supports(k, attn_shape, kt, vt))
-                    splits = std::max(splits, attention_split_count(k, attn_shape, kt, vt, n_ctx, st.sm_count));
+            splits = std::max(splits, attention_split_count(AttentionKernel::mma, attn_shape, kt, vt, n_ctx, st.sm_count));
         st.attn_timeline_stride = attention_timeline_slots(s.n_head, model.n_head_kv, splits);
         attn_stamps = DeviceBuffer<uint64_t>(st.attn_timeline_stride * s.n_layer);
         st.attn_timeline = attn_stamps.data();
@@ -206,14 +204,13 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
                 SPILLWAY_CUDA_CHECK(cudaMemsetAsync(attn_stamps.data(), 0, attn_stamps.bytes(), st.stream));
             const DecodeTiming t = time_decode(cache, depth);
             const uint32_t last_cells = depth + o.n_gen;  // the last timed step's cells
-            const AttentionKernel attn_kernel = attention_default_kernel(attn_shape, kt, vt, last_cells);
             if (st.attn_timeline != nullptr &&
-                (attn_kernel == AttentionKernel::mma || attn_kernel == AttentionKernel::mma_vconv)) {
+                attention_default_kernel(attn_shape, kt, vt, last_cells) == AttentionKernel::mma) {
                 std::vector<uint64_t> stamps(attn_stamps.size());
                 SPILLWAY_CUDA_CHECK(cudaMemcpy(stamps.data(), attn_stamps.data(), attn_stamps.bytes(),
                                                cudaMemcpyDeviceToHost));
                 const uint32_t splits =
-                    attention_split_count(attn_kernel, attn_shape, kt, vt, last_cells, st.sm_count);
+                    attention_split_count(AttentionKernel::mma, attn_shape, kt, vt, last_cells, st.sm_count);
                 const std::string line = attention_engine_timeline_summary(
                     stamps, st.attn_timeline_stride, s.n_layer, s.n_head, model.n_head_kv, splits);
                 std::fprintf(stderr, "%s/%s depth %u: %s\n", kv_type_name(kt), kv_type_name(vt), depth,

@@ -32,10 +32,7 @@ struct KvCells {
 };
 
 const char* kernel_name(AttentionKernel k) {
-    return k == AttentionKernel::int_dot     ? "int_dot "
-           : k == AttentionKernel::mma       ? "mma "
-           : k == AttentionKernel::mma_vconv ? "mma_vconv "
-                                             : "tensor_core ";
+    return k == AttentionKernel::int_dot ? "int_dot " : k == AttentionKernel::mma ? "mma " : "tensor_core ";
 }
 
 KvCells random_cells(std::mt19937& rng, const AttentionShape& s, KvType kt, KvType vt, uint32_t n_cells) {
@@ -191,25 +188,6 @@ TEST(CudaAttention, MmaKernelMatchesCpu) {
     check_attention(make_shape(8, 1, 128), KvType::q8_0, KvType::q8_0, 20000, &kernel);
 }
 
-// The lab kernel whose converter warps dequantize V into an f16 tile for each MMA warp
-// (quantized V only): every K type with both quantized V types, the same boundaries as above
-// (partial steps: the converter zeroes cells past the range; pairs with no step: their
-// barriers stay balanced), the unaligned windows of odd KV-head counts, and many splits.
-TEST(CudaAttention, MmaVconvKernelMatchesCpu) {
-    SPILLWAY_SKIP_WITHOUT_GPU();
-    const AttentionKernel kernel = AttentionKernel::mma_vconv;
-    for (KvType kt : kTypes)
-        for (KvType vt : {KvType::q8_0, KvType::q4_0})
-            for (uint32_t n_cells : {1u, 15u, 17u, 65u, 4099u, 20000u})
-                check_attention(make_shape(40, 8, 128), kt, vt, n_cells, &kernel);
-    for (const AttentionShape& s : {make_shape(32, 8, 128), make_shape(28, 4, 128), make_shape(8, 8, 128),
-                                    make_shape(8, 1, 128), make_shape(21, 3, 128)})
-        for (uint32_t n_cells : {7u, 700u, 3001u})
-            for (KvType kt : kTypes) check_attention(s, kt, kt == KvType::q8_0 ? KvType::q8_0 : KvType::q4_0, n_cells, &kernel);
-    check_attention(make_shape(8, 1, 128), KvType::q8_0, KvType::q8_0, 20000, &kernel);
-    EXPECT_FALSE(attention_kernel_supports(kernel, make_shape(40, 8, 128), KvType::q8_0, KvType::f16));
-}
-
 // The decode attention launched programmatically behind the kernel that writes q and the
 // step's new cell (the engine: bias + RoPE + KV write): splits of settled cells (earlier
 // steps') copy before waiting for that producer, the split with the new cell after. Here the
@@ -224,8 +202,7 @@ TEST(CudaAttention, ProgrammaticLaunchReadsTheNewCellAfterItsProducer) {
     const uint32_t sms = sm_count();
     cudaStream_t stream = nullptr;
     SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    for (AttentionKernel kernel :
-         {AttentionKernel::tensor_core, AttentionKernel::mma, AttentionKernel::int_dot, AttentionKernel::mma_vconv}) {
+    for (AttentionKernel kernel : {AttentionKernel::tensor_core, AttentionKernel::mma, AttentionKernel::int_dot}) {
         for (KvType kt : {KvType::f16, KvType::q8_0}) {
             if (!attention_kernel_supports(kernel, s, kt, kt)) continue;
             for (uint32_t n_cells : {40u, 5000u, 20000u}) {
@@ -398,10 +375,9 @@ TEST(CudaAttention, DefaultKernelChoice) {
     EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::f16, kAttentionMmaMinCells), AttentionKernel::mma);
     EXPECT_EQ(attention_default_kernel(make_shape(14, 2, 64), KvType::q8_0, KvType::q8_0), AttentionKernel::tensor_core);
     EXPECT_EQ(attention_default_kernel(make_shape(16, 1, 128), KvType::q8_0, KvType::q8_0), AttentionKernel::tensor_core);
-    // One wave of blocks at most (mma: <= 4 per SM, int_dot and mma_vconv: <= 3), one split for
-    // one cell, and the shared workspace covers each kernel's splits.
-    for (const auto& [kernel, blocks_per_sm] : {std::pair{AttentionKernel::mma, 4u}, std::pair{AttentionKernel::int_dot, 3u},
-                                                std::pair{AttentionKernel::mma_vconv, 3u}})
+    // One wave of blocks at most (mma: <= 4 per SM, int_dot: <= 3), one split for one cell,
+    // and the shared workspace covers each kernel's splits.
+    for (const auto& [kernel, blocks_per_sm] : {std::pair{AttentionKernel::mma, 4u}, std::pair{AttentionKernel::int_dot, 3u}})
         for (KvType kt : kTypes)
             for (KvType vt : kTypes) {
                 if (!attention_kernel_supports(kernel, s, kt, vt)) continue;  // int_dot: quantized K only
@@ -411,8 +387,6 @@ TEST(CudaAttention, DefaultKernelChoice) {
                 EXPECT_GE(attention_workspace_bytes(s, 65536, 132), (size_t)n * s.n_head * (s.head_dim_v + 1) * 4);
             }
     EXPECT_FALSE(attention_kernel_supports(AttentionKernel::int_dot, s, KvType::f16, KvType::f16));
-    EXPECT_FALSE(attention_kernel_supports(AttentionKernel::mma_vconv, s, KvType::q8_0, KvType::f16));
-    EXPECT_TRUE(attention_kernel_supports(AttentionKernel::mma_vconv, s, KvType::f16, KvType::q4_0));
 }
 
 TEST(CudaAttention, EmptyRangeIsTheMergeIdentity) {
