@@ -430,16 +430,12 @@ struct LayerHopBuffers {
     DeviceBuffer<int16_t> norm_q16;
     DeviceBuffer<float> norm_d16, norm_partials;
     DeviceBuffer<uint32_t> norm_arrivals;
-    DeviceBuffer<unsigned long long> glu_tagged, norm_tagged;  // HandOver::tagged
     explicit LayerHopBuffers(uint32_t salt)
         : stream(5120), proj(5120), norm_w(5120), attn(5120), xn(5120), qkv(7168), gate_up(27648), q16(13824),
           glu_q16(13824), d16(13824 / 32), glu_d16(13824 / 32), glu_arrivals(13824 / 32), norm_q16(5120),
-          norm_d16(5120 / 32), norm_partials(kNormOutMaxBlocks), norm_arrivals(5120 / 32), glu_tagged(13824),
-          norm_tagged(5120) {
+          norm_d16(5120 / 32), norm_partials(kNormOutMaxBlocks), norm_arrivals(5120 / 32) {
         SPILLWAY_CUDA_CHECK(cudaMemset(glu_arrivals.data(), 0, glu_arrivals.bytes()));
         SPILLWAY_CUDA_CHECK(cudaMemset(norm_arrivals.data(), 0, norm_arrivals.bytes()));
-        SPILLWAY_CUDA_CHECK(cudaMemset(glu_tagged.data(), 0, glu_tagged.bytes()));  // tag 0: never this launch's
-        SPILLWAY_CUDA_CHECK(cudaMemset(norm_tagged.data(), 0, norm_tagged.bytes()));
         fill_f32<<<64, 256>>>(stream.data(), stream.size(), salt);
         fill_f32<<<64, 256>>>(norm_w.data(), norm_w.size(), salt + 1);
         fill_f32<<<256, 256>>>(gate_up.data(), gate_up.size(), salt + 2);
@@ -451,24 +447,21 @@ struct LayerHopBuffers {
     ActQ16 act() const { return ActQ16{q16.data(), d16.data()}; }
     ActQ16 glu_act() const { return ActQ16{glu_q16.data(), glu_d16.data()}; }
     HandOver hand_over = HandOver::fence;  // the chained epilogues' (lab variants: matvec_q8s.cuh)
-    GluScratch glu_scratch() const {
-        return GluScratch{gate_up.data(), glu_arrivals.data(), hand_over, glu_tagged.data()};
-    }
+    GluScratch glu_scratch() const { return GluScratch{gate_up.data(), glu_arrivals.data(), hand_over}; }
     ActQ16 norm_act() const { return ActQ16{norm_q16.data(), norm_d16.data()}; }
     NormOut norm_out() const {
         return NormOut{stream.data(), norm_w.data(), norm_partials.data(), norm_act(),
-                       GluScratch{proj.data(), norm_arrivals.data(), hand_over, norm_tagged.data()}};
+                       GluScratch{proj.data(), norm_arrivals.data(), hand_over}};
     }
 };
 
-// "chain-lean" / "-skip" / "-tagged" (bench variants of "chain" and "norm-chain"): the chained
+// "chain-lean" / "-skip" (bench variants of "chain" and "norm-chain"): the chained
 // epilogues' hand-over (HandOver, matvec_q8s.cuh); skip writes wrong values, its time is the
 // floor of any hand-over. "-wowait": wo lets gate|up launch when its wait returns, not at its
 // entry (NormOut::release_after_wait).
 HandOver hand_over_of(const std::string& variant) {
     if (variant.find("-lean") != std::string::npos) return HandOver::lean;
     if (variant.find("-skip") != std::string::npos) return HandOver::skip;
-    if (variant.find("-tagged") != std::string::npos) return HandOver::tagged;
     return HandOver::fence;
 }
 
@@ -1335,11 +1328,10 @@ int main(int argc, char** argv) {
             bench_q8s_layer_chain(r, o, k, false);
             bench_q8s_layer_chain(r, o, k, true);
         }
-        for (const char* variant : {"", "empty", "glu", "chain", "chain-lean", "chain-skip", "chain-tagged",
-                                    "chain-wowait", "chain-tagged-wowait"})
+        for (const char* variant : {"", "empty", "glu", "chain", "chain-lean", "chain-skip", "chain-wowait"})
             bench_q8s_layer_hops(r, o, MatvecQ8sKernel::sweep1r2, variant);
         for (const char* mode : {"chain", "empty", "small", "norm-chain", "norm-chain-lean", "norm-chain-skip",
-                                 "norm-chain-tagged", "norm-chain-wowait", "norm-chain-tagged-wowait"})
+                                 "norm-chain-wowait"})
             bench_q8s_hop_timeline(o, mode);
         for (const char* which : {"", "norms", "swiglu", "adds"}) bench_q8s_layer_chain_fused(r, o, which);
         bench_decode_layer(r, o);

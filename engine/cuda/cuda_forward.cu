@@ -287,16 +287,14 @@ bool head_in_norm_chain(const CudaModel& m) {
     return m.output.q8_scales != nullptr && m.output.n_in == m.spec.n_embd && matvec_q8s_fits(m.output.n_in);
 }
 ActQ16 norm_q16(CudaForwardState& st) { return ActQ16{st.norm_q16.data(), st.norm_q16_scale.data()}; }
-// SPILLWAY_HANDOVER=lean|skip|tagged (lab): the chained epilogues' cut-block hand-over with
-// one acq_rel atomic, none at all (skip: wrong output, the timing floor), or tagged words and
-// no count; default fence + atomic, as measured in session 31 (HandOver, matvec_q8s.cuh).
+// SPILLWAY_HANDOVER=lean|skip (lab): the chained epilogues' cut-block hand-over with one
+// acq_rel atomic, or none at all (skip: wrong output, the timing floor); default fence +
+// atomic, as measured in session 31 (HandOver, matvec_q8s.cuh).
 HandOver handover_mode() {
-    static const int mode = std::max(0, lab_knob_choice("SPILLWAY_HANDOVER", {"fence", "lean", "skip", "tagged"}));
+    static const int mode = std::max(0, lab_knob_choice("SPILLWAY_HANDOVER", {"fence", "lean", "skip"}));
     return static_cast<HandOver>(mode);
 }
-GluScratch handover_scratch(float* stage, uint32_t* arrivals, DeviceBuffer<unsigned long long>& tagged) {
-    return GluScratch{stage, arrivals, handover_mode(), tagged.size() > 0 ? tagged.data() : nullptr};
-}
+GluScratch handover_scratch(float* stage, uint32_t* arrivals) { return GluScratch{stage, arrivals, handover_mode()}; }
 // SPILLWAY_CHAIN_WO=MASK (lab): under the norm chain, 1: wo releases gate|up at its entry, 2:
 // the split merge before wo is a programmatic launch, 4: wo releases gate|up when its wait
 // for the attention returns (instead of 1; session 32's timeline: released at entry, gate|up's
@@ -399,7 +397,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     };
     const auto norm_out = [&](const float* weight, int which) {
         return NormOut{x, weight, st.norm_partials[which].data(), norm_q16(st),
-                       handover_scratch(proj, st.norm_arrivals.data(), st.norm_tagged)};
+                       handover_scratch(proj, st.norm_arrivals.data())};
     };
     for (uint32_t il = 0; il < s.n_layer; ++il) {
         const CudaLayerWeights& L = m.layers[il];
@@ -550,7 +548,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                                              stream,
                                                              (norm_chain_wo_mode() & 1) != 0 && !wo_out.release_after_wait);
                 matvec_q8s_swiglu_cuda(split_of(L.ffn_gate), norm_q16(st), F, L.ffn_gate.n_in, glu_q16(st),
-                                       handover_scratch(gate, st.glu_arrivals.data(), st.glu_tagged), stream,
+                                       handover_scratch(gate, st.glu_arrivals.data()), stream,
                                        release_at_entry(GemvSite::gate_up), normed_x(0, ffn_norm_partials));
                 const bool last = il + 1 == s.n_layer;
                 if (!last || head_in_norm_chain(m)) {
@@ -591,7 +589,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             // gate|up writes SwiGLU's quantized output itself; down reads it (gate stages the
             // epilogue's hand-over).
             matvec_q8s_swiglu_cuda(split_of(L.ffn_gate), act_q16(st), F, L.ffn_gate.n_in, glu_q16(st),
-                                   handover_scratch(gate, st.glu_arrivals.data(), st.glu_tagged), stream,
+                                   handover_scratch(gate, st.glu_arrivals.data()), stream,
                                    release_at_entry(GemvSite::gate_up));
             matvec_q8s_cuda(split_of(L.ffn_down), glu_q16(st), proj, L.ffn_down.n_out, F, stream,
                             release_at_entry(GemvSite::down));
@@ -828,10 +826,6 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
         st.glu_q16 = DeviceBuffer<int16_t>(s.n_ff);
         st.glu_q16_scale = DeviceBuffer<float>(s.n_ff / 32);
         st.glu_arrivals = DeviceBuffer<uint32_t>(s.n_ff / 32);
-        if (handover_mode() == HandOver::tagged) {
-            st.glu_tagged = DeviceBuffer<unsigned long long>(s.n_ff);  // tag 0 is never a launch's
-            SPILLWAY_CUDA_CHECK(cudaMemsetAsync(st.glu_tagged.data(), 0, st.glu_tagged.bytes(), st.stream));
-        }
         // On the state's stream, which every launch of the epilogue uses.
         SPILLWAY_CUDA_CHECK(cudaMemsetAsync(st.glu_arrivals.data(), 0, st.glu_arrivals.bytes(), st.stream));
     }
@@ -841,10 +835,6 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
         st.norm_q16 = DeviceBuffer<int16_t>(s.n_embd);
         st.norm_q16_scale = DeviceBuffer<float>(s.n_embd / 32);
         st.norm_arrivals = DeviceBuffer<uint32_t>(s.n_embd / 32);
-        if (handover_mode() == HandOver::tagged) {
-            st.norm_tagged = DeviceBuffer<unsigned long long>(s.n_embd);
-            SPILLWAY_CUDA_CHECK(cudaMemsetAsync(st.norm_tagged.data(), 0, st.norm_tagged.bytes(), st.stream));
-        }
         for (auto& p : st.norm_partials) p = DeviceBuffer<float>(kNormOutMaxBlocks);
         if (qkv_epilogue_on()) {
             const size_t kd = (size_t)m.n_head_kv * s.head_dim_k;
@@ -894,7 +884,7 @@ uint64_t cuda_forward_scratch_bytes(const CudaForwardState& st) {
            st.prefill_piece_lse.bytes() + st.prefill_lse.bytes() + st.decode_scratch.bytes() + st.glu_q16.bytes() +
            st.glu_q16_scale.bytes() + st.glu_arrivals.bytes() + st.norm_q16.bytes() + st.norm_q16_scale.bytes() +
            st.norm_arrivals.bytes() + st.norm_partials[0].bytes() + st.norm_partials[1].bytes() +
-           st.glu_tagged.bytes() + st.norm_tagged.bytes() + st.qkv_kv_stage.bytes() + st.qkv_kv_arrivals.bytes();
+           st.qkv_kv_stage.bytes() + st.qkv_kv_arrivals.bytes();
 }
 
 // Spill scratch is allocated on the first forward over a spilled cache: an unspilled engine

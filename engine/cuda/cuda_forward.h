@@ -99,7 +99,6 @@ struct CudaForwardState {
     DeviceBuffer<int16_t> glu_q16;
     DeviceBuffer<float> glu_q16_scale;
     DeviceBuffer<uint32_t> glu_arrivals;
-    DeviceBuffer<unsigned long long> glu_tagged;  // SPILLWAY_HANDOVER=tagged (lab): [n_ff] words
     // Decode with the RMSNorms split across the GEMVs around them (matvec_q8s_norm_out_cuda,
     // NormedX): wo and down write the next GEMV's x here ([n_embd], stream times the norm's
     // weight, quantized) with their hand-over counts ([n_embd / 32], left zero) and per-block
@@ -108,7 +107,6 @@ struct CudaForwardState {
     DeviceBuffer<int16_t> norm_q16;
     DeviceBuffer<float> norm_q16_scale;
     DeviceBuffer<uint32_t> norm_arrivals;
-    DeviceBuffer<unsigned long long> norm_tagged;  // SPILLWAY_HANDOVER=tagged (lab): [n_embd] words
     // SPILLWAY_QKV_EPILOGUE=1 (lab) with a quantized K or V: q|k|v's hand-over of the cache
     // blocks cut between its grid blocks ([2 kd] floats, [kd / 32] counts, left zero).
     DeviceBuffer<float> qkv_kv_stage;

@@ -336,61 +336,17 @@ __device__ __forceinline__ bool arrive_last(uint32_t* count, uint32_t holders, u
     __syncwarp();
     return __shfl_sync(0xffffffffu, last, 0) != 0;
 }
-// HandOver::tagged: the tags of the (at most two) cut blocks a grid block holds, its first and
-// its last 32-value block (the same one when the block holds fewer than 32 values).
-struct CutTags {
-    uint32_t first_block = 0, first = 0, last = 0;
-    __device__ uint32_t of(uint32_t b) const { return b == first_block ? first : last; }
-};
-template <HandOver kHandOver>
-__device__ __forceinline__ CutTags cut_tags(const uint32_t* cut_gen, uint32_t r0) {
-    CutTags tags;
-    if constexpr (kHandOver == HandOver::tagged) {
-        tags.first_block = r0 / kActBlock;
-        tags.first = cut_gen[0] + 1;
-        tags.last = cut_gen[1] + 1;
-    }
-    return tags;
-}
 // Value i of a cut block, stored for its other holders.
-template <HandOver kHandOver>
-__device__ __forceinline__ void stage_cut_value(const GluScratch& scratch, uint32_t i, float value, const CutTags& tags) {
-    if constexpr (kHandOver == HandOver::tagged) {
-        const unsigned long long word = (unsigned long long)tags.of(i / kActBlock) << 32 | __float_as_uint(value);
-        cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>(scratch.tagged[i])
-            .store(word, cuda::memory_order_relaxed);
-    } else {
-        scratch.stage[i] = value;
-    }
+__device__ __forceinline__ void stage_cut_value(const GluScratch& scratch, uint32_t i, float value) {
+    scratch.stage[i] = value;
 }
 // kHandOver: GluScratch::hand_over (fence is the default; the others are lab variants).
 template <HandOver kHandOver>
 __device__ __forceinline__ void quantize_block_values(const QuantOut& quant, const float* v, uint32_t r0, uint32_t r1,
-                                                      uint32_t n, uint32_t per_block, CutTags tags) {
+                                                      uint32_t n, uint32_t per_block) {
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     for (uint32_t b = r0 / kActBlock + warp; b * kActBlock < r1; b += kSweepWarps) {
         if (block_is_cut(b, n, per_block)) {
-            if constexpr (kHandOver == HandOver::tagged) {
-                __threadfence();  // every lane: the SC fence between this block's stores and its reads
-                const uint32_t i = b * kActBlock + lane, tag = tags.of(b);
-                float h = 0.0f;
-                bool have = true;
-                if (i >= r0 && i < r1) {
-                    h = v[i - r0];
-                } else if (i < n) {
-                    const unsigned long long word =
-                        cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>(quant.scratch.tagged[i])
-                            .load(cuda::memory_order_relaxed);
-                    have = (uint32_t)(word >> 32) == tag;
-                    h = __uint_as_float((uint32_t)word);
-                }
-                if (!__all_sync(0xffffffffu, have)) continue;  // a later holder finishes it
-                quantize_act_q16_warp(h, lane, quant.out.q + (size_t)b * kActBlock, quant.out.d + b);
-                if (lane == 0)
-                    cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(quant.scratch.arrivals[b])
-                        .store(tag, cuda::memory_order_relaxed);
-                continue;
-            }
             if constexpr (kHandOver == HandOver::skip) {
                 // Lab timing floor: this holder's values only, the others taken as zero.
                 const uint32_t i = b * kActBlock + lane;
@@ -413,7 +369,7 @@ __device__ __forceinline__ void quantize_block_values(const QuantOut& quant, con
 template <bool kNormIn, HandOver kHandOver>
 __device__ __forceinline__ void glu_epilogue(const QuantOut& quant, const float* part, float* h_shared, uint32_t r0,
                                              uint32_t r1, uint32_t ff, uint32_t pairs_per_block, uint32_t segs,
-                                             float inv_rms, CutTags tags) {
+                                             float inv_rms) {
     for (uint32_t p = threadIdx.x; p < r1 - r0; p += kSweepWarps * 32) {
         float gate = 0.0f, up = 0.0f;
         for (uint32_t seg = 0; seg < segs; ++seg) gate += part[2 * p * segs + seg];
@@ -421,10 +377,10 @@ __device__ __forceinline__ void glu_epilogue(const QuantOut& quant, const float*
         if constexpr (kNormIn) gate *= inv_rms, up *= inv_rms;
         const float h = silu_times(gate, up);
         h_shared[p] = h;
-        if (block_is_cut((r0 + p) / kActBlock, ff, pairs_per_block)) stage_cut_value<kHandOver>(quant.scratch, r0 + p, h, tags);
+        if (block_is_cut((r0 + p) / kActBlock, ff, pairs_per_block)) stage_cut_value(quant.scratch, r0 + p, h);
     }
     __syncthreads();
-    quantize_block_values<kHandOver>(quant, h_shared, r0, r1, ff, pairs_per_block, tags);
+    quantize_block_values<kHandOver>(quant, h_shared, r0, r1, ff, pairs_per_block);
 }
 
 // The norm epilogue of a block owning rows [r0, r1) of n (the residual stream's width): s =
@@ -436,7 +392,7 @@ template <HandOver kHandOver>
 __device__ __forceinline__ void norm_epilogue(const QuantOut& quant, const NormOut& norm, const float* part,
                                               const float* stream_in, const float* weight_in, float* v_shared,
                                               float* warp_sums, uint32_t r0, uint32_t r1, uint32_t n,
-                                              uint32_t rows_per_block, uint32_t segs, CutTags tags) {
+                                              uint32_t rows_per_block, uint32_t segs) {
     float sum_sq = 0.0f;
     for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32) {
         float total = 0.0f;
@@ -446,11 +402,11 @@ __device__ __forceinline__ void norm_epilogue(const QuantOut& quant, const NormO
         sum_sq = fmaf(s, s, sum_sq);
         const float t = s * weight_in[r];
         v_shared[r] = t;
-        if (block_is_cut((r0 + r) / kActBlock, n, rows_per_block)) stage_cut_value<kHandOver>(quant.scratch, r0 + r, t, tags);
+        if (block_is_cut((r0 + r) / kActBlock, n, rows_per_block)) stage_cut_value(quant.scratch, r0 + r, t);
     }
     const float block_sq = block_sum(sum_sq, warp_sums, kSweepWarps);  // its barrier publishes v_shared
     if (threadIdx.x == 0 && blockIdx.x < kNormOutMaxBlocks) norm.partials[blockIdx.x] = block_sq;
-    quantize_block_values<kHandOver>(quant, v_shared, r0, r1, n, rows_per_block, tags);
+    quantize_block_values<kHandOver>(quant, v_shared, r0, r1, n, rows_per_block);
 }
 
 // One warp's 32 values into a cache block of the tier (qkv_post's stores; warp-uniform type).
@@ -631,18 +587,6 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     pdl_wait_for_producer();  // W went out first: it does not depend on x's producer
     if constexpr (kReleaseAfterWait) pdl_release_dependents();  // lab: NormOut::release_after_wait
     stamp(1);
-    // HandOver::tagged: the generations of this block's first and last 32-value blocks, loaded
-    // while x lands (the previous launch on this scratch has completed: the producer wait).
-    [[maybe_unused]] uint32_t* cut_gen = nullptr;
-    if constexpr (kOut != SweepOut::plain && kHandOver == HandOver::tagged) {
-        __shared__ uint32_t gen[2];
-        cut_gen = gen;
-        if (threadIdx.x < 2) {
-            const uint32_t b = (threadIdx.x == 0 ? r0 : r1 - 1) / kActBlock;
-            gen[threadIdx.x] = cuda::atomic_ref<uint32_t, cuda::thread_scope_device>(io.quant.scratch.arrivals[b])
-                                   .load(cuda::memory_order_relaxed);
-        }
-    }
     if constexpr (kOut == SweepOut::norm) {
         for (uint32_t r = threadIdx.x; r < r1 - r0; r += kSweepWarps * 32)
             cp_async4(stream_in + r, io.norm_out.stream + r0 + r);
@@ -730,10 +674,10 @@ __global__ void __launch_bounds__(kSweepWarps * 32, kMinBlocks) matvec_q8s_sweep
     stamp(3);
     if constexpr (kGlu) {
         glu_epilogue<kNormIn, kHandOver>(io.quant, part, chain_values, r0, r1, rows, rows_per_block, segs,
-                                         kNormIn ? *inv_rms_slot : 1.0f, cut_tags<kHandOver>(cut_gen, r0));
+                                         kNormIn ? *inv_rms_slot : 1.0f);
     } else if constexpr (kOut == SweepOut::norm) {
         norm_epilogue<kHandOver>(io.quant, io.norm_out, part, stream_in, weight_in, chain_values, warp_sums, r0, r1,
-                                 rows, rows_per_block, segs, cut_tags<kHandOver>(cut_gen, r0));
+                                 rows, rows_per_block, segs);
     } else if constexpr (kRope) {
         // vals: the stream / weight rows' place (2 per pair), apart from inv_rms.
         rope_epilogue(io.rope, part, stream_in, r0, r1, rows, rows_per_block, segs, kNormIn ? *inv_rms_slot : 1.0f);
@@ -1003,14 +947,9 @@ uint32_t launch_chained(Q8SplitConst w, const ChainedSweepIo& io, uint32_t rows,
     if constexpr (kOut == SweepOut::norm && !kReleaseAfterWait) {
         if (io.norm_out.release_after_wait) {
             if (release_at_entry) fail("matvec_q8s_norm_out_cuda: release at entry or after the wait, not both");
-            switch (io.quant.scratch.hand_over) {  // the lab's two candidates
-                case HandOver::fence:
-                    return launch_chained<kOut, kNormIn, HandOver::fence, true>(w, io, rows, cols, stream, false);
-                case HandOver::tagged:
-                    if (io.quant.scratch.tagged == nullptr) fail("matvec_q8s: the tagged hand-over needs its words");
-                    return launch_chained<kOut, kNormIn, HandOver::tagged, true>(w, io, rows, cols, stream, false);
-                default: fail("matvec_q8s_norm_out_cuda: release after the wait takes the fence or tagged hand-over");
-            }
+            if (io.quant.scratch.hand_over != HandOver::fence)
+                fail("matvec_q8s_norm_out_cuda: release after the wait takes the fence hand-over");
+            return launch_chained<kOut, kNormIn, HandOver::fence, true>(w, io, rows, cols, stream, false);
         }
     }
     if constexpr (kOut != SweepOut::plain && kHandOver == HandOver::fence && !kReleaseAfterWait) {
@@ -1019,9 +958,6 @@ uint32_t launch_chained(Q8SplitConst w, const ChainedSweepIo& io, uint32_t rows,
                 return launch_chained<kOut, kNormIn, HandOver::lean>(w, io, rows, cols, stream, release_at_entry);
             case HandOver::skip:
                 return launch_chained<kOut, kNormIn, HandOver::skip>(w, io, rows, cols, stream, release_at_entry);
-            case HandOver::tagged:
-                if (io.quant.scratch.tagged == nullptr) fail("matvec_q8s: the tagged hand-over needs its words");
-                return launch_chained<kOut, kNormIn, HandOver::tagged>(w, io, rows, cols, stream, release_at_entry);
             default: break;
         }
     }

@@ -70,21 +70,12 @@ uint32_t matvec_q8s_stamped_cuda(Q8SplitConst w, ActQ16 x, float* y, uint32_t ro
 // zeroes the count, fences and reads the others' values. lean: one acq_rel atomic instead of
 // fence + atomic (+ fence), the count zeroed after the acquire, so nothing waits for that
 // store; same bits. skip: no hand-over at all, each holder quantizes the block from its own
-// values (WRONG output; the timing floor of any hand-over, for the bench only). tagged: no
-// count and no wait. Each holder stores its values into `tagged` as 64-bit words (value,
-// tag), fences (sequentially consistent) and reads the other holders' words; a holder that
-// finds them all with this launch's tag quantizes the block. Of two fences one comes last in
-// the total order, and that holder sees every other holder's words (Dekker's argument), so
-// at least one finishes; two that both do write the same bits. The tag is the block's
-// generation in `arrivals` plus one (read after the producer wait; the finisher stores it),
-// so launches need no reset and stale words never match. Same bits as fence.
-enum class HandOver : uint8_t { fence, lean, skip, tagged };
+// values (WRONG output; the timing floor of any hand-over, for the bench only).
+enum class HandOver : uint8_t { fence, lean, skip };
 struct GluScratch {
-    float* stage = nullptr;        // ff floats (fence, lean)
-    uint32_t* arrivals = nullptr;  // ff / 32 counts: zero before the first launch; fence / lean leave them zero,
-                                   // tagged counts generations in them
+    float* stage = nullptr;        // ff floats
+    uint32_t* arrivals = nullptr;  // ff / 32 counts: zero before the first launch, left zero
     HandOver hand_over = HandOver::fence;
-    unsigned long long* tagged = nullptr;  // tagged: ff words, used by nothing else
 };
 bool matvec_q8s_swiglu_fits(uint32_t ff, uint32_t cols);
 
