@@ -72,7 +72,7 @@ if [ -z "$bench_only" ] && [ "$engine_only" = 0 ]; then
   grep -E "Failed|FAILED|error|Expected|Which is|seed|SKIPPED" "$out/ctest.log" | head -60
   # The forward suite once more under each lab decode variant that changes the engine's path
   # (session 32): logits against the CPU engine and greedy tokens, as for the default.
-  for knob in SPILLWAY_HANDOVER=lean SPILLWAY_CHAIN_WO=4 SPILLWAY_QKV_EPILOGUE=1; do
+  for knob in SPILLWAY_HANDOVER=fence SPILLWAY_CHAIN_WO=4 SPILLWAY_QKV_EPILOGUE=1; do
     env "$knob" "$bin/test_cuda" --gtest_filter='CudaForward.*' >"$out/ctest-${knob//=/-}.log" 2>&1
     echo "CudaForward.* with $knob rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/ctest-${knob//=/-}.log" | head -2 | tr '\n' ' ')"
   done
@@ -138,14 +138,15 @@ if [ -z "$bench_only" ]; then
     # single-split attention; the head on the 2-stage variant; bias + RoPE + K/V write in their
     # own launch at every depth. SPILLWAY_GLU_EPILOGUE=0 / SPILLWAY_NORM_CHAIN=0 (session 31):
     # SwiGLU and the RMSNorms as launches of their own between the split-layout GEMVs;
-    # Session 32 (lab): SPILLWAY_HANDOVER=lean|skip: the chained epilogues' hand-over with one
-    # acq_rel atomic, or none (skip: wrong output, the timing floor); SPILLWAY_CHAIN_WO=4: wo lets gate|up launch when
+    # Session 32 (lab): SPILLWAY_HANDOVER=fence|skip: the chained epilogues' hand-over with the
+    # grid barrier's fences (the default until session 37, now lean: one acq_rel atomic), or
+    # none (skip: wrong output, the timing floor); SPILLWAY_CHAIN_WO=4: wo lets gate|up launch when
     # its wait returns (=6: and the split merge before wo is programmatic, which lost with wo
     # releasing at entry); SPILLWAY_QKV_EPILOGUE=1: bias, RoPE and the K / V write in q|k|v's
     # epilogue.
     for knob in default SPILLWAY_Q16X_SPLIT=pairs SPILLWAY_ATTENTION_QUANT=separate SPILLWAY_DECODE_LAYER=1 SPILLWAY_PDL_SMALL=0 \
         SPILLWAY_Q16X_RELEASE=0 SPILLWAY_ATTN_FINISH=kernels SPILLWAY_Q16X_KERNEL=smem4 SPILLWAY_POST_QKV=kernel \
-        SPILLWAY_GLU_EPILOGUE=0 SPILLWAY_NORM_CHAIN=0 SPILLWAY_HANDOVER=lean \
+        SPILLWAY_GLU_EPILOGUE=0 SPILLWAY_NORM_CHAIN=0 SPILLWAY_HANDOVER=fence \
         SPILLWAY_HANDOVER=skip SPILLWAY_CHAIN_WO=4 SPILLWAY_CHAIN_WO=6 SPILLWAY_QKV_EPILOGUE=1; do
       if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
       env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 0,8192,65536 \

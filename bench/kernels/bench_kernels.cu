@@ -446,7 +446,7 @@ struct LayerHopBuffers {
     }
     ActQ16 act() const { return ActQ16{q16.data(), d16.data()}; }
     ActQ16 glu_act() const { return ActQ16{glu_q16.data(), glu_d16.data()}; }
-    HandOver hand_over = HandOver::fence;  // the chained epilogues' (lab variants: matvec_q8s.cuh)
+    HandOver hand_over = HandOver::lean;  // the chained epilogues' (lab variants: matvec_q8s.cuh)
     GluScratch glu_scratch() const { return GluScratch{gate_up.data(), glu_arrivals.data(), hand_over}; }
     ActQ16 norm_act() const { return ActQ16{norm_q16.data(), norm_d16.data()}; }
     NormOut norm_out() const {
@@ -455,14 +455,15 @@ struct LayerHopBuffers {
     }
 };
 
-// "chain-lean" / "-skip" (bench variants of "chain" and "norm-chain"): the chained
-// epilogues' hand-over (HandOver, matvec_q8s.cuh); skip writes wrong values, its time is the
-// floor of any hand-over. "-wowait": wo lets gate|up launch when its wait returns, not at its
-// entry (NormOut::release_after_wait).
+// "chain-fence" / "-skip" (bench variants of "chain" and "norm-chain", which hand over as the
+// engine does, lean): the chained epilogues' hand-over (HandOver, matvec_q8s.cuh); skip writes
+// wrong values, its time is the floor of any hand-over. "-wowait": wo lets gate|up launch when
+// its wait returns, not at its entry (NormOut::release_after_wait, which takes fence).
 HandOver hand_over_of(const std::string& variant) {
-    if (variant.find("-lean") != std::string::npos) return HandOver::lean;
+    if (variant.find("-fence") != std::string::npos || variant.find("-wowait") != std::string::npos)
+        return HandOver::fence;
     if (variant.find("-skip") != std::string::npos) return HandOver::skip;
-    return HandOver::fence;
+    return HandOver::lean;
 }
 
 // The four GEMVs with the engine's small kernels between them (RMSNorm with the residual add
@@ -1328,9 +1329,9 @@ int main(int argc, char** argv) {
             bench_q8s_layer_chain(r, o, k, false);
             bench_q8s_layer_chain(r, o, k, true);
         }
-        for (const char* variant : {"", "empty", "glu", "chain", "chain-lean", "chain-skip", "chain-wowait"})
+        for (const char* variant : {"", "empty", "glu", "chain", "chain-fence", "chain-skip", "chain-wowait"})
             bench_q8s_layer_hops(r, o, MatvecQ8sKernel::sweep1r2, variant);
-        for (const char* mode : {"chain", "empty", "small", "norm-chain", "norm-chain-lean", "norm-chain-skip",
+        for (const char* mode : {"chain", "empty", "small", "norm-chain", "norm-chain-fence", "norm-chain-skip",
                                  "norm-chain-wowait"})
             bench_q8s_hop_timeline(o, mode);
         for (const char* which : {"", "norms", "swiglu", "adds"}) bench_q8s_layer_chain_fused(r, o, which);

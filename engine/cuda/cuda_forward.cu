@@ -287,12 +287,13 @@ bool head_in_norm_chain(const CudaModel& m) {
     return m.output.q8_scales != nullptr && m.output.n_in == m.spec.n_embd && matvec_q8s_fits(m.output.n_in);
 }
 ActQ16 norm_q16(CudaForwardState& st) { return ActQ16{st.norm_q16.data(), st.norm_q16_scale.data()}; }
-// SPILLWAY_HANDOVER=lean|skip (lab): the chained epilogues' cut-block hand-over with one
-// acq_rel atomic, or none at all (skip: wrong output, the timing floor); default fence +
-// atomic, as measured in session 31 (HandOver, matvec_q8s.cuh).
+// SPILLWAY_HANDOVER=fence|skip (lab): the chained epilogues' cut-block hand-over with the
+// grid barrier's fences (the default until session 37), or none at all (skip: wrong output,
+// the timing floor); default lean, one acq_rel atomic (HandOver, matvec_q8s.cuh).
 HandOver handover_mode() {
-    static const int mode = std::max(0, lab_knob_choice("SPILLWAY_HANDOVER", {"fence", "lean", "skip"}));
-    return static_cast<HandOver>(mode);
+    static const HandOver modes[] = {HandOver::lean, HandOver::fence, HandOver::skip};
+    static const int mode = std::max(0, lab_knob_choice("SPILLWAY_HANDOVER", {"lean", "fence", "skip"}));
+    return modes[mode];
 }
 GluScratch handover_scratch(float* stage, uint32_t* arrivals) { return GluScratch{stage, arrivals, handover_mode()}; }
 // SPILLWAY_CHAIN_WO=MASK (lab): under the norm chain, 1: wo releases gate|up at its entry, 2:
@@ -544,6 +545,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                 // 204.2 / 126.5 (q8_0 at 8k: 170 against 202).
                 NormOut wo_out = norm_out(L.ffn_norm, 0);
                 wo_out.release_after_wait = (norm_chain_wo_mode() & 4) != 0;
+                if (wo_out.release_after_wait) wo_out.scratch.hand_over = HandOver::fence;  // its only instance
                 ffn_norm_partials = matvec_q8s_norm_out_cuda(split_of(L.wo), act_q16(st), E, L.wo.n_in, wo_out,
                                                              stream,
                                                              (norm_chain_wo_mode() & 1) != 0 && !wo_out.release_after_wait);

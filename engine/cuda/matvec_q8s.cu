@@ -313,9 +313,11 @@ __device__ __forceinline__ uint32_t cut_holders(uint32_t b, uint32_t n, uint32_t
 }
 // A warp holding part of a cut block counts its arrival (after the block barrier that ordered
 // its block's stores of the values): true in every lane for the last of `holders`, which may
-// then read the others' values; the count is left zero for the next launch. fence: the fences
-// of a grid barrier (one before the arrival, the last arrival's before its reads); lean (lab):
-// one acq_rel atomic, the count zeroed after it with nothing waiting for that store.
+// then read the others' values; the count is left zero for the next launch. lean (default): one
+// acq_rel atomic (its release is cumulative over the block barrier's stores), the count zeroed
+// after it with nothing waiting for that store: the next use of the count is a later launch
+// behind a dependency wait. fence (lab): the fences of a grid barrier (one before the arrival,
+// the last arrival's before its reads).
 template <HandOver kHandOver>
 __device__ __forceinline__ bool arrive_last(uint32_t* count, uint32_t holders, uint32_t lane) {
     uint32_t last = 0;
@@ -340,7 +342,7 @@ __device__ __forceinline__ bool arrive_last(uint32_t* count, uint32_t holders, u
 __device__ __forceinline__ void stage_cut_value(const GluScratch& scratch, uint32_t i, float value) {
     scratch.stage[i] = value;
 }
-// kHandOver: GluScratch::hand_over (fence is the default; the others are lab variants).
+// kHandOver: GluScratch::hand_over (lean is the default; the others are lab variants).
 template <HandOver kHandOver>
 __device__ __forceinline__ void quantize_block_values(const QuantOut& quant, const float* v, uint32_t r0, uint32_t r1,
                                                       uint32_t n, uint32_t per_block) {

@@ -748,9 +748,9 @@ TEST(CudaMatvec, NormChainMatchesSeparateNorm) {
                  Error);
 }
 
-// The chained sweeps' stamped twins (lab timeline) and their lean hand-over (lab,
-// HandOver::lean) compute exactly their bits, and every block's five stamps are set and in
-// order.
+// The chained sweeps' stamped twins (lab timeline) and both hand-overs (the default
+// HandOver::lean and the lab's fence) compute exactly the same bits, and every block's five
+// stamps are set and in order.
 TEST(CudaMatvec, ChainedStampedEqualsUnstamped) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     const uint32_t seed = fresh_seed();
@@ -803,14 +803,14 @@ TEST(CudaMatvec, ChainedStampedEqualsUnstamped) {
     std::vector<uint32_t> plain_blocks, lean_blocks, stamped_blocks;
     const Outputs a = run(false, false, plain_blocks);
     const Outputs lean = run(false, true, lean_blocks);
-    const Outputs b = run(true, false, stamped_blocks);  // last: its stamps are read below
+    const Outputs b = run(true, true, stamped_blocks);  // last: its stamps are read below
     EXPECT_EQ(plain_blocks, stamped_blocks);
     EXPECT_EQ(plain_blocks, lean_blocks);
     const auto same = [](const auto& u, const auto& v) {
         return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * sizeof(u[0])) == 0;
     };
     for (const Outputs* o : {&b, &lean}) {
-        SCOPED_TRACE(o == &b ? "stamped" : "lean hand-over");
+        SCOPED_TRACE(o == &b ? "stamped, lean hand-over" : "lean hand-over");
         EXPECT_TRUE(same(a.stream, o->stream) && same(a.nq, o->nq) && same(a.nd, o->nd)) << "norm out";
         EXPECT_TRUE(same(std::vector<float>(a.partials.begin(), a.partials.begin() + plain_blocks[0]),
                          std::vector<float>(o->partials.begin(), o->partials.begin() + plain_blocks[0])))
@@ -831,7 +831,7 @@ TEST(CudaMatvec, ChainedStampedEqualsUnstamped) {
     EXPECT_EQ(out_of_order, 0u);
 }
 
-// The lab hand-over HandOver::lean gives the default's (fence) bits launch after launch on
+// The default hand-over HandOver::lean gives the lab's fence bits launch after launch on
 // one scratch: the norm-out and SwiGLU producers of a chain, three launches in a row (the
 // stream accumulates), at a shape with many holders per cut block (8 rows per grid block on
 // 132 SMs), at the 14B and the 7B shapes; so does fence with the norm-out releasing its
