@@ -49,6 +49,7 @@ start=$(date +%s)
 bin="$build/bin"
 if [ -n "$prebuilt" ]; then
   bin="$prebuilt"
+  export SPILLWAY_TEST_BINARY="$(realpath "$bin")/spillway"  # the CLI tests' binary (tests/cuda/run_plan_test.cpp)
   echo "build: skipped, running binaries from $bin"
 elif { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_CUDA_ARCHS=90a "${prefix_args[@]}" &&
        cmake --build "$build" -j16 --target test_cuda bench_kernels; } >"$out/build.log" 2>&1; then
@@ -57,6 +58,7 @@ else
   echo "BUILD FAILED after $(( $(date +%s) - start )) s"; grep -E "error|FAILED" "$out/build.log" | head -20
   [ -d .dev/prebuilt ] || exit 1
   bin=.dev/prebuilt
+  export SPILLWAY_TEST_BINARY="$(realpath "$bin")/spillway"
   echo "falling back to the binaries in $bin"
 fi
 

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -22,6 +23,14 @@ struct CliRun {
     int status = -1;
     std::string out, err;
 };
+
+// The binary under test: the build's, or SPILLWAY_TEST_BINARY where the tests run from
+// binaries carried to another machine (tools/device-check.sh --prebuilt), whose build path
+// is not there.
+std::string spillway_binary() {
+    const char* carried = std::getenv("SPILLWAY_TEST_BINARY");
+    return carried != nullptr && *carried != '\0' ? std::string(carried) : std::string(SPILLWAY_BINARY);
+}
 
 std::string slurp(const fs::path& p) {
     std::ifstream in(p, std::ios::binary);
@@ -45,7 +54,7 @@ protected:
     CliRun run(const std::string& env, const std::string& args) {
         const fs::path out = dir_ / "out.txt", err = dir_ / "err.txt";
         const std::string cmd = "env -u SPILLWAY_KV_AUTO_TIER -u OPENCOTI_KV_AUTO_TIER SPILLWAY_CACHE_DIR=" +
-                                (dir_ / "cache").string() + " " + env + " " + SPILLWAY_BINARY + " " + args + " >" +
+                                (dir_ / "cache").string() + " " + env + " " + spillway_binary() + " " + args + " >" +
                                 out.string() + " 2>" + err.string();
         const int status = std::system(cmd.c_str());
         CliRun r;
