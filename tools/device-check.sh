@@ -74,9 +74,12 @@ if [ -z "$bench_only" ] && [ "$engine_only" = 0 ]; then
   grep -E "Failed|FAILED|error|Expected|Which is|seed|SKIPPED" "$out/ctest.log" | head -60
   # The forward suite once more under each lab decode variant that changes the engine's path
   # (session 32): logits against the CPU engine and greedy tokens, as for the default.
-  for knob in SPILLWAY_HANDOVER=fence SPILLWAY_CHAIN_WO=4 SPILLWAY_QKV_EPILOGUE=1; do
-    env "$knob" "$bin/test_cuda" --gtest_filter='CudaForward.*' >"$out/ctest-${knob//=/-}.log" 2>&1
-    echo "CudaForward.* with $knob rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/ctest-${knob//=/-}.log" | head -2 | tr '\n' ' ')"
+  # SPILLWAY_ATTN_MERGE=warp (session 37: the lab's warp merge) runs the attention suite too.
+  for knob in SPILLWAY_HANDOVER=fence SPILLWAY_CHAIN_WO=4 SPILLWAY_QKV_EPILOGUE=1 SPILLWAY_ATTN_MERGE=warp; do
+    suites='CudaForward.*'
+    [ "$knob" = SPILLWAY_ATTN_MERGE=warp ] && suites='CudaForward.*:CudaAttention.*'
+    env "$knob" "$bin/test_cuda" --gtest_filter="$suites" >"$out/ctest-${knob//=/-}.log" 2>&1
+    echo "$suites with $knob rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/ctest-${knob//=/-}.log" | head -2 | tr '\n' ' ')"
   done
   if [ "$sanitize" = 1 ]; then
     compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda" \
@@ -157,7 +160,7 @@ if [ -z "$bench_only" ]; then
     done
     # The quantized decode attention's copy fast path (session 13), Q load and split merge
     # (session 19), 64k.
-    for knob in default SPILLWAY_ATTN_FAST_COPY=0 SPILLWAY_ATTN_Q_LOAD=scalar SPILLWAY_ATTN_MERGE=block; do
+    for knob in default SPILLWAY_ATTN_FAST_COPY=0 SPILLWAY_ATTN_Q_LOAD=scalar SPILLWAY_ATTN_MERGE=warp; do
       if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
       env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 65536 \
         -ctk f16,q8_0,q4_0 -ctv f16,q8_0,q4_0 >"$out/engine-ab-fast-copy-${knob%%=*}.log" 2>&1

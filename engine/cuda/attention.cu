@@ -427,8 +427,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const float
 // block barrier: lane l reduces the lse of splits l, l + 32, ... (max and weight sum by
 // shuffles) while the first 64 splits' partials of its dim are already in flight, then sums
 // the partials in split order with each split's weight broadcast from the lane holding it.
-// The block merge above spent ~4.8 us per launch at 64k (lab timeline, session 19: 2.4 of
-// it before its first barrier), on 40 SMs.
+// Lab (SPILLWAY_ATTN_MERGE=warp): it was the default after mma / int_dot in sessions 19-36.
 constexpr uint32_t kWarpMergeEarly = 64;
 constexpr uint32_t kWarpMergeLse = kMergeMaxSplits / 32;
 __global__ void __launch_bounds__(32) merge_splits_warp_kernel(const float* part_out, const float* part_lse,
@@ -489,11 +488,14 @@ __global__ void __launch_bounds__(32) merge_splits_warp_kernel(const float* part
     if (tl != nullptr) tl[2] = global_timer_ns();
 }
 
-// SPILLWAY_ATTN_MERGE=block (lab): the block merge (one 512-thread block per head) after
-// every split kernel, instead of the warp merge after the mma and int_dot kernels.
+// SPILLWAY_ATTN_MERGE=warp (lab): the warp merge after the mma and int_dot kernels, the
+// default from session 19 to 37. Since then the engine's splits went up to 49-66 per head at
+// 64k, and the block merge (one 512-thread block per head, after every split kernel) measured
+// faster in session 37 (H100, tg32, two rounds equal to 0.2): +1.0-1.9% on every tier from
+// 16k cells, and for q8_0 / q4_0 KV from 4k (f16 K uses the split kernel below 16k).
 bool merge_by_blocks() {
-    static const bool on = lab_knob("SPILLWAY_ATTN_MERGE", "block", "warp");
-    return on;
+    static const bool warp = lab_knob("SPILLWAY_ATTN_MERGE", "warp", "block");
+    return !warp;
 }
 
 __global__ void merge_pair_kernel(uint32_t head_dim, float* out_a, float* lse_a, const float* out_b,
@@ -1138,9 +1140,8 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     if (plan.n_splits > 1) {
         if (plan.n_splits > kMergeMaxSplits) fail("attention_partial_cuda: more splits than the merge kernel holds");
         if (kMergeThreads % shape.head_dim_v != 0) fail("attention_partial_cuda: head dim must divide 512");
-        // After the split (tensor_core) kernel the block merge stays: engine f16 8k 185.4 vs
-        // 183.3 tok/s with the warp merge (run 5); after mma / int_dot the warp merge gained
-        // 0.2-0.6% (q8_0 8k 176.5 -> 177.6, q4_0 32k 162.8 -> 163.8).
+        // The block merge after every kernel (merge_by_blocks); the warp merge is a lab variant
+        // after mma / int_dot (it never served the split kernel: 1% slower there, session 19).
         const bool merge_pdl = merge_programmatic && pdl_site_on(PdlSite::merge);
         if (shape.head_dim_v % 32 == 0 && !merge_by_blocks() && kernel != AttentionKernel::tensor_core)
             launch_with_pdl(merge_pdl, merge_splits_warp_kernel,
