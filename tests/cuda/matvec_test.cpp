@@ -155,8 +155,11 @@ TEST(CudaMatvec, Q8KernelVariantsMatchCpu) {
 // is ~2.0-2.5 sigma, so ~2e-5 relative; bounded at 2e-4 over >= 7 rows (one row's ratio of
 // two random sums has a heavy tail).
 // A random Q8_0 matrix, x quantized to int16 blocks, and the references: W times the x the
-// kernel sees (x_seen) and W times the exact x, in double.
+// kernel sees (x_seen) and W times the exact x, in double. The kernel checks build one case
+// per shape and run every kernel variant on it: the host side (random matrix, double
+// references) was most of test_cuda's time when each variant drew its own (session 37).
 struct Q16xCase {
+    uint32_t seed = 0, rows = 0, cols = 0;
     HostWeights w;
     HostActQ16 xq;
     std::vector<float> ref, ref_exact;
@@ -164,6 +167,7 @@ struct Q16xCase {
 Q16xCase make_q16x_case(uint32_t seed, uint32_t rows, uint32_t cols) {
     std::mt19937 rng(seed);
     Q16xCase c;
+    c.seed = seed, c.rows = rows, c.cols = cols;
     c.w = random_weights(rng, GgmlType::Q8_0, rows, cols);
     const std::vector<float> x = random_floats(rng, cols);
     c.xq = quantize_act_q16_host(x);
@@ -182,11 +186,10 @@ Q16xCase make_q16x_case(uint32_t seed, uint32_t rows, uint32_t cols) {
     return c;
 }
 
-void check_matvec_q16x(MatvecQ16xKernel kernel, uint32_t rows, uint32_t cols) {
-    const uint32_t seed = fresh_seed();
+void check_matvec_q16x(MatvecQ16xKernel kernel, const Q16xCase& c) {
+    const uint32_t rows = c.rows, cols = c.cols;
     SCOPED_TRACE("q16x kernel=" + std::to_string((int)kernel) + " rows=" + std::to_string(rows) + " cols=" +
-                 std::to_string(cols) + " seed=" + std::to_string(seed));
-    const Q16xCase c = make_q16x_case(seed, rows, cols);
+                 std::to_string(cols) + " seed=" + std::to_string(c.seed));
     const HostActQ16& xq = c.xq;
     const std::vector<float>& ref = c.ref;
     const std::vector<float>& ref_exact = c.ref_exact;
@@ -209,27 +212,28 @@ void check_matvec_q16x(MatvecQ16xKernel kernel, uint32_t rows, uint32_t cols) {
 
 TEST(CudaMatvec, Q16xKernelsMatchCpu) {
     SPILLWAY_SKIP_WITHOUT_GPU();
-    for (MatvecQ16xKernel k : {MatvecQ16xKernel::smem4, MatvecQ16xKernel::smem8, MatvecQ16xKernel::global4,
-                               MatvecQ16xKernel::smem4_r1, MatvecQ16xKernel::smem8_r1, MatvecQ16xKernel::smem4_s3,
-                               MatvecQ16xKernel::smem4_s4}) {
-        // Partial last chunks (5120, 13824), one 4-pair chunk (256), a half row pair (odd rows),
-        // several row pairs per warp (20001 rows), more warps than rows (1, 7).
-        for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
-                 {257, 5120}, {33, 13824}, {1, 256}, {7, 256}, {20001, 512}, {130, 2304}, {3000, 27648}}) {
-            check_matvec_q16x(k, rows, cols);
-        }
+    // Partial last chunks (5120, 13824), one 4-pair chunk (256), a half row pair (odd rows),
+    // several row pairs per warp (20001 rows), more warps than rows (1, 7).
+    for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
+             {257, 5120}, {33, 13824}, {1, 256}, {7, 256}, {20001, 512}, {130, 2304}, {3000, 27648}}) {
+        const Q16xCase c = make_q16x_case(fresh_seed(), rows, cols);
+        for (MatvecQ16xKernel k : {MatvecQ16xKernel::smem4, MatvecQ16xKernel::smem8, MatvecQ16xKernel::global4,
+                                   MatvecQ16xKernel::smem4_r1, MatvecQ16xKernel::smem8_r1, MatvecQ16xKernel::smem4_s3,
+                                   MatvecQ16xKernel::smem4_s4})
+            check_matvec_q16x(k, c);
     }
     // Work split by chunks, pairs cut between warps (the 14B wo, qkv and down shapes, and an
     // odd row count): each shape twice, so the second launch finds the cut-pair slots the
     // first one left (they must be cleared, or stale partial sums would be added).
     uint32_t cut_shapes = 0;
-    for (MatvecQ16xKernel k : {MatvecQ16xKernel::smem4, MatvecQ16xKernel::smem4_r1, MatvecQ16xKernel::smem4_s3,
-                               MatvecQ16xKernel::smem4_s4}) {
-        for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
-                 {5120, 5120}, {7168, 5120}, {5120, 13824}, {5121, 5120}}) {
+    for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
+             {5120, 5120}, {7168, 5120}, {5120, 13824}, {5121, 5120}}) {
+        const Q16xCase c = make_q16x_case(fresh_seed(), rows, cols);
+        for (MatvecQ16xKernel k : {MatvecQ16xKernel::smem4, MatvecQ16xKernel::smem4_r1, MatvecQ16xKernel::smem4_s3,
+                                   MatvecQ16xKernel::smem4_s4}) {
             cut_shapes += matvec_q8_0_q16x_splits_by_chunks(k, rows, cols);
-            check_matvec_q16x(k, rows, cols);
-            check_matvec_q16x(k, rows, cols);
+            check_matvec_q16x(k, c);
+            check_matvec_q16x(k, c);
         }
     }
     EXPECT_GT(cut_shapes, 0u) << "no shape took the chunk split on this GPU: the cut-pair path went untested";
@@ -290,11 +294,10 @@ TEST(CudaMatvec, ChunkSplitOnTwoStreamsAtOnce) {
 // byte against the host), then the register-streaming GEMV against the same reference as
 // the q16x check above (1e-5: f32 summation). Two launches per shape, so the second finds
 // the cut-pair slots the first one cleared.
-void check_matvec_q8s(MatvecQ8sKernel kernel, uint32_t rows, uint32_t cols) {
-    const uint32_t seed = fresh_seed();
+void check_matvec_q8s(MatvecQ8sKernel kernel, const Q16xCase& c) {
+    const uint32_t rows = c.rows, cols = c.cols;
     SCOPED_TRACE("q8s kernel=" + std::to_string((int)kernel) + " rows=" + std::to_string(rows) + " cols=" +
-                 std::to_string(cols) + " seed=" + std::to_string(seed));
-    const Q16xCase c = make_q16x_case(seed, rows, cols);
+                 std::to_string(cols) + " seed=" + std::to_string(c.seed));
     const std::vector<uint8_t>& w_q = c.w.bytes;
     const HostActQ16& xq = c.xq;
     const std::vector<float>& ref = c.ref;
@@ -334,13 +337,13 @@ void check_matvec_q8s(MatvecQ8sKernel kernel, uint32_t rows, uint32_t cols) {
 
 TEST(CudaMatvec, Q8SplitKernelsMatchCpu) {
     SPILLWAY_SKIP_WITHOUT_GPU();
-    for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r8; ++ki) {
-        // One unit (1 x 512), a half row pair (odd rows), pairs cut between two and more warps
-        // (the 14B wo / down shapes have fewer units than twice the warps), many pairs per warp.
-        for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
-                 {1, 512}, {7, 512}, {257, 5120}, {33, 13824}, {5120, 5120}, {5121, 5120}, {5120, 13824},
-                 {20001, 512}, {3000, 27648}})
-            check_matvec_q8s((MatvecQ8sKernel)ki, rows, cols);
+    // One unit (1 x 512), a half row pair (odd rows), pairs cut between two and more warps
+    // (the 14B wo / down shapes have fewer units than twice the warps), many pairs per warp.
+    for (const auto& [rows, cols] : std::vector<std::pair<uint32_t, uint32_t>>{
+             {1, 512}, {7, 512}, {257, 5120}, {33, 13824}, {5120, 5120}, {5121, 5120}, {5120, 13824},
+             {20001, 512}, {3000, 27648}}) {
+        const Q16xCase c = make_q16x_case(fresh_seed(), rows, cols);
+        for (int ki = 0; ki <= (int)MatvecQ8sKernel::sweep1r8; ++ki) check_matvec_q8s((MatvecQ8sKernel)ki, c);
     }
     EXPECT_EQ(matvec_q8s_kernel_for(5120, 5120), MatvecQ8sKernel::sweep1r2);
     DeviceBuffer<int8_t> codes(1 << 16);
