@@ -458,10 +458,9 @@ struct LayerHopBuffers {
 // "chain-fence" / "-skip" (bench variants of "chain" and "norm-chain", which hand over as the
 // engine does, lean): the chained epilogues' hand-over (HandOver, matvec_q8s.cuh); skip writes
 // wrong values, its time is the floor of any hand-over. "-wowait": wo lets gate|up launch when
-// its wait returns, not at its entry (NormOut::release_after_wait, which takes fence).
+// its wait returns, not at its entry (NormOut::release_after_wait, which hands over with fence).
 HandOver hand_over_of(const std::string& variant) {
-    if (variant.find("-fence") != std::string::npos || variant.find("-wowait") != std::string::npos)
-        return HandOver::fence;
+    if (variant.find("-fence") != std::string::npos) return HandOver::fence;
     if (variant.find("-skip") != std::string::npos) return HandOver::skip;
     return HandOver::lean;
 }

@@ -545,7 +545,6 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                 // 204.2 / 126.5 (q8_0 at 8k: 170 against 202).
                 NormOut wo_out = norm_out(L.ffn_norm, 0);
                 wo_out.release_after_wait = (norm_chain_wo_mode() & 4) != 0;
-                if (wo_out.release_after_wait) wo_out.scratch.hand_over = HandOver::fence;  // its only instance
                 ffn_norm_partials = matvec_q8s_norm_out_cuda(split_of(L.wo), act_q16(st), E, L.wo.n_in, wo_out,
                                                              stream,
                                                              (norm_chain_wo_mode() & 1) != 0 && !wo_out.release_after_wait);

@@ -100,8 +100,8 @@ struct NormOut {
     ActQ16 out;                     // [rows] stream * weight, quantized; must not be x
     GluScratch scratch;             // rows floats and rows / 32 arrival counts, as for the SwiGLU epilogue
     // Lab (SPILLWAY_CHAIN_WO bit 4): let the next kernel launch when this one's producer wait
-    // returns, not at its entry (release_at_entry false) nor at its exit. Takes only the fence
-    // hand-over (scratch.hand_over), so as not to add instances for a lab variant.
+    // returns, not at its entry (release_at_entry false) nor at its exit. Hands over with fence
+    // whatever scratch.hand_over says (same bits), so as not to add instances for a lab variant.
     bool release_after_wait = false;
 };
 
