@@ -58,6 +58,12 @@ void poison(DeviceBuffer<T>& d) {
     SPILLWAY_CUDA_CHECK(cudaMemset(d.data(), 0xFF, d.bytes()));
 }
 
+inline double sum_squares(const std::vector<float>& v) {
+    double s = 0.0;
+    for (float x : v) s += (double)x * x;
+    return s;
+}
+
 // ||out - ref|| / ||ref|| in double; NaN anywhere gives NaN (which fails every comparison).
 inline double rel_error(const float* out, const float* ref, size_t n) {
     double num = 0.0, den = 0.0;
@@ -70,6 +76,18 @@ inline double rel_error(const float* out, const float* ref, size_t n) {
 }
 inline double rel_error(const std::vector<float>& out, const std::vector<float>& ref) {
     return rel_error(out.data(), ref.data(), ref.size());
+}
+
+// ||out - ref|| / ||mag||, where mag[i] is the sum of |terms| of output i. A sum's f32 rounding
+// error scales with its terms, not with its result: a single row of random terms can cancel to
+// near zero, and its error relative to itself has a heavy tail (a 1 x 256 q8_0 row measured
+// 1.1e-5 against rel_error's 1e-5 on a correct kernel, session 38). Expect ~u = 6e-8 for
+// accumulation in f32 whatever the length; a wrong or missing term gives ~1 / cols or more.
+inline double sum_error(const std::vector<float>& out, const std::vector<float>& ref, const std::vector<float>& mag) {
+    double num = 0.0;
+    for (size_t i = 0; i < ref.size(); ++i) num += ((double)out[i] - ref[i]) * ((double)out[i] - ref[i]);
+    const double den = sum_squares(mag);
+    return std::sqrt(num) / std::sqrt(den > 0 ? den : 1.0);
 }
 
 inline size_t count_nan(const std::vector<float>& v) {
