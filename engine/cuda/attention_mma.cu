@@ -506,17 +506,19 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
         }
         cp_async_commit();  // empty groups keep the wait count uniform
     };
-    // A programmatic launch (pdl_launch.cuh): q and the step's new cell come from qkv_post. A
-    // split made only of settled cells (earlier steps') starts its copies before waiting for
-    // it; the split holding the new cell copies after. The grid is one wave (plan_for), so
-    // the split merge released here only takes SMs this grid has left.
+    // A programmatic launch (pdl_launch.cuh): q and the step's new cell come from qkv_post.
+    // The first kStages - 1 steps of every warp are copied before waiting for it when they
+    // hold only settled cells (earlier steps'). That is every split but the new cell's at
+    // first, and since session 38 that one too once it has more cells than its prologue
+    // copies: the new cell is its last, copied in the loop, after the wait. The grid is one
+    // wave (plan_for), so the split merge released here only takes SMs this grid has left.
     timeline_stamp(p, 0);
     if (p.timeline != nullptr) {
         uint32_t sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         timeline_stamp(p, 9, sm, false);
     }
-    const bool settled = cell_end <= p.settled_cells;
+    const bool settled = min(cell_end, cell_begin + (L::kStages - 1) * kWarps * kStep) <= p.settled_cells;
     if (settled) {
 #pragma unroll
         for (int s = 0; s < L::kStages - 1; ++s) issue(s);
