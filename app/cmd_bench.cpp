@@ -1,6 +1,7 @@
 // spillway bench: llama-bench-like speed test of the CUDA engine. Prefill tok/s, decode
 // tok/s at each KV depth, achieved GB/s and % of the roofline (weights + KV bytes read per
 // token over the HBM bandwidth measured in the same run), as a markdown table or --json.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -168,6 +169,20 @@ int cmd_bench(int argc, char** argv) {
     const bool no_graph = args.has("--no-graph");
     const std::vector<uint64_t> spill_mib = parse_mib_list(args.get_or("--spill", "0"), "--spill");
 
+    // What the user named is checked before any GPU work: a wrong preset, file or weight type
+    // and a run with nothing to measure are reported as such on every machine, not as a missing
+    // GPU or after a 14B model has been built on it.
+    if (n_prompt == 0 && n_gen == 0) fail("-p 0 and -n 0 leave nothing to measure");
+    if (n_gen == 0 && std::any_of(spill_mib.begin(), spill_mib.end(), [](uint64_t m) { return m > 0; }))
+        fail("--spill measures decode; -n must be > 0");
+    if (args.has("--synthetic")) {
+        if (*wtype != GgmlType::F16 && *wtype != GgmlType::BF16 && *wtype != GgmlType::Q8_0)
+            fail("--wtype: the synthetic model's weights are f16, bf16 or q8_0, not " + std::string(ggml_type_name(*wtype)));
+        (void)preset_header(*args.get("--synthetic"), *wtype);  // an unknown name fails with the list of presets
+    } else {
+        (void)model_spec_from_gguf(GgufFile::open(*args.get("--model"))->header());
+    }
+
     // --kv-auto-tier: the planner decides (from this GPU's measurements) instead of -ctk/-ctv,
     // -d and --spill, and the bench measures its choice. Without the switch none of this runs.
     // -ctk/-ctv here are the bench's lists of tiers, not the planner's explicit axis: with the
@@ -326,7 +341,7 @@ int cmd_bench(int argc, char** argv) {
                             100.0 * p.terms.c_engage_ms / p.terms.t_resident_ms, p.terms.t_resident_ms);
         }
     }
-    if (plan && planned_row)
+    if (plan && planned_row) {
         // The planner's t_resident is the spec's roofline ((weights + KV) / VRAM bandwidth), so
         // its tok/s is an upper bound; the ratio says how close this engine runs to it.
         std::printf("\nplan check: %s predicted %s tok/s (roofline t_resident, %s drop model), measured %.1f tok/s",
@@ -336,6 +351,7 @@ int cmd_bench(int argc, char** argv) {
         if (plan->predicted_tok_s && *plan->predicted_tok_s > 0)
             std::printf(" = %.0f%% of the prediction", 100.0 * planned_row->tok_s / *plan->predicted_tok_s);
         std::printf("\n");
+    }
     return 0;
 #endif
 }

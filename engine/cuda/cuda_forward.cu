@@ -692,7 +692,16 @@ CudaKvCache make_cuda_kv_cache(const CudaModel& m, uint32_t n_ctx, KvType k_type
     // Each layer's K and V start 256-byte aligned (the attention kernel needs 16).
     auto aligned = [](uint64_t n) { return (n + 255) / 256 * 256; };
     const uint64_t k_bytes = aligned(c.k_row_bytes * c.n_resident), v_bytes = aligned(c.v_row_bytes * c.n_resident);
-    c.arena = DeviceBuffer<uint8_t>((k_bytes + v_bytes) * s.n_layer);
+    const uint64_t arena_bytes = (k_bytes + v_bytes) * s.n_layer;
+    // Said in the user's terms before cudaMalloc's bare "out of memory".
+    size_t free_bytes = 0, total_bytes = 0;
+    SPILLWAY_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (arena_bytes > free_bytes)
+        fail("the KV cache of " + std::to_string(c.n_resident) + " resident cells (" + kv_type_name(k_type) + "/" +
+             kv_type_name(v_type) + ") needs " + std::to_string(arena_bytes >> 20) + " MiB of VRAM and " +
+             std::to_string(free_bytes >> 20) + " MiB are free: use a shorter context (-c, -d), a smaller KV type " +
+             "(-ctk / -ctv q8_0 or q4_0), or let spillway plan it (--kv-auto-tier)");
+    c.arena = DeviceBuffer<uint8_t>(arena_bytes);
     for (uint32_t i = 0; i < s.n_layer; ++i) {
         c.k.push_back(c.arena.data() + (k_bytes + v_bytes) * i);
         c.v.push_back(c.arena.data() + (k_bytes + v_bytes) * i + k_bytes);

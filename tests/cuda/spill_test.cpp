@@ -176,6 +176,23 @@ TEST(CudaSpill, RejectsAnEmptyResidentWindow) {
     EXPECT_THROW(make_cuda_kv_cache(*t.gpu, 64, KvType::f16, KvType::f16, 0), Error);
 }
 
+// An absurd context is refused in the user's terms (cells, MiB needed and free, what to change)
+// before cudaMalloc's bare "out of memory", and the GPU stays usable.
+TEST(CudaSpill, KvCacheLargerThanVramIsRefusedInTheUsersTerms) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    Tiny& t = tiny();
+    try {
+        CudaKvCache c = make_cuda_kv_cache(*t.gpu, 4000000000u, KvType::f16, KvType::f16);
+        ADD_FAILURE() << "a cache of 4e9 cells was allocated";
+    } catch (const Error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("4000000000 resident cells"), std::string::npos) << what;
+        EXPECT_NE(what.find("MiB are free"), std::string::npos) << what;
+    }
+    CudaKvCache c = make_cuda_kv_cache(*t.gpu, 64, KvType::f16, KvType::f16);
+    EXPECT_EQ(c.n_resident, 64u);
+}
+
 TEST(CudaSpill, SpillSizes) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     Tiny& t = tiny();

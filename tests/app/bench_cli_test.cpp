@@ -1,0 +1,68 @@
+// `spillway bench` refuses bad input by name before it touches a GPU: these run on any machine
+// (the CI has no GPU, so a check that came after the GPU's would fail here with "needs a CUDA
+// GPU" instead of the message asserted).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+
+struct BenchRun {
+    int status = -1;
+    std::string out;  // stdout and stderr
+};
+
+BenchRun run_bench(const std::string& args) {
+    const std::string cmd = std::string("'") + SPILLWAY_BINARY + "' bench " + args + " 2>&1";
+    BenchRun r;
+    FILE* pipe = popen(cmd.c_str(), "r");
+    if (!pipe) return r;
+    std::array<char, 4096> buf;
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+    const int st = pclose(pipe);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return r;
+}
+
+void expect_refused(const std::string& args, const std::string& message) {
+    SCOPED_TRACE("spillway bench " + args);
+    const BenchRun r = run_bench(args);
+    EXPECT_EQ(r.status, 1) << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("needs a CUDA GPU"), std::string::npos) << r.out;
+}
+
+std::string write_file(const std::string& name, const std::string& bytes) {
+    const std::string path = (std::filesystem::temp_directory_path() / name).string();
+    std::ofstream(path, std::ios::binary) << bytes;
+    return path;
+}
+
+}  // namespace
+
+TEST(BenchCli, RefusesBadModelsByName) {
+    expect_refused("--synthetic no-such-shape", "unknown preset 'no-such-shape' (presets: tiny");
+    expect_refused("--synthetic tiny --wtype q4_0", "--wtype: the synthetic model's weights are f16, bf16 or q8_0");
+    expect_refused("--synthetic tiny --wtype f32", "not f32");
+    expect_refused("-m /no/such/model.gguf", "/no/such/model.gguf: cannot open");
+    const std::string truncated = write_file("spillway-bench-truncated.gguf", std::string("GGUF\x03\x00\x00\x00", 8) + "xx");
+    expect_refused("-m " + truncated, "truncated file");
+    const std::string not_gguf = write_file("spillway-bench-not-gguf.gguf", "this is not a model file at all");
+    expect_refused("-m " + not_gguf, "not a GGUF file");
+    std::filesystem::remove(truncated);
+    std::filesystem::remove(not_gguf);
+}
+
+TEST(BenchCli, RefusesRunsWithNothingToMeasure) {
+    expect_refused("--synthetic tiny -p 0 -n 0", "nothing to measure");
+    expect_refused("--synthetic tiny -n 0 --spill 64", "--spill measures decode");
+    expect_refused("--synthetic tiny -ctk q5_1", "unknown KV type 'q5_1'");
+    expect_refused("--synthetic tiny -d 1e9", "-d: bad number");
+    expect_refused("-m a.gguf --synthetic tiny", "exactly one of -m FILE or --synthetic PRESET");
+}
