@@ -169,8 +169,11 @@ if [ -z "$bench_only" ]; then
       echo "engine A/B $knob rc=$?: $(grep -E '^\| f16' "$out/engine-ab-${knob//=/-}.log" | awk -F'|' '{printf "d=%s %s tok/s  ", $5, $6}')"
     done
     # The quantized decode attention's copy fast path (session 13), Q load and split merge
-    # (session 19), 64k.
-    for knob in default SPILLWAY_ATTN_FAST_COPY=0 SPILLWAY_ATTN_Q_LOAD=scalar SPILLWAY_ATTN_MERGE=warp; do
+    # (session 19), 64k; splits planned for 6 / 8 blocks per SM, i.e. more than resident, so
+    # the hardware deals the rest out as blocks finish (session 38's question: does that
+    # shorten the 5-9 us tail at 64k more than the extra splits cost?).
+    for knob in default SPILLWAY_ATTN_FAST_COPY=0 SPILLWAY_ATTN_Q_LOAD=scalar SPILLWAY_ATTN_MERGE=warp \
+        SPILLWAY_ATTN_MMA_BLOCKS=6 SPILLWAY_ATTN_MMA_BLOCKS=8; do
       if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
       env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 65536 \
         -ctk f16,q8_0,q4_0 -ctv f16,q8_0,q4_0 >"$out/engine-ab-fast-copy-${knob%%=*}.log" 2>&1
