@@ -3,36 +3,23 @@
 // GPU" instead of the message asserted).
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <sys/wait.h>
+
+#include "tests/cli_run.h"
 
 namespace {
 
-struct BenchRun {
-    int status = -1;
-    std::string out;  // stdout and stderr
-};
+using spillway::cli_test::CommandRun;
 
-BenchRun run_bench(const std::string& args) {
-    const std::string cmd = std::string("'") + SPILLWAY_BINARY + "' bench " + args + " 2>&1";
-    BenchRun r;
-    FILE* pipe = popen(cmd.c_str(), "r");
-    if (!pipe) return r;
-    std::array<char, 4096> buf;
-    size_t n;
-    while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-    const int st = pclose(pipe);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return r;
+CommandRun run_bench(const std::string& args) {
+    return spillway::cli_test::run_command(std::string("'") + SPILLWAY_BINARY + "' bench " + args + " 2>&1");
 }
 
 void expect_refused(const std::string& args, const std::string& message) {
     SCOPED_TRACE("spillway bench " + args);
-    const BenchRun r = run_bench(args);
+    const CommandRun r = run_bench(args);
     EXPECT_EQ(r.status, 1) << r.out;
     EXPECT_NE(r.out.find(message), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("needs a CUDA GPU"), std::string::npos) << r.out;

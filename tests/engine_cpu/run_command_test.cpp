@@ -2,13 +2,13 @@
 // and the clear errors the issue asks for.
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <sys/wait.h>
+
+#include "tests/cli_run.h"
 
 namespace {
 
@@ -18,16 +18,8 @@ struct Result {
 };
 
 Result run(const std::string& args) {
-    const std::string cmd = std::string(SPILLWAY_BINARY) + " " + args + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    Result r{-1, ""};
-    if (!p) return r;
-    std::array<char, 4096> buf;
-    size_t n;
-    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-    const int status = pclose(p);
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
+    const spillway::cli_test::CommandRun c = spillway::cli_test::run_command(std::string(SPILLWAY_BINARY) + " " + args + " 2>&1");
+    return {c.status, c.out};
 }
 
 class RunCommand : public ::testing::Test {

@@ -1,12 +1,12 @@
 // Runs the built `spillway plan` binary the way a script would.
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <sys/wait.h>
+
+#include "tests/cli_run.h"
 
 namespace {
 
@@ -26,15 +26,8 @@ PlanRun run_plan(const std::string& args, const std::string& env_set = "") {
                                   "-u SPILLWAY_VRAM_BW_GBPS -u SPILLWAY_C_ENGAGE_MS -u SPILLWAY_VRAM_FREE_MIB "
                                   "-u SPILLWAY_COMPUTE_RESERVE_MIB ") +
                       env_set + " '" + SPILLWAY_BINARY + "' plan " + args;
-    PlanRun r;
-    FILE* pipe = popen(cmd.c_str(), "r");
-    if (!pipe) return r;
-    std::array<char, 4096> buf;
-    size_t n;
-    while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
-    int st = pclose(pipe);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return r;
+    const spillway::cli_test::CommandRun c = spillway::cli_test::run_command(cmd);
+    return {c.status, c.out};
 }
 
 std::string profile(const char* name) { return std::string(SPILLWAY_SOURCE_DIR) + "/profiles/" + name; }

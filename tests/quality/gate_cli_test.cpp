@@ -8,8 +8,9 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <sys/wait.h>
 #include <unistd.h>
+
+#include "tests/cli_run.h"
 
 namespace {
 
@@ -21,15 +22,10 @@ struct Result {
 
 Result run(const std::string& args, const std::filesystem::path& dir) {
     const std::filesystem::path err = dir / "stderr.txt";
-    const std::string cmd = std::string(SPILLWAY_BINARY) + " " + args + " 2>" + err.string();
-    FILE* p = popen(cmd.c_str(), "r");
-    Result r{-1, "", ""};
-    if (!p) return r;
+    const spillway::cli_test::CommandRun c = spillway::cli_test::run_command(std::string(SPILLWAY_BINARY) + " " + args + " 2>" + err.string());
+    Result r{c.status, c.out, ""};
     std::array<char, 4096> buf;
     size_t n;
-    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-    const int status = pclose(p);
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     if (FILE* e = fopen(err.c_str(), "r")) {
         while ((n = fread(buf.data(), 1, buf.size(), e)) > 0) r.err.append(buf.data(), n);
         fclose(e);
