@@ -687,8 +687,6 @@ CudaKvCache make_cuda_kv_cache(const CudaModel& m, uint32_t n_ctx, KvType k_type
     c.v_type = v_type;
     c.k_row_bytes = kv_row_bytes(k_type, (uint64_t)m.n_head_kv * s.head_dim_k);
     c.v_row_bytes = kv_row_bytes(v_type, (uint64_t)m.n_head_kv * s.head_dim_v);
-    if (c.n_resident < n_ctx)
-        c.spill = make_cuda_kv_spill(s.n_layer, n_ctx, c.n_resident, c.k_row_bytes, c.v_row_bytes, spill_chunk_cells);
     // Each layer's K and V start 256-byte aligned (the attention kernel needs 16).
     auto aligned = [](uint64_t n) { return (n + 255) / 256 * 256; };
     const uint64_t k_bytes = aligned(c.k_row_bytes * c.n_resident), v_bytes = aligned(c.v_row_bytes * c.n_resident);
@@ -701,6 +699,8 @@ CudaKvCache make_cuda_kv_cache(const CudaModel& m, uint32_t n_ctx, KvType k_type
              kv_type_name(v_type) + ") needs " + std::to_string(arena_bytes >> 20) + " MiB of VRAM and " +
              std::to_string(free_bytes >> 20) + " MiB are free: use a shorter context (-c, -d), a smaller KV type " +
              "(-ctk / -ctv q8_0 or q4_0), or let spillway plan it (--kv-auto-tier)");
+    if (c.n_resident < n_ctx)  // after the check: a refused cache pins no host memory
+        c.spill = make_cuda_kv_spill(s.n_layer, n_ctx, c.n_resident, c.k_row_bytes, c.v_row_bytes, spill_chunk_cells);
     c.arena = DeviceBuffer<uint8_t>(arena_bytes);
     for (uint32_t i = 0; i < s.n_layer; ++i) {
         c.k.push_back(c.arena.data() + (k_bytes + v_bytes) * i);
