@@ -82,7 +82,8 @@ int cmd_run(int argc, char** argv) {
     args.option({"-m", "--model"}, "FILE", "GGUF model file");
     args.option({"-p", "--prompt"}, "TEXT", "prompt text");
     args.option({"-f", "--file"}, "FILE", "read the prompt from a file");
-    args.option({"-n", "--n-predict"}, "N", "tokens to generate", "128");
+    args.option({"-n", "--n-predict"}, "N", "tokens to generate; -1: until the end of generation or a full context",
+                "128");
     args.option({"-c", "--ctx-size"}, "N", "context size in tokens (prompt + generated)", "4096, at most the training context");
     args.option({"-b", "--batch-size"}, "N", "prefill chunk size",
                 "512; with --device cuda 2048 for prompts over 4096 tokens");
@@ -139,7 +140,7 @@ example: spillway run -m tiny.gguf -p "Once upon a time" -n 64 --temp 0)");
                                      "--host-ram-gbps", "--pcie-gbps", "--vram-bw-gbps", "--c-engage-ms", "--vram-free-mib",
                                      "--compute-reserve-mib"})
             if (args.has(gpu_only)) fail(std::string(gpu_only) + " plans the GPU's KV cache: it needs --device cuda");
-    const int64_t n_predict = args.get_int("--n-predict", 0, 1 << 24).value_or(128);
+    const int64_t n_predict = args.get_int("--n-predict", -1, 1 << 24).value_or(128);  // -1: no limit but the context
     const int64_t batch = args.get_int("--batch-size", 1, 1 << 16).value_or(512);
     const unsigned threads =
         (unsigned)args.get_int("--threads", 1, 1024).value_or(std::max(1u, std::thread::hardware_concurrency()));
@@ -174,7 +175,8 @@ example: spillway run -m tiny.gguf -p "Once upon a time" -n 64 --temp 0)");
     if (prompt.size() >= n_ctx)
         fail("the prompt has " + std::to_string(prompt.size()) + " tokens but the context holds " +
              std::to_string(n_ctx) + " (raise -c, or shorten the prompt)");
-    const uint32_t n_generate = (uint32_t)std::min<int64_t>(n_predict, n_ctx - (int64_t)prompt.size());
+    const int64_t room = n_ctx - (int64_t)prompt.size();
+    const uint32_t n_generate = (uint32_t)(n_predict < 0 ? room : std::min<int64_t>(n_predict, room));
 
 #ifdef SPILLWAY_HAVE_CUDA
     // The GPU's KV cache: the requested types (switch off) or the auto-tier's choice, and
@@ -288,6 +290,12 @@ example: spillway run -m tiny.gguf -p "Once upon a time" -n 64 --temp 0)");
     }
     const std::string tail = stream.finish();
     generated_text += tail;
+    // Why the generation ended: the model's end token, -n reached, or no room left in -c (which
+    // a user who asked for more tokens is told).
+    const bool ended = !generated.empty() && tokenizer.is_end_of_generation(generated.back());
+    const char* stop = ended ? "end_of_generation"
+                       : n_predict >= 0 && (int64_t)generated.size() >= n_predict ? "n_predict"
+                                                                                 : "context_full";
 
     const double prefill_tps = prefill_s > 0 ? prompt.size() / prefill_s : 0;
     const double decode_tps = decode_s > 0 && n_decoded ? n_decoded / decode_s : 0;
@@ -297,7 +305,7 @@ example: spillway run -m tiny.gguf -p "Once upon a time" -n 64 --temp 0)");
             {"model", *model_path}, {"device", device}, {"threads", threads},
             {"ctk", kv_type_name(k_type)}, {"ctv", kv_type_name(v_type)}, {"n_ctx", n_ctx},
             {"seed", sampling.seed}, {"prompt_tokens", prompt}, {"generated_tokens", generated},
-            {"text", generated_text},
+            {"text", generated_text}, {"stop", stop},
             {"timings", {{"prefill_s", prefill_s}, {"prefill_tokens", prompt.size()}, {"prefill_tok_s", prefill_tps},
                          {"decode_s", decode_s}, {"decode_tokens", n_decoded}, {"decode_tok_s", decode_tps},
                          {"decode_gb_s", decode_gbps}}}};
@@ -319,6 +327,9 @@ example: spillway run -m tiny.gguf -p "Once upon a time" -n 64 --temp 0)");
         std::printf("%s\n", out.dump(1).c_str());
     } else {
         std::printf("%s\n", tail.c_str());
+        std::fflush(stdout);  // the text ends before the statistics on a terminal that shows both
+        if (std::string(stop) == "context_full")
+            std::fprintf(stderr, "stopped after %zu tokens: the context (-c %u) is full\n", generated.size(), n_ctx);
         std::fprintf(stderr,
                      "prefill: %zu tokens in %.3f s (%.1f tok/s)\n"
                      "decode:  %u tokens in %.3f s (%.1f tok/s, %.2f GB/s of weights + KV read)\n",

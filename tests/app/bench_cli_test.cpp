@@ -53,3 +53,19 @@ TEST(BenchCli, RefusesRunsWithNothingToMeasure) {
     expect_refused("--synthetic tiny -d 1e9", "-d: bad number");
     expect_refused("-m a.gguf --synthetic tiny", "exactly one of -m FILE or --synthetic PRESET");
 }
+
+// bench's -ctk/-ctv take lists of tiers; without a GPU the command must get past its argument
+// checks and stop only at "no GPU" (a regression once rejected the lists as a planner axis).
+TEST(BenchCli, TierListsParseAndOnlyTheMissingGpuStopsIt) {
+    const CommandRun r = run_bench("--synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 4 -d 8192,65536 -ctk f16,q8_0 --spill 0,64");
+    if (r.status == 0) {  // a machine with a GPU ran it: both tiers' spilled rows are there
+        EXPECT_NE(r.out.find("| f16 | f16 | 65536 | 64 |"), std::string::npos) << r.out;
+        EXPECT_NE(r.out.find("| q8_0 | q8_0 | 8192 | 64 |"), std::string::npos) << r.out;
+    } else {
+        EXPECT_EQ(r.out.find("-ctk"), std::string::npos) << r.out;
+        EXPECT_TRUE(r.out.find("CUDA") != std::string::npos || r.out.find("GPU") != std::string::npos) << r.out;
+    }
+    const CommandRun bad = run_bench("--synthetic qwen2.5-14b -ctk f16,q5_9");
+    EXPECT_NE(bad.status, 0);
+    EXPECT_NE(bad.out.find("-ctk"), std::string::npos) << bad.out;
+}
