@@ -130,6 +130,7 @@ int cmd_bench(int argc, char** argv) {
     args.option({"-ctk", "--cache-type-k"}, "LIST", "K cache types, comma separated", "f16");
     args.option({"-ctv", "--cache-type-v"}, "LIST", "V cache types, comma separated (paired with -ctk)", "same as -ctk");
     args.option({"-s", "--seed"}, "S", "seed of the synthetic weights and prompt", "1");
+    args.option({"-r", "--repetitions"}, "N", "run each test N times: tok/s is their mean, +- their sample sd", "1");
     args.option({"--spill"}, "LIST",
                 "MiB of the KV cache at each depth streamed from pinned host RAM, comma separated; each "
                 "spilled row is printed with the serial and overlap drop models' predictions",
@@ -165,6 +166,7 @@ int cmd_bench(int argc, char** argv) {
     const uint32_t n_gen = (uint32_t)args.get_int("--n-gen", 0, 1 << 20).value_or(128);
     const uint32_t batch = (uint32_t)args.get_int("--batch-size", 1, 1 << 16).value_or(512);
     const uint64_t seed = (uint64_t)args.get_int("--seed", 0, INT64_MAX).value_or(1);
+    const uint32_t repetitions = (uint32_t)args.get_int("--repetitions", 1, 1000).value_or(1);
     const bool json = args.has("--json");
     const bool no_graph = args.has("--no-graph");
     const std::vector<uint64_t> spill_mib = parse_mib_list(args.get_or("--spill", "0"), "--spill");
@@ -223,7 +225,7 @@ int cmd_bench(int argc, char** argv) {
     }
 
 #ifndef SPILLWAY_HAVE_CUDA
-    (void)bench_depths, (void)bench_spill, (void)pairs, (void)wtype, (void)depths, (void)n_prompt, (void)n_gen, (void)batch, (void)seed, (void)json, (void)no_graph,
+    (void)bench_depths, (void)bench_spill, (void)pairs, (void)wtype, (void)depths, (void)n_prompt, (void)n_gen, (void)batch, (void)seed, (void)json, (void)no_graph, (void)repetitions,
         (void)spill_mib;
     fail("bench measures the CUDA engine, and this build has none (configure with -DSPILLWAY_CUDA=ON on a machine with nvcc)");
 #else
@@ -240,6 +242,7 @@ int cmd_bench(int argc, char** argv) {
     o.use_graph = !no_graph;
     o.show_progress = !json;
     o.spill_mib = bench_spill;
+    o.repetitions = repetitions;
     const CudaBenchReport r = run_cuda_bench(o);
     const std::vector<SpillPrediction> predictions = spill_predictions(r);
 
@@ -257,6 +260,7 @@ int cmd_bench(int argc, char** argv) {
             const CudaBenchRow& row = r.rows[i];
             nlohmann::json j = {{"ctk", kv_type_name(row.k_type)}, {"ctv", kv_type_name(row.v_type)},
                                 {"test", row.test}, {"depth", row.depth}, {"tok_s", row.tok_s},
+                                {"tok_s_sd", row.tok_s_sd}, {"repetitions", repetitions},
                                 {"ms_per_token", row.ms_per_token}, {"gb_s", row.gb_s},
                                 {"roofline_pct", row.roofline_pct}, {"bytes_per_token", row.bytes_per_token},
                                 {"graph_capture_us", row.capture_us}, {"vram_kv_bytes", row.vram_kv},
@@ -305,8 +309,11 @@ int cmd_bench(int argc, char** argv) {
     for (const CudaBenchRow& row : r.rows) {
         if (row.spill_cells > 0) continue;  // in the spill table below
         const bool decode = row.test.rfind("tg", 0) == 0;
-        std::printf("| %s | %s | %s | %u | %.1f | %.3f | %s | %s | %s | %.0f |\n", kv_type_name(row.k_type),
-                    kv_type_name(row.v_type), row.test.c_str(), row.depth, row.tok_s, row.ms_per_token,
+        char tok_s[64];  // "mean", or "mean ± sd" over repetitions as llama-bench prints it
+        if (repetitions > 1) std::snprintf(tok_s, sizeof tok_s, "%.1f ± %.1f", row.tok_s, row.tok_s_sd);
+        else std::snprintf(tok_s, sizeof tok_s, "%.1f", row.tok_s);
+        std::printf("| %s | %s | %s | %u | %s | %.3f | %s | %s | %s | %.0f |\n", kv_type_name(row.k_type),
+                    kv_type_name(row.v_type), row.test.c_str(), row.depth, tok_s, row.ms_per_token,
                     decode ? std::to_string((int)(row.gb_s + 0.5)).c_str() : "-",
                     decode ? (std::to_string((int)(row.roofline_pct * 10 + 0.5) / 10) + "." +
                               std::to_string((int)(row.roofline_pct * 10 + 0.5) % 10))

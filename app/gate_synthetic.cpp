@@ -110,7 +110,9 @@ int gate_cells_synthetic(const ArgParser& args, bool json) {
         last = r;
     }
     GateThresholds thresholds;
-    thresholds.tstar_drop = resolve_plan_knobs(KnobFlags{.tstar_drop = args.get("--tstar-drop")}, process_env()).tstar_drop;
+    KnobFlags drop_flag;
+    drop_flag.tstar_drop = args.get("--tstar-drop");
+    thresholds.tstar_drop = resolve_plan_knobs(drop_flag, process_env()).tstar_drop;
     for (CellResult& c : cells)
         if (!c.unavailable && !c.decode_tok_s) c.unavailable = "the bench returned no decode row for it";
     const std::vector<GateCheck> checks = evaluate_gate_checks(cells, decision, thresholds);

@@ -80,7 +80,7 @@ for r in range(1, rounds + 1):
             if len(cells) < 5 or not cells[2].startswith("tg"):
                 continue
             try:
-                tok_s = float(cells[4])
+                tok_s = float(cells[4].split()[0])  # "mean" or "mean ± sd" (-r)
             except ValueError:
                 continue
             key = (f"{cells[0]}/{cells[1]}", cells[3])

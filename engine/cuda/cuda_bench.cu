@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/sample_stats.h"
 #include "engine/cpu/cpu_model.h"
 #include "engine/cuda/attention.cuh"
 #include "engine/cuda/attention_timeline.h"
@@ -74,6 +75,8 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
         fail(std::string("bench needs a CUDA GPU, and none is usable here (") +
              (err != cudaSuccess ? cudaGetErrorString(err) : "no devices") + ")");
     if (o.depths.empty() || o.kv_types.empty()) fail("bench: no depths or KV types");
+    if (o.repetitions == 0) fail("bench: repetitions must be at least 1");
+    const uint32_t repetitions = o.repetitions;
     CudaBenchReport report;
     report.device = device_name();
 
@@ -139,7 +142,7 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
 
     // n_gen greedy decode steps at positions depth.. through the graph path, event-timed.
     struct DecodeTiming {
-        double ms_per_token = 0, capture_us = 0;
+        double ms_per_token = 0, capture_us = 0, tok_s = 0, tok_s_sd = 0;
     };
     auto time_decode = [&](CudaKvCache& cache, uint32_t depth) {
         // The first token's id: any valid one; then each step feeds its argmax to the next.
@@ -171,6 +174,22 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
         t.capture_us = captures ? capture_s / captures * 1e6 : 0;
         return t;
     };
+    // o.repetitions runs of time_decode: means of ms per token, capture time and tok/s.
+    auto time_decode_repeated = [&](CudaKvCache& cache, uint32_t depth) {
+        std::vector<double> ms, capture, tok_s;
+        for (uint32_t rep = 0; rep < repetitions; ++rep) {
+            const DecodeTiming t = time_decode(cache, depth);
+            ms.push_back(t.ms_per_token);
+            capture.push_back(t.capture_us);
+            tok_s.push_back(1e3 / t.ms_per_token);
+        }
+        DecodeTiming t;
+        t.ms_per_token = sample_stats(ms).mean;
+        t.capture_us = sample_stats(capture).mean;
+        t.tok_s = sample_stats(tok_s).mean;
+        t.tok_s_sd = sample_stats(tok_s).sd;
+        return t;
+    };
 
     for (const auto& [kt, vt] : o.kv_types) {
         CudaKvCache cache = make_cuda_kv_cache(model, n_ctx, kt, vt);
@@ -186,15 +205,20 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
             };
             prefill();  // warm-up: cuBLAS heuristics, first-touch of scratch
             SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(st.stream));
-            timer.start(st.stream);
-            prefill();
-            const double ms = timer.stop_ms(st.stream);
+            std::vector<double> ms, tok_s;
+            for (uint32_t rep = 0; rep < repetitions; ++rep) {
+                timer.start(st.stream);
+                prefill();
+                ms.push_back(timer.stop_ms(st.stream));
+                tok_s.push_back(o.n_prompt / (ms.back() * 1e-3));
+            }
             CudaBenchRow row;
             row.k_type = kt;
             row.v_type = vt;
             row.test = "pp" + std::to_string(o.n_prompt);
-            row.tok_s = o.n_prompt / (ms * 1e-3);
-            row.ms_per_token = ms / o.n_prompt;
+            row.tok_s = sample_stats(tok_s).mean;
+            row.tok_s_sd = sample_stats(tok_s).sd;
+            row.ms_per_token = sample_stats(ms).mean / o.n_prompt;
             row.vram_kv = cache.arena.bytes();
             report.rows.push_back(row);
         }
@@ -202,7 +226,7 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
         for (uint32_t depth : o.depths) {
             if (st.attn_timeline != nullptr)
                 SPILLWAY_CUDA_CHECK(cudaMemsetAsync(attn_stamps.data(), 0, attn_stamps.bytes(), st.stream));
-            const DecodeTiming t = time_decode(cache, depth);
+            const DecodeTiming t = time_decode_repeated(cache, depth);
             const uint32_t last_cells = depth + o.n_gen;  // the last timed step's cells
             if (st.attn_timeline != nullptr &&
                 attention_default_kernel(attn_shape, kt, vt, last_cells) == AttentionKernel::mma) {
@@ -222,7 +246,8 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
             row.test = "tg" + std::to_string(o.n_gen);
             row.depth = depth;
             row.ms_per_token = t.ms_per_token;
-            row.tok_s = 1e3 / row.ms_per_token;
+            row.tok_s = t.tok_s;
+            row.tok_s_sd = t.tok_s_sd;
             // Step i reads depth + i + 1 cells; the mean over the run.
             row.bytes_per_token = weight_bytes + cell_bytes * (depth + (o.n_gen + 1) / 2);
             row.gb_s = row.bytes_per_token / (row.ms_per_token * 1e-3) / 1e9;
@@ -242,13 +267,14 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
                 const uint32_t row_ctx = depth + o.n_gen + 2;
                 CudaKvCache spilled = make_cuda_kv_cache(model, row_ctx, kt, vt, (uint32_t)(depth - cells));
                 fill_cuda_kv_cache_random(spilled, o.seed * 7919 + depth + cells, st.stream);
-                const DecodeTiming ts = time_decode(spilled, depth);
+                const DecodeTiming ts = time_decode_repeated(spilled, depth);
                 CudaBenchRow r = row;
                 r.spill_mib = mib;
                 r.engage = engage;
                 r.spill_cells = (uint32_t)cells;
                 r.ms_per_token = ts.ms_per_token;
-                r.tok_s = 1e3 / r.ms_per_token;
+                r.tok_s = ts.tok_s;
+                r.tok_s_sd = ts.tok_s_sd;
                 // The resident part is read from VRAM, the tail streamed: report the same
                 // bytes per token as the resident row, and the streamed share on its own.
                 r.gb_s = r.bytes_per_token / (r.ms_per_token * 1e-3) / 1e9;

@@ -30,6 +30,9 @@ struct CudaBenchOptions {
     // With any nonzero spill the bench also measures spill 0 and an "engage" row (a spill
     // of one cell) at each depth: t_resident and c_engage of the drop models.
     std::vector<uint64_t> spill_mib = {0};
+    // Each timed test this many times (llama-bench's -r): a row's tok/s is the mean of the
+    // repetitions' tok/s and tok_s_sd their sample standard deviation.
+    uint32_t repetitions = 1;
 };
 
 struct CudaBenchRow {
@@ -37,7 +40,8 @@ struct CudaBenchRow {
     std::string test;                 // "pp512", "tg128"
     uint32_t depth = 0;
     double tok_s = 0;
-    double ms_per_token = 0;
+    double tok_s_sd = 0;              // over the repetitions (0 with one)
+    double ms_per_token = 0;          // the repetitions' mean
     double gb_s = 0;                  // decode: bytes read per token / time per token
     double roofline_pct = 0;          // decode: (bytes / HBM bandwidth) / time per token
     uint64_t bytes_per_token = 0;

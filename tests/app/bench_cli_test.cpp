@@ -51,6 +51,7 @@ TEST(BenchCli, RefusesRunsWithNothingToMeasure) {
     expect_refused("--synthetic tiny -n 0 --spill 64", "--spill measures decode");
     expect_refused("--synthetic tiny -ctk q5_1", "unknown KV type 'q5_1'");
     expect_refused("--synthetic tiny -d 1e9", "-d: bad number");
+    expect_refused("--synthetic tiny -r 0", "--repetitions: 0 is out of range");
     expect_refused("-m a.gguf --synthetic tiny", "exactly one of -m FILE or --synthetic PRESET");
 }
 
