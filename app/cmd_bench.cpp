@@ -23,6 +23,7 @@
 #include "plan/drop_model.h"
 #ifdef SPILLWAY_HAVE_CUDA
 #include "engine/cuda/cuda_bench.h"
+#include "engine/cuda/cuda_model.h"
 #endif
 
 namespace spillway {
@@ -173,17 +174,17 @@ int cmd_bench(int argc, char** argv) {
 
     // What the user named is checked before any GPU work: a wrong preset, file or weight type
     // and a run with nothing to measure are reported as such on every machine, not as a missing
-    // GPU or after a 14B model has been built on it.
+    // GPU or after a 14B model has been built on it. (An unknown preset fails with the list.)
     if (n_prompt == 0 && n_gen == 0) fail("-p 0 and -n 0 leave nothing to measure");
     if (n_gen == 0 && std::any_of(spill_mib.begin(), spill_mib.end(), [](uint64_t m) { return m > 0; }))
         fail("--spill measures decode; -n must be > 0");
-    if (args.has("--synthetic")) {
-        if (*wtype != GgmlType::F16 && *wtype != GgmlType::BF16 && *wtype != GgmlType::Q8_0)
-            fail("--wtype: the synthetic model's weights are f16, bf16 or q8_0, not " + std::string(ggml_type_name(*wtype)));
-        (void)preset_header(*args.get("--synthetic"), *wtype);  // an unknown name fails with the list of presets
-    } else {
-        (void)model_spec_from_gguf(GgufFile::open(*args.get("--model"))->header());
-    }
+#ifdef SPILLWAY_HAVE_CUDA
+    if (args.has("--synthetic") && !cuda_weight_type_supported(*wtype))
+        fail("--wtype: the CUDA engine does not take " + std::string(ggml_type_name(*wtype)) + " weights");
+#endif
+    const ModelSpec spec = args.has("--synthetic")
+                               ? model_spec_from_gguf(preset_header(*args.get("--synthetic"), *wtype))
+                               : model_spec_from_gguf(GgufFile::open(*args.get("--model"))->header());
 
     // --kv-auto-tier: the planner decides (from this GPU's measurements) instead of -ctk/-ctv,
     // -d and --spill, and the bench measures its choice. Without the switch none of this runs.
@@ -202,8 +203,6 @@ int cmd_bench(int argc, char** argv) {
             fail("--kv-auto-tier: -d and --spill follow from the plan (depth N - n_gen - 1); leave them out");
         const uint64_t n_ctx = (uint64_t)parse_int_in(*ctx_text, "-c", 2, int64_t(1) << 31);
         if (n_gen == 0 || n_gen + 1 >= n_ctx) fail("--kv-auto-tier: -n must be at least 1 and below -c - 1");
-        const ModelSpec spec = args.has("--model") ? model_spec_from_gguf(GgufFile::open(*args.get("--model"))->header())
-                                                   : model_spec_from_gguf(preset_header(*args.get("--synthetic"), *wtype));
         if (!cuda_device_available()) fail("bench --kv-auto-tier plans this machine's GPU, and none is usable here");
         const PlanSource source = plan_source_from(args);
         const BudgetInputs budget = budget_inputs_from(args, spec, source.values, knobs);

@@ -293,9 +293,9 @@ example: spillway run -m tiny.gguf -p "Once upon a time" -n 64 --temp 0)");
     // Why the generation ended: the model's end token, -n reached, or no room left in -c (which
     // a user who asked for more tokens is told).
     const bool ended = !generated.empty() && tokenizer.is_end_of_generation(generated.back());
-    const char* stop = ended ? "end_of_generation"
-                       : n_predict >= 0 && (int64_t)generated.size() >= n_predict ? "n_predict"
-                                                                                 : "context_full";
+    const bool reached_n = !ended && n_predict >= 0 && (int64_t)generated.size() >= n_predict;
+    const bool context_full = !ended && !reached_n;
+    const char* stop = ended ? "end_of_generation" : reached_n ? "n_predict" : "context_full";
 
     const double prefill_tps = prefill_s > 0 ? prompt.size() / prefill_s : 0;
     const double decode_tps = decode_s > 0 && n_decoded ? n_decoded / decode_s : 0;
@@ -328,7 +328,7 @@ example: spillway run -m tiny.gguf -p "Once upon a time" -n 64 --temp 0)");
     } else {
         std::printf("%s\n", tail.c_str());
         std::fflush(stdout);  // the text ends before the statistics on a terminal that shows both
-        if (std::string(stop) == "context_full")
+        if (context_full)
             std::fprintf(stderr, "stopped after %zu tokens: the context (-c %u) is full\n", generated.size(), n_ctx);
         std::fprintf(stderr,
                      "prefill: %zu tokens in %.3f s (%.1f tok/s)\n"
