@@ -80,9 +80,14 @@ struct Layout {
     static constexpr size_t kSlack = 16;
     // Three stages (two steps in flight per warp) when that still fits 4 blocks per SM,
     // else two (f16 operands): more warps beat a deeper ring.
-    static constexpr int kStages = blocks_per_sm_for(kWarps * 3 * stage + kSlack) >= kMaxBlocksPerSm ? 3 : 2;
+    // Quantized K: each warp's bias starts (k_bias_starts), 8 floats per lane column t, after
+    // the rings; read in every step, so that they hold no registers across the loop.
+    static constexpr size_t kBiasBytes = KT == KvType::f16 ? 0 : kWarps * 4 * 8 * sizeof(float);
+    static constexpr int kStages =
+        blocks_per_sm_for(kWarps * 3 * stage + kBiasBytes + kSlack) >= kMaxBlocksPerSm ? 3 : 2;
     static constexpr size_t warp_bytes = kStages * stage;
-    static constexpr size_t total = kWarps * warp_bytes + kSlack;
+    static constexpr size_t bias_offset = kWarps * warp_bytes;
+    static constexpr size_t total = kWarps * warp_bytes + kBiasBytes + kSlack;
     static constexpr int blocks_per_sm = blocks_per_sm_for(total) < 1 ? 1 : blocks_per_sm_for(total);
     // End-of-split merge area per warp (reuses the ring): m[8], l[8], acc[8][128].
     static constexpr size_t merge_bytes = (2 * kMaxGroup + kMaxGroup * kD) * 4;
@@ -207,17 +212,20 @@ __device__ __forceinline__ void load_q_coalesced(const float* q_group, uint32_t 
     for (int j = 0; j < 8; ++j)
         qv[j] = (uint32_t)j < ng ? load_f4_in_order(q_group + j * kD + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
 }
+// Row 4 head + dims / 32 of the scratch, 8-byte piece m (dims 4m .. 4m + 3 of those 32).
+__device__ __forceinline__ uint32_t q_scratch_at(uint32_t row, uint32_t m) {
+    return row * 64 + 16 * ((m / 2) ^ ((row / 2) % 4)) + 8 * (m % 2);
+}
+__device__ __forceinline__ void q_to_scratch(const float4 (&qv)[8], float scale, uint32_t lane, uint8_t* scratch) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+        *reinterpret_cast<uint2*>(scratch + q_scratch_at(4 * j + lane / 8, lane % 8)) =
+            make_uint2(pack_h2(qv[j].x * scale, qv[j].y * scale), pack_h2(qv[j].z * scale, qv[j].w * scale));
+    __syncwarp();
+}
 __device__ __forceinline__ void q_fragments_from_coalesced(const float4 (&qv)[8], float scale, uint32_t lane,
                                                            uint8_t* scratch, uint32_t (&qb)[8][2]) {
-    const uint32_t m = lane % 8;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const uint32_t row = 4 * j + lane / 8;
-        const uint32_t at = row * 64 + 16 * ((m / 2) ^ ((row / 2) % 4)) + 8 * (m % 2);
-        *reinterpret_cast<uint2*>(scratch + at) =
-            make_uint2(pack_h2(qv[j].x * scale, qv[j].y * scale), pack_h2(qv[j].z * scale, qv[j].w * scale));
-    }
-    __syncwarp();
+    q_to_scratch(qv, scale, lane, scratch);
     const uint32_t row = lane;  // 4g + t with g = lane / 4, t = lane % 4
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -305,6 +313,155 @@ __device__ __forceinline__ void k_fragment(const KWords<KT>& k, int kt, uint32_t
     }
 }
 
+// Quantized K on per-block k-steps. Each QK MMA k-step covers 16 dims of one K block, so the
+// block's scale multiplies the MMA's f32 result (one per cell row and block) instead of every
+// value pair, and the codes enter the MMA as exact halves with their bias folded into the
+// accumulator's start value:
+//   acc_b = -sum_d bias_d q_d + sum_d (bias_d + code_d) q_d = sum_d code_d q_d   (f32; products exact)
+//   S[cell] = sum_b d_b[cell] acc_b[cell]
+// q8_0: 1024 + (q + 128) under 0x64 (bias 1152). q4_0: low nibble u under 0x64 (1024 + u, bias
+// 1032), high nibble in bits 4..7 under 0x54 (64 + u, bias 72). Per 16-cell step this drops the
+// subtract and the scale multiply of every value pair (64 of them per lane); q4_0's pairs come
+// from one LOP3 each instead of mask, two permutes, subtract and multiply.
+// k-step 2b + h, lane t: dims base .. base + 3 of block b, base = 32b + 16h + 4t, as operand
+// pairs lo (k 2t, 2t + 1) and hi (k 2t + 8, 2t + 9):
+//   q8_0: lo = (base, base + 1), hi = (base + 2, base + 3): code word t + 4h of the block;
+//   q4_0: lo = (base, base + 2), hi = (base + 1, base + 3): qs word t of the block, low nibbles
+//         for h = 0, high ones for h = 1.
+// Q's B fragments and the bias sums use the same order (q_fragments_per_block).
+template <KvType KT>
+__host__ __device__ constexpr uint32_t k_block_bytes() {
+    return KT == KvType::q8_0 ? 34 : 18;
+}
+template <KvType KT>
+__host__ __device__ constexpr float k_code_bias(int h) {
+    return KT == KvType::q8_0 ? 1152.0f : (h == 0 ? 1032.0f : 72.0f);
+}
+
+// A word of codes at byte off of a 16-byte-aligned stage, off = 2 (mod 4) when kMis2 and 0
+// otherwise: a slice's lead is 0 or 8 (rows and head slices are multiples of 8 bytes, checked at
+// launch), and block b's codes start at 2 + 34b (q8_0) or 2 + 18b (q4_0), so even blocks sit
+// 2 bytes off a word and odd blocks on one.
+template <bool kMis2>
+__device__ __forceinline__ uint32_t lds_code_word(const uint8_t* base16, uint32_t off) {
+    if constexpr (kMis2) {
+        const uint32_t* a = reinterpret_cast<const uint32_t*>(base16 + off - 2);
+        return __funnelshift_r(a[0], a[1], 16);
+    } else {
+        return *reinterpret_cast<const uint32_t*>(base16 + off);
+    }
+}
+
+// The A operands of block b's two k-steps for cells g (slice r0) and g + 8 (slice r1):
+// a[h] = {lo(g), lo(g + 8), hi(g), hi(g + 8)}.
+template <KvType KT, int b>
+__device__ __forceinline__ void k_block_fragments(const uint8_t* sk, uint32_t r0, uint32_t r1, uint32_t t,
+                                                  uint32_t (&a)[2][4]) {
+    constexpr uint32_t codes = k_block_bytes<KT>() * b + 2;
+    constexpr bool kMis2 = b % 2 == 0;
+    if constexpr (KT == KvType::q8_0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t off = codes + 4 * (t + 4 * h);
+            const uint32_t x0 = lds_code_word<kMis2>(sk, r0 + off) ^ 0x80808080u;  // signed -> q + 128
+            const uint32_t x1 = lds_code_word<kMis2>(sk, r1 + off) ^ 0x80808080u;
+            a[h][0] = __byte_perm(x0, 0x64646464u, 0x4140), a[h][2] = __byte_perm(x0, 0x64646464u, 0x4342);
+            a[h][1] = __byte_perm(x1, 0x64646464u, 0x4140), a[h][3] = __byte_perm(x1, 0x64646464u, 0x4342);
+        }
+    } else {
+        const uint32_t off = codes + 4 * t;
+        const uint32_t w[2] = {lds_code_word<kMis2>(sk, r0 + off), lds_code_word<kMis2>(sk, r1 + off)};
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            // bytes 0 and 2 (lo) and 1 and 3 (hi) of the word; LUT 0xEA = (a & b) | c.
+            const uint32_t x = w[c], y = w[c] >> 8;
+            auto lop = [](uint32_t v, uint32_t mask, uint32_t magic) {
+                uint32_t r;
+                asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(v), "r"(mask), "r"(magic));
+                return r;
+            };
+            a[0][c] = lop(x, 0x000F000Fu, 0x64006400u), a[0][2 + c] = lop(y, 0x000F000Fu, 0x64006400u);
+            a[1][c] = lop(x, 0x00F000F0u, 0x54005400u), a[1][2 + c] = lop(y, 0x00F000F0u, 0x54005400u);
+        }
+    }
+}
+
+// D = A B + C with C's columns (c0, c1) in both row halves (the bias start of a K block).
+__device__ __forceinline__ void mma16816_from(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint32_t b0, uint32_t b1, float c0, float c1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%10,%11};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(c0), "f"(c1));
+}
+
+// Q^T's B fragments in the per-block order above, from four f16 values of head g at dims base ..
+// base + 3 (x = base, base + 1; y = base + 2, base + 3) for k-step kt.
+template <KvType KT>
+__device__ __forceinline__ void q_block_fragment(uint32_t x, uint32_t y, uint32_t (&qb)[2]) {
+    if constexpr (KT == KvType::q8_0) {
+        qb[0] = x, qb[1] = y;
+    } else {
+        qb[0] = __byte_perm(x, y, 0x5410), qb[1] = __byte_perm(x, y, 0x7632);
+    }
+}
+
+// The bias starts: kbias[b] = -sum over block b of bias_d q_d for heads 2t and 2t + 1, from
+// the f16 values in the B fragments (lane (g, t) holds head g): summed over the lane's dims,
+// then over the group's 4 lanes, then fetched from the lanes of heads 2t and 2t + 1.
+// They are written to the warp's bias area (8 floats per t: blocks 0..3 x heads 2t, 2t + 1), and
+// each step reads them back (load_k_bias_starts): held in registers across the loop they made
+// ptxas spill in the q8_0 / q8_0 kernel.
+template <KvType KT>
+__device__ __forceinline__ void k_bias_starts(const uint32_t (&qb)[8][2], uint32_t g, uint32_t t, float* area) {
+    float kbias[4][2];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float2 lo = __half22float2(bits_h2(qb[2 * b + h][0])), hi = __half22float2(bits_h2(qb[2 * b + h][1]));
+            sum += k_code_bias<KT>(h) * ((lo.x + lo.y) + (hi.x + hi.y));
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        kbias[b][0] = -__shfl_sync(0xffffffffu, sum, 8 * t);
+        kbias[b][1] = -__shfl_sync(0xffffffffu, sum, 8 * t + 4);
+    }
+    if (g == 0) {
+        reinterpret_cast<float4*>(area)[2 * t] = make_float4(kbias[0][0], kbias[0][1], kbias[1][0], kbias[1][1]);
+        reinterpret_cast<float4*>(area)[2 * t + 1] = make_float4(kbias[2][0], kbias[2][1], kbias[3][0], kbias[3][1]);
+    }
+    __syncwarp();
+}
+// Volatile: the compiler would otherwise hoist these loop-invariant loads out of the loop and
+// keep the values in registers again.
+__device__ __forceinline__ void load_k_bias_starts(const float* area, uint32_t t, float (&kbias)[4][2]) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(area) + 32 * t;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(kbias[0][0]), "=f"(kbias[0][1]), "=f"(kbias[1][0]), "=f"(kbias[1][1])
+                 : "r"(a));
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(kbias[2][0]), "=f"(kbias[2][1]), "=f"(kbias[3][0]), "=f"(kbias[3][1])
+                 : "r"(a + 16));
+}
+
+// Quantized K (per-block k-steps, q_block_fragment): lane (g, t), k-step 2b + h reads head g's
+// dims 32b + 16h + 4t .. + 3, the scratch row 4g + b's piece 4h + t.
+template <KvType KT>
+__device__ __forceinline__ void q_block_fragments_from_coalesced(const float4 (&qv)[8], float scale, uint32_t lane,
+                                                                 uint8_t* scratch, uint32_t (&qb)[8][2]) {
+    q_to_scratch(qv, scale, lane, scratch);
+    const uint32_t g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int b = 0; b < 4; ++b)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint2 w = *reinterpret_cast<const uint2*>(scratch + q_scratch_at(4 * g + b, 4 * h + t));
+            q_block_fragment<KT>(w.x, w.y, qb[2 * b + h]);
+        }
+    __syncwarp();  // the scratch stage is refilled by the loop's first issue
+}
 // f16 V: dims 16g .. 16g+15 of one cell's slice as 8 words of 2 values.
 struct VWordsF16 {
     uint32_t w[8];
@@ -546,7 +703,20 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     // 32t+31, pre-scaled to base-2 score units. Heads past the group are zero columns.
     uint32_t qb[8][2];
     static_assert(L::stage >= 32 * 64, "Q's f16 rows fit in a ring stage");
-    if (p.q_load == 2) {
+    if constexpr (KT != KvType::f16) {  // per-block k-steps (k_block_fragments)
+        if (p.q_load == 2) {
+            q_block_fragments_from_coalesced<KT>(qv, p.scale_log2, lane, ring + (L::kStages - 1) * L::stage, qb);
+        } else {
+            const float* qg = p.q + (size_t)(kv_head * ng + g) * kD + 4 * t;
+#pragma unroll
+            for (int kt = 0; kt < 8; ++kt) {
+                float x[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) x[i] = g < ng ? qg[16 * kt + i] * p.scale_log2 : 0.0f;
+                q_block_fragment<KT>(pack_h2(x[0], x[1]), pack_h2(x[2], x[3]), qb[kt]);
+            }
+        }
+    } else if (p.q_load == 2) {
         q_fragments_from_coalesced(qv, p.scale_log2, lane, ring + (L::kStages - 1) * L::stage, qb);
     } else if (p.q_load == 1) {
 #pragma unroll
@@ -566,6 +736,8 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
         }
     }
 
+    float* const k_bias_area = reinterpret_cast<float*>(smem + L::bias_offset) + warp * 32;
+    if constexpr (KT != KvType::f16) k_bias_starts<KT>(qb, g, t, k_bias_area);
     timeline_stamp(p, 2);
 
     // Per head 2t and 2t+1 (columns of S^T and O^T): running max and this lane's share of
@@ -598,19 +770,49 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
                 if constexpr (kUniform) return c * L::kWinK + k_head16;
                 else return c * L::kWinK + (((first + c) * k_row16 + k_head16) & 15);
             };
-            const KWords<KT> k0 = k_words<KT>(sk, k_slice(g), t), k1 = k_words<KT>(sk, k_slice(g + 8), t);
-            // Two accumulator chains of 4 MMAs instead of one of 8: half the dependent latency.
-            float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            s[0] = s[1] = s[2] = s[3] = 0.0f;
+            if constexpr (KT == KvType::f16) {
+                const KWords<KT> k0 = k_words<KT>(sk, k_slice(g), t), k1 = k_words<KT>(sk, k_slice(g + 8), t);
+                // Two accumulator chains of 4 MMAs instead of one of 8: half the dependent latency.
+                float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                s[0] = s[1] = s[2] = s[3] = 0.0f;
 #pragma unroll
-            for (int kt = 0; kt < 8; ++kt) {
-                uint32_t a0, a1, a2, a3;
-                k_fragment<KT>(k0, kt, a0, a2);
-                k_fragment<KT>(k1, kt, a1, a3);
-                mma16816(kt % 2 ? s_odd : s, a0, a1, a2, a3, qb[kt][0], qb[kt][1]);
+                for (int kt = 0; kt < 8; ++kt) {
+                    uint32_t a0, a1, a2, a3;
+                    k_fragment<KT>(k0, kt, a0, a2);
+                    k_fragment<KT>(k1, kt, a1, a3);
+                    mma16816(kt % 2 ? s_odd : s, a0, a1, a2, a3, qb[kt][0], qb[kt][1]);
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j) s[j] += s_odd[j];
+            } else {
+                // Four independent chains of 2 MMAs (one per K block), then the block scales.
+                const uint32_t r0 = k_slice(g), r1 = k_slice(g + 8);
+                float kbias[4][2];
+                load_k_bias_starts(k_bias_area, t, kbias);
+                float acc_b[4][4];
+                auto block = [&]<int b>() {
+                    uint32_t a[2][4];
+                    k_block_fragments<KT, b>(sk, r0, r1, t, a);
+                    mma16816_from(acc_b[b], a[0][0], a[0][1], a[0][2], a[0][3], qb[2 * b][0], qb[2 * b][1], kbias[b][0],
+                                  kbias[b][1]);
+                    mma16816(acc_b[b], a[1][0], a[1][1], a[1][2], a[1][3], qb[2 * b + 1][0], qb[2 * b + 1][1]);
+                };
+                block.template operator()<0>();
+                block.template operator()<1>();
+                block.template operator()<2>();
+                block.template operator()<3>();
+                constexpr uint32_t kBlock = k_block_bytes<KT>();
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {  // rows g (s[0], s[1]) and g + 8 (s[2], s[3])
+                    const uint8_t* row = sk + (half ? r1 : r0);
+                    float d[4];
+#pragma unroll
+                    for (int b = 0; b < 4; ++b) d[b] = __half2float(*reinterpret_cast<const __half*>(row + kBlock * b));
+#pragma unroll
+                    for (int j = 2 * half; j < 2 * half + 2; ++j)
+                        s[j] = fmaf(d[3], acc_b[3][j], fmaf(d[2], acc_b[2][j], fmaf(d[1], acc_b[1][j], d[0] * acc_b[0][j])));
+                }
             }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) s[j] += s_odd[j];
         }
 
         // Online softmax per head (base 2). s = (cell g, heads 2t, 2t+1), (cell g+8, ...);
@@ -808,6 +1010,10 @@ void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cud
     // SPILLWAY_ATTN_FAST_COPY=0 (lab): every step through the generic per-cell copy.
     static const bool fast_copy = !lab_knob("SPILLWAY_ATTN_FAST_COPY", "0", "1");
     Params p = params;
+    // Quantized K's code words are read at a known misalignment (lds_code_word): a slice's lead
+    // must be a multiple of 4, so rows must be (head slices are 136 or 72 bytes).
+    if (KT != KvType::f16 && p.k_row_bytes % 4 != 0)
+        fail("attention_mma: quantized K rows of " + std::to_string(p.k_row_bytes) + " bytes (need a multiple of 4)");
     p.q_load = reinterpret_cast<uintptr_t>(p.q) % 16 == 0 ? lab_q_load() : 0;
     const dim3 grid(n_head_kv, n_splits);
     if (fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0) {
