@@ -17,7 +17,8 @@
 // docs/perf-notes.md.)
 // The contraction index of each MMA is a free permutation as long as both operands use
 // the same one, and so are the output rows if the final write undoes it:
-//   QK: lane (g, t) holds dims 32t .. 32t+31 = exactly K block t (one scale per lane);
+//   QK: lane (g, t) holds dims 32t .. 32t+31 = exactly K block t (one scale per lane); q8_0 K
+//       with f16 V instead runs each k-step within one block (per_block_k);
 //   PV: lane (g, t) reads dims 16g .. 16g+15 of its four cells (half a V block, one scale)
 //       and accumulates heads 2t, 2t+1 for those dims.
 // Quantized bytes become f16 exactly with the 0x6400 | byte trick (1024 + u), minus the
@@ -69,8 +70,18 @@ __host__ __device__ constexpr int blocks_per_sm_for(size_t block_bytes) {
     return n < (size_t)kMaxBlocksPerSm ? (int)n : kMaxBlocksPerSm;
 }
 
+// Quantized K on per-block k-steps (k_block_fragments) for q8_0 K with f16 V only. It cuts a
+// q8_0 step's K instructions by ~30% and q4_0's by ~40% (counted), but the loops are latency-bound
+// and no faster for it (H100, engine A/B, session 39: q8_0 / q8_0 -0.1..-0.4%, q4_0 / q4_0
+// +0.15%); where ptxas's spills moved, the speed followed them: q8_0 / f16 84 -> 0 bytes, +3.0%
+// at 16k and +4.4% at 64k; q8_0 / q4_0 8 -> 76, -2.2%; q4_0 / q8_0 48 -> 96, -1.2%.
+__host__ __device__ constexpr bool per_block_k(KvType kt, KvType vt) {
+    return kt == KvType::q8_0 && vt == KvType::f16;
+}
+
 template <KvType KT, KvType VT>
 struct Layout {
+    static constexpr bool kBlockK = per_block_k(KT, VT);
     static constexpr uint32_t kSliceK = slice_bytes(KT, kD), kSliceV = slice_bytes(VT, kD);
     static constexpr uint32_t kWinK = window_bytes(KT), kWinV = window_bytes(VT);
     static_assert(kWinK % 16 == 0 && kWinV % 16 == 0, "16-byte copy windows");
@@ -80,9 +91,9 @@ struct Layout {
     static constexpr size_t kSlack = 16;
     // Three stages (two steps in flight per warp) when that still fits 4 blocks per SM,
     // else two (f16 operands): more warps beat a deeper ring.
-    // Quantized K: each warp's bias starts (k_bias_starts), 8 floats per lane column t, after
+    // Per-block K: each warp's bias starts (k_bias_starts), 8 floats per lane column t, after
     // the rings; read in every step, so that they hold no registers across the loop.
-    static constexpr size_t kBiasBytes = KT == KvType::f16 ? 0 : kWarps * 4 * 8 * sizeof(float);
+    static constexpr size_t kBiasBytes = kBlockK ? kWarps * 4 * 8 * sizeof(float) : 0;
     static constexpr int kStages =
         blocks_per_sm_for(kWarps * 3 * stage + kBiasBytes + kSlack) >= kMaxBlocksPerSm ? 3 : 2;
     static constexpr size_t warp_bytes = kStages * stage;
@@ -313,35 +324,25 @@ __device__ __forceinline__ void k_fragment(const KWords<KT>& k, int kt, uint32_t
     }
 }
 
-// Quantized K on per-block k-steps. Each QK MMA k-step covers 16 dims of one K block, so the
-// block's scale multiplies the MMA's f32 result (one per cell row and block) instead of every
-// value pair, and the codes enter the MMA as exact halves with their bias folded into the
-// accumulator's start value:
-//   acc_b = -sum_d bias_d q_d + sum_d (bias_d + code_d) q_d = sum_d code_d q_d   (f32; products exact)
+// q8_0 K on per-block k-steps (per_block_k). Each QK MMA k-step covers 16 dims of one K block,
+// so the block's scale multiplies the MMA's f32 result (one per cell row and block) instead of
+// every value pair, and the codes enter the MMA as the exact halves 1024 + (q + 128) with their
+// bias folded into the accumulator's start value:
+//   acc_b = -1152 sum_d q_d + sum_d (1152 + code_d) q_d = sum_d code_d q_d   (f32; products exact)
 //   S[cell] = sum_b d_b[cell] acc_b[cell]
-// q8_0: 1024 + (q + 128) under 0x64 (bias 1152). q4_0: low nibble u under 0x64 (1024 + u, bias
-// 1032), high nibble in bits 4..7 under 0x54 (64 + u, bias 72). Per 16-cell step this drops the
-// subtract and the scale multiply of every value pair (64 of them per lane); q4_0's pairs come
-// from one LOP3 each instead of mask, two permutes, subtract and multiply.
-// k-step 2b + h, lane t: dims base .. base + 3 of block b, base = 32b + 16h + 4t, as operand
-// pairs lo (k 2t, 2t + 1) and hi (k 2t + 8, 2t + 9):
-//   q8_0: lo = (base, base + 1), hi = (base + 2, base + 3): code word t + 4h of the block;
-//   q4_0: lo = (base, base + 2), hi = (base + 1, base + 3): qs word t of the block, low nibbles
-//         for h = 0, high ones for h = 1.
-// Q's B fragments and the bias sums use the same order (q_fragments_per_block).
-template <KvType KT>
-__host__ __device__ constexpr uint32_t k_block_bytes() {
-    return KT == KvType::q8_0 ? 34 : 18;
-}
-template <KvType KT>
-__host__ __device__ constexpr float k_code_bias(int h) {
-    return KT == KvType::q8_0 ? 1152.0f : (h == 0 ? 1032.0f : 72.0f);
-}
+// This drops the subtract and the scale multiply of every value pair (64 of them per lane and
+// 16-cell step). k-step 2b + h, lane t: dims base .. base + 3 of block b, base = 32b + 16h + 4t,
+// code word t + 4h of the block: lo = (base, base + 1) at k 2t, 2t + 1; hi = (base + 2,
+// base + 3) at k 2t + 8, 2t + 9. Q's B fragments and the bias sums use the same order
+// (q_block_fragments_from_coalesced, k_bias_starts). A q4_0 version (low nibbles under 0x64,
+// high ones under 0x54, one LOP3 per pair) measured +0.15% on q4_0 / q4_0 and is not kept
+// (commit c059574, docs/perf-notes.md session 39).
+constexpr uint32_t kQ8Block = 34;
+constexpr float kQ8CodeBias = 1152.0f;
 
 // A word of codes at byte off of a 16-byte-aligned stage, off = 2 (mod 4) when kMis2 and 0
-// otherwise: a slice's lead is 0 or 8 (rows and head slices are multiples of 8 bytes, checked at
-// launch), and block b's codes start at 2 + 34b (q8_0) or 2 + 18b (q4_0), so even blocks sit
-// 2 bytes off a word and odd blocks on one.
+// otherwise: with uniform rows a slice's lead is 0 or 8 (head slices are 136 bytes), and block
+// b's codes start at 2 + 34b, so even blocks sit 2 bytes off a word and odd blocks on one.
 template <bool kMis2>
 __device__ __forceinline__ uint32_t lds_code_word(const uint8_t* base16, uint32_t off) {
     if constexpr (kMis2) {
@@ -352,37 +353,20 @@ __device__ __forceinline__ uint32_t lds_code_word(const uint8_t* base16, uint32_
     }
 }
 
-// The A operands of block b's two k-steps for cells g (slice r0) and g + 8 (slice r1):
+// The A operands of q8_0 block b's two k-steps for cells g (slice r0) and g + 8 (slice r1):
 // a[h] = {lo(g), lo(g + 8), hi(g), hi(g + 8)}.
-template <KvType KT, int b>
+template <int b>
 __device__ __forceinline__ void k_block_fragments(const uint8_t* sk, uint32_t r0, uint32_t r1, uint32_t t,
                                                   uint32_t (&a)[2][4]) {
-    constexpr uint32_t codes = k_block_bytes<KT>() * b + 2;
+    constexpr uint32_t codes = kQ8Block * b + 2;
     constexpr bool kMis2 = b % 2 == 0;
-    if constexpr (KT == KvType::q8_0) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const uint32_t off = codes + 4 * (t + 4 * h);
-            const uint32_t x0 = lds_code_word<kMis2>(sk, r0 + off) ^ 0x80808080u;  // signed -> q + 128
-            const uint32_t x1 = lds_code_word<kMis2>(sk, r1 + off) ^ 0x80808080u;
-            a[h][0] = __byte_perm(x0, 0x64646464u, 0x4140), a[h][2] = __byte_perm(x0, 0x64646464u, 0x4342);
-            a[h][1] = __byte_perm(x1, 0x64646464u, 0x4140), a[h][3] = __byte_perm(x1, 0x64646464u, 0x4342);
-        }
-    } else {
-        const uint32_t off = codes + 4 * t;
-        const uint32_t w[2] = {lds_code_word<kMis2>(sk, r0 + off), lds_code_word<kMis2>(sk, r1 + off)};
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            // bytes 0 and 2 (lo) and 1 and 3 (hi) of the word; LUT 0xEA = (a & b) | c.
-            const uint32_t x = w[c], y = w[c] >> 8;
-            auto lop = [](uint32_t v, uint32_t mask, uint32_t magic) {
-                uint32_t r;
-                asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(v), "r"(mask), "r"(magic));
-                return r;
-            };
-            a[0][c] = lop(x, 0x000F000Fu, 0x64006400u), a[0][2 + c] = lop(y, 0x000F000Fu, 0x64006400u);
-            a[1][c] = lop(x, 0x00F000F0u, 0x54005400u), a[1][2 + c] = lop(y, 0x00F000F0u, 0x54005400u);
-        }
+    for (int h = 0; h < 2; ++h) {
+        const uint32_t off = codes + 4 * (t + 4 * h);
+        const uint32_t x0 = lds_code_word<kMis2>(sk, r0 + off) ^ 0x80808080u;  // signed -> q + 128
+        const uint32_t x1 = lds_code_word<kMis2>(sk, r1 + off) ^ 0x80808080u;
+        a[h][0] = __byte_perm(x0, 0x64646464u, 0x4140), a[h][2] = __byte_perm(x0, 0x64646464u, 0x4342);
+        a[h][1] = __byte_perm(x1, 0x64646464u, 0x4140), a[h][3] = __byte_perm(x1, 0x64646464u, 0x4342);
     }
 }
 
@@ -395,24 +379,12 @@ __device__ __forceinline__ void mma16816_from(float (&d)[4], uint32_t a0, uint32
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(c0), "f"(c1));
 }
 
-// Q^T's B fragments in the per-block order above, from four f16 values of head g at dims base ..
-// base + 3 (x = base, base + 1; y = base + 2, base + 3) for k-step kt.
-template <KvType KT>
-__device__ __forceinline__ void q_block_fragment(uint32_t x, uint32_t y, uint32_t (&qb)[2]) {
-    if constexpr (KT == KvType::q8_0) {
-        qb[0] = x, qb[1] = y;
-    } else {
-        qb[0] = __byte_perm(x, y, 0x5410), qb[1] = __byte_perm(x, y, 0x7632);
-    }
-}
-
-// The bias starts: kbias[b] = -sum over block b of bias_d q_d for heads 2t and 2t + 1, from
+// The bias starts: kbias[b] = -1152 sum over block b of q_d for heads 2t and 2t + 1, from
 // the f16 values in the B fragments (lane (g, t) holds head g): summed over the lane's dims,
 // then over the group's 4 lanes, then fetched from the lanes of heads 2t and 2t + 1.
 // They are written to the warp's bias area (8 floats per t: blocks 0..3 x heads 2t, 2t + 1), and
 // each step reads them back (load_k_bias_starts): held in registers across the loop they made
 // ptxas spill in the q8_0 / q8_0 kernel.
-template <KvType KT>
 __device__ __forceinline__ void k_bias_starts(const uint32_t (&qb)[8][2], uint32_t g, uint32_t t, float* area) {
     float kbias[4][2];
 #pragma unroll
@@ -421,7 +393,7 @@ __device__ __forceinline__ void k_bias_starts(const uint32_t (&qb)[8][2], uint32
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const float2 lo = __half22float2(bits_h2(qb[2 * b + h][0])), hi = __half22float2(bits_h2(qb[2 * b + h][1]));
-            sum += k_code_bias<KT>(h) * ((lo.x + lo.y) + (hi.x + hi.y));
+            sum += kQ8CodeBias * ((lo.x + lo.y) + (hi.x + hi.y));
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
@@ -446,9 +418,8 @@ __device__ __forceinline__ void load_k_bias_starts(const float* area, uint32_t t
                  : "r"(a + 16));
 }
 
-// Quantized K (per-block k-steps, q_block_fragment): lane (g, t), k-step 2b + h reads head g's
-// dims 32b + 16h + 4t .. + 3, the scratch row 4g + b's piece 4h + t.
-template <KvType KT>
+// Per-block q8_0 K (k_block_fragments): lane (g, t), k-step 2b + h holds head g's dims 32b + 16h +
+// 4t .. + 3 (lo: + 0, 1; hi: + 2, 3), the scratch row 4g + b's piece 4h + t.
 __device__ __forceinline__ void q_block_fragments_from_coalesced(const float4 (&qv)[8], float scale, uint32_t lane,
                                                                  uint8_t* scratch, uint32_t (&qb)[8][2]) {
     q_to_scratch(qv, scale, lane, scratch);
@@ -458,7 +429,7 @@ __device__ __forceinline__ void q_block_fragments_from_coalesced(const float4 (&
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const uint2 w = *reinterpret_cast<const uint2*>(scratch + q_scratch_at(4 * g + b, 4 * h + t));
-            q_block_fragment<KT>(w.x, w.y, qb[2 * b + h]);
+            qb[2 * b + h][0] = w.x, qb[2 * b + h][1] = w.y;
         }
     __syncwarp();  // the scratch stage is refilled by the loop's first issue
 }
@@ -595,6 +566,9 @@ __device__ __forceinline__ void pv_quantized_block(const uint8_t* sv, const uint
 template <KvType KT, KvType VT, bool kUniform>
 __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kernel(Params p) {
     using L = Layout<KT, VT>;
+    // Only with uniform rows (whole 16-byte chunks), which lds_code_word's alignment needs; the
+    // other instance kept its old registers that way (16 spilled bytes instead of 72).
+    constexpr bool kBlockK = L::kBlockK && kUniform;
     extern __shared__ __align__(128) uint8_t smem[];
     const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const uint32_t g = lane / 4, t = lane % 4;  // MMA group (row / n column) and thread in group
@@ -700,12 +674,13 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     }
 
     // Q^T as QK's B operand (k = dims, n = heads): lane (g, t) holds head g, dims 32t ..
-    // 32t+31, pre-scaled to base-2 score units. Heads past the group are zero columns.
+    // 32t+31 (per-block K: the dims of k_block_fragments), pre-scaled to base-2 score units.
+    // Heads past the group are zero columns.
     uint32_t qb[8][2];
     static_assert(L::stage >= 32 * 64, "Q's f16 rows fit in a ring stage");
-    if constexpr (KT != KvType::f16) {  // per-block k-steps (k_block_fragments)
+    if constexpr (kBlockK) {  // per-block k-steps (k_block_fragments)
         if (p.q_load == 2) {
-            q_block_fragments_from_coalesced<KT>(qv, p.scale_log2, lane, ring + (L::kStages - 1) * L::stage, qb);
+            q_block_fragments_from_coalesced(qv, p.scale_log2, lane, ring + (L::kStages - 1) * L::stage, qb);
         } else {
             const float* qg = p.q + (size_t)(kv_head * ng + g) * kD + 4 * t;
 #pragma unroll
@@ -713,7 +688,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
                 float x[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) x[i] = g < ng ? qg[16 * kt + i] * p.scale_log2 : 0.0f;
-                q_block_fragment<KT>(pack_h2(x[0], x[1]), pack_h2(x[2], x[3]), qb[kt]);
+                qb[kt][0] = pack_h2(x[0], x[1]), qb[kt][1] = pack_h2(x[2], x[3]);
             }
         }
     } else if (p.q_load == 2) {
@@ -737,7 +712,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     }
 
     float* const k_bias_area = reinterpret_cast<float*>(smem + L::bias_offset) + warp * 32;
-    if constexpr (KT != KvType::f16) k_bias_starts<KT>(qb, g, t, k_bias_area);
+    if constexpr (kBlockK) k_bias_starts(qb, g, t, k_bias_area);
     timeline_stamp(p, 2);
 
     // Per head 2t and 2t+1 (columns of S^T and O^T): running max and this lane's share of
@@ -770,7 +745,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
                 if constexpr (kUniform) return c * L::kWinK + k_head16;
                 else return c * L::kWinK + (((first + c) * k_row16 + k_head16) & 15);
             };
-            if constexpr (KT == KvType::f16) {
+            if constexpr (!kBlockK) {
                 const KWords<KT> k0 = k_words<KT>(sk, k_slice(g), t), k1 = k_words<KT>(sk, k_slice(g + 8), t);
                 // Two accumulator chains of 4 MMAs instead of one of 8: half the dependent latency.
                 float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -792,7 +767,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
                 float acc_b[4][4];
                 auto block = [&]<int b>() {
                     uint32_t a[2][4];
-                    k_block_fragments<KT, b>(sk, r0, r1, t, a);
+                    k_block_fragments<b>(sk, r0, r1, t, a);
                     mma16816_from(acc_b[b], a[0][0], a[0][1], a[0][2], a[0][3], qb[2 * b][0], qb[2 * b][1], kbias[b][0],
                                   kbias[b][1]);
                     mma16816(acc_b[b], a[1][0], a[1][1], a[1][2], a[1][3], qb[2 * b + 1][0], qb[2 * b + 1][1]);
@@ -801,13 +776,12 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
                 block.template operator()<1>();
                 block.template operator()<2>();
                 block.template operator()<3>();
-                constexpr uint32_t kBlock = k_block_bytes<KT>();
 #pragma unroll
                 for (int half = 0; half < 2; ++half) {  // rows g (s[0], s[1]) and g + 8 (s[2], s[3])
                     const uint8_t* row = sk + (half ? r1 : r0);
                     float d[4];
 #pragma unroll
-                    for (int b = 0; b < 4; ++b) d[b] = __half2float(*reinterpret_cast<const __half*>(row + kBlock * b));
+                    for (int b = 0; b < 4; ++b) d[b] = __half2float(*reinterpret_cast<const __half*>(row + kQ8Block * b));
 #pragma unroll
                     for (int j = 2 * half; j < 2 * half + 2; ++j)
                         s[j] = fmaf(d[3], acc_b[3][j], fmaf(d[2], acc_b[2][j], fmaf(d[1], acc_b[1][j], d[0] * acc_b[0][j])));
@@ -1010,10 +984,6 @@ void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cud
     // SPILLWAY_ATTN_FAST_COPY=0 (lab): every step through the generic per-cell copy.
     static const bool fast_copy = !lab_knob("SPILLWAY_ATTN_FAST_COPY", "0", "1");
     Params p = params;
-    // Quantized K's code words are read at a known misalignment (lds_code_word): a slice's lead
-    // must be a multiple of 4, so rows must be (head slices are 136 or 72 bytes).
-    if (KT != KvType::f16 && p.k_row_bytes % 4 != 0)
-        fail("attention_mma: quantized K rows of " + std::to_string(p.k_row_bytes) + " bytes (need a multiple of 4)");
     p.q_load = reinterpret_cast<uintptr_t>(p.q) % 16 == 0 ? lab_q_load() : 0;
     const dim3 grid(n_head_kv, n_splits);
     if (fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0) {
