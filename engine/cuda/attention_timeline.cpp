@@ -87,21 +87,27 @@ std::string attention_engine_timeline_summary(const std::vector<uint64_t>& stamp
     // Means over layers; "outside" = from a layer's last attention stamp to the next layer's
     // first attention warp (the rest of the layer as the GPU ran it).
     double span = 0, after_wait = 0, pre_wait = 0, q = 0, first = 0, loop = 0, tail = 0, merge = 0, outside = 0;
+    double entry = 0, barrier = 0, epilogue = 0, stores = 0;
     for (size_t l = 0; l < layers.size(); ++l) {
         const AttentionTimelineLaunch& y = layers[l];
         span += (double)(y.end - y.start);
         after_wait += (double)(y.end - y.released);
         pre_wait += y.pre_wait, q += y.q, first += y.first, loop += y.loop, tail += y.tail, merge += y.merge_run;
+        entry += y.entry, barrier += y.barrier, epilogue += y.epilogue, stores += y.stores;
         if (l + 1 < layers.size()) outside += (double)layers[l + 1].start - (double)y.end;
     }
     const double n = (double)layers.size() * 1000.0;  // ns sums -> us means
-    char line[512];
+    // Every phase of a warp's life is printed, so that the span's parts add up: entry (after the
+    // launch's first warp) + the per-warp phases + the tail + the merge.
+    char line[640];
     std::snprintf(line, sizeof line,
                   "attention in the engine (%u splits, mean of %zu layers, us): span %.2f (%.2f after the first "
-                  "wait) | per warp: before the wait %.2f, q %.2f, first cells %.2f, loop %.2f | tail %.2f | "
-                  "merge after the last warp %.2f | outside the attention %.2f",
-                  n_splits, layers.size(), span / n, after_wait / n, pre_wait / n, q / n, first / n, loop / n,
-                  tail / n, merge / n, layers.size() > 1 ? outside / ((double)(layers.size() - 1) * 1000.0) : 0.0);
+                  "wait) | per warp: entry %.2f, before the wait %.2f, q %.2f, first cells %.2f, loop %.2f, block "
+                  "barrier %.2f, block merge %.2f, partial stores %.2f | tail %.2f | merge after the last warp %.2f | "
+                  "outside the attention %.2f",
+                  n_splits, layers.size(), span / n, after_wait / n, entry / n, pre_wait / n, q / n, first / n,
+                  loop / n, barrier / n, epilogue / n, stores / n, tail / n, merge / n,
+                  layers.size() > 1 ? outside / ((double)(layers.size() - 1) * 1000.0) : 0.0);
     return line;
 }
 

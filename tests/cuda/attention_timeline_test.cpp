@@ -39,6 +39,10 @@ TEST(AttentionEngineTimeline, SummarisesPhasesAcrossLayers) {
     EXPECT_NE(line.find("2 splits, mean of 2 layers"), std::string::npos) << line;
     EXPECT_NE(line.find("span 14.00 (13.00 after the first wait)"), std::string::npos) << line;
     EXPECT_NE(line.find("before the wait 1.00, q 1.00, first cells 1.00, loop 6.00"), std::string::npos) << line;
+    // 500, 100 and (15 x 400 + 2400) / 16 ns
+    EXPECT_NE(line.find("loop 6.00, block barrier 0.50, block merge 0.10, partial stores 0.53"), std::string::npos)
+        << line;
+    EXPECT_NE(line.find("entry 0.00, before the wait"), std::string::npos) << line;
     EXPECT_NE(line.find("tail 1.88"), std::string::npos) << line;  // 13000 - 11125 ns
     EXPECT_NE(line.find("merge after the last warp 1.50"), std::string::npos) << line;
     EXPECT_NE(line.find("outside the attention 6.00"), std::string::npos) << line;  // 21000 - 15000
