@@ -170,8 +170,8 @@ if [ -z "$bench_only" ]; then
     done
     # The quantized decode attention's copy fast path (session 13), Q load and split merge
     # (session 19), 64k; splits planned for 6 / 8 blocks per SM, i.e. more than resident, so
-    # the hardware deals the rest out as blocks finish (session 38's question: does that
-    # shorten the 5-9 us tail at 64k more than the extra splits cost?).
+    # the hardware deals the rest out as blocks finish (session 39, H100: 8 blocks lost 2-5% at
+    # 32k / 64k on every tier; the extra splits cost more than the shorter tail saves).
     for knob in default SPILLWAY_ATTN_FAST_COPY=0 SPILLWAY_ATTN_Q_LOAD=scalar SPILLWAY_ATTN_MERGE=warp \
         SPILLWAY_ATTN_MMA_BLOCKS=6 SPILLWAY_ATTN_MMA_BLOCKS=8; do
       if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
