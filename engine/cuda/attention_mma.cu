@@ -54,9 +54,21 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kStep = 16;  // cells per warp step: two n-tiles of QK, one k-tile of PV
 constexpr int kD = (int)kHeadDim;
-constexpr int kMaxBlocksPerSm = 4;  // <= 128 registers per thread (__launch_bounds__ below)
 constexpr size_t kSmemPerSm = 228 * 1024, kSmemReservedPerBlock = 1024;
 constexpr float kLog2e = 1.4426950408889634f;
+
+// Lab variants of the kernel (SPILLWAY_ATTN_MMA_VARIANT, session 39; built, not yet measured),
+// a bit each, every instance compiled for each:
+//   pairs (1): the mixed pairs without register spills (per_block_k, q_in_smem);
+//   blocks5 (2): up to 5 resident blocks (20 warps) per SM where shared memory allows, the
+//     launch bounds asking each instance for its Layout::blocks_per_sm: <= 102 registers at 5
+//     blocks, and ptxas fits the quantized pairs in 95-96 without spills. The quantized loops
+//     are latency-bound at 16 warps per SM (session 22); this tries more of them.
+// 0 is the default: 4 blocks of <= 128 registers, per-block K for q8_0 / f16 only.
+constexpr int kVariantPairs = 1, kVariantBlocks5 = 2, kVariants = 4;
+__host__ __device__ constexpr int max_blocks_per_sm(int variant) {
+    return variant & kVariantBlocks5 ? 5 : 4;
+}
 
 __host__ __device__ constexpr uint32_t window_bytes(KvType t) {
     return slice_bytes(t, kD) % 16 == 0 ? slice_bytes(t, kD) : slice_bytes(t, kD) + 8;
@@ -65,23 +77,39 @@ __host__ __device__ constexpr uint32_t window_bytes(KvType t) {
 __host__ __device__ constexpr size_t stage_bytes(KvType kt, KvType vt) {
     return (size_t)kStep * (window_bytes(kt) + window_bytes(vt));
 }
-__host__ __device__ constexpr int blocks_per_sm_for(size_t block_bytes) {
+__host__ __device__ constexpr int blocks_per_sm_for(size_t block_bytes, int max_blocks) {
     const size_t n = kSmemPerSm / (block_bytes + kSmemReservedPerBlock);
-    return n < (size_t)kMaxBlocksPerSm ? (int)n : kMaxBlocksPerSm;
+    return n < (size_t)max_blocks ? (int)n : max_blocks;
 }
 
-// Quantized K on per-block k-steps (k_block_fragments) for q8_0 K with f16 V only. It cuts a
-// q8_0 step's K instructions by ~30% and q4_0's by ~40% (counted), but the loops are latency-bound
-// and no faster for it (H100, engine A/B, session 39: q8_0 / q8_0 -0.1..-0.4%, q4_0 / q4_0
-// +0.15%); where ptxas's spills moved, the speed followed them: q8_0 / f16 84 -> 0 bytes, +3.0%
-// at 16k and +4.4% at 64k; q8_0 / q4_0 8 -> 76, -2.2%; q4_0 / q8_0 48 -> 96, -1.2%.
-__host__ __device__ constexpr bool per_block_k(KvType kt, KvType vt) {
-    return kt == KvType::q8_0 && vt == KvType::f16;
+// Quantized K on per-block k-steps (k_block_fragments). It cuts a q8_0 step's K instructions
+// by ~30% and q4_0's by ~40% (counted), but the loops are latency-bound and no faster for it
+// (H100, engine A/B, session 39: q8_0 / q8_0 -0.1..-0.4%, q4_0 / q4_0 +0.15%); where ptxas's
+// spills moved, the speed followed them: q8_0 / f16 84 -> 0 bytes, +3.0% at 16k and +4.4% at
+// 64k. So it runs where it frees registers: q8_0 / f16; with the pairs variant (and Q in shared
+// memory, q_in_smem) the other mixed pairs of quantized K too.
+__host__ __device__ constexpr bool per_block_k(KvType kt, KvType vt, int variant) {
+    if (kt == KvType::q8_0 && vt == KvType::f16) return true;
+    return (variant & kVariantPairs) && kt != KvType::f16 && kt != vt;
 }
 
-template <KvType KT, KvType VT>
+// Q's B fragments read from shared memory in every step (4 conflict-free 16-byte loads) instead
+// of held in 16 registers across the loop, for the mixed pairs in the pairs variant. With
+// per-block K for the quantized-K mixed pairs as well, every uniform instance at 4 blocks is
+// spill-free (ptxas, bytes stored, uniform / other rows, default -> pairs): f16 / q8_0 68 / 44
+// -> 0 / 0, f16 / q4_0 52 / 8 -> 0 / 0, q8_0 / q4_0 8 / 0 -> 0 / 4, q4_0 / q8_0 48 / 0 -> 0 /
+// 0, q4_0 / f16 84 / 16 -> 0 / 8. Equal pairs never spilled (and q8_0 / q8_0 has no 2 KiB to
+// spare); q8_0 / f16 is spill-free with per-block K alone.
+__host__ __device__ constexpr bool q_in_smem(KvType kt, KvType vt, int variant) {
+    return (variant & kVariantPairs) && kt != vt && !(kt == KvType::q8_0 && vt == KvType::f16);
+}
+
+template <KvType KT, KvType VT, int V = 0>
 struct Layout {
-    static constexpr bool kBlockK = per_block_k(KT, VT);
+    static constexpr int kMaxBlocks = max_blocks_per_sm(V);
+    static constexpr bool kBlockK = per_block_k(KT, VT, V);
+    static constexpr bool kQSmem = q_in_smem(KT, VT, V);
+    static constexpr size_t kQBytes = kQSmem ? 32 * 16 * sizeof(uint32_t) : 0;
     static constexpr uint32_t kSliceK = slice_bytes(KT, kD), kSliceV = slice_bytes(VT, kD);
     static constexpr uint32_t kWinK = window_bytes(KT), kWinV = window_bytes(VT);
     static_assert(kWinK % 16 == 0 && kWinV % 16 == 0, "16-byte copy windows");
@@ -89,17 +117,23 @@ struct Layout {
     // The word loads of the last cell may read up to 4 bytes past its window (ignored bytes):
     // a little slack at the end keeps them inside the allocation.
     static constexpr size_t kSlack = 16;
-    // Three stages (two steps in flight per warp) when that still fits 4 blocks per SM,
-    // else two (f16 operands): more warps beat a deeper ring.
     // Per-block K: each warp's bias starts (k_bias_starts), 8 floats per lane column t, after
     // the rings; read in every step, so that they hold no registers across the loop.
     static constexpr size_t kBiasBytes = kBlockK ? kWarps * 4 * 8 * sizeof(float) : 0;
+    // Three stages (two steps in flight per warp) when that still fits kMaxBlocks blocks per
+    // SM, else two (f16 operands): more warps beat a deeper ring.
     static constexpr int kStages =
-        blocks_per_sm_for(kWarps * 3 * stage + kBiasBytes + kSlack) >= kMaxBlocksPerSm ? 3 : 2;
+        blocks_per_sm_for(kWarps * 3 * stage + kBiasBytes + kSlack, kMaxBlocks) >= kMaxBlocks ? 3 : 2;
     static constexpr size_t warp_bytes = kStages * stage;
     static constexpr size_t bias_offset = kWarps * warp_bytes;
-    static constexpr size_t total = kWarps * warp_bytes + kBiasBytes + kSlack;
-    static constexpr int blocks_per_sm = blocks_per_sm_for(total) < 1 ? 1 : blocks_per_sm_for(total);
+    static constexpr size_t q_offset = bias_offset + kBiasBytes;
+    static constexpr size_t total = kWarps * warp_bytes + kBiasBytes + kQBytes + kSlack;
+    static_assert(blocks_per_sm_for(total, kMaxBlocks) == blocks_per_sm_for(total - kQBytes - kBiasBytes, kMaxBlocks),
+                  "the bias and Q areas cost no block");
+    static constexpr int blocks_per_sm =
+        blocks_per_sm_for(total, kMaxBlocks) < 1 ? 1 : blocks_per_sm_for(total, kMaxBlocks);
+    // The launch bounds' blocks: 4 (<= 128 registers) by default; blocks5 asks for them all.
+    static constexpr int launch_blocks = V & kVariantBlocks5 ? blocks_per_sm : 4;
     // End-of-split merge area per warp (reuses the ring): m[8], l[8], acc[8][128].
     static constexpr size_t merge_bytes = (2 * kMaxGroup + kMaxGroup * kD) * 4;
     static_assert(warp_bytes >= merge_bytes, "merge area fits in the warp's ring");
@@ -337,8 +371,18 @@ __device__ __forceinline__ void k_fragment(const KWords<KT>& k, int kt, uint32_t
 // (q_block_fragments_from_coalesced, k_bias_starts). A q4_0 version (low nibbles under 0x64,
 // high ones under 0x54, one LOP3 per pair) measured +0.15% on q4_0 / q4_0 and is not kept
 // (commit c059574, docs/perf-notes.md session 39).
-constexpr uint32_t kQ8Block = 34;
-constexpr float kQ8CodeBias = 1152.0f;
+template <KvType KT>
+__host__ __device__ constexpr uint32_t k_block_bytes() {
+    return KT == KvType::q8_0 ? 34 : 18;
+}
+// q8_0: 1024 + (q + 128) under 0x64. q4_0 (branch spill-pairs): the low nibble u under 0x64
+// (1024 + u, bias 1032), the high nibble in bits 4..7 under 0x54 (64 + u, bias 72); k-step
+// 2b + h takes qs word t of block b, low nibbles for h = 0, high ones for h = 1, lo = dims
+// (base, base + 2), hi = (base + 1, base + 3).
+template <KvType KT>
+__host__ __device__ constexpr float k_code_bias(int h) {
+    return KT == KvType::q8_0 ? 1152.0f : (h == 0 ? 1032.0f : 72.0f);
+}
 
 // A word of codes at byte off of a 16-byte-aligned stage, off = 2 (mod 4) when kMis2 and 0
 // otherwise: with uniform rows a slice's lead is 0 or 8 (head slices are 136 bytes), and block
@@ -355,18 +399,45 @@ __device__ __forceinline__ uint32_t lds_code_word(const uint8_t* base16, uint32_
 
 // The A operands of q8_0 block b's two k-steps for cells g (slice r0) and g + 8 (slice r1):
 // a[h] = {lo(g), lo(g + 8), hi(g), hi(g + 8)}.
-template <int b>
+template <KvType KT, int b>
 __device__ __forceinline__ void k_block_fragments(const uint8_t* sk, uint32_t r0, uint32_t r1, uint32_t t,
                                                   uint32_t (&a)[2][4]) {
-    constexpr uint32_t codes = kQ8Block * b + 2;
+    constexpr uint32_t codes = k_block_bytes<KT>() * b + 2;
     constexpr bool kMis2 = b % 2 == 0;
+    if constexpr (KT == KvType::q8_0) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const uint32_t off = codes + 4 * (t + 4 * h);
-        const uint32_t x0 = lds_code_word<kMis2>(sk, r0 + off) ^ 0x80808080u;  // signed -> q + 128
-        const uint32_t x1 = lds_code_word<kMis2>(sk, r1 + off) ^ 0x80808080u;
-        a[h][0] = __byte_perm(x0, 0x64646464u, 0x4140), a[h][2] = __byte_perm(x0, 0x64646464u, 0x4342);
-        a[h][1] = __byte_perm(x1, 0x64646464u, 0x4140), a[h][3] = __byte_perm(x1, 0x64646464u, 0x4342);
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t off = codes + 4 * (t + 4 * h);
+            const uint32_t x0 = lds_code_word<kMis2>(sk, r0 + off) ^ 0x80808080u;  // signed -> q + 128
+            const uint32_t x1 = lds_code_word<kMis2>(sk, r1 + off) ^ 0x80808080u;
+            a[h][0] = __byte_perm(x0, 0x64646464u, 0x4140), a[h][2] = __byte_perm(x0, 0x64646464u, 0x4342);
+            a[h][1] = __byte_perm(x1, 0x64646464u, 0x4140), a[h][3] = __byte_perm(x1, 0x64646464u, 0x4342);
+        }
+    } else {
+        const uint32_t off = codes + 4 * t;
+        const uint32_t w[2] = {lds_code_word<kMis2>(sk, r0 + off), lds_code_word<kMis2>(sk, r1 + off)};
+        auto lop = [](uint32_t v, uint32_t mask, uint32_t magic) {  // (v & mask) | magic, LUT 0xEA
+            uint32_t r;
+            asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(v), "r"(mask), "r"(magic));
+            return r;
+        };
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {  // bytes 0 and 2 (lo), 1 and 3 (hi) of the word
+            const uint32_t x = w[c], y = w[c] >> 8;
+            a[0][c] = lop(x, 0x000F000Fu, 0x64006400u), a[0][2 + c] = lop(y, 0x000F000Fu, 0x64006400u);
+            a[1][c] = lop(x, 0x00F000F0u, 0x54005400u), a[1][2 + c] = lop(y, 0x00F000F0u, 0x54005400u);
+        }
+    }
+}
+
+// Q's B fragment pair for k-step kt from head g's f16 values at base .. base + 3 (x = base,
+// base + 1; y = base + 2, base + 3), in k_block_fragments' order.
+template <KvType KT>
+__device__ __forceinline__ void q_block_fragment(uint32_t x, uint32_t y, uint32_t (&qb)[2]) {
+    if constexpr (KT == KvType::q8_0) {
+        qb[0] = x, qb[1] = y;
+    } else {
+        qb[0] = __byte_perm(x, y, 0x5410), qb[1] = __byte_perm(x, y, 0x7632);
     }
 }
 
@@ -385,6 +456,7 @@ __device__ __forceinline__ void mma16816_from(float (&d)[4], uint32_t a0, uint32
 // They are written to the warp's bias area (8 floats per t: blocks 0..3 x heads 2t, 2t + 1), and
 // each step reads them back (load_k_bias_starts): held in registers across the loop they made
 // ptxas spill in the q8_0 / q8_0 kernel.
+template <KvType KT>
 __device__ __forceinline__ void k_bias_starts(const uint32_t (&qb)[8][2], uint32_t g, uint32_t t, float* area) {
     float kbias[4][2];
 #pragma unroll
@@ -393,7 +465,7 @@ __device__ __forceinline__ void k_bias_starts(const uint32_t (&qb)[8][2], uint32
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const float2 lo = __half22float2(bits_h2(qb[2 * b + h][0])), hi = __half22float2(bits_h2(qb[2 * b + h][1]));
-            sum += kQ8CodeBias * ((lo.x + lo.y) + (hi.x + hi.y));
+            sum += k_code_bias<KT>(h) * ((lo.x + lo.y) + (hi.x + hi.y));
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
@@ -420,6 +492,7 @@ __device__ __forceinline__ void load_k_bias_starts(const float* area, uint32_t t
 
 // Per-block q8_0 K (k_block_fragments): lane (g, t), k-step 2b + h holds head g's dims 32b + 16h +
 // 4t .. + 3 (lo: + 0, 1; hi: + 2, 3), the scratch row 4g + b's piece 4h + t.
+template <KvType KT>
 __device__ __forceinline__ void q_block_fragments_from_coalesced(const float4 (&qv)[8], float scale, uint32_t lane,
                                                                  uint8_t* scratch, uint32_t (&qb)[8][2]) {
     q_to_scratch(qv, scale, lane, scratch);
@@ -429,7 +502,7 @@ __device__ __forceinline__ void q_block_fragments_from_coalesced(const float4 (&
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const uint2 w = *reinterpret_cast<const uint2*>(scratch + q_scratch_at(4 * g + b, 4 * h + t));
-            qb[2 * b + h][0] = w.x, qb[2 * b + h][1] = w.y;
+            q_block_fragment<KT>(w.x, w.y, qb[2 * b + h]);
         }
     __syncwarp();  // the scratch stage is refilled by the loop's first issue
 }
@@ -563,9 +636,9 @@ __device__ __forceinline__ void pv_quantized_block(const uint8_t* sv, const uint
 // every cell of this head has the same lead: copy addresses and shared-memory offsets are the
 // same in every step and are computed once (the launch picks it; SPILLWAY_ATTN_FAST_COPY=0
 // never does).
-template <KvType KT, KvType VT, bool kUniform>
-__global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kernel(Params p) {
-    using L = Layout<KT, VT>;
+template <KvType KT, KvType VT, bool kUniform, int V>
+__global__ void __launch_bounds__(kThreads, Layout<KT, VT, V>::launch_blocks) attention_mma_kernel(Params p) {
+    using L = Layout<KT, VT, V>;
     // Only with uniform rows (whole 16-byte chunks), which lds_code_word's alignment needs; the
     // other instance kept its old registers that way (16 spilled bytes instead of 72).
     constexpr bool kBlockK = L::kBlockK && kUniform;
@@ -680,7 +753,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     static_assert(L::stage >= 32 * 64, "Q's f16 rows fit in a ring stage");
     if constexpr (kBlockK) {  // per-block k-steps (k_block_fragments)
         if (p.q_load == 2) {
-            q_block_fragments_from_coalesced(qv, p.scale_log2, lane, ring + (L::kStages - 1) * L::stage, qb);
+            q_block_fragments_from_coalesced<KT>(qv, p.scale_log2, lane, ring + (L::kStages - 1) * L::stage, qb);
         } else {
             const float* qg = p.q + (size_t)(kv_head * ng + g) * kD + 4 * t;
 #pragma unroll
@@ -688,7 +761,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
                 float x[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i) x[i] = g < ng ? qg[16 * kt + i] * p.scale_log2 : 0.0f;
-                qb[kt][0] = pack_h2(x[0], x[1]), qb[kt][1] = pack_h2(x[2], x[3]);
+                q_block_fragment<KT>(pack_h2(x[0], x[1]), pack_h2(x[2], x[3]), qb[kt]);
             }
         }
     } else if (p.q_load == 2) {
@@ -712,7 +785,17 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
     }
 
     float* const k_bias_area = reinterpret_cast<float*>(smem + L::bias_offset) + warp * 32;
-    if constexpr (kBlockK) k_bias_starts(qb, g, t, k_bias_area);
+    if constexpr (kBlockK) k_bias_starts<KT>(qb, g, t, k_bias_area);
+    // Every warp built the same fragments; warp w stores group w (uint4 w of each lane's 16
+    // words), group-major so that one ld.shared.v4 per group is conflict-free.
+    const uint32_t q_area = (uint32_t)__cvta_generic_to_shared(smem + L::q_offset);
+    if constexpr (L::kQSmem) {
+        uint4* area = reinterpret_cast<uint4*>(smem + L::q_offset);
+#pragma unroll
+        for (uint32_t w = 0; w < 4; ++w)
+            if (warp == w) area[w * 32 + lane] = make_uint4(qb[2 * w][0], qb[2 * w][1], qb[2 * w + 1][0], qb[2 * w + 1][1]);
+        __syncthreads();
+    }
     timeline_stamp(p, 2);
 
     // Per head 2t and 2t+1 (columns of S^T and O^T): running max and this lane's share of
@@ -745,6 +828,17 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
                 if constexpr (kUniform) return c * L::kWinK + k_head16;
                 else return c * L::kWinK + (((first + c) * k_row16 + k_head16) & 15);
             };
+            uint32_t qs[8][2];
+            if constexpr (L::kQSmem) {
+#pragma unroll
+                for (int w = 0; w < 4; ++w)
+                    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                                 : "=r"(qs[2 * w][0]), "=r"(qs[2 * w][1]), "=r"(qs[2 * w + 1][0]), "=r"(qs[2 * w + 1][1])
+                                 : "r"(q_area + 16 * (w * 32 + lane)));
+            } else {
+#pragma unroll
+                for (int kt = 0; kt < 8; ++kt) qs[kt][0] = qb[kt][0], qs[kt][1] = qb[kt][1];
+            }
             if constexpr (!kBlockK) {
                 const KWords<KT> k0 = k_words<KT>(sk, k_slice(g), t), k1 = k_words<KT>(sk, k_slice(g + 8), t);
                 // Two accumulator chains of 4 MMAs instead of one of 8: half the dependent latency.
@@ -755,7 +849,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
                     uint32_t a0, a1, a2, a3;
                     k_fragment<KT>(k0, kt, a0, a2);
                     k_fragment<KT>(k1, kt, a1, a3);
-                    mma16816(kt % 2 ? s_odd : s, a0, a1, a2, a3, qb[kt][0], qb[kt][1]);
+                    mma16816(kt % 2 ? s_odd : s, a0, a1, a2, a3, qs[kt][0], qs[kt][1]);
                 }
 #pragma unroll
                 for (int j = 0; j < 4; ++j) s[j] += s_odd[j];
@@ -767,10 +861,10 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
                 float acc_b[4][4];
                 auto block = [&]<int b>() {
                     uint32_t a[2][4];
-                    k_block_fragments<b>(sk, r0, r1, t, a);
-                    mma16816_from(acc_b[b], a[0][0], a[0][1], a[0][2], a[0][3], qb[2 * b][0], qb[2 * b][1], kbias[b][0],
+                    k_block_fragments<KT, b>(sk, r0, r1, t, a);
+                    mma16816_from(acc_b[b], a[0][0], a[0][1], a[0][2], a[0][3], qs[2 * b][0], qs[2 * b][1], kbias[b][0],
                                   kbias[b][1]);
-                    mma16816(acc_b[b], a[1][0], a[1][1], a[1][2], a[1][3], qb[2 * b + 1][0], qb[2 * b + 1][1]);
+                    mma16816(acc_b[b], a[1][0], a[1][1], a[1][2], a[1][3], qs[2 * b + 1][0], qs[2 * b + 1][1]);
                 };
                 block.template operator()<0>();
                 block.template operator()<1>();
@@ -781,7 +875,7 @@ __global__ void __launch_bounds__(kThreads, kMaxBlocksPerSm) attention_mma_kerne
                     const uint8_t* row = sk + (half ? r1 : r0);
                     float d[4];
 #pragma unroll
-                    for (int b = 0; b < 4; ++b) d[b] = __half2float(*reinterpret_cast<const __half*>(row + kQ8Block * b));
+                    for (int b = 0; b < 4; ++b) d[b] = __half2float(*reinterpret_cast<const __half*>(row + k_block_bytes<KT>() * b));
 #pragma unroll
                     for (int j = 2 * half; j < 2 * half + 2; ++j)
                         s[j] = fmaf(d[3], acc_b[3][j], fmaf(d[2], acc_b[2][j], fmaf(d[1], acc_b[1][j], d[0] * acc_b[0][j])));
@@ -926,16 +1020,22 @@ bool lab_whole_waves() {
 // re-measured in session 21 (tok/s, 2 -> 4 blocks): q4_0 / q4_0 8k 187.9 -> 185.9, 16k 180.3 ->
 // 180.1, 32k 167.4 -> 170.0; q8_0 / q4_0 8k 185.3 -> 183.8, 16k 177.1 -> 177.3; q8_0 / q8_0 8k
 // 178.4 -> 180.8, 16k 167.2 -> 172.5 (so q8_0 V keeps every block).
-template <KvType KT, KvType VT>
+template <KvType KT, KvType VT, int V>
 uint32_t planned_blocks_per_sm(uint32_t n_cells) {
     if (KT != KvType::f16 && VT == KvType::q4_0 && n_cells <= 16384) return 2;
-    return (uint32_t)Layout<KT, VT>::blocks_per_sm;
+    return (uint32_t)Layout<KT, VT, V>::blocks_per_sm;
 }
 
-template <KvType KT, KvType VT>
+// SPILLWAY_ATTN_MMA_VARIANT (lab): default, pairs, blocks5 or pairs+blocks5 (the bits above).
+int lab_variant() {
+    static const int v = lab_knob_choice("SPILLWAY_ATTN_MMA_VARIANT", {"default", "pairs", "blocks5", "pairs+blocks5"});
+    return v < 0 ? 0 : v;
+}
+
+template <KvType KT, KvType VT, int V>
 Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     if (n_cells == 0) return {0, 0};
-    const uint32_t per_sm = lab_blocks_per_sm() > 0 ? lab_blocks_per_sm() : planned_blocks_per_sm<KT, VT>(n_cells);
+    const uint32_t per_sm = lab_blocks_per_sm() > 0 ? lab_blocks_per_sm() : planned_blocks_per_sm<KT, VT, V>(n_cells);
     if (lab_whole_waves()) {
         // The per-SM timeline (session 19) showed 392 or 512 blocks on 396 or 528 slots; filling
         // them exactly moved the engine by under 1% (SM speed, not placement, sets the tail).
@@ -954,15 +1054,15 @@ Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     return {(n_cells + per - 1) / per, per};
 }
 
-template <KvType KT, KvType VT, bool kUniform>
+template <KvType KT, KvType VT, bool kUniform, int V>
 void configure_once() {
     static const bool configured = [] {
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform>,
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform, V>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 (int)Layout<KT, VT>::total));
+                                                 (int)Layout<KT, VT, V>::total));
         // All of the unified L1/shared memory as shared: the split count assumes
         // Layout::blocks_per_sm blocks fit at once (a smaller carveout makes a second wave).
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform>,
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform, V>,
                                                  cudaFuncAttributePreferredSharedMemoryCarveout,
                                                  (int)cudaSharedmemCarveoutMaxShared));
         return true;
@@ -978,22 +1078,22 @@ uint32_t lab_q_load() {
     return mode < 0 ? 2u : (uint32_t)mode;
 }
 
-template <KvType KT, KvType VT>
+template <KvType KT, KvType VT, int V>
 void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
-    constexpr size_t smem = Layout<KT, VT>::total;
+    constexpr size_t smem = Layout<KT, VT, V>::total;
     // SPILLWAY_ATTN_FAST_COPY=0 (lab): every step through the generic per-cell copy.
     static const bool fast_copy = !lab_knob("SPILLWAY_ATTN_FAST_COPY", "0", "1");
     Params p = params;
     p.q_load = reinterpret_cast<uintptr_t>(p.q) % 16 == 0 ? lab_q_load() : 0;
     const dim3 grid(n_head_kv, n_splits);
     if (fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0) {
-        configure_once<KT, VT, true>();
-        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, true>, grid, dim3(kThreads), smem,
-                        stream, p);
+        configure_once<KT, VT, true, V>();
+        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, true, V>, grid, dim3(kThreads),
+                        smem, stream, p);
     } else {
-        configure_once<KT, VT, false>();
-        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, false>, grid, dim3(kThreads), smem,
-                        stream, p);
+        configure_once<KT, VT, false, V>();
+        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, false, V>, grid, dim3(kThreads),
+                        smem, stream, p);
     }
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
@@ -1015,16 +1115,31 @@ auto with_types(KvType kt, KvType vt, F&& f) {
     }
 }
 
+// Calls f.template operator()<KT, VT, V>() for the runtime pair and the lab variant.
+template <typename F>
+auto with_types_and_variant(KvType kt, KvType vt, F&& f) {
+    return with_types(kt, vt, [&]<KvType KT, KvType VT>() {
+        switch (lab_variant()) {
+            case 1: return f.template operator()<KT, VT, 1>();
+            case 2: return f.template operator()<KT, VT, 2>();
+            case 3: return f.template operator()<KT, VT, 3>();
+            default: return f.template operator()<KT, VT, 0>();
+        }
+    });
+}
+
 }  // namespace
 
 Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
-    return with_types(k_type, v_type,
-                      [&]<KvType KT, KvType VT>() { return plan_for<KT, VT>(n_head_kv, n_cells, sm_count); });
+    return with_types_and_variant(k_type, v_type, [&]<KvType KT, KvType VT, int V>() {
+        return plan_for<KT, VT, V>(n_head_kv, n_cells, sm_count);
+    });
 }
 
 void launch(KvType k_type, KvType v_type, const Params& p, uint32_t n_head_kv, uint32_t n_splits,
             cudaStream_t stream) {
-    with_types(k_type, v_type, [&]<KvType KT, KvType VT>() { launch_for<KT, VT>(p, n_head_kv, n_splits, stream); });
+    with_types_and_variant(k_type, v_type,
+                           [&]<KvType KT, KvType VT, int V>() { launch_for<KT, VT, V>(p, n_head_kv, n_splits, stream); });
 }
 
 }  // namespace spillway::attention_mma
