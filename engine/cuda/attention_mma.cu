@@ -358,7 +358,7 @@ __device__ __forceinline__ void k_fragment(const KWords<KT>& k, int kt, uint32_t
     }
 }
 
-// q8_0 K on per-block k-steps (per_block_k). Each QK MMA k-step covers 16 dims of one K block,
+// Quantized K on per-block k-steps (per_block_k). Each QK MMA k-step covers 16 dims of one K block,
 // so the block's scale multiplies the MMA's f32 result (one per cell row and block) instead of
 // every value pair, and the codes enter the MMA as the exact halves 1024 + (q + 128) with their
 // bias folded into the accumulator's start value:
@@ -368,14 +368,13 @@ __device__ __forceinline__ void k_fragment(const KWords<KT>& k, int kt, uint32_t
 // 16-cell step). k-step 2b + h, lane t: dims base .. base + 3 of block b, base = 32b + 16h + 4t,
 // code word t + 4h of the block: lo = (base, base + 1) at k 2t, 2t + 1; hi = (base + 2,
 // base + 3) at k 2t + 8, 2t + 9. Q's B fragments and the bias sums use the same order
-// (q_block_fragments_from_coalesced, k_bias_starts). A q4_0 version (low nibbles under 0x64,
-// high ones under 0x54, one LOP3 per pair) measured +0.15% on q4_0 / q4_0 and is not kept
-// (commit c059574, docs/perf-notes.md session 39).
+// (q_block_fragments_from_coalesced, k_bias_starts). q4_0 K (below) measured +0.15% on q4_0 /
+// q4_0 (docs/perf-notes.md session 39) and runs only in the pairs variant's mixed pairs.
 template <KvType KT>
 __host__ __device__ constexpr uint32_t k_block_bytes() {
     return KT == KvType::q8_0 ? 34 : 18;
 }
-// q8_0: 1024 + (q + 128) under 0x64. q4_0 (branch spill-pairs): the low nibble u under 0x64
+// q8_0: 1024 + (q + 128) under 0x64. q4_0: the low nibble u under 0x64
 // (1024 + u, bias 1032), the high nibble in bits 4..7 under 0x54 (64 + u, bias 72); k-step
 // 2b + h takes qs word t of block b, low nibbles for h = 0, high ones for h = 1, lo = dims
 // (base, base + 2), hi = (base + 1, base + 3).
