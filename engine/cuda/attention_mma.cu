@@ -396,7 +396,7 @@ __device__ __forceinline__ uint32_t lds_code_word(const uint8_t* base16, uint32_
     }
 }
 
-// The A operands of q8_0 block b's two k-steps for cells g (slice r0) and g + 8 (slice r1):
+// The A operands of K block b's two k-steps (q8_0 or q4_0) for cells g (slice r0) and g + 8 (slice r1):
 // a[h] = {lo(g), lo(g + 8), hi(g), hi(g + 8)}.
 template <KvType KT, int b>
 __device__ __forceinline__ void k_block_fragments(const uint8_t* sk, uint32_t r0, uint32_t r1, uint32_t t,
@@ -489,7 +489,7 @@ __device__ __forceinline__ void load_k_bias_starts(const float* area, uint32_t t
                  : "r"(a + 16));
 }
 
-// Per-block q8_0 K (k_block_fragments): lane (g, t), k-step 2b + h holds head g's dims 32b + 16h +
+// Per-block K (k_block_fragments): lane (g, t), k-step 2b + h holds head g's dims 32b + 16h +
 // 4t .. + 3 (lo: + 0, 1; hi: + 2, 3), the scratch row 4g + b's piece 4h + t.
 template <KvType KT>
 __device__ __forceinline__ void q_block_fragments_from_coalesced(const float4 (&qv)[8], float scale, uint32_t lane,
