@@ -490,7 +490,7 @@ __device__ __forceinline__ void load_k_bias_starts(const float* area, uint32_t t
 }
 
 // Per-block K (k_block_fragments): lane (g, t), k-step 2b + h holds head g's dims 32b + 16h +
-// 4t .. + 3 (lo: + 0, 1; hi: + 2, 3), the scratch row 4g + b's piece 4h + t.
+// 4t .. + 3 (paired by q_block_fragment), the scratch row 4g + b's piece 4h + t.
 template <KvType KT>
 __device__ __forceinline__ void q_block_fragments_from_coalesced(const float4 (&qv)[8], float scale, uint32_t lane,
                                                                  uint8_t* scratch, uint32_t (&qb)[8][2]) {
