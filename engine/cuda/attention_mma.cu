@@ -65,7 +65,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 //     blocks, and ptxas fits the quantized pairs in 95-96 without spills. The quantized loops
 //     are latency-bound at 16 warps per SM (session 22); this tries more of them.
 // 0 is the default: 4 blocks of <= 128 registers, per-block K for q8_0 / f16 only.
-constexpr int kVariantPairs = 1, kVariantBlocks5 = 2, kVariants = 4;
+constexpr int kVariantPairs = 1, kVariantBlocks5 = 2;
 __host__ __device__ constexpr int max_blocks_per_sm(int variant) {
     return variant & kVariantBlocks5 ? 5 : 4;
 }

@@ -186,8 +186,9 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
         DecodeTiming t;
         t.ms_per_token = sample_stats(ms).mean;
         t.capture_us = sample_stats(capture).mean;
-        t.tok_s = sample_stats(tok_s).mean;
-        t.tok_s_sd = sample_stats(tok_s).sd;
+        const SampleStats speed = sample_stats(tok_s);
+        t.tok_s = speed.mean;
+        t.tok_s_sd = speed.sd;
         return t;
     };
 
@@ -216,8 +217,9 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
             row.k_type = kt;
             row.v_type = vt;
             row.test = "pp" + std::to_string(o.n_prompt);
-            row.tok_s = sample_stats(tok_s).mean;
-            row.tok_s_sd = sample_stats(tok_s).sd;
+            const SampleStats speed = sample_stats(tok_s);
+            row.tok_s = speed.mean;
+            row.tok_s_sd = speed.sd;
             row.ms_per_token = sample_stats(ms).mean / o.n_prompt;
             row.vram_kv = cache.arena.bytes();
             report.rows.push_back(row);
