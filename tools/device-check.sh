@@ -85,13 +85,9 @@ if [ -z "$bench_only" ] && [ "$engine_only" = 0 ]; then
   # The forward suite once more under each lab decode variant that changes the engine's path
   # (session 32): logits against the CPU engine and greedy tokens, as for the default.
   # SPILLWAY_ATTN_MERGE=warp (session 37: the lab's warp merge) runs the attention suite too.
-  # SPILLWAY_ATTN_MMA_VARIANT (session 39, the mma decode attention's lab variants) runs the
-  # attention and spill suites too.
-  for knob in SPILLWAY_HANDOVER=fence SPILLWAY_CHAIN_WO=4 SPILLWAY_QKV_EPILOGUE=1 SPILLWAY_ATTN_MERGE=warp \
-      SPILLWAY_ATTN_MMA_VARIANT=pairs SPILLWAY_ATTN_MMA_VARIANT=blocks5 SPILLWAY_ATTN_MMA_VARIANT=pairs+blocks5; do
+  for knob in SPILLWAY_HANDOVER=fence SPILLWAY_CHAIN_WO=4 SPILLWAY_QKV_EPILOGUE=1 SPILLWAY_ATTN_MERGE=warp; do
     suites='CudaForward.*'
     [ "$knob" = SPILLWAY_ATTN_MERGE=warp ] && suites='CudaForward.*:CudaAttention.*'
-    [[ "$knob" == SPILLWAY_ATTN_MMA_VARIANT=* ]] && suites='CudaForward.*:CudaAttention.*:CudaSpill.*'
     env "$knob" "$bin/test_cuda" --gtest_filter="$suites" >"$out/ctest-${knob//=/-}.log" 2>&1
     echo "$suites with $knob rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/ctest-${knob//=/-}.log" | head -2 | tr '\n' ' ')"
   done
@@ -177,8 +173,7 @@ if [ -z "$bench_only" ]; then
     # the hardware deals the rest out as blocks finish (session 39, H100: 8 blocks lost 2-5% at
     # 32k / 64k on every tier; the extra splits cost more than the shorter tail saves).
     for knob in default SPILLWAY_ATTN_FAST_COPY=0 SPILLWAY_ATTN_Q_LOAD=scalar SPILLWAY_ATTN_MERGE=warp \
-        SPILLWAY_ATTN_MMA_BLOCKS=6 SPILLWAY_ATTN_MMA_BLOCKS=8 SPILLWAY_ATTN_MMA_VARIANT=pairs \
-        SPILLWAY_ATTN_MMA_VARIANT=blocks5 SPILLWAY_ATTN_MMA_VARIANT=pairs+blocks5; do
+        SPILLWAY_ATTN_MMA_BLOCKS=6 SPILLWAY_ATTN_MMA_BLOCKS=8; do
       if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
       env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 65536 \
         -ctk f16,q8_0,q4_0 -ctv f16,q8_0,q4_0 >"$out/engine-ab-fast-copy-${knob%%=*}.log" 2>&1

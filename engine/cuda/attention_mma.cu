@@ -57,15 +57,20 @@ constexpr int kD = (int)kHeadDim;
 constexpr size_t kSmemPerSm = 228 * 1024, kSmemReservedPerBlock = 1024;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Lab variants of the kernel (SPILLWAY_ATTN_MMA_VARIANT, session 39; built, not yet measured),
-// a bit each, every instance compiled for each:
-//   pairs (1): the mixed pairs without register spills (per_block_k, q_in_smem);
-//   blocks5 (2): up to 5 resident blocks (20 warps) per SM where shared memory allows, the
-//     launch bounds asking each instance for its Layout::blocks_per_sm: <= 102 registers at 5
-//     blocks, and ptxas fits the quantized pairs in 95-96 without spills. The quantized loops
-//     are latency-bound at 16 warps per SM (session 22); this tries more of them.
-// 0 is the default: 4 blocks of <= 128 registers, per-block K for q8_0 / f16 only.
+// Per-pair choices of the kernel (session 39 built them as lab variants; session 40 measured
+// them in the engine on an H100, tools/engine-ab.sh, two interleaved rounds, docs/perf-notes.md):
+//   pairs: the mixed K/V pairs without register spills (per_block_k, q_in_smem). At 64k cells
+//     +0.7% (q8_0 / q4_0) to +3.2% (f16 / q8_0) on every mixed pair; neutral at 8k.
+//   blocks5: up to 5 resident blocks (20 warps) per SM, the launch bounds asking for them
+//     (<= 102 registers; ptxas fits q8_0 / q8_0 in 96 without spills, on 2 stages). q8_0 / q8_0
+//     +0.4-0.5% at 8k-64k; q4_0 / q4_0 -1.1..-1.4% and q8_0 / q4_0 -0.5..-0.8% at 32k-64k, f16
+//     unchanged: so q8_0 / q8_0 only.
+// The other equal pairs run 4 blocks of <= 128 registers with Q's fragments in registers.
 constexpr int kVariantPairs = 1, kVariantBlocks5 = 2;
+__host__ __device__ constexpr int variant_for(KvType kt, KvType vt) {
+    if (kt != vt) return kVariantPairs;
+    return kt == KvType::q8_0 ? kVariantBlocks5 : 0;
+}
 __host__ __device__ constexpr int max_blocks_per_sm(int variant) {
     return variant & kVariantBlocks5 ? 5 : 4;
 }
@@ -86,15 +91,15 @@ __host__ __device__ constexpr int blocks_per_sm_for(size_t block_bytes, int max_
 // by ~30% and q4_0's by ~40% (counted), but the loops are latency-bound and no faster for it
 // (H100, engine A/B, session 39: q8_0 / q8_0 -0.1..-0.4%, q4_0 / q4_0 +0.15%); where ptxas's
 // spills moved, the speed followed them: q8_0 / f16 84 -> 0 bytes, +3.0% at 16k and +4.4% at
-// 64k. So it runs where it frees registers: q8_0 / f16; with the pairs variant (and Q in shared
-// memory, q_in_smem) the other mixed pairs of quantized K too.
+// 64k. So it runs where it frees registers: in the mixed pairs of quantized K (with Q in shared
+// memory, q_in_smem, except q8_0 / f16, which is spill-free with per-block K alone).
 __host__ __device__ constexpr bool per_block_k(KvType kt, KvType vt, int variant) {
     if (kt == KvType::q8_0 && vt == KvType::f16) return true;
     return (variant & kVariantPairs) && kt != KvType::f16 && kt != vt;
 }
 
 // Q's B fragments read from shared memory in every step (4 conflict-free 16-byte loads) instead
-// of held in 16 registers across the loop, for the mixed pairs in the pairs variant. With
+// of held in 16 registers across the loop, for the mixed pairs (pairs). With
 // per-block K for the quantized-K mixed pairs as well, every uniform instance at 4 blocks is
 // spill-free (ptxas, bytes stored, uniform / other rows, default -> pairs): f16 / q8_0 68 / 44
 // -> 0 / 0, f16 / q4_0 52 / 8 -> 0 / 0, q8_0 / q4_0 8 / 0 -> 0 / 4, q4_0 / q8_0 48 / 0 -> 0 /
@@ -104,8 +109,9 @@ __host__ __device__ constexpr bool q_in_smem(KvType kt, KvType vt, int variant) 
     return (variant & kVariantPairs) && kt != vt && !(kt == KvType::q8_0 && vt == KvType::f16);
 }
 
-template <KvType KT, KvType VT, int V = 0>
+template <KvType KT, KvType VT>
 struct Layout {
+    static constexpr int V = variant_for(KT, VT);
     static constexpr int kMaxBlocks = max_blocks_per_sm(V);
     static constexpr bool kBlockK = per_block_k(KT, VT, V);
     static constexpr bool kQSmem = q_in_smem(KT, VT, V);
@@ -369,7 +375,7 @@ __device__ __forceinline__ void k_fragment(const KWords<KT>& k, int kt, uint32_t
 // code word t + 4h of the block: lo = (base, base + 1) at k 2t, 2t + 1; hi = (base + 2,
 // base + 3) at k 2t + 8, 2t + 9. Q's B fragments and the bias sums use the same order
 // (q_block_fragments_from_coalesced, k_bias_starts). q4_0 K (below) measured +0.15% on q4_0 /
-// q4_0 (docs/perf-notes.md session 39) and runs only in the pairs variant's mixed pairs.
+// q4_0 (docs/perf-notes.md session 39) and runs only in the mixed pairs (variant_for).
 template <KvType KT>
 __host__ __device__ constexpr uint32_t k_block_bytes() {
     return KT == KvType::q8_0 ? 34 : 18;
@@ -635,9 +641,9 @@ __device__ __forceinline__ void pv_quantized_block(const uint8_t* sv, const uint
 // every cell of this head has the same lead: copy addresses and shared-memory offsets are the
 // same in every step and are computed once (the launch picks it; SPILLWAY_ATTN_FAST_COPY=0
 // never does).
-template <KvType KT, KvType VT, bool kUniform, int V>
-__global__ void __launch_bounds__(kThreads, Layout<KT, VT, V>::launch_blocks) attention_mma_kernel(Params p) {
-    using L = Layout<KT, VT, V>;
+template <KvType KT, KvType VT, bool kUniform>
+__global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) attention_mma_kernel(Params p) {
+    using L = Layout<KT, VT>;
     // Only with uniform rows (whole 16-byte chunks), which lds_code_word's alignment needs; the
     // other instance kept its old registers that way (16 spilled bytes instead of 72).
     constexpr bool kBlockK = L::kBlockK && kUniform;
@@ -1019,22 +1025,16 @@ bool lab_whole_waves() {
 // re-measured in session 21 (tok/s, 2 -> 4 blocks): q4_0 / q4_0 8k 187.9 -> 185.9, 16k 180.3 ->
 // 180.1, 32k 167.4 -> 170.0; q8_0 / q4_0 8k 185.3 -> 183.8, 16k 177.1 -> 177.3; q8_0 / q8_0 8k
 // 178.4 -> 180.8, 16k 167.2 -> 172.5 (so q8_0 V keeps every block).
-template <KvType KT, KvType VT, int V>
+template <KvType KT, KvType VT>
 uint32_t planned_blocks_per_sm(uint32_t n_cells) {
     if (KT != KvType::f16 && VT == KvType::q4_0 && n_cells <= 16384) return 2;
-    return (uint32_t)Layout<KT, VT, V>::blocks_per_sm;
+    return (uint32_t)Layout<KT, VT>::blocks_per_sm;
 }
 
-// SPILLWAY_ATTN_MMA_VARIANT (lab): default, pairs, blocks5 or pairs+blocks5 (the bits above).
-int lab_variant() {
-    static const int v = lab_knob_choice("SPILLWAY_ATTN_MMA_VARIANT", {"default", "pairs", "blocks5", "pairs+blocks5"});
-    return v < 0 ? 0 : v;
-}
-
-template <KvType KT, KvType VT, int V>
+template <KvType KT, KvType VT>
 Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     if (n_cells == 0) return {0, 0};
-    const uint32_t per_sm = lab_blocks_per_sm() > 0 ? lab_blocks_per_sm() : planned_blocks_per_sm<KT, VT, V>(n_cells);
+    const uint32_t per_sm = lab_blocks_per_sm() > 0 ? lab_blocks_per_sm() : planned_blocks_per_sm<KT, VT>(n_cells);
     if (lab_whole_waves()) {
         // The per-SM timeline (session 19) showed 392 or 512 blocks on 396 or 528 slots; filling
         // them exactly moved the engine by under 1% (SM speed, not placement, sets the tail).
@@ -1053,15 +1053,15 @@ Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     return {(n_cells + per - 1) / per, per};
 }
 
-template <KvType KT, KvType VT, bool kUniform, int V>
+template <KvType KT, KvType VT, bool kUniform>
 void configure_once() {
     static const bool configured = [] {
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform, V>,
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 (int)Layout<KT, VT, V>::total));
+                                                 (int)Layout<KT, VT>::total));
         // All of the unified L1/shared memory as shared: the split count assumes
         // Layout::blocks_per_sm blocks fit at once (a smaller carveout makes a second wave).
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform, V>,
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform>,
                                                  cudaFuncAttributePreferredSharedMemoryCarveout,
                                                  (int)cudaSharedmemCarveoutMaxShared));
         return true;
@@ -1077,21 +1077,21 @@ uint32_t lab_q_load() {
     return mode < 0 ? 2u : (uint32_t)mode;
 }
 
-template <KvType KT, KvType VT, int V>
+template <KvType KT, KvType VT>
 void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
-    constexpr size_t smem = Layout<KT, VT, V>::total;
+    constexpr size_t smem = Layout<KT, VT>::total;
     // SPILLWAY_ATTN_FAST_COPY=0 (lab): every step through the generic per-cell copy.
     static const bool fast_copy = !lab_knob("SPILLWAY_ATTN_FAST_COPY", "0", "1");
     Params p = params;
     p.q_load = reinterpret_cast<uintptr_t>(p.q) % 16 == 0 ? lab_q_load() : 0;
     const dim3 grid(n_head_kv, n_splits);
     if (fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0) {
-        configure_once<KT, VT, true, V>();
-        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, true, V>, grid, dim3(kThreads),
+        configure_once<KT, VT, true>();
+        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, true>, grid, dim3(kThreads),
                         smem, stream, p);
     } else {
-        configure_once<KT, VT, false, V>();
-        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, false, V>, grid, dim3(kThreads),
+        configure_once<KT, VT, false>();
+        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, false>, grid, dim3(kThreads),
                         smem, stream, p);
     }
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
@@ -1114,31 +1114,19 @@ auto with_types(KvType kt, KvType vt, F&& f) {
     }
 }
 
-// Calls f.template operator()<KT, VT, V>() for the runtime pair and the lab variant.
-template <typename F>
-auto with_types_and_variant(KvType kt, KvType vt, F&& f) {
-    return with_types(kt, vt, [&]<KvType KT, KvType VT>() {
-        switch (lab_variant()) {
-            case 1: return f.template operator()<KT, VT, 1>();
-            case 2: return f.template operator()<KT, VT, 2>();
-            case 3: return f.template operator()<KT, VT, 3>();
-            default: return f.template operator()<KT, VT, 0>();
-        }
-    });
-}
-
 }  // namespace
 
+uint32_t resident_blocks_per_sm(KvType k_type, KvType v_type) {
+    return with_types(k_type, v_type, [&]<KvType KT, KvType VT>() { return (uint32_t)Layout<KT, VT>::blocks_per_sm; });
+}
+
 Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
-    return with_types_and_variant(k_type, v_type, [&]<KvType KT, KvType VT, int V>() {
-        return plan_for<KT, VT, V>(n_head_kv, n_cells, sm_count);
-    });
+    return with_types(k_type, v_type, [&]<KvType KT, KvType VT>() { return plan_for<KT, VT>(n_head_kv, n_cells, sm_count); });
 }
 
 void launch(KvType k_type, KvType v_type, const Params& p, uint32_t n_head_kv, uint32_t n_splits,
             cudaStream_t stream) {
-    with_types_and_variant(k_type, v_type,
-                           [&]<KvType KT, KvType VT, int V>() { launch_for<KT, VT, V>(p, n_head_kv, n_splits, stream); });
+    with_types(k_type, v_type, [&]<KvType KT, KvType VT>() { launch_for<KT, VT>(p, n_head_kv, n_splits, stream); });
 }
 
 }  // namespace spillway::attention_mma

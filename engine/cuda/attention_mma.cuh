@@ -81,7 +81,11 @@ struct Plan {
     uint32_t hi_heads = 0;
 };
 
-// Splits for n_cells: one wave of blocks (as many per SM as shared memory allows, at most 4).
+// Blocks of this pair's kernel resident on one SM (shared memory and launch bounds: 4, or 5
+// for q8_0 / q8_0).
+uint32_t resident_blocks_per_sm(KvType k_type, KvType v_type);
+
+// Splits for n_cells: one wave of blocks (at most resident_blocks_per_sm per SM).
 Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count);
 
 // Grid (n_head_kv, n_splits); every CUDA return code checked.

@@ -5,6 +5,7 @@
 // K/V type pair (the reference reads the same quantized bytes, so quantization itself is
 // not part of the error).
 #include "engine/cuda/attention.cuh"
+#include "engine/cuda/attention_mma.cuh"
 
 #include <algorithm>
 #include <limits>
@@ -375,12 +376,17 @@ TEST(CudaAttention, DefaultKernelChoice) {
     EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::f16, kAttentionMmaMinCells), AttentionKernel::mma);
     EXPECT_EQ(attention_default_kernel(make_shape(14, 2, 64), KvType::q8_0, KvType::q8_0), AttentionKernel::tensor_core);
     EXPECT_EQ(attention_default_kernel(make_shape(16, 1, 128), KvType::q8_0, KvType::q8_0), AttentionKernel::tensor_core);
-    // One wave of blocks at most (mma: <= 4 per SM, int_dot: <= 3), one split for one cell,
-    // and the shared workspace covers each kernel's splits.
-    for (const auto& [kernel, blocks_per_sm] : {std::pair{AttentionKernel::mma, 4u}, std::pair{AttentionKernel::int_dot, 3u}})
+    // One wave of blocks at most (mma: its resident blocks, 4 per SM or 5 for q8_0 / q8_0;
+    // int_dot: <= 3), one split for one cell, and the shared workspace covers each kernel's splits.
+    EXPECT_EQ(attention_mma::resident_blocks_per_sm(KvType::q8_0, KvType::q8_0), 5u);
+    EXPECT_EQ(attention_mma::resident_blocks_per_sm(KvType::q4_0, KvType::q4_0), 4u);
+    for (AttentionKernel kernel : {AttentionKernel::mma, AttentionKernel::int_dot})
         for (KvType kt : kTypes)
             for (KvType vt : kTypes) {
                 if (!attention_kernel_supports(kernel, s, kt, vt)) continue;  // int_dot: quantized K only
+                const uint32_t blocks_per_sm =
+                    kernel == AttentionKernel::mma ? attention_mma::resident_blocks_per_sm(kt, vt) : 3u;
+                EXPECT_LE(blocks_per_sm, 5u);
                 EXPECT_EQ(attention_split_count(kernel, s, kt, vt, 1, 132), 1u);
                 const uint32_t n = attention_split_count(kernel, s, kt, vt, 65536, 132);
                 EXPECT_LE(n * s.n_head_kv, blocks_per_sm * 132 + s.n_head_kv);
