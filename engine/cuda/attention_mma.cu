@@ -57,22 +57,17 @@ constexpr int kD = (int)kHeadDim;
 constexpr size_t kSmemPerSm = 228 * 1024, kSmemReservedPerBlock = 1024;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Per-pair choices of the kernel (session 39 built them as lab variants; session 40 measured
-// them in the engine on an H100, tools/engine-ab.sh, two interleaved rounds, docs/perf-notes.md):
-//   pairs: the mixed K/V pairs without register spills (per_block_k, q_in_smem). At 64k cells
-//     +0.7% (q8_0 / q4_0) to +3.2% (f16 / q8_0) on every mixed pair; neutral at 8k.
-//   blocks5: up to 5 resident blocks (20 warps) per SM, the launch bounds asking for them
-//     (<= 102 registers; ptxas fits q8_0 / q8_0 in 96 without spills, on 2 stages). q8_0 / q8_0
-//     +0.4-0.5% at 8k-64k; q4_0 / q4_0 -1.1..-1.4% and q8_0 / q4_0 -0.5..-0.8% at 32k-64k, f16
-//     unchanged: so q8_0 / q8_0 only.
+// Per-pair choices (session 39 built them as lab variants; session 40 measured them in the
+// engine on an H100, tools/engine-ab.sh, two interleaved rounds, docs/perf-notes.md):
+//   mixed K/V pairs without register spills (per_block_k, q_in_smem): +0.7% (q8_0 / q4_0) to
+//     +3.2% (f16 / q8_0) at 64k cells, neutral at 8k;
+//   5 resident blocks (20 warps) per SM for q8_0 / q8_0 (max_blocks_per_sm): the launch bounds
+//     ask for them (<= 102 registers; ptxas fits it in 96 without spills, on 2 stages), +0.4-0.5%
+//     at 8k-64k. The same for q4_0 / q4_0 measured -1.1..-1.4% and for q8_0 / q4_0 -0.5..-0.8%
+//     at 32k-64k (their extra splits cost more than the warps buy); f16 did not move.
 // The other equal pairs run 4 blocks of <= 128 registers with Q's fragments in registers.
-constexpr int kVariantPairs = 1, kVariantBlocks5 = 2;
-__host__ __device__ constexpr int variant_for(KvType kt, KvType vt) {
-    if (kt != vt) return kVariantPairs;
-    return kt == KvType::q8_0 ? kVariantBlocks5 : 0;
-}
-__host__ __device__ constexpr int max_blocks_per_sm(int variant) {
-    return variant & kVariantBlocks5 ? 5 : 4;
+__host__ __device__ constexpr int max_blocks_per_sm(KvType kt, KvType vt) {
+    return kt == KvType::q8_0 && vt == KvType::q8_0 ? 5 : 4;
 }
 
 __host__ __device__ constexpr uint32_t window_bytes(KvType t) {
@@ -93,28 +88,26 @@ __host__ __device__ constexpr int blocks_per_sm_for(size_t block_bytes, int max_
 // spills moved, the speed followed them: q8_0 / f16 84 -> 0 bytes, +3.0% at 16k and +4.4% at
 // 64k. So it runs where it frees registers: in the mixed pairs of quantized K (with Q in shared
 // memory, q_in_smem, except q8_0 / f16, which is spill-free with per-block K alone).
-__host__ __device__ constexpr bool per_block_k(KvType kt, KvType vt, int variant) {
-    if (kt == KvType::q8_0 && vt == KvType::f16) return true;
-    return (variant & kVariantPairs) && kt != KvType::f16 && kt != vt;
+__host__ __device__ constexpr bool per_block_k(KvType kt, KvType vt) {
+    return kt != KvType::f16 && kt != vt;
 }
 
 // Q's B fragments read from shared memory in every step (4 conflict-free 16-byte loads) instead
-// of held in 16 registers across the loop, for the mixed pairs (pairs). With
+// of held in 16 registers across the loop, for the mixed pairs. With
 // per-block K for the quantized-K mixed pairs as well, every uniform instance at 4 blocks is
-// spill-free (ptxas, bytes stored, uniform / other rows, default -> pairs): f16 / q8_0 68 / 44
+// spill-free (ptxas, bytes stored, uniform / other rows, before -> after, session 39): f16 / q8_0 68 / 44
 // -> 0 / 0, f16 / q4_0 52 / 8 -> 0 / 0, q8_0 / q4_0 8 / 0 -> 0 / 4, q4_0 / q8_0 48 / 0 -> 0 /
 // 0, q4_0 / f16 84 / 16 -> 0 / 8. Equal pairs never spilled (and q8_0 / q8_0 has no 2 KiB to
 // spare); q8_0 / f16 is spill-free with per-block K alone.
-__host__ __device__ constexpr bool q_in_smem(KvType kt, KvType vt, int variant) {
-    return (variant & kVariantPairs) && kt != vt && !(kt == KvType::q8_0 && vt == KvType::f16);
+__host__ __device__ constexpr bool q_in_smem(KvType kt, KvType vt) {
+    return kt != vt && !(kt == KvType::q8_0 && vt == KvType::f16);
 }
 
 template <KvType KT, KvType VT>
 struct Layout {
-    static constexpr int V = variant_for(KT, VT);
-    static constexpr int kMaxBlocks = max_blocks_per_sm(V);
-    static constexpr bool kBlockK = per_block_k(KT, VT, V);
-    static constexpr bool kQSmem = q_in_smem(KT, VT, V);
+    static constexpr int kMaxBlocks = max_blocks_per_sm(KT, VT);
+    static constexpr bool kBlockK = per_block_k(KT, VT);
+    static constexpr bool kQSmem = q_in_smem(KT, VT);
     static constexpr size_t kQBytes = kQSmem ? 32 * 16 * sizeof(uint32_t) : 0;
     static constexpr uint32_t kSliceK = slice_bytes(KT, kD), kSliceV = slice_bytes(VT, kD);
     static constexpr uint32_t kWinK = window_bytes(KT), kWinV = window_bytes(VT);
@@ -138,8 +131,8 @@ struct Layout {
                   "the bias and Q areas cost no block");
     static constexpr int blocks_per_sm =
         blocks_per_sm_for(total, kMaxBlocks) < 1 ? 1 : blocks_per_sm_for(total, kMaxBlocks);
-    // The launch bounds' blocks: 4 (<= 128 registers) by default; blocks5 asks for them all.
-    static constexpr int launch_blocks = V & kVariantBlocks5 ? blocks_per_sm : 4;
+    // The launch bounds' blocks: 4 (<= 128 registers), or all of them where 5 may be resident.
+    static constexpr int launch_blocks = kMaxBlocks > 4 ? blocks_per_sm : 4;
     // End-of-split merge area per warp (reuses the ring): m[8], l[8], acc[8][128].
     static constexpr size_t merge_bytes = (2 * kMaxGroup + kMaxGroup * kD) * 4;
     static_assert(warp_bytes >= merge_bytes, "merge area fits in the warp's ring");
@@ -375,7 +368,7 @@ __device__ __forceinline__ void k_fragment(const KWords<KT>& k, int kt, uint32_t
 // code word t + 4h of the block: lo = (base, base + 1) at k 2t, 2t + 1; hi = (base + 2,
 // base + 3) at k 2t + 8, 2t + 9. Q's B fragments and the bias sums use the same order
 // (q_block_fragments_from_coalesced, k_bias_starts). q4_0 K (below) measured +0.15% on q4_0 /
-// q4_0 (docs/perf-notes.md session 39) and runs only in the mixed pairs (variant_for).
+// q4_0 (docs/perf-notes.md session 39) and runs only in the mixed pairs (per_block_k).
 template <KvType KT>
 __host__ __device__ constexpr uint32_t k_block_bytes() {
     return KT == KvType::q8_0 ? 34 : 18;
