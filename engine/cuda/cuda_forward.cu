@@ -27,8 +27,10 @@
 namespace spillway {
 namespace {
 
-// Cap of the prefill weight-tile scratch: 32M halves (64 MiB) = 2.3 FFN tiles of the 14B
-// shape; the 152k x 5120 head (1.5 GB as f16) goes through it in 25 tiles.
+// Cap of the prefill weight tile: 32M halves (64 MiB). The tile itself is as large as the
+// largest tile the model's matrices take under it (prefill_tile_elems): 50 MiB for the 14B
+// shape (its 5120 x 5120 projections whole, gate / up in 3 x 4608 rows, down in 3 x <= 1792);
+// with all logits the 152k x 5120 head goes through it in 24 tiles.
 constexpr size_t kWeightTileElems = 32ull << 20;
 
 // tokens[0..n) := src (device) when given; positions[i] := pos0 + i. A kernel rather than a
@@ -154,8 +156,10 @@ ActQ16 glu_q16(CudaForwardState& st) { return ActQ16{st.glu_q16.data(), st.glu_q
 // y = W x for a chunk: matvec for one token, tensor-core GEMM for more.
 // op_label: the GEMM's name in the SPILLWAY_OP_TIMES totals (op_times.h). x_is_f16: a chunk
 // whose x the previous matmul already converted (q, k and v share xn; gate and up too).
+// add_to_y (chunks only): y += W x, the residual add of the wo and down projections.
 void matmul(CudaForwardState& st, const CudaMatrix& w, const float* x, uint32_t n_tokens, float* y,
-            const char* op_label = "gemm", bool x_is_f16 = false) {
+            const char* op_label = "gemm", bool x_is_f16 = false, bool add_to_y = false) {
+    if (add_to_y && n_tokens == 1) fail("matmul: add_to_y is for chunks of several tokens");
     if (n_tokens == 1 && w.q8_scales) {  // the split layout's GEMV reads x as int16 blocks
         quantize_act_q16_cuda(x, w.n_in, 1, act_q16(st), st.stream);
         return matvec_q8s_cuda(Q8SplitConst{reinterpret_cast<const int8_t*>(w.data), w.q8_scales}, act_q16(st), y,
@@ -163,7 +167,7 @@ void matmul(CudaForwardState& st, const CudaMatrix& w, const float* x, uint32_t 
     }
     if (n_tokens == 1) return matvec_cuda(w.type, w.data, x, y, w.n_out, w.n_in, 1, st.stream);
     if (!x_is_f16) prefill_act_to_f16_cuda(x, (size_t)n_tokens * w.n_in, st.act_f16.data(), st.stream);
-    matmul_prefill_f16act_cuda(st.cublas, w, n_tokens, y, st.prefill_gemm, st.stream, op_label);
+    matmul_prefill_f16act_cuda(st.cublas, w, n_tokens, y, st.prefill_gemm, st.stream, op_label, add_to_y);
 }
 
 // Decode with Q8_0 weights: the matvec (q16x for GGUF layout, q8s for the split layout, whose
@@ -405,7 +409,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         // The previous layer's FFN output joins the residual stream inside the norm. A prefill
         // chunk's norm writes only the f16 input of the GEMMs.
         if ((!decode_layer || il == 0) && !fused && (!norm_chain || il == 0))
-            rmsnorm_cuda(x, il == 0 ? nullptr : proj, L.attn_norm, fused_prefill ? nullptr : xn, T, E, s.norm_eps,
+            rmsnorm_cuda(x, il == 0 || T > 1 ? nullptr : proj, L.attn_norm, fused_prefill ? nullptr : xn, T, E, s.norm_eps,
                          stream, takes_q16(L.wq, T) || takes_q16(L.wk, T) || takes_q16(L.wv, T) ? act_q16(st) : ActQ16{},
                          fused_prefill ? st.act_f16.data() : nullptr);
         op_times_mark("rmsnorm", stream);
@@ -580,9 +584,9 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             }
             matvec_decode(st, L.wo, L.wo.n_out, st.attn.data(), proj, GemvSite::wo);
         } else {
-            matmul(st, L.wo, st.attn.data(), T, proj, "gemm o");
+            matmul(st, L.wo, st.attn.data(), T, T > 1 ? x : proj, "gemm o", false, T > 1);
         }
-        rmsnorm_cuda(x, proj, L.ffn_norm, fused_prefill ? nullptr : xn, T, E, s.norm_eps, stream,
+        rmsnorm_cuda(x, T > 1 ? nullptr : proj, L.ffn_norm, fused_prefill ? nullptr : xn, T, E, s.norm_eps, stream,
                      takes_q16(L.ffn_gate, T) || takes_q16(L.ffn_up, T) ? act_q16(st) : ActQ16{},
                      fused_prefill ? st.act_f16.data() : nullptr);
         op_times_mark("rmsnorm", stream);
@@ -615,7 +619,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                 swiglu_cuda(gate, up, gate, (size_t)T * F, stream);
             }
             op_times_mark("swiglu", stream);
-            matmul(st, L.ffn_down, gate, T, proj, "gemm down", fused_prefill);
+            matmul(st, L.ffn_down, gate, T, T > 1 ? x : proj, "gemm down", fused_prefill, T > 1);
         }
     }
     if (spilled) spill_forward_end(*cache.spill, spill_cursor, stream);
@@ -637,7 +641,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         op_times_mark("head", stream);
         return;
     }
-    rmsnorm_cuda(x + (size_t)first * E, decode_layer || fused ? nullptr : proj + (size_t)first * E, m.output_norm, xn,
+    rmsnorm_cuda(x + (size_t)first * E, decode_layer || fused || T > 1 ? nullptr : proj, m.output_norm, xn,
                  n_out, E, s.norm_eps, stream, takes_q16(m.output, T) ? act_q16(st) : ActQ16{});
     if (takes_q16(m.output, T)) matvec_decode(st, m.output, m.output.n_out, xn, st.logits.data(), GemvSite::head);
     else matmul(st, m.output, xn, n_out, st.logits.data(), "head");
@@ -791,7 +795,9 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     st.decode_fusion = fusion >= 1;
     st.fused_swiglu = fusion == 2;
     st.xn = DeviceBuffer<float>((st.fused_prefill && !all_logits ? 1 : T) * s.n_embd);
-    st.proj = DeviceBuffer<float>(T * s.n_embd);
+    // One token's wo / down output before its residual add (and the norm chain's hand-over
+    // stage); a chunk's wo and down GEMMs add into x themselves.
+    st.proj = DeviceBuffer<float>(s.n_embd);
     st.qkv = DeviceBuffer<float>(T * (qd + kd + vd));
     st.attn = DeviceBuffer<float>(T * ad);
     st.attn_lse = DeviceBuffer<float>(s.n_head);
@@ -805,14 +811,22 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     st.attn_workspace = DeviceBuffer<uint8_t>(std::max<size_t>(256, ws));
     if (max_tokens > 1) {
         st.act_f16 = DeviceBuffer<__half>(T * std::max({(size_t)s.n_embd, (size_t)s.n_ff, ad}));
-        size_t widest = (size_t)s.n_vocab * s.n_embd;  // the head
-        widest = std::max(widest, (size_t)s.n_ff * s.n_embd);
-        st.w_f16 = DeviceBuffer<__half>(std::min(widest, kWeightTileElems));
+        st.prefill_gemm.greedy_tiles = lab_knob("SPILLWAY_PREFILL_TILES", "greedy", "balanced");
+        // The matrices a chunk multiplies through a tile (f16 ones are read in place; the head
+        // only when every row's logits are wanted, else its one row takes the matvec).
+        std::vector<std::pair<uint32_t, uint32_t>> tiled;
+        const auto add = [&](const CudaMatrix& w) {
+            if (w.type != GgmlType::F16) tiled.emplace_back(w.n_out, w.n_in);
+        };
+        for (const CudaLayerWeights& L : m.layers)
+            for (const CudaMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) add(*w);
+        if (all_logits) add(m.output);
+        const size_t tile_elems = prefill_tile_elems(tiled, kWeightTileElems, st.prefill_gemm.greedy_tiles);
+        st.w_f16 = DeviceBuffer<__half>(std::max<size_t>(tile_elems, 1));
         st.prefill_gemm.act_f16 = st.act_f16.data();
         st.prefill_gemm.tiles[0] = st.w_f16.data();
         st.prefill_gemm.tile_elems = st.w_f16.size();
-        st.prefill_gemm.greedy_tiles = lab_knob("SPILLWAY_PREFILL_TILES", "greedy", "balanced");
-        if (!lab_knob("SPILLWAY_PREFILL_OVERLAP", "0", "1")) {
+        if (tile_elems > 0 && prefill_overlaps_dequant(max_tokens)) {
             st.w_f16_next = DeviceBuffer<__half>(st.w_f16.size());
             st.prefill_gemm.tiles[1] = st.w_f16_next.data();
             SPILLWAY_CUDA_CHECK(cudaStreamCreateWithFlags(&st.prefill_gemm.side, cudaStreamNonBlocking));

@@ -257,6 +257,20 @@ uint32_t prefill_tile_rows(uint32_t n_out, uint32_t n_in, size_t tile_elems, boo
     return (uint32_t)(rounded <= fit ? rounded : even);
 }
 
+size_t prefill_tile_elems(const std::vector<std::pair<uint32_t, uint32_t>>& shapes, size_t cap_elems, bool greedy) {
+    size_t widest = 0;
+    for (const auto& [n_out, n_in] : shapes)
+        widest = std::max(widest, (size_t)prefill_tile_rows(n_out, n_in, cap_elems, greedy) * n_in);
+    return widest;
+}
+
+bool prefill_overlaps_dequant(uint32_t max_tokens) {
+    static const int forced = lab_knob_choice("SPILLWAY_PREFILL_OVERLAP", {"0", "1"});
+    if (forced >= 0) return forced == 1;
+    // Between the two measured sizes; 1024-token chunks are not measured.
+    return max_tokens >= 1024;
+}
+
 void prefill_act_to_f16_cuda(const float* x, size_t n, __half* act_f16, cudaStream_t stream) {
     f32_to_f16_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, act_f16, n);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
@@ -264,7 +278,7 @@ void prefill_act_to_f16_cuda(const float* x, size_t n, __half* act_f16, cudaStre
 }
 
 void matmul_prefill_f16act_cuda(cublasHandle_t cublas, const CudaMatrix& w, uint32_t n_tokens, float* y,
-                                PrefillGemmScratch& sc, cudaStream_t stream, const char* op_label) {
+                                PrefillGemmScratch& sc, cudaStream_t stream, const char* op_label, bool add_to_y) {
     SPILLWAY_CUDA_CHECK(cublasSetStream(cublas, stream));
     const bool in_place = w.type == GgmlType::F16;
     const uint32_t tile_rows = in_place ? w.n_out : prefill_tile_rows(w.n_out, w.n_in, sc.tile_elems, sc.greedy_tiles);
@@ -273,7 +287,7 @@ void matmul_prefill_f16act_cuda(cublasHandle_t cublas, const CudaMatrix& w, uint
     if (sc.tiles[1] != nullptr && (sc.side == nullptr || !sc.dequant_done[0] || !sc.dequant_done[1] ||
                                    !sc.gemm_done[0] || !sc.gemm_done[1]))
         fail("matmul_prefill_cuda: two weight tiles need the side stream and its four events");
-    const float one = 1.0f, zero = 0.0f;
+    const float one = 1.0f, beta = add_to_y ? 1.0f : 0.0f;
     for (uint32_t r0 = 0; r0 < w.n_out; r0 += tile_rows) {
         const uint32_t rows = std::min(tile_rows, w.n_out - r0);
         const __half* a;
@@ -297,7 +311,7 @@ void matmul_prefill_f16act_cuda(cublasHandle_t cublas, const CudaMatrix& w, uint
         }
         // Column-major view: C (rows x T, ldc n_out) = A^T (rows x n_in) * B (n_in x T).
         SPILLWAY_CUDA_CHECK(cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n_tokens, (int)w.n_in, &one,
-                                         a, CUDA_R_16F, (int)w.n_in, sc.act_f16, CUDA_R_16F, (int)w.n_in, &zero, y + r0,
+                                         a, CUDA_R_16F, (int)w.n_in, sc.act_f16, CUDA_R_16F, (int)w.n_in, &beta, y + r0,
                                          CUDA_R_32F, (int)w.n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         if (overlap) SPILLWAY_CUDA_CHECK(cudaEventRecord(sc.gemm_done[b], stream));
         op_times_mark(op_label, stream);

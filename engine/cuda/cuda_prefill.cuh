@@ -8,6 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "engine/cpu/attention.h"
 #include "engine/cuda/cuda_model.h"
@@ -38,14 +40,27 @@ struct PrefillGemmScratch {
 };
 // x [n_tokens][n_in] f32 -> scratch.act_f16.
 void prefill_act_to_f16_cuda(const float* x, size_t n, __half* act_f16, cudaStream_t stream);
-// y = W x with x already in scratch.act_f16.
+// y = W x with x already in scratch.act_f16; add_to_y: y += W x (cuBLAS's beta = 1: the f32
+// sum rounds once, as a separate residual add of W x would).
 void matmul_prefill_f16act_cuda(cublasHandle_t cublas, const CudaMatrix& w, uint32_t n_tokens, float* y,
-                                PrefillGemmScratch& scratch, cudaStream_t stream, const char* op_label = "gemm");
+                                PrefillGemmScratch& scratch, cudaStream_t stream, const char* op_label = "gemm",
+                                bool add_to_y = false);
 // Rows per weight tile for an n_out x n_in matrix and a tile of tile_elems halves: the fewest
 // tiles that fit, their rows balanced and rounded up to 128 (tensor-core friendly) where that
 // still fits; 0 when not even one row fits. greedy: as many rows as fit (multiples of 128),
 // the remainder in a last, smaller tile (a 13824-row matrix in 64 MiB: 6528, 6528, 768).
 uint32_t prefill_tile_rows(uint32_t n_out, uint32_t n_in, size_t tile_elems, bool greedy = false);
+// Halves of the weight tile that chunks over these matrices ({n_out, n_in} each) need with a
+// cap of cap_elems: the largest tile prefill_tile_rows gives any of them, so every matrix keeps
+// the tiling the cap gives it and no tile holds unused space (the 14B shape: 25.0M halves, its
+// 5120 x 5120 projections, against a 32M cap). 0 for no matrices.
+size_t prefill_tile_elems(const std::vector<std::pair<uint32_t, uint32_t>>& shapes, size_t cap_elems,
+                          bool greedy = false);
+// Whether a chunk of max_tokens dequantizes the next weight tile on a side stream while cuBLAS
+// multiplies the current one (a second tile of scratch). Measured on an H100 (perf-notes,
+// session 41): 512-token chunks 1.1-1.2% faster with one tile, 2048-token chunks 0.9% faster
+// with two. SPILLWAY_PREFILL_OVERLAP=0|1 (lab) forces it.
+bool prefill_overlaps_dequant(uint32_t max_tokens);
 
 // Rows [r0, r0 + n_rows) of w as f16, row-major [n_rows][w.n_in].
 void dequantize_rows_f16_cuda(const CudaMatrix& w, uint32_t r0, uint32_t n_rows, __half* out, cudaStream_t stream);

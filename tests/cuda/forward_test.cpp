@@ -373,5 +373,38 @@ TEST(CudaForward, GreedyTokensMatchCpuFor64Steps) {
     }
 }
 
+// The memory target on the Qwen2.5-14B shape: the forward state's scratch under 5% of
+// the KV cache at 65536 cells. 512-token chunks (bench's and run's default) against the
+// smallest cache, q4_0 K and V, after a prefill over it (which reserves the f16 pieces of a
+// quantized cache); 2048-token chunks (run's choice for long prompts) against the f16 cache.
+TEST(CudaForward, ScratchIsUnderFivePercentOfTheKvAt64k) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    size_t free_b = 0, total_b = 0;
+    SPILLWAY_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    if (free_b < (24ull << 30)) GTEST_SKIP() << "needs ~24 GB of free VRAM";
+    const CudaModel m = make_synthetic_cuda_model("qwen2.5-14b", GgmlType::Q8_0, 11);
+    const uint32_t n_ctx = 65536, kv_values = m.n_head_kv * m.spec.head_dim_k;
+    const auto kv_bytes_at = [&](KvType t) { return 2.0 * m.spec.n_layer * n_ctx * kv_bytes(t, kv_values); };
+    std::mt19937 rng(cuda_test::fresh_seed());
+    {
+        CudaForwardState st;
+        init_cuda_forward_state(st, m, 512, false, n_ctx);
+        CudaKvCache cache = make_cuda_kv_cache(m, n_ctx, KvType::q4_0, KvType::q4_0);
+        const std::vector<int32_t> prompt = random_tokens(rng, 512, m.spec.n_vocab);
+        forward_cuda_tokens(m, cache, st, prompt.data(), 512, 0);
+        SPILLWAY_CUDA_CHECK(cudaStreamSynchronize(st.stream));
+        const double scratch = (double)cuda_forward_scratch_bytes(st), kv = kv_bytes_at(KvType::q4_0);
+        std::printf("  512-token chunks: scratch %.1f MiB = %.2f%% of the q4_0 KV (%.0f MiB)\n", scratch / 1048576,
+                    100 * scratch / kv, kv / 1048576);
+        EXPECT_LT(scratch, 0.05 * kv);
+    }
+    CudaForwardState st;
+    init_cuda_forward_state(st, m, 2048, false, n_ctx);
+    const double scratch = (double)cuda_forward_scratch_bytes(st), kv = kv_bytes_at(KvType::f16);
+    std::printf("  2048-token chunks: scratch %.1f MiB = %.2f%% of the f16 KV (%.0f MiB), %.2f%% of q8_0's\n",
+                scratch / 1048576, 100 * scratch / kv, kv / 1048576, 100 * scratch / kv_bytes_at(KvType::q8_0));
+    EXPECT_LT(scratch, 0.05 * kv);
+}
+
 }  // namespace
 }  // namespace spillway

@@ -125,6 +125,68 @@ TEST(CudaPrefill, WeightTileRowsAreBalanced) {
         }
 }
 
+// Pure: the tile is the largest any matrix takes under the cap, and every matrix keeps the
+// cap's tiling in it.
+TEST(CudaPrefill, WeightTileFitsTheLargestTile) {
+    const size_t cap = 32ull << 20;
+    const std::vector<std::pair<uint32_t, uint32_t>> qwen14b{
+        {5120, 5120}, {1024, 5120}, {1024, 5120}, {5120, 5120}, {13824, 5120}, {13824, 5120}, {5120, 13824}};
+    EXPECT_EQ(prefill_tile_elems(qwen14b, cap), 5120u * 5120u);  // q and o whole: 50 MiB, not 64
+    auto with_head = qwen14b;
+    with_head.emplace_back(152064, 5120);
+    EXPECT_EQ(prefill_tile_elems(with_head, cap), 6400u * 5120u);
+    EXPECT_EQ(prefill_tile_elems({}, cap), 0u);
+    EXPECT_EQ(prefill_tile_elems({{10, 1u << 20}}, cap / 64), 0u);  // not one row: matmul fails as before
+    for (bool greedy : {false, true}) {
+        std::vector<std::pair<uint32_t, uint32_t>> shapes;
+        for (uint32_t n_out : {1u, 127u, 1000u, 13824u, 27648u, 152064u})
+            for (uint32_t n_in : {64u, 896u, 5120u, 13824u}) shapes.emplace_back(n_out, n_in);
+        for (size_t n = 1; n <= shapes.size(); n += 5) {
+            const std::vector<std::pair<uint32_t, uint32_t>> some(shapes.begin(), shapes.begin() + n);
+            const size_t elems = prefill_tile_elems(some, cap, greedy);
+            EXPECT_LE(elems, cap);
+            for (const auto& [n_out, n_in] : some)
+                EXPECT_EQ(prefill_tile_rows(n_out, n_in, elems, greedy), prefill_tile_rows(n_out, n_in, cap, greedy))
+                    << n_out << "x" << n_in << " among " << n << (greedy ? " greedy" : "");
+        }
+    }
+}
+
+// y += W x through the tiles equals y0 + (W x) added afterwards, bit for bit: the residual
+// add of a chunk's wo and down projections (cuBLAS's beta = 1).
+TEST(CudaPrefill, MatmulAddingIntoYEqualsASeparateAdd) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const uint32_t n_in = 512, n_out = 300, T = 37;
+    cublasHandle_t cublas = nullptr;
+    SPILLWAY_CUDA_CHECK(cublasCreate(&cublas));
+    const HostMatrix host = random_matrix(rng, GgmlType::Q8_0, n_in, n_out);
+    const auto w_dev = cuda_test::to_device(host.bytes);
+    const auto x = cuda_test::random_floats(rng, (size_t)T * n_in);
+    const auto y0 = cuda_test::random_floats(rng, (size_t)T * n_out);
+    const auto x_dev = cuda_test::to_device(x);
+    auto plain = cuda_test::to_device(y0), added = cuda_test::to_device(y0);
+    cuda_test::poison(plain);
+    DeviceBuffer<__half> act((size_t)T * n_in), tile(128 * n_in);  // tiles of 128, 128 and 44 rows
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    PrefillGemmScratch sc;
+    sc.act_f16 = act.data();
+    sc.tiles[0] = tile.data();
+    sc.tile_elems = tile.size();
+    prefill_act_to_f16_cuda(x_dev.data(), (size_t)T * n_in, act.data(), nullptr);
+    const CudaMatrix w{GgmlType::Q8_0, w_dev.data(), n_in, n_out, host.row_bytes};
+    matmul_prefill_f16act_cuda(cublas, w, T, plain.data(), sc, nullptr);
+    matmul_prefill_f16act_cuda(cublas, w, T, added.data(), sc, nullptr, "gemm", true);
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto p = cuda_test::to_host(plain), a = cuda_test::to_host(added);
+    size_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += a[i] != y0[i] + p[i];
+    EXPECT_EQ(differ, 0u) << "of " << a.size();
+    cublasDestroy(cublas);
+}
+
 // Blocks a stream for a few milliseconds from the host side (cudaLaunchHostFunc): work queued
 // behind it waits, so work on another stream that should wait for it and does not runs first.
 void CUDART_CB hold_stream(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }
