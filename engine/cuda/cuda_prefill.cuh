@@ -57,9 +57,9 @@ uint32_t prefill_tile_rows(uint32_t n_out, uint32_t n_in, size_t tile_elems, boo
 size_t prefill_tile_elems(const std::vector<std::pair<uint32_t, uint32_t>>& shapes, size_t cap_elems,
                           bool greedy = false);
 // Whether a chunk of max_tokens dequantizes the next weight tile on a side stream while cuBLAS
-// multiplies the current one (a second tile of scratch). Measured on an H100 (perf-notes,
-// session 41): 512-token chunks 1.1-1.2% faster with one tile, 2048-token chunks 0.9% faster
-// with two. SPILLWAY_PREFILL_OVERLAP=0|1 (lab) forces it.
+// multiplies the current one (a second tile of scratch): only above 1024 tokens. Measured on
+// H100s (perf-notes, session 41): 512-token chunks 0-1.2% faster with one tile, 1024 the same
+// either way, 2048 0.9% faster with two. SPILLWAY_PREFILL_OVERLAP=0|1 (lab) forces it.
 bool prefill_overlaps_dequant(uint32_t max_tokens);
 
 // Rows [r0, r0 + n_rows) of w as f16, row-major [n_rows][w.n_in].
