@@ -6,6 +6,7 @@
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/pdl_launch.cuh"
 #include "engine/cuda/kv_write_device.cuh"
+#include "engine/cuda/lab_knob.h"
 #include "engine/cuda/rope_device.cuh"
 
 namespace spillway {
@@ -74,12 +75,100 @@ __global__ void __launch_bounds__(kMaxHeadDim) qkv_post_kernel(QkvPostShape s, R
     }
 }
 
+// One warp per (head of q|k|v, token), consecutive warps the heads of one token: lane l holds
+// dims l + 32j, so a NeoX pair (i, i + half) with half a multiple of 32 sits in one lane and a
+// normal pair (2i, 2i + 1) in lanes l and l ^ 1. No shared memory, no barrier, no loop: the
+// block kernel above waits on two barriers per token and measured ~3x its memory floor on an
+// 8k prefill (perf-notes, session 41). The same arithmetic, so the same bits.
+constexpr uint32_t kWarpsPerBlock = 8;
+
+template <uint32_t kJ>  // values per lane: head_dim / 32
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) qkv_post_warp_kernel(
+    QkvPostShape s, RopeDeviceTables rope, float* q, float* k, float* v, const float* __restrict__ bias,
+    const int32_t* __restrict__ positions, KvType k_type, uint8_t* k_cache, KvType v_type, uint8_t* v_cache,
+    uint32_t first_cell, const float2* __restrict__ rope_table, uint32_t n_tokens) {
+    pdl_wait_for_producer();
+    pdl_release_dependents();
+    const uint32_t n_heads = s.n_head + 2 * s.n_head_kv;
+    const uint64_t item = (uint64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+    if (item >= (uint64_t)n_heads * n_tokens) return;  // whole warps
+    const uint32_t t = (uint32_t)(item / n_heads), h = (uint32_t)(item % n_heads), lane = threadIdx.x % 32;
+    constexpr uint32_t hd = 32 * kJ;
+    const uint32_t qd = s.n_head * hd, kd = s.n_head_kv * hd;
+    const bool is_q = h < s.n_head, is_k = !is_q && h < s.n_head + s.n_head_kv, is_v = !is_q && !is_k;
+    const uint32_t kv_head = is_q ? 0 : is_k ? h - s.n_head : h - s.n_head - s.n_head_kv;
+    const uint32_t bias_off = is_q ? h * hd : is_k ? qd + kv_head * hd : qd + kd + kv_head * hd;
+    float* head = is_q ? q + (size_t)t * qd + h * hd : (is_k ? k : v) + (size_t)t * kd + kv_head * hd;
+    float x[kJ];
+#pragma unroll
+    for (uint32_t j = 0; j < kJ; ++j) {
+        x[j] = head[lane + 32 * j];
+        if (bias != nullptr) x[j] += bias[bias_off + lane + 32 * j];
+    }
+    float out[kJ];
+#pragma unroll
+    for (uint32_t j = 0; j < kJ; ++j) out[j] = x[j];
+    if (!is_v) {
+        const uint32_t half = rope.n_dims / 2, half_j = half / 32;
+#pragma unroll
+        for (uint32_t j = 0; j < kJ; ++j) {
+            const uint32_t e = lane + 32 * j;
+            // The pair's other value: another register of this lane (NeoX) or lane ^ 1's.
+            float other = __shfl_xor_sync(0xffffffffu, x[j], 1);
+            if (rope.neox) {
+                const uint32_t jp = e < half ? j + half_j : j - half_j;
+#pragma unroll
+                for (uint32_t jj = 0; jj < kJ; ++jj)
+                    if (jj == jp) other = x[jj];
+            }
+            if (e >= rope.n_dims) continue;
+            const uint32_t i = rope.neox ? e % half : e / 2;
+            const bool first = rope.neox ? e < half : e % 2 == 0;
+            float cv, sv;
+            if (rope_table != nullptr) {
+                const float2 cs = rope_table[(size_t)t * half + i];
+                cv = cs.x, sv = cs.y;
+            } else {
+                rope_cos_sin(rope, positions[t], i, &cv, &sv);
+            }
+            out[j] = rope_pair_value(first ? x[j] : other, first ? other : x[j], cv, sv, first);
+        }
+    }
+#pragma unroll
+    for (uint32_t j = 0; j < kJ; ++j) head[lane + 32 * j] = out[j];
+    if (is_q || k_cache == nullptr) return;
+    const KvType type = is_k ? k_type : v_type;
+    const uint64_t row_bytes = type == KvType::f16 ? 2ull * kd : (uint64_t)kd / 32 * (type == KvType::q8_0 ? 34 : 18);
+    uint8_t* row = (is_k ? k_cache : v_cache) + (uint64_t)(first_cell + t) * row_bytes;
+#pragma unroll
+    for (uint32_t j = 0; j < kJ; ++j) store_kv(type, out[j], row, kv_head * kJ + j, lane);
+}
+
+template <uint32_t kJ>
+void launch_qkv_post_warp(const QkvPostShape& shape, const RopeDeviceTables& rope, float* q, float* k, float* v,
+                          const float* bias, uint32_t n_tokens, const int32_t* positions, KvType k_type,
+                          uint8_t* k_cache, KvType v_type, uint8_t* v_cache, uint32_t first_cell, cudaStream_t stream,
+                          const float2* rope_table) {
+    const uint64_t warps = (uint64_t)(shape.n_head + 2 * shape.n_head_kv) * n_tokens;
+    const uint64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    if (blocks > 0x7fffffffu) fail("qkv_post_cuda: too many tokens in one launch");
+    launch_with_pdl(pdl_site_on(PdlSite::qkv_post), qkv_post_warp_kernel<kJ>, dim3((unsigned)blocks),
+                    dim3(kWarpsPerBlock * 32), 0, stream, shape, rope, q, k, v, bias, positions, k_type, k_cache,
+                    v_type, v_cache, first_cell, rope_table, n_tokens);
+}
+
 }  // namespace
+
+bool qkv_post_warp_fits(const QkvPostShape& shape, const RopeDeviceTables& rope) {
+    const uint32_t half = rope.n_dims / 2;
+    return (shape.head_dim == 64 || shape.head_dim == 128 || shape.head_dim == 256) &&
+           (!rope.neox || half % 32 == 0);
+}
 
 void qkv_post_cuda(const QkvPostShape& shape, const RopeDeviceTables& rope, float* q, float* k, float* v,
                    const float* bias, uint32_t n_tokens, const int32_t* positions, KvType k_type, uint8_t* k_cache,
                    KvType v_type, uint8_t* v_cache, uint32_t first_cell, cudaStream_t stream,
-                   const float2* rope_table, uint32_t max_token_blocks) {
+                   const float2* rope_table, uint32_t max_token_blocks, QkvPostKernel kernel) {
     if (n_tokens == 0) return;
     if (shape.head_dim == 0 || shape.head_dim % 32 != 0 || shape.head_dim > kMaxHeadDim || shape.n_head == 0 ||
         shape.n_head_kv == 0)
@@ -87,6 +176,15 @@ void qkv_post_cuda(const QkvPostShape& shape, const RopeDeviceTables& rope, floa
     if (rope.n_dims == 0 || rope.n_dims % 2 != 0 || rope.n_dims > shape.head_dim || rope.inv_freq == nullptr)
         fail("qkv_post_cuda: rope n_dims must be even, positive and <= head_dim, with an inv_freq table");
     if ((k_cache == nullptr) != (v_cache == nullptr)) fail("qkv_post_cuda: give both caches or neither");
+    static const bool block_kernel = lab_knob("SPILLWAY_QKV_POST", "block", "warp");
+    if (kernel == QkvPostKernel::warp && !block_kernel && qkv_post_warp_fits(shape, rope)) {
+        const auto launch = shape.head_dim == 64 ? launch_qkv_post_warp<2>
+                          : shape.head_dim == 128 ? launch_qkv_post_warp<4> : launch_qkv_post_warp<8>;
+        launch(shape, rope, q, k, v, bias, n_tokens, positions, k_type, k_cache, v_type, v_cache, first_cell, stream,
+               rope_table);
+        SPILLWAY_CUDA_CHECK(cudaGetLastError());
+        return;
+    }
     const uint32_t token_blocks = max_token_blocks == 0 ? n_tokens : std::min(n_tokens, max_token_blocks);
     if (token_blocks > 65535) fail("qkv_post_cuda: more than 65535 token blocks (cap them with max_token_blocks)");
     const dim3 grid(shape.n_head + 2 * shape.n_head_kv, token_blocks);

@@ -67,7 +67,24 @@ void check_post(PostCase c) {
     qkv_post_cuda(QkvPostShape{c.n_head, c.n_head_kv, c.head_dim}, dt, t_q.data(), t_k.data(), t_v.data(),
                   c.bias ? d_bias.data() : nullptr, T, d_pos.data(), c.k_type, c.write_cache ? t_kc.data() : nullptr,
                   c.v_type, c.write_cache ? t_vc.data() : nullptr, first, nullptr, table.data(), c.max_token_blocks);
+    // And through the block kernel (the warp kernel is the default where it fits): the same bits.
+    auto b_q = to_device(q), b_k = to_device(k), b_v = to_device(v);
+    DeviceBuffer<uint8_t> b_kc(k_row * n_cells), b_vc(v_row * n_cells);
+    poison(b_kc);
+    poison(b_vc);
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());  // poison runs on the legacy stream
+    qkv_post_cuda(QkvPostShape{c.n_head, c.n_head_kv, c.head_dim}, dt, b_q.data(), b_k.data(), b_v.data(),
+                  c.bias ? d_bias.data() : nullptr, T, d_pos.data(), c.k_type, c.write_cache ? b_kc.data() : nullptr,
+                  c.v_type, c.write_cache ? b_vc.data() : nullptr, first, nullptr, table.data(), c.max_token_blocks,
+                  QkvPostKernel::block);
     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    SCOPED_TRACE(qkv_post_warp_fits(QkvPostShape{c.n_head, c.n_head_kv, c.head_dim}, dt) ? "warp kernel vs block"
+                                                                                          : "block kernel both");
+    EXPECT_EQ(to_host(b_q), to_host(t_q)) << "q, block kernel";
+    EXPECT_EQ(to_host(b_k), to_host(t_k)) << "k, block kernel";
+    EXPECT_EQ(to_host(b_v), to_host(t_v)) << "v, block kernel";
+    EXPECT_EQ(to_host(b_kc), to_host(t_kc)) << "K cache, block kernel";
+    EXPECT_EQ(to_host(b_vc), to_host(t_vc)) << "V cache, block kernel";
     EXPECT_EQ(to_host(t_q), to_host(d_q)) << "q with the cos/sin table";
     EXPECT_EQ(to_host(t_k), to_host(d_k)) << "k with the cos/sin table";
     EXPECT_EQ(to_host(t_v), to_host(d_v)) << "v with the cos/sin table";
@@ -136,6 +153,25 @@ TEST(CudaQkvPost, MatchesBiasRopeAndKvWriteOnTheCpu) {
     // Blocks looping over tokens (the prefill variant): 300 tokens on 64 blocks per head, 19 on 4.
     check_post({40, 8, 128, 300, neox, true, KvType::q8_0, KvType::q4_0, true, 64});
     check_post({8, 2, 128, 19, yarn, false, KvType::f16, KvType::q8_0, true, 4});
+    // A 2048-token chunk of the 14B shape (the block kernel as the prefill ran it), head dim
+    // 256, and NeoX over half of a 128-dim head (whole 32-value groups: the warp kernel).
+    check_post({40, 8, 128, 2048, neox, true, KvType::q4_0, KvType::q8_0, true, 256});
+    check_post({4, 2, 256, 9, neox, true, KvType::q8_0, KvType::f16, true});
+    RopeSpec half_neox = neox;
+    half_neox.n_dims = 64;
+    check_post({4, 2, 128, 5, half_neox, true, KvType::f16, KvType::q4_0, true});
+    check_post({4, 2, 128, 5, normal, true, KvType::q4_0, KvType::q4_0, false});
+    // The warp kernel's fit: NeoX pairs must not cross 32-value groups (partial is 16 apart).
+    RopeDeviceTables t;
+    t.neox = true;
+    t.n_dims = 32;
+    EXPECT_FALSE(qkv_post_warp_fits(QkvPostShape{4, 4, 64}, t));
+    t.n_dims = 64;
+    EXPECT_TRUE(qkv_post_warp_fits(QkvPostShape{4, 4, 64}, t));
+    EXPECT_FALSE(qkv_post_warp_fits(QkvPostShape{4, 4, 96}, t));
+    t.neox = false;
+    t.n_dims = 32;
+    EXPECT_TRUE(qkv_post_warp_fits(QkvPostShape{4, 4, 128}, t));
 }
 
 TEST(CudaQkvPost, RejectsBadShapes) {
