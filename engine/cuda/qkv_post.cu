@@ -79,7 +79,8 @@ __global__ void __launch_bounds__(kMaxHeadDim) qkv_post_kernel(QkvPostShape s, R
 // dims l + 32j, so a NeoX pair (i, i + half) with half a multiple of 32 sits in one lane and a
 // normal pair (2i, 2i + 1) in lanes l and l ^ 1. No shared memory, no barrier, no loop: the
 // block kernel above waits on two barriers per token and measured ~3x its memory floor on an
-// 8k prefill (perf-notes, session 41). The same arithmetic, so the same bits.
+// 8k prefill; this one takes ~25% less time there (perf-notes, session 41). The same
+// arithmetic, so the same bits.
 constexpr uint32_t kWarpsPerBlock = 8;
 
 template <uint32_t kJ>  // values per lane: head_dim / 32
@@ -177,7 +178,9 @@ void qkv_post_cuda(const QkvPostShape& shape, const RopeDeviceTables& rope, floa
         fail("qkv_post_cuda: rope n_dims must be even, positive and <= head_dim, with an inv_freq table");
     if ((k_cache == nullptr) != (v_cache == nullptr)) fail("qkv_post_cuda: give both caches or neither");
     static const bool block_kernel = lab_knob("SPILLWAY_QKV_POST", "block", "warp");
-    if (kernel == QkvPostKernel::warp && !block_kernel && qkv_post_warp_fits(shape, rope)) {
+    // A chunk's tokens only: one decode token measured 0.3-0.9% slower per step with the warp
+    // kernel (7 blocks of 8 warps instead of 56 blocks; session 41, H100).
+    if (kernel == QkvPostKernel::warp && n_tokens > 1 && !block_kernel && qkv_post_warp_fits(shape, rope)) {
         const auto launch = shape.head_dim == 64 ? launch_qkv_post_warp<2>
                           : shape.head_dim == 128 ? launch_qkv_post_warp<4> : launch_qkv_post_warp<8>;
         launch(shape, rope, q, k, v, bias, n_tokens, positions, k_type, k_cache, v_type, v_cache, first_cell, stream,

@@ -21,7 +21,7 @@ struct QkvPostShape {
 // not null, token t's K and V rows then go to cell first_cell + t of k_cache / v_cache in the
 // tiers' formats. Device pointers. rope_table (optional): the forward's cos/sin table of
 // rope_table_cuda for these tokens (bit-identical to computing them here).
-// kernel: `warp` (one warp per head and token) where qkv_post_warp_fits, else `block` (one
+// kernel: `warp` (one warp per head and token) for chunks where qkv_post_warp_fits, else `block` (one
 // block per head, one thread per value, looping over tokens; the first version, and the only
 // one for NeoX RoPE over a part of the head that is not whole 32-value groups; lab:
 // SPILLWAY_QKV_POST=block). Both give the same bits. max_token_blocks (block kernel; 0 = one
