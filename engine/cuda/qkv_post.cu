@@ -81,17 +81,19 @@ __global__ void __launch_bounds__(kMaxHeadDim) qkv_post_kernel(QkvPostShape s, R
 // block kernel above waits on two barriers per token and measured ~3x its memory floor on an
 // 8k prefill; this one takes ~25% less time there (perf-notes, session 41). The same
 // arithmetic, so the same bits.
-constexpr uint32_t kWarpsPerBlock = 8;
+// Warps per block: 8 for a chunk; 1 for one token, so that its heads (56 for the 14B shape)
+// spread over as many SMs as the block kernel's blocks do.
+constexpr uint32_t kMaxWarpsPerBlock = 8;
 
 template <uint32_t kJ>  // values per lane: head_dim / 32
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) qkv_post_warp_kernel(
+__global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) qkv_post_warp_kernel(
     QkvPostShape s, RopeDeviceTables rope, float* q, float* k, float* v, const float* __restrict__ bias,
     const int32_t* __restrict__ positions, KvType k_type, uint8_t* k_cache, KvType v_type, uint8_t* v_cache,
     uint32_t first_cell, const float2* __restrict__ rope_table, uint32_t n_tokens) {
     pdl_wait_for_producer();
     pdl_release_dependents();
     const uint32_t n_heads = s.n_head + 2 * s.n_head_kv;
-    const uint64_t item = (uint64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+    const uint64_t item = (uint64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (item >= (uint64_t)n_heads * n_tokens) return;  // whole warps
     const uint32_t t = (uint32_t)(item / n_heads), h = (uint32_t)(item % n_heads), lane = threadIdx.x % 32;
     constexpr uint32_t hd = 32 * kJ;
@@ -151,10 +153,11 @@ void launch_qkv_post_warp(const QkvPostShape& shape, const RopeDeviceTables& rop
                           uint8_t* k_cache, KvType v_type, uint8_t* v_cache, uint32_t first_cell, cudaStream_t stream,
                           const float2* rope_table) {
     const uint64_t warps = (uint64_t)(shape.n_head + 2 * shape.n_head_kv) * n_tokens;
-    const uint64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    const uint32_t per_block = n_tokens == 1 ? 1 : kMaxWarpsPerBlock;
+    const uint64_t blocks = (warps + per_block - 1) / per_block;
     if (blocks > 0x7fffffffu) fail("qkv_post_cuda: too many tokens in one launch");
     launch_with_pdl(pdl_site_on(PdlSite::qkv_post), qkv_post_warp_kernel<kJ>, dim3((unsigned)blocks),
-                    dim3(kWarpsPerBlock * 32), 0, stream, shape, rope, q, k, v, bias, positions, k_type, k_cache,
+                    dim3(per_block * 32), 0, stream, shape, rope, q, k, v, bias, positions, k_type, k_cache,
                     v_type, v_cache, first_cell, rope_table, n_tokens);
 }
 
@@ -177,10 +180,14 @@ void qkv_post_cuda(const QkvPostShape& shape, const RopeDeviceTables& rope, floa
     if (rope.n_dims == 0 || rope.n_dims % 2 != 0 || rope.n_dims > shape.head_dim || rope.inv_freq == nullptr)
         fail("qkv_post_cuda: rope n_dims must be even, positive and <= head_dim, with an inv_freq table");
     if ((k_cache == nullptr) != (v_cache == nullptr)) fail("qkv_post_cuda: give both caches or neither");
-    static const bool block_kernel = lab_knob("SPILLWAY_QKV_POST", "block", "warp");
-    // A chunk's tokens only: one decode token measured 0.3-0.9% slower per step with the warp
-    // kernel (7 blocks of 8 warps instead of 56 blocks; session 41, H100).
-    if (kernel == QkvPostKernel::warp && n_tokens > 1 && !block_kernel && qkv_post_warp_fits(shape, rope)) {
+    // SPILLWAY_QKV_POST=block|warp (lab) forces either kernel where the caller left the choice.
+    static const int forced = lab_knob_choice("SPILLWAY_QKV_POST", {"block", "warp"});
+    if (kernel == QkvPostKernel::automatic && forced >= 0) kernel = forced == 0 ? QkvPostKernel::block : QkvPostKernel::warp;
+    // automatic: the warp kernel for a chunk's tokens only. One decode token measured 0.3-0.9%
+    // slower per step with it when its 56 warps ran as 7 blocks of 8 (session 41, H100); it now
+    // runs one warp per block, not measured yet.
+    const bool warp = kernel == QkvPostKernel::warp || (kernel == QkvPostKernel::automatic && n_tokens > 1);
+    if (warp && qkv_post_warp_fits(shape, rope)) {
         const auto launch = shape.head_dim == 64 ? launch_qkv_post_warp<2>
                           : shape.head_dim == 128 ? launch_qkv_post_warp<4> : launch_qkv_post_warp<8>;
         launch(shape, rope, q, k, v, bias, n_tokens, positions, k_type, k_cache, v_type, v_cache, first_cell, stream,

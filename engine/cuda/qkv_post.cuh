@@ -21,17 +21,18 @@ struct QkvPostShape {
 // not null, token t's K and V rows then go to cell first_cell + t of k_cache / v_cache in the
 // tiers' formats. Device pointers. rope_table (optional): the forward's cos/sin table of
 // rope_table_cuda for these tokens (bit-identical to computing them here).
-// kernel: `warp` (one warp per head and token) for chunks where qkv_post_warp_fits, else `block` (one
+// kernel: `warp` (one warp per head and token) where qkv_post_warp_fits, else `block` (one
 // block per head, one thread per value, looping over tokens; the first version, and the only
-// one for NeoX RoPE over a part of the head that is not whole 32-value groups; lab:
-// SPILLWAY_QKV_POST=block). Both give the same bits. max_token_blocks (block kernel; 0 = one
-// per token): at most that many blocks per head along the tokens, each looping.
-enum class QkvPostKernel { block, warp };
+// one for NeoX RoPE over a part of the head that is not whole 32-value groups); `automatic`:
+// warp for chunks, block for one token (measured, qkv_post.cu), or what SPILLWAY_QKV_POST=
+// block|warp (lab) says. Both kernels give the same bits. max_token_blocks (block kernel; 0 =
+// one per token): at most that many blocks per head along the tokens, each looping.
+enum class QkvPostKernel { automatic, block, warp };
 bool qkv_post_warp_fits(const QkvPostShape& shape, const RopeDeviceTables& rope);
 void qkv_post_cuda(const QkvPostShape& shape, const RopeDeviceTables& rope, float* q, float* k, float* v,
                    const float* bias, uint32_t n_tokens, const int32_t* positions, KvType k_type, uint8_t* k_cache,
                    KvType v_type, uint8_t* v_cache, uint32_t first_cell, cudaStream_t stream,
                    const float2* rope_table = nullptr, uint32_t max_token_blocks = 0,
-                   QkvPostKernel kernel = QkvPostKernel::warp);
+                   QkvPostKernel kernel = QkvPostKernel::automatic);
 
 }  // namespace spillway

@@ -67,7 +67,8 @@ void check_post(PostCase c) {
     qkv_post_cuda(QkvPostShape{c.n_head, c.n_head_kv, c.head_dim}, dt, t_q.data(), t_k.data(), t_v.data(),
                   c.bias ? d_bias.data() : nullptr, T, d_pos.data(), c.k_type, c.write_cache ? t_kc.data() : nullptr,
                   c.v_type, c.write_cache ? t_vc.data() : nullptr, first, nullptr, table.data(), c.max_token_blocks);
-    // And through the block kernel (the warp kernel is the default where it fits): the same bits.
+    // And through the block kernel (the default runs the warp kernel for chunks), and the warp
+    // kernel forced (one token: one warp per block): the same bits.
     auto b_q = to_device(q), b_k = to_device(k), b_v = to_device(v);
     DeviceBuffer<uint8_t> b_kc(k_row * n_cells), b_vc(v_row * n_cells);
     poison(b_kc);
@@ -77,15 +78,28 @@ void check_post(PostCase c) {
                   c.bias ? d_bias.data() : nullptr, T, d_pos.data(), c.k_type, c.write_cache ? b_kc.data() : nullptr,
                   c.v_type, c.write_cache ? b_vc.data() : nullptr, first, nullptr, table.data(), c.max_token_blocks,
                   QkvPostKernel::block);
+    auto w_q = to_device(q), w_k = to_device(k), w_v = to_device(v);
+    DeviceBuffer<uint8_t> w_kc(k_row * n_cells), w_vc(v_row * n_cells);
+    poison(w_kc);
+    poison(w_vc);
     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-    SCOPED_TRACE(T > 1 && qkv_post_warp_fits(QkvPostShape{c.n_head, c.n_head_kv, c.head_dim}, dt)
-                     ? "warp kernel vs block"
-                     : "block kernel both");
+    qkv_post_cuda(QkvPostShape{c.n_head, c.n_head_kv, c.head_dim}, dt, w_q.data(), w_k.data(), w_v.data(),
+                  c.bias ? d_bias.data() : nullptr, T, d_pos.data(), c.k_type, c.write_cache ? w_kc.data() : nullptr,
+                  c.v_type, c.write_cache ? w_vc.data() : nullptr, first, nullptr, table.data(), c.max_token_blocks,
+                  QkvPostKernel::warp);
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    SCOPED_TRACE(qkv_post_warp_fits(QkvPostShape{c.n_head, c.n_head_kv, c.head_dim}, dt) ? "warp kernel vs block"
+                                                                                          : "block kernel only");
     EXPECT_EQ(to_host(b_q), to_host(t_q)) << "q, block kernel";
     EXPECT_EQ(to_host(b_k), to_host(t_k)) << "k, block kernel";
     EXPECT_EQ(to_host(b_v), to_host(t_v)) << "v, block kernel";
     EXPECT_EQ(to_host(b_kc), to_host(t_kc)) << "K cache, block kernel";
     EXPECT_EQ(to_host(b_vc), to_host(t_vc)) << "V cache, block kernel";
+    EXPECT_EQ(to_host(w_q), to_host(b_q)) << "q, warp kernel forced";
+    EXPECT_EQ(to_host(w_k), to_host(b_k)) << "k, warp kernel forced";
+    EXPECT_EQ(to_host(w_v), to_host(b_v)) << "v, warp kernel forced";
+    EXPECT_EQ(to_host(w_kc), to_host(b_kc)) << "K cache, warp kernel forced";
+    EXPECT_EQ(to_host(w_vc), to_host(b_vc)) << "V cache, warp kernel forced";
     EXPECT_EQ(to_host(t_q), to_host(d_q)) << "q with the cos/sin table";
     EXPECT_EQ(to_host(t_k), to_host(d_k)) << "k with the cos/sin table";
     EXPECT_EQ(to_host(t_v), to_host(d_v)) << "v with the cos/sin table";
