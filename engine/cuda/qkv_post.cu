@@ -184,8 +184,8 @@ void qkv_post_cuda(const QkvPostShape& shape, const RopeDeviceTables& rope, floa
     static const int forced = lab_knob_choice("SPILLWAY_QKV_POST", {"block", "warp"});
     if (kernel == QkvPostKernel::automatic && forced >= 0) kernel = forced == 0 ? QkvPostKernel::block : QkvPostKernel::warp;
     // automatic: the warp kernel for a chunk's tokens only. One decode token measured 0.3-0.9%
-    // slower per step with it when its 56 warps ran as 7 blocks of 8 (session 41, H100); it now
-    // runs one warp per block, not measured yet.
+    // slower per step with it, as 7 blocks of 8 warps and again as 56 blocks of one warp
+    // (session 41, H100): not the spread over SMs, the kernel itself.
     const bool warp = kernel == QkvPostKernel::warp || (kernel == QkvPostKernel::automatic && n_tokens > 1);
     if (warp && qkv_post_warp_fits(shape, rope)) {
         const auto launch = shape.head_dim == 64 ? launch_qkv_post_warp<2>
