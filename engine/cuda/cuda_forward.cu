@@ -373,6 +373,11 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     float* x = st.x.data();
     float* xn = st.xn.data();
     float* proj = st.proj.data();
+    // A chunk's wo and down GEMMs add into x themselves (cuBLAS beta = 1); one token's land in
+    // proj, which the next norm adds (or the fused / chained paths handle themselves).
+    const bool gemm_adds = T > 1;
+    float* const wo_down_out = gemm_adds ? x : proj;
+    const float* const norm_add = gemm_adds ? nullptr : proj;
     float* q = st.qkv.data();
     float* k = q + (size_t)T * qd;
     float* v = k + (size_t)T * kd;
@@ -409,7 +414,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         // The previous layer's FFN output joins the residual stream inside the norm. A prefill
         // chunk's norm writes only the f16 input of the GEMMs.
         if ((!decode_layer || il == 0) && !fused && (!norm_chain || il == 0))
-            rmsnorm_cuda(x, il == 0 || T > 1 ? nullptr : proj, L.attn_norm, fused_prefill ? nullptr : xn, T, E, s.norm_eps,
+            rmsnorm_cuda(x, il == 0 ? nullptr : norm_add, L.attn_norm, fused_prefill ? nullptr : xn, T, E, s.norm_eps,
                          stream, takes_q16(L.wq, T) || takes_q16(L.wk, T) || takes_q16(L.wv, T) ? act_q16(st) : ActQ16{},
                          fused_prefill ? st.act_f16.data() : nullptr);
         op_times_mark("rmsnorm", stream);
@@ -584,9 +589,9 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             }
             matvec_decode(st, L.wo, L.wo.n_out, st.attn.data(), proj, GemvSite::wo);
         } else {
-            matmul(st, L.wo, st.attn.data(), T, T > 1 ? x : proj, "gemm o", false, T > 1);
+            matmul(st, L.wo, st.attn.data(), T, wo_down_out, "gemm o", false, gemm_adds);
         }
-        rmsnorm_cuda(x, T > 1 ? nullptr : proj, L.ffn_norm, fused_prefill ? nullptr : xn, T, E, s.norm_eps, stream,
+        rmsnorm_cuda(x, norm_add, L.ffn_norm, fused_prefill ? nullptr : xn, T, E, s.norm_eps, stream,
                      takes_q16(L.ffn_gate, T) || takes_q16(L.ffn_up, T) ? act_q16(st) : ActQ16{},
                      fused_prefill ? st.act_f16.data() : nullptr);
         op_times_mark("rmsnorm", stream);
@@ -619,7 +624,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                 swiglu_cuda(gate, up, gate, (size_t)T * F, stream);
             }
             op_times_mark("swiglu", stream);
-            matmul(st, L.ffn_down, gate, T, T > 1 ? x : proj, "gemm down", fused_prefill, T > 1);
+            matmul(st, L.ffn_down, gate, T, wo_down_out, "gemm down", fused_prefill, gemm_adds);
         }
     }
     if (spilled) spill_forward_end(*cache.spill, spill_cursor, stream);
@@ -641,7 +646,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         op_times_mark("head", stream);
         return;
     }
-    rmsnorm_cuda(x + (size_t)first * E, decode_layer || fused || T > 1 ? nullptr : proj, m.output_norm, xn,
+    rmsnorm_cuda(x + (size_t)first * E, decode_layer || fused ? nullptr : norm_add, m.output_norm, xn,
                  n_out, E, s.norm_eps, stream, takes_q16(m.output, T) ? act_q16(st) : ActQ16{});
     if (takes_q16(m.output, T)) matvec_decode(st, m.output, m.output.n_out, xn, st.logits.data(), GemvSite::head);
     else matmul(st, m.output, xn, n_out, st.logits.data(), "head");

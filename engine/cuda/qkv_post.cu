@@ -14,6 +14,22 @@ namespace {
 
 constexpr uint32_t kMaxHeadDim = 256;
 
+// cos / sin of rotated pair i of token t: from the forward's table, or computed (rope.cuh).
+__device__ __forceinline__ void token_cos_sin(const RopeDeviceTables& rope, const float2* rope_table,
+                                              const int32_t* positions, uint32_t t, uint32_t i, float* cv, float* sv) {
+    if (rope_table != nullptr) {
+        const float2 cs = rope_table[(size_t)t * (rope.n_dims / 2) + i];
+        *cv = cs.x, *sv = cs.y;
+    } else {
+        rope_cos_sin(rope, positions[t], i, cv, sv);
+    }
+}
+
+// Bytes of one cell's row of kd values in a tier (kv/kv_codec.h's kv_bytes, on the device).
+__device__ __forceinline__ uint64_t cache_row_bytes(KvType type, uint32_t kd) {
+    return type == KvType::f16 ? 2ull * kd : (uint64_t)kd / 32 * (type == KvType::q8_0 ? 34 : 18);
+}
+
 __device__ __forceinline__ void store_kv(KvType type, float v, uint8_t* row, uint32_t block, uint32_t lane) {
     switch (type) {  // uniform per block
         case KvType::f16: kv_store_block<KvType::f16>(v, row, block, lane); break;
@@ -57,19 +73,13 @@ __global__ void __launch_bounds__(kMaxHeadDim) qkv_post_kernel(QkvPostShape s, R
                 const uint32_t i = rope.neox ? e % half : e / 2;
                 const uint32_t a = rope.neox ? i : 2 * i, b = rope.neox ? i + half : 2 * i + 1;
                 float cv, sv;
-                if (rope_table != nullptr) {
-                    const float2 cs = rope_table[(size_t)t * half + i];
-                    cv = cs.x, sv = cs.y;
-                } else {
-                    rope_cos_sin(rope, positions[t], i, &cv, &sv);
-                }
+                token_cos_sin(rope, rope_table, positions, t, i, &cv, &sv);
                 val = rope_pair_value(head_vals[a], head_vals[b], cv, sv, e == a);
             }
         }
         head[e] = val;
         if (is_q || k_cache == nullptr) continue;
-        const uint64_t row_bytes = is_k ? (k_type == KvType::f16 ? 2ull * kd : (uint64_t)kd / 32 * (k_type == KvType::q8_0 ? 34 : 18))
-                                        : (v_type == KvType::f16 ? 2ull * kd : (uint64_t)kd / 32 * (v_type == KvType::q8_0 ? 34 : 18));
+        const uint64_t row_bytes = cache_row_bytes(is_k ? k_type : v_type, kd);
         uint8_t* row = (is_k ? k_cache : v_cache) + (uint64_t)(first_cell + t) * row_bytes;
         store_kv(is_k ? k_type : v_type, val, row, (kv_head * hd + e) / 32, e % 32);
     }
@@ -128,12 +138,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) qkv_post_warp_kernel(
             const uint32_t i = rope.neox ? e % half : e / 2;
             const bool first = rope.neox ? e < half : e % 2 == 0;
             float cv, sv;
-            if (rope_table != nullptr) {
-                const float2 cs = rope_table[(size_t)t * half + i];
-                cv = cs.x, sv = cs.y;
-            } else {
-                rope_cos_sin(rope, positions[t], i, &cv, &sv);
-            }
+            token_cos_sin(rope, rope_table, positions, t, i, &cv, &sv);
             out[j] = rope_pair_value(first ? x[j] : other, first ? other : x[j], cv, sv, first);
         }
     }
@@ -141,7 +146,7 @@ __global__ void __launch_bounds__(kMaxWarpsPerBlock * 32) qkv_post_warp_kernel(
     for (uint32_t j = 0; j < kJ; ++j) head[lane + 32 * j] = out[j];
     if (is_q || k_cache == nullptr) return;
     const KvType type = is_k ? k_type : v_type;
-    const uint64_t row_bytes = type == KvType::f16 ? 2ull * kd : (uint64_t)kd / 32 * (type == KvType::q8_0 ? 34 : 18);
+    const uint64_t row_bytes = cache_row_bytes(type, kd);
     uint8_t* row = (is_k ? k_cache : v_cache) + (uint64_t)(first_cell + t) * row_bytes;
 #pragma unroll
     for (uint32_t j = 0; j < kJ; ++j) store_kv(type, out[j], row, kv_head * kJ + j, lane);

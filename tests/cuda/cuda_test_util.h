@@ -24,6 +24,17 @@ inline bool have_gpu() {
 #define SPILLWAY_SKIP_WITHOUT_GPU() \
     if (!::spillway::cuda_test::have_gpu()) GTEST_SKIP() << "no CUDA device"
 
+inline size_t free_vram_bytes() {
+    size_t free_b = 0, total_b = 0;
+    SPILLWAY_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return free_b;
+}
+
+// For tests on a large model shape: skips unless gib GiB of VRAM are free.
+#define SPILLWAY_SKIP_WITHOUT_FREE_VRAM_GIB(gib)                                   \
+    if (::spillway::cuda_test::free_vram_bytes() < ((size_t)(gib) << 30))          \
+    GTEST_SKIP() << "needs ~" << (gib) << " GB of free VRAM"
+
 // SPILLWAY_TEST_SEED=N replays a failure's seed (tests print theirs).
 inline uint32_t fresh_seed() {
     if (const char* e = std::getenv("SPILLWAY_TEST_SEED"); e != nullptr && *e != '\0')

@@ -233,9 +233,7 @@ TEST(CudaForward, GraphDecodeEqualsDirectDecode) {
 // the fused GEMVs (RMSNorm, SwiGLU and residual adds as launches of their own): the same bits.
 TEST(CudaForward, Q8SplitLayoutMatchesGgufLayout) {
     SPILLWAY_SKIP_WITHOUT_GPU();
-    size_t free_b = 0, total_b = 0;
-    SPILLWAY_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    if (free_b < (24ull << 30)) GTEST_SKIP() << "needs ~24 GB of free VRAM";
+    SPILLWAY_SKIP_WITHOUT_FREE_VRAM_GIB(24);
     ::setenv("SPILLWAY_Q8_SPLIT", "0", 1);
     const CudaModel gguf = make_synthetic_cuda_model("qwen2.5-7b", GgmlType::Q8_0, 3);
     ::setenv("SPILLWAY_Q8_SPLIT", "31", 1);  // every site, whatever the default
@@ -379,9 +377,7 @@ TEST(CudaForward, GreedyTokensMatchCpuFor64Steps) {
 // quantized cache); 2048-token chunks (run's choice for long prompts) against the f16 cache.
 TEST(CudaForward, ScratchIsUnderFivePercentOfTheKvAt64k) {
     SPILLWAY_SKIP_WITHOUT_GPU();
-    size_t free_b = 0, total_b = 0;
-    SPILLWAY_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    if (free_b < (24ull << 30)) GTEST_SKIP() << "needs ~24 GB of free VRAM";
+    SPILLWAY_SKIP_WITHOUT_FREE_VRAM_GIB(24);
     const CudaModel m = make_synthetic_cuda_model("qwen2.5-14b", GgmlType::Q8_0, 11);
     const uint32_t n_ctx = 65536, kv_values = m.n_head_kv * m.spec.head_dim_k;
     const auto kv_bytes_at = [&](KvType t) { return 2.0 * m.spec.n_layer * n_ctx * kv_bytes(t, kv_values); };

@@ -325,9 +325,7 @@ TEST(CudaSpill, LogitsBackendSpilledMatchesResident) {
 // cells across a chunk edge, every new cell written back to the pinned tail).
 TEST(CudaSpill, Qwen14BShapeMatchesUnspilled) {
     SPILLWAY_SKIP_WITHOUT_GPU();
-    size_t free_b = 0, total_b = 0;
-    SPILLWAY_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    if (free_b < (40ull << 30)) GTEST_SKIP() << "needs ~40 GB of free VRAM";
+    SPILLWAY_SKIP_WITHOUT_FREE_VRAM_GIB(40);
     const CudaModel m = make_synthetic_cuda_model("qwen2.5-14b", GgmlType::Q8_0, 5);
     const uint32_t V = m.spec.n_vocab, depth = 3000, steps = 256, n_ctx = depth + steps + 1;
     for (const auto& [kt, vt] : {std::pair{KvType::f16, KvType::f16}, std::pair{KvType::q8_0, KvType::q8_0}}) {
