@@ -393,6 +393,7 @@ TEST(CudaForward, ScratchIsUnderFivePercentOfTheKvAt64k) {
         std::printf("  512-token chunks: scratch %.1f MiB = %.2f%% of the q4_0 KV (%.0f MiB)\n", scratch / 1048576,
                     100 * scratch / kv, kv / 1048576);
         EXPECT_LT(scratch, 0.05 * kv);
+        EXPECT_GE(scratch, 512.0 * m.spec.n_embd * 4 + 2 * 512.0 * m.spec.n_ff * 4) << "x and gate|up at least";
     }
     CudaForwardState st;
     init_cuda_forward_state(st, m, 2048, false, n_ctx);
@@ -400,6 +401,7 @@ TEST(CudaForward, ScratchIsUnderFivePercentOfTheKvAt64k) {
     std::printf("  2048-token chunks: scratch %.1f MiB = %.2f%% of the f16 KV (%.0f MiB), %.2f%% of q8_0's\n",
                 scratch / 1048576, 100 * scratch / kv, kv / 1048576, 100 * scratch / kv_bytes_at(KvType::q8_0));
     EXPECT_LT(scratch, 0.05 * kv);
+    EXPECT_GE(scratch, 2048.0 * m.spec.n_embd * 4 + 2 * 2048.0 * m.spec.n_ff * 4) << "x and gate|up at least";
 }
 
 }  // namespace
