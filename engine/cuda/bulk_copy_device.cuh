@@ -80,6 +80,22 @@ __device__ __forceinline__ void bulk_copy_global_to_shared(void* dst, const void
         : "memory");
 }
 
+// One plain arrival (a consumer handing a ring slot back).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_addr(bar)) : "memory");
+}
+
+// The box at (c0, c1) of a 2-D tensor map (a TMA tensor copy, with the map's swizzle; elements
+// outside the tensor arrive as zeros) into shared memory, completed on bar (the whole box's
+// bytes). `tensor_map`: the address of a __grid_constant__ CUtensorMap kernel parameter.
+__device__ __forceinline__ void tma_load_2d(void* dst, const void* tensor_map, int32_t c0, int32_t c1, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            shared_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(c0), "r"(c1), "r"(shared_addr(bar))
+        : "memory");
+}
+
 #endif
 
 }  // namespace spillway

@@ -32,8 +32,10 @@
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/kv_tile.cuh"
 #include "engine/cuda/lab_knob.h"
+#include "engine/cuda/prefill_attention_ws.cuh"
 #include "engine/cuda/prefill_mma_device.cuh"
 #include "engine/cuda/wgmma_device.cuh"
+#include "engine/cuda/wgmma_softmax.cuh"
 
 namespace spillway {
 namespace {
@@ -112,7 +114,6 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
     const uint32_t gq = lane / 4, tq = lane % 4;
     const uint32_t kv_head = blockIdx.y;
     const uint32_t row_block = p.n_row_blocks - 1 - blockIdx.x;  // the longest rows start first
-    const uint32_t G = p.n_group;
     const RowBlockSpan span = row_block_span<kRows>(p, row_block);
     const uint32_t row0 = span.row0, cell_stop = span.cell_stop, full_end = span.full_end;
     const uint32_t n_tiles = cell_stop > p.cell_begin ? (cell_stop - p.cell_begin + kTile - 1) / kTile : 0;
@@ -197,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
     for (int j = 0; j < kD / 8; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) o[j][i] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    wgmma_softmax::RowState rows;
     const bool defer = kSchedule == Schedule::skew && (warp / 4) % 2 == 1;  // uniform per warpgroup
     uint32_t pa[kTile / 16][4];                       // P of the tile (a deferring warpgroup: of the last one)
     // O += P V. V is stored cell-major with dims contiguous: the N-major B operand; its two
@@ -230,74 +231,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
                 wgmma::mma_m64n128k16<0>(s, qa[ks], wgmma::desc_advance(kd, (ks / 4) * kHalfBytes + (ks % 4) * 32), ks > 0);
         wgmma::commit();
     };
-    // Scores of a finished S -> probabilities (in place), the running max and sum; alpha: the
-    // factor O must take, grew: whether any row of this thread got a new maximum.
     auto softmax = [&](Scores& s, uint32_t tile, float (&alpha)[2], bool& grew) {
-        const uint32_t c0 = p.cell_begin + tile * kTile;
-        // Mask (range end and causality), only on tiles that reach past what all rows see.
-        if (c0 + kTile > full_end) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const uint32_t limit = min(p.cell_end, p.pos0 + (my_row0 + 8 * h) / G + 1);
-#pragma unroll
-                for (int j = 0; j < kTile / 8; ++j)
-#pragma unroll
-                    for (int i = 0; i < 2; ++i)
-                        if (c0 + 8 * j + 2 * tq + i >= limit) s[j][2 * h + i] = -INFINITY;
-            }
-        }
-
-        // Online softmax per row; a row's kTile scores are spread over the 4 threads of a quad.
-        // Max and sum run as 4 independent chains: with 2 warps per scheduler, one dependent
-        // chain of 16 steps is latency the other warp cannot cover.
-        grew = false;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float mx4[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) mx4[j] = fmaxf(s[j][2 * h], s[j][2 * h + 1]);
-#pragma unroll
-            for (int j = 4; j < kTile / 8; ++j) mx4[j % 4] = fmaxf(mx4[j % 4], fmaxf(s[j][2 * h], s[j][2 * h + 1]));
-            float mx = fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m[h], mx);
-            grew |= m_new > m[h];
-            const float ref = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: keep 0s, no NaN
-            alpha[h] = fast_exp2(m[h] - ref);
-            m[h] = m_new;
-            float sum4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int j = 0; j < kTile / 8; ++j) {
-                s[j][2 * h] = fast_exp2(s[j][2 * h] - ref);
-                s[j][2 * h + 1] = fast_exp2(s[j][2 * h + 1] - ref);
-                sum4[j % 4] += s[j][2 * h] + s[j][2 * h + 1];
-            }
-            l[h] = l[h] * alpha[h] + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));  // this thread's part
-        }
+        wgmma_softmax::softmax_tile<kTile>(s, rows, p, p.cell_begin + tile * kTile, full_end, my_row0, tq, alpha, grew);
     };
-    auto rescale_o = [&](const float (&alpha)[2], bool grew) {
-        // alpha is exactly 1 for a row whose maximum did not grow: skip the pass over O when
-        // that holds for every row of the warp (most tiles, deep in a long prompt).
-        if (__any_sync(0xffffffffu, grew)) {
-#pragma unroll
-            for (int j = 0; j < kD / 8; ++j) {
-                o[j][0] *= alpha[0];
-                o[j][1] *= alpha[0];
-                o[j][2] *= alpha[1];
-                o[j][3] *= alpha[1];
-            }
-        }
-    };
-    auto pack_p = [&](const Scores& s) {
-#pragma unroll
-        for (int cs = 0; cs < kTile / 16; ++cs) {
-            pa[cs][0] = pack_half2(s[2 * cs][0], s[2 * cs][1]);
-            pa[cs][1] = pack_half2(s[2 * cs][2], s[2 * cs][3]);
-            pa[cs][2] = pack_half2(s[2 * cs + 1][0], s[2 * cs + 1][1]);
-            pa[cs][3] = pack_half2(s[2 * cs + 1][2], s[2 * cs + 1][3]);
-        }
-    };
+    auto rescale_o = [&](const float (&alpha)[2], bool grew) { wgmma_softmax::rescale_o<kD>(o, alpha, grew); };
+    auto pack_p = [&](const Scores& s) { wgmma_softmax::pack_p<kTile>(s, pa); };
 
     if constexpr (kSchedule == Schedule::skew) {
         for (uint32_t tile = 0; tile < n_tiles; ++tile) {
@@ -364,24 +302,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
     }
     wgmma::wait<0>();
 
-    // Normalise within the range and write the partial (natural-log lse).
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float sum = l[h];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const uint32_t r = my_row0 + 8 * h;
-        if (r >= p.n_rows) continue;
-        const uint32_t t = r / G, g = r % G;
-        const size_t head = (size_t)t * p.n_head + kv_head * G + g;
-        const bool seen = sum > 0.0f;
-        const float inv = seen ? 1.0f / sum : 0.0f;
-        float* dst = p.out + head * kD;
-#pragma unroll
-        for (int j = 0; j < kD / 8; ++j)
-            *reinterpret_cast<float2*>(dst + 8 * j + 2 * tq) = make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
-        if (p.lse && tq == 0) p.lse[head] = seen ? (m[h] + log2f(sum)) * kLn2 : -INFINITY;
-    }
+    wgmma_softmax::store_rows<kD>(o, rows, p, kv_head, my_row0, tq);
 #else
     __trap();  // launched only where prefill_attention_wgmma_available() (sm_90a code present)
 #endif
@@ -444,15 +365,17 @@ bool prefill_attention_wgmma_cuda(const AttentionShape& shape, const float* q, K
     // measure. (Two 128-cell score sets do not fit the registers: there is no pipelined128.)
     if (schedule == WgmmaSchedule::automatic) {
         static const WgmmaSchedule configured = [] {
-            switch (lab_knob_choice("SPILLWAY_WGMMA_SCHEDULE", {"skew128", "skew", "pipelined"})) {
+            switch (lab_knob_choice("SPILLWAY_WGMMA_SCHEDULE", {"skew128", "skew", "pipelined", "specialized"})) {
                 case 1: return WgmmaSchedule::skew;
                 case 2: return WgmmaSchedule::pipelined;
+                case 3: return WgmmaSchedule::specialized;
                 default: return WgmmaSchedule::skew128;
             }
         }();
         schedule = configured;
     }
     if (k_type == KvType::f16 && v_type == KvType::f16) {
+        if (schedule == WgmmaSchedule::specialized && prefill_attention_ws_launch(p, shape.n_head_kv, stream)) return true;
         if (schedule == WgmmaSchedule::skew) launch<Schedule::skew, 64, KvType::f16, KvType::f16>(p, shape.n_head_kv, stream);
         else if (schedule == WgmmaSchedule::pipelined)
             launch<Schedule::pipelined, 64, KvType::f16, KvType::f16>(p, shape.n_head_kv, stream);

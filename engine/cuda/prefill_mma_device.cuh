@@ -117,24 +117,27 @@ __device__ __forceinline__ RowBlockSpan row_block_span(const Params& p, uint32_t
     return r;
 }
 
+// Dims 8 j .. 8 j + 7 of Q's row `row` (row = token * G + query head of the group, one KV head)
+// as f16 scaled by q_scale; zeros for rows past the chunk.
+template <int D>
+__device__ __forceinline__ uint4 q_chunk_f16(const Params& p, uint32_t row, uint32_t kv_head, uint32_t j) {
+    if (row >= p.n_rows) return make_uint4(0, 0, 0, 0);
+    const uint32_t G = p.n_group;
+    const uint32_t t = row / G, g = row % G;
+    const float2* src = reinterpret_cast<const float2*>(p.q + ((size_t)t * p.n_head + kv_head * G + g) * D + 8 * j);
+    const float2 a = src[0], b = src[1], c = src[2], d = src[3];
+    const float s = p.q_scale;
+    return make_uint4(pack_half2(a.x * s, a.y * s), pack_half2(b.x * s, b.y * s), pack_half2(c.x * s, c.y * s),
+                      pack_half2(d.x * s, d.y * s));
+}
+
 // Q of a block's kRows rows (from row0, one KV head) as f16 scaled by q_scale, rows `ld`
 // halves apart; rows past the chunk are zeros.
 template <int D, int kRows, int kThreads>
 __device__ __forceinline__ void stage_q_f16(const Params& p, uint32_t row0, uint32_t kv_head, __half* sq, int ld) {
-    const uint32_t G = p.n_group;
     for (uint32_t i = threadIdx.x; i < kRows * (D / 8); i += kThreads) {
-        const uint32_t r = i / (D / 8), j = i % (D / 8), grow = row0 + r;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (grow < p.n_rows) {
-            const uint32_t t = grow / G, g = grow % G;
-            const float2* src =
-                reinterpret_cast<const float2*>(p.q + ((size_t)t * p.n_head + kv_head * G + g) * D + 8 * j);
-            const float2 a = src[0], b = src[1], c = src[2], d = src[3];
-            const float s = p.q_scale;
-            v = make_uint4(pack_half2(a.x * s, a.y * s), pack_half2(b.x * s, b.y * s), pack_half2(c.x * s, c.y * s),
-                           pack_half2(d.x * s, d.y * s));
-        }
-        *reinterpret_cast<uint4*>(sq + r * ld + 8 * j) = v;
+        const uint32_t r = i / (D / 8), j = i % (D / 8);
+        *reinterpret_cast<uint4*>(sq + r * ld + 8 * j) = q_chunk_f16<D>(p, row0 + r, kv_head, j);
     }
 }
 

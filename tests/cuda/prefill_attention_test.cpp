@@ -16,6 +16,7 @@
 #include "engine/cuda/cuda_prefill.cuh"
 #include "engine/cuda/prefill_attention_m32.cuh"
 #include "engine/cuda/prefill_attention_wgmma.cuh"
+#include "engine/cuda/prefill_attention_ws.cuh"
 #include "kv/kv_codec.h"
 
 namespace spillway {
@@ -364,6 +365,9 @@ TEST(CudaPrefillAttention, WgmmaKernelMatchesCpu) {
     SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
 #if defined(SPILLWAY_EXPECT_WGMMA)
     if (major == 9 && minor == 0) EXPECT_TRUE(prefill_attention_wgmma_available());
+    // The specialized schedule needs the driver's tensor-map encoder: without it the test
+    // below would check skew128 twice.
+    if (major == 9 && minor == 0) EXPECT_TRUE(prefill_attention_ws_available());
 #endif
     if (!prefill_attention_wgmma_available()) GTEST_SKIP() << "no sm_90a code for this GPU in this build";
     const uint32_t seed = cuda_test::fresh_seed();
@@ -386,7 +390,8 @@ TEST(CudaPrefillAttention, WgmmaKernelMatchesCpu) {
             const RangeData d = make_range_data(rng, c, kt, vt, 2.0f);  // peaked softmax
             DeviceBuffer<float> out(d.ref.size()), lse(d.ref_lse.size());
             // Every schedule for f16 (the quantized tiers run skew128 whatever is asked).
-            for (WgmmaSchedule schedule : {WgmmaSchedule::pipelined, WgmmaSchedule::skew, WgmmaSchedule::skew128}) {
+            for (WgmmaSchedule schedule : {WgmmaSchedule::pipelined, WgmmaSchedule::skew, WgmmaSchedule::skew128,
+                                           WgmmaSchedule::specialized}) {
                 if (kt != KvType::f16 || vt != KvType::f16) schedule = WgmmaSchedule::automatic;
                 cuda_test::poison(out);
                 cuda_test::poison(lse);
@@ -394,7 +399,7 @@ TEST(CudaPrefillAttention, WgmmaKernelMatchesCpu) {
                                                          c.end - c.begin, c.pos0, c.T, out.data(), lse.data(), nullptr,
                                                          schedule));
                 SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-                const char* names[] = {"automatic", "pipelined", "skew", "skew128"};
+                const char* names[] = {"automatic", "pipelined", "skew", "skew128", "specialized"};
                 const std::string what = std::string(names[(int)schedule]) + ", " + kv_type_name(kt) + "/" +
                                          kv_type_name(vt) + ", G " + std::to_string(c.n_head / c.n_head_kv) +
                                          ", pos0 " + std::to_string(c.pos0) + ", T " + std::to_string(c.T) +
