@@ -360,16 +360,18 @@ bool prefill_attention_wgmma_cuda(const AttentionShape& shape, const float* q, K
         fail("prefill_attention_wgmma_cuda: cell range overflows");
     const Params p =
         make_params(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens, out, lse);
-    // Default skew128 (64k / 2048: 473-484 TFLOP/s; pipelined 431, skew 420 in one call).
-    // SPILLWAY_WGMMA_SCHEDULE=pipelined|skew|skew128 (lab): the 64-cell-tile schedules, to
-    // measure. (Two 128-cell score sets do not fit the registers: there is no pipelined128.)
+    // Default for f16 K and V: specialized (prefill_attention_ws.cu; session 42, H100,
+    // bench_prefill 64k / 2048: 609 TFLOP/s against skew128's 495 in the same call).
+    // SPILLWAY_WGMMA_SCHEDULE=skew128|skew|pipelined|specialized (lab): this file's schedules,
+    // to measure (skew128: the default until session 42, 473-495 TFLOP/s; pipelined 431, skew
+    // 420 in one call). Two 128-cell score sets do not fit the registers: no pipelined128.
     if (schedule == WgmmaSchedule::automatic) {
         static const WgmmaSchedule configured = [] {
             switch (lab_knob_choice("SPILLWAY_WGMMA_SCHEDULE", {"skew128", "skew", "pipelined", "specialized"})) {
+                case 0: return WgmmaSchedule::skew128;
                 case 1: return WgmmaSchedule::skew;
                 case 2: return WgmmaSchedule::pipelined;
-                case 3: return WgmmaSchedule::specialized;
-                default: return WgmmaSchedule::skew128;
+                default: return WgmmaSchedule::specialized;
             }
         }();
         schedule = configured;

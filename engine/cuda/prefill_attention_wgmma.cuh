@@ -15,10 +15,11 @@ namespace spillway {
 bool prefill_attention_wgmma_available();
 
 // How the two warpgroups of a block overlap their MMAs with their softmax (the .cu file says
-// more). automatic: skew128, or what SPILLWAY_WGMMA_SCHEDULE names (lab). The 64-cell lab
-// schedules (pipelined, skew) exist for f16 K and V only; quantized tiers always run skew128.
-// specialized: f16 K and V on the warp-specialized kernel (prefill_attention_ws.cu: a TMA
-// producer warp, ping-pong consumers); skew128 where its tensor-map encoder is missing.
+// more). automatic: specialized, or what SPILLWAY_WGMMA_SCHEDULE names (lab). specialized: the
+// warp-specialized kernel (prefill_attention_ws.cu: TMA copies from a producer warpgroup,
+// ping-pong consumers), f16 K and V only; skew128 for quantized tiers and where the driver's
+// tensor-map encoder is missing. The 64-cell lab schedules (pipelined, skew) exist for f16 K
+// and V only; quantized tiers always run skew128.
 enum class WgmmaSchedule { automatic, pipelined, skew, skew128, specialized };
 
 // Runs the kernel; false (and nothing launched) when it is not available or the shape is not

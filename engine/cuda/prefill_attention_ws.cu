@@ -1,5 +1,5 @@
 // Causal prefill attention for f16 K and V, head dim 128, on Hopper with warp specialization:
-// one producer warp copies K and V tiles with TMA (cp.async.bulk.tensor, one instruction per
+// one producer thread copies K and V tiles with TMA (cp.async.bulk.tensor, one instruction per
 // 16 KB half-tile, completed on mbarriers), two consumer warpgroups of 64 query rows each run
 // S = Q Kᵀ and O += P V on wgmma with Q read from shared memory, and the online softmax.
 //
@@ -9,8 +9,7 @@
 // each waits only for its own tiles (mbarrier phases) and hands a stage back when its wgmmas
 // that read it have completed. Two named barriers take turns (ping-pong): one warpgroup issues
 // its MMAs while the other runs its softmax, as FlashAttention-3 does. Q as the wgmma's A
-// operand from shared memory frees 32 registers per thread, so the producer warp fits beside
-// two warpgroups under one block per SM (288 threads, <= 224 registers).
+// operand from shared memory keeps 32 registers per thread free across the loop.
 //
 // Round t of a consumer issues P V of tile t - 1 and S of tile t as one wgmma group, waits for
 // both, hands back both stages, and turns S of tile t into P (rounds 0..n_tiles).
@@ -41,8 +40,8 @@ using namespace prefill_mma;
 constexpr int kD = 128;
 constexpr int kTile = 128;                // cells per K / V tile
 constexpr int kRows = 128;                // query rows per block: 64 per consumer warpgroup
-constexpr uint32_t kConsumerWarps = 8;    // warps 0..7; warp 8 is the producer
-constexpr int kThreads = (kConsumerWarps + 1) * 32;
+constexpr uint32_t kConsumerWarps = 8;    // warps 0..7; warpgroup 2 (warps 8..11) is the producer's
+constexpr int kThreads = (kConsumerWarps + 4) * 32;
 constexpr uint32_t kHalfBytes = kTile * 128;  // kTile cells x 64 dims of f16: one swizzled half-tile (one TMA box)
 constexpr uint32_t kTileBytes = 2 * kHalfBytes;
 constexpr uint32_t kQHalfBytes = kRows * 128;
@@ -64,11 +63,13 @@ __device__ __forceinline__ void named_arrive(uint32_t id, uint32_t threads) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// 288 threads of <= 224 registers (64,512 of the SM's 65,536): launch bounds alone would cap
-// ptxas at 168 (it counts the block as 384 threads) and make it spill; the two qualifiers
-// exclude each other.
+// 384 threads launch at 168 registers; then the producer's warpgroup gives most of its
+// registers back and the consumers take 240 each (setmaxnreg). A register file is per SM
+// sub-partition (16,384 each), and each holds one warp of every warpgroup: 24 + 2 x 240 = 504
+// registers per lane there. (A lone producer warp beside 8 consumer warps puts 3 warps on one
+// sub-partition: 224 registers each did not launch.)
 template <int kStages, bool kPingPong>
-__global__ void __maxnreg__(224)
+__global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_ws_kernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
                                 Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -98,11 +99,12 @@ __global__ void __maxnreg__(224)
     }
     __syncthreads();
 
-    if (warp == kConsumerWarps) {
+    if (warp >= kConsumerWarps) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
         // The producer: K of tile t, then V of tile t, each into its stage once every consumer
         // warp has handed that stage's previous tile back. Cells past the range arrive as zeros
         // (the maps end there), so a masked score (p = 0) never meets a NaN in V.
-        if (lane == 0) {
+        if (warp == kConsumerWarps && lane == 0) {
             for (uint32_t t = 0; t < n_tiles; ++t) {
                 const uint32_t s = t % kStages, use = t / kStages;
                 const int32_t cell = (int32_t)(t * kTile), dim = (int32_t)(kv_head * kD);
@@ -118,6 +120,8 @@ __global__ void __maxnreg__(224)
         }
         return;
     }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
 
     // Q of the block's rows as f16 in two swizzled 64-dim halves: the K-major A operand of S.
     uint8_t* sq = smem + L::kQBase;
