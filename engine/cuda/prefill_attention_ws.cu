@@ -14,8 +14,10 @@
 // Round t of a consumer issues P V of tile t - 1 and S of tile t as one wgmma group, waits for
 // both, hands back both stages, and turns S of tile t into P (rounds 0..n_tiles).
 //
-// Floors (64k prompt, 14B shape, 2048-token chunks): flops 4 x 128 x cells x rows per block
-// pair at the H100's ~990 TFLOP/s dense f16; K and V bytes are re-read per row block from L2.
+// Floors, one 14B layer over a 64k prompt (bench_prefill): 4 x 128 x 40 heads x 65536^2 / 2 =
+// 44 TFLOP, 44.5 ms at the H100's ~990 TFLOP/s dense f16 rate; the bytes (each row block
+// re-reads its head's K and V, mostly from L2) are far below. Measured (session 42, H100):
+// 72.2 ms = 609 TFLOP/s, 62% of that rate (skew128: 88.8 ms).
 #include "engine/cuda/prefill_attention_ws.cuh"
 
 #include <cuda.h>
@@ -23,6 +25,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "common/error.h"
@@ -257,9 +260,14 @@ bool prefill_attention_ws_available() { return tensor_map_encoder() != nullptr; 
 
 bool prefill_attention_ws_launch(const Params& p_in, uint32_t n_head_kv, cudaStream_t stream) {
     if (!prefill_attention_ws_available()) return false;
+    const uint32_t n_cells = p_in.cell_end - p_in.cell_begin;
+    // What a tensor map takes: 16-byte aligned bases and rows, and tile coordinates (int32)
+    // that hold the last cell. Anything else runs on skew128 instead.
+    const auto aligned = [](const void* a, uint64_t row) { return reinterpret_cast<uintptr_t>(a) % 16 == 0 && row % 16 == 0; };
+    if (!aligned(p_in.k, p_in.k_row) || !aligned(p_in.v, p_in.v_row) || n_cells > (uint32_t)INT32_MAX - kTile)
+        return false;
     Params p = p_in;
     p.n_row_blocks = (p.n_rows + kRows - 1) / kRows;
-    const uint32_t n_cells = p.cell_end - p.cell_begin;
     const CUtensorMap k_map = operand_map(p.k, n_head_kv, n_cells, p.k_row);
     const CUtensorMap v_map = operand_map(p.v, n_head_kv, n_cells, p.v_row);
     // Lab: SPILLWAY_WS_STAGES=3 (a third K and V stage), SPILLWAY_WS_PINGPONG=0 (the two

@@ -17,7 +17,7 @@ struct Params;
 bool prefill_attention_ws_available();
 
 // Launches the kernel over p's rows and cells (f16 K and V of n_head_kv heads, head dim 128);
-// false (nothing launched) when not available.
+// false (nothing launched) when not available, or where the cells are not 16-byte aligned.
 bool prefill_attention_ws_launch(const prefill_mma::Params& p, uint32_t n_head_kv, cudaStream_t stream);
 
 }  // namespace spillway
