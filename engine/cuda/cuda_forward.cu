@@ -238,6 +238,14 @@ bool separate_attention_quant() {
     return separate;
 }
 
+// A chunk's attention writes its output as the f16 input of the wo GEMM where its kernel can
+// (the wgmma ones, over one partial), saving the f32 write and the conversion pass.
+// SPILLWAY_ATTN_F16_OUT=0 (lab): f32 output, converted by the GEMM's own pass.
+bool attention_writes_f16() {
+    static const bool on = !lab_knob("SPILLWAY_ATTN_F16_OUT", "0", "1");
+    return on;
+}
+
 // Whether one token's wo, gate|up, down and the next layer's q|k|v can run as one persistent
 // kernel (decode_layer.cuh): every layer has Q8_0 weights of shapes it takes, gate|up and
 // q|k|v stored back to back, and the GPU runs it.
@@ -411,6 +419,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     };
     for (uint32_t il = 0; il < s.n_layer; ++il) {
         const CudaLayerWeights& L = m.layers[il];
+        bool attn_is_f16 = false;  // a chunk's attention wrote the wo GEMM's f16 input itself
         // The previous layer's FFN output joins the residual stream inside the norm. A prefill
         // chunk's norm writes only the f16 input of the GEMMs.
         if ((!decode_layer || il == 0) && !fused && (!norm_chain || il == 0))
@@ -531,9 +540,10 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                 kv_write_cuda(cache.v_type, v, cache.v[il], pos0, T, vd, stream);
                 op_times_mark("kv write", stream);
             }
-            prefill_attention_cuda(shape, q, cache.k_type, cache.k[il], cache.v_type, cache.v[il], pos0, T,
-                                   st.attn.data(), stream,
-                                   st.prefill_kv_f16.piece_cells > 0 ? &st.prefill_kv_f16 : nullptr);
+            attn_is_f16 = prefill_attention_cuda(shape, q, cache.k_type, cache.k[il], cache.v_type, cache.v[il], pos0,
+                                                 T, st.attn.data(), stream,
+                                                 st.prefill_kv_f16.piece_cells > 0 ? &st.prefill_kv_f16 : nullptr,
+                                                 attention_writes_f16() ? st.act_f16.data() : nullptr);
             op_times_mark("attention", stream);
         }
         if (takes_q16(L.wo, T)) {
@@ -589,7 +599,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             }
             matvec_decode(st, L.wo, L.wo.n_out, st.attn.data(), proj, GemvSite::wo);
         } else {
-            matmul(st, L.wo, st.attn.data(), T, wo_down_out, "gemm o", false, gemm_adds);
+            matmul(st, L.wo, st.attn.data(), T, wo_down_out, "gemm o", attn_is_f16, gemm_adds);
         }
         rmsnorm_cuda(x, norm_add, L.ffn_norm, fused_prefill ? nullptr : xn, T, E, s.norm_eps, stream,
                      takes_q16(L.ffn_gate, T) || takes_q16(L.ffn_up, T) ? act_q16(st) : ActQ16{},

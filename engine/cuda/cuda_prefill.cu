@@ -405,17 +405,24 @@ void prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const At
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
-void prefill_attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
+bool prefill_attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
                                     KvType v_type, const uint8_t* v_cells, uint32_t cell_begin, uint32_t n_cells,
-                                    uint32_t pos0, uint32_t n_tokens, float* out, float* lse, cudaStream_t stream) {
+                                    uint32_t pos0, uint32_t n_tokens, float* out, float* lse, cudaStream_t stream,
+                                    __half* out_f16) {
     // Cells the chunk's last token sees in the range.
     const uint64_t stop = std::min<uint64_t>((uint64_t)cell_begin + n_cells, (uint64_t)pos0 + n_tokens);
     const uint32_t seen = stop > cell_begin ? (uint32_t)(stop - cell_begin) : 0;
     // SPILLWAY_PREFILL_WGMMA=0 (lab): the mma.sync choice, to measure the difference.
     static const bool wgmma = !lab_knob("SPILLWAY_PREFILL_WGMMA", "0", "1") && prefill_attention_wgmma_available();
     const PrefillAttentionKernel kernel = prefill_attention_kernel_for(shape, k_type, v_type, n_tokens, seen, wgmma);
+    if (out_f16 != nullptr && kernel == PrefillAttentionKernel::tensor_core_wgmma && n_tokens > 0 &&
+        (uint64_t)cell_begin + n_cells <= UINT32_MAX && (uint64_t)pos0 + n_tokens <= UINT32_MAX &&
+        prefill_attention_wgmma_cuda(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens,
+                                     out, lse, stream, WgmmaSchedule::automatic, out_f16))
+        return true;
     prefill_attention_partial_cuda_with(kernel, shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0,
                                         n_tokens, out, lse, stream);
+    return false;
 }
 
 void kv_rows_to_f16_cuda(KvType type, const uint8_t* rows, uint64_t row_bytes, uint32_t n_rows, uint32_t row_values,
@@ -440,16 +447,14 @@ uint32_t prefill_kv_f16_piece_cells(uint32_t row_values) {
     return (uint32_t)std::clamp<uint64_t>(fit / 128 * 128, 1024, 65536);
 }
 
-void prefill_attention_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
+bool prefill_attention_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
                             KvType v_type, const uint8_t* v_cells, uint32_t pos0, uint32_t n_tokens, float* out,
-                            cudaStream_t stream, const PrefillKvF16Scratch* f16) {
+                            cudaStream_t stream, const PrefillKvF16Scratch* f16, __half* out_f16) {
     const uint32_t n_cells = pos0 + n_tokens;
     const bool k_quant = k_type != KvType::f16, v_quant = v_type != KvType::f16;
-    if (f16 == nullptr || (!k_quant && !v_quant)) {
-        prefill_attention_partial_cuda(shape, q, k_type, k_cells, v_type, v_cells, 0, n_cells, pos0, n_tokens, out,
-                                       nullptr, stream);
-        return;
-    }
+    if (f16 == nullptr || (!k_quant && !v_quant))
+        return prefill_attention_partial_cuda(shape, q, k_type, k_cells, v_type, v_cells, 0, n_cells, pos0, n_tokens,
+                                              out, nullptr, stream, out_f16);
     const bool merged = n_cells > f16->piece_cells;  // more than one piece: partials to merge
     if (f16->piece_cells == 0 || (k_quant && !f16->k) || (v_quant && !f16->v) ||
         (merged && (!f16->piece_out || !f16->piece_lse || !f16->lse)))
@@ -469,6 +474,9 @@ void prefill_attention_cuda(const AttentionShape& shape, const float* q, KvType 
             v = reinterpret_cast<const uint8_t*>(f16->v);
         }
         const bool first = c0 == 0;
+        if (!merged)  // one piece: its partial is the output
+            return prefill_attention_partial_cuda(shape, q, KvType::f16, k, KvType::f16, v, c0, n, pos0, n_tokens, out,
+                                                  nullptr, stream, out_f16);
         prefill_attention_partial_cuda(shape, q, KvType::f16, k, KvType::f16, v, c0, n, pos0, n_tokens,
                                        first ? out : f16->piece_out,
                                        first ? f16->lse : f16->piece_lse, stream);
@@ -476,6 +484,7 @@ void prefill_attention_cuda(const AttentionShape& shape, const float* q, KvType 
             attention_merge_cuda(shape.n_head * n_tokens, shape.head_dim_v, out, f16->lse, f16->piece_out,
                                  f16->piece_lse, stream);
     }
+    return false;
 }
 
 }  // namespace spillway

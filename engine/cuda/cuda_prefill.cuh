@@ -74,9 +74,12 @@ void dequantize_rows_f16_cuda(const CudaMatrix& w, uint32_t r0, uint32_t n_rows,
 // Two ranges merged with attention_merge give the attention over their union. k_cells /
 // v_cells must be 16-byte aligned for f16 (cp.async of 16 bytes), 8 for q8_0/q4_0 at head
 // dim 128 and 4 at 64 (cudaMalloc'd layers and rows of whole cells always are).
-void prefill_attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
+// out_f16 (optional, 4-byte aligned): the output may go there as f16 instead of `out` (the wgmma
+// kernels can: the wo GEMM's input without a conversion pass); true when it did.
+bool prefill_attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
                                     KvType v_type, const uint8_t* v_cells, uint32_t cell_begin, uint32_t n_cells,
-                                    uint32_t pos0, uint32_t n_tokens, float* out, float* lse, cudaStream_t stream);
+                                    uint32_t pos0, uint32_t n_tokens, float* out, float* lse, cudaStream_t stream,
+                                    __half* out_f16 = nullptr);
 
 // The kernels behind prefill_attention_partial_cuda: `simt` (CUDA cores, one block per KV
 // head and token; the first version, kept as a second implementation), `tensor_core`
@@ -149,8 +152,10 @@ uint32_t prefill_kv_f16_piece_cells(uint32_t row_values);
 // Head dims 64 or 128, dk == dv, n_head / n_head_kv <= 16. = the partial over [0, pos0 + T).
 // f16: with quantized K or V, dequantized pieces (above); its buffers must hold the pieces
 // and n_tokens' partials. nullptr: the kernels read the quantized cells themselves.
-void prefill_attention_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
+// out_f16: as for prefill_attention_partial_cuda, when the cells are one partial (f16 K and V,
+// or one dequantized piece); true when the output went there.
+bool prefill_attention_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
                             KvType v_type, const uint8_t* v_cells, uint32_t pos0, uint32_t n_tokens, float* out,
-                            cudaStream_t stream, const PrefillKvF16Scratch* f16 = nullptr);
+                            cudaStream_t stream, const PrefillKvF16Scratch* f16 = nullptr, __half* out_f16 = nullptr);
 
 }  // namespace spillway

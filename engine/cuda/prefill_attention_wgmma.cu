@@ -350,7 +350,7 @@ bool prefill_attention_wgmma_available() {
 bool prefill_attention_wgmma_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
                                   KvType v_type, const uint8_t* v_cells, uint32_t cell_begin, uint32_t n_cells,
                                   uint32_t pos0, uint32_t n_tokens, float* out, float* lse, cudaStream_t stream,
-                                  WgmmaSchedule schedule) {
+                                  WgmmaSchedule schedule, __half* out_f16) {
     if (shape.head_dim_k != kD || shape.head_dim_v != kD || shape.n_head_kv == 0 || shape.n_head % shape.n_head_kv != 0 || shape.n_head / shape.n_head_kv > 16 ||
         !prefill_attention_wgmma_available())
         return false;
@@ -358,8 +358,8 @@ bool prefill_attention_wgmma_cuda(const AttentionShape& shape, const float* q, K
     // The kernel's cell and position arithmetic is 32-bit.
     if ((uint64_t)cell_begin + n_cells > UINT32_MAX || (uint64_t)pos0 + n_tokens > UINT32_MAX)
         fail("prefill_attention_wgmma_cuda: cell range overflows");
-    const Params p =
-        make_params(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens, out, lse);
+    Params p = make_params(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens, out, lse);
+    p.out_f16 = out_f16;
     // Default for f16 K and V: specialized (prefill_attention_ws.cu; session 42, H100,
     // bench_prefill 64k / 2048: 609 TFLOP/s against skew128's 495 in the same call).
     // SPILLWAY_WGMMA_SCHEDULE=skew128|skew|pipelined|specialized (lab): this file's schedules,

@@ -28,6 +28,7 @@ struct Params {
     float q_scale;     // scale * log2(e): scores come out in base 2
     float* out;
     float* lse;
+    __half* out_f16;  // where set (the wgmma kernels only): the output as f16 instead of `out`
 };
 
 inline Params make_params(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,

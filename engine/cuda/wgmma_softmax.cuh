@@ -99,7 +99,8 @@ __device__ __forceinline__ void pack_p(const float (&s)[kTile / 8][4], uint32_t 
 }
 
 // Normalises the thread's two rows within the range and writes the partial (natural-log lse;
-// rows that saw nothing: out 0, lse -inf).
+// rows that saw nothing: out 0, lse -inf): to p.out_f16 as f16 where that is set (the next
+// GEMM's input, rounded as the f32 -> f16 conversion would round it), else to p.out.
 template <int kD>
 __device__ __forceinline__ void store_rows(const float (&o)[kD / 8][4], const RowState& st, const prefill_mma::Params& p,
                                            uint32_t kv_head, uint32_t row0, uint32_t tq) {
@@ -114,10 +115,17 @@ __device__ __forceinline__ void store_rows(const float (&o)[kD / 8][4], const Ro
         const size_t head = (size_t)t * p.n_head + kv_head * p.n_group + g;
         const bool seen = sum > 0.0f;
         const float inv = seen ? 1.0f / sum : 0.0f;
-        float* dst = p.out + head * kD;
+        if (p.out_f16 != nullptr) {
+            __half* dst = p.out_f16 + head * kD;
 #pragma unroll
-        for (int j = 0; j < kD / 8; ++j)
-            *reinterpret_cast<float2*>(dst + 8 * j + 2 * tq) = make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+            for (int j = 0; j < kD / 8; ++j)
+                *reinterpret_cast<__half2*>(dst + 8 * j + 2 * tq) = __floats2half2_rn(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+        } else {
+            float* dst = p.out + head * kD;
+#pragma unroll
+            for (int j = 0; j < kD / 8; ++j)
+                *reinterpret_cast<float2*>(dst + 8 * j + 2 * tq) = make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+        }
         if (p.lse && tq == 0) p.lse[head] = seen ? (st.m[h] + log2f(sum)) * prefill_mma::kLn2 : -INFINITY;
     }
 }

@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
-#include <utility>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -264,6 +266,67 @@ TEST(CudaPrefillAttention, DequantizedPiecesMatchCpu) {
                 EXPECT_LE(lse_error(cuda_test::to_host(lse), ref_lse), 1e-2) << what;
             }
     }
+}
+
+// The chunk attention's f16 output (the wo GEMM's input, written by the wgmma kernels when the
+// cells are one partial): the f32 output rounded to f16 bit for bit, and `out` left alone.
+// Several pieces (partials to merge) and head dim 64 keep the f32 output and say so.
+TEST(CudaPrefillAttention, F16OutputIsTheF32OutputRounded) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const uint32_t pos0 = 300, T = 250, n_cells = pos0 + T;
+    for (const AttentionShape& shape : {AttentionShape{10, 2, 128, 128, 1.0f / std::sqrt(128.0f)},
+                                        AttentionShape{8, 2, 64, 64, 1.0f / std::sqrt(64.0f)}})
+        for (const auto& [kt, vt, piece] : {std::tuple{KvType::f16, KvType::f16, 0u},
+                                            std::tuple{KvType::q8_0, KvType::q8_0, 1024u},
+                                            std::tuple{KvType::q4_0, KvType::f16, 128u}}) {
+            const uint32_t D = shape.head_dim_k;
+            const Layer L = random_layer(rng, shape, kt, vt, n_cells);
+            const auto q = cuda_test::random_floats(rng, (size_t)T * shape.n_head * D, 2.0f);
+            const auto k_dev = cuda_test::to_device(L.k);
+            const auto v_dev = cuda_test::to_device(L.v);
+            const auto q_dev = cuda_test::to_device(q);
+            const size_t n_out = (size_t)T * shape.n_head * D, values = (size_t)shape.n_head_kv * D;
+            DeviceBuffer<__half> kf(std::max(piece, 1u) * values), vf(std::max(piece, 1u) * values);
+            DeviceBuffer<float> ref_out(n_out), out(n_out), piece_out(n_out), piece_lse((size_t)T * shape.n_head),
+                lse((size_t)T * shape.n_head);
+            DeviceBuffer<__half> out16(n_out);
+            const PrefillKvF16Scratch scratch{kf.data(), vf.data(), piece, piece_out.data(), piece_lse.data(),
+                                              lse.data()};
+            const PrefillKvF16Scratch* pieces = piece > 0 ? &scratch : nullptr;
+            const std::string what = std::string(kv_type_name(kt)) + "/" + kv_type_name(vt) + " D " +
+                                     std::to_string(D) + " pieces of " + std::to_string(piece);
+            EXPECT_FALSE(prefill_attention_cuda(shape, q_dev.data(), kt, k_dev.data(), vt, v_dev.data(), pos0, T,
+                                                ref_out.data(), nullptr, pieces))
+                << what;
+            cuda_test::poison(out);
+            cuda_test::poison(out16);
+            const bool wrote_f16 = prefill_attention_cuda(shape, q_dev.data(), kt, k_dev.data(), vt, v_dev.data(), pos0,
+                                                          T, out.data(), nullptr, pieces, out16.data());
+            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+            const bool one_partial = piece == 0 || n_cells <= piece;
+#if defined(SPILLWAY_EXPECT_WGMMA)
+            if (prefill_attention_wgmma_available()) EXPECT_EQ(wrote_f16, D == 128 && one_partial) << what;
+#endif
+            if (!one_partial || D != 128) EXPECT_FALSE(wrote_f16) << what;
+            const auto ref = cuda_test::to_host(ref_out);
+            const auto got32 = cuda_test::to_host(out);
+            if (wrote_f16) {
+                const auto got16 = cuda_test::to_host(out16);
+                size_t differ = 0, out_written = 0;
+                for (size_t i = 0; i < n_out; ++i) {
+                    const __half r = __float2half_rn(ref[i]);
+                    differ += std::memcmp(&r, &got16[i], sizeof r) != 0;
+                    out_written += !std::isnan(got32[i]);  // poison is NaN
+                }
+                EXPECT_EQ(differ, 0u) << what;
+                EXPECT_EQ(out_written, 0u) << what;
+            } else {
+                EXPECT_EQ(std::memcmp(got32.data(), ref.data(), n_out * sizeof(float)), 0) << what;
+            }
+        }
 }
 
 TEST(CudaPrefillAttention, LongDepthChunkMatchesCpu) {
