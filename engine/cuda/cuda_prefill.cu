@@ -474,9 +474,9 @@ bool prefill_attention_cuda(const AttentionShape& shape, const float* q, KvType 
             v = reinterpret_cast<const uint8_t*>(f16->v);
         }
         const bool first = c0 == 0;
-        if (!merged)  // one piece: its partial is the output
+        if (!merged)  // one piece: its partial is the output (lse where the caller gave the scratch one)
             return prefill_attention_partial_cuda(shape, q, KvType::f16, k, KvType::f16, v, c0, n, pos0, n_tokens, out,
-                                                  nullptr, stream, out_f16);
+                                                  f16->lse, stream, out_f16);
         prefill_attention_partial_cuda(shape, q, KvType::f16, k, KvType::f16, v, c0, n, pos0, n_tokens,
                                        first ? out : f16->piece_out,
                                        first ? f16->lse : f16->piece_lse, stream);
