@@ -1,9 +1,10 @@
 #pragma once
-// Bulk copies global -> shared memory (sm_90's TMA engine, no tensor map) completed on an
-// mbarrier, for kernels that stream weights through shared memory without spending one
-// instruction per 16 bytes per lane (decode_layer.cu). A copy is tracked only by its
-// mbarrier, not by cp.async groups, so a kernel may wait for other cp.async traffic (an
-// activation vector) while weight copies are still in flight.
+// Bulk copies global -> shared memory (sm_90's TMA engine) completed on an mbarrier, for
+// kernels that stream data through shared memory without spending one instruction per 16
+// bytes per lane: plain byte ranges (decode_layer.cu's weights) and boxes of a tensor map
+// (prefill_attention_ws.cu's K / V tiles, swizzled). A copy is tracked only by its mbarrier,
+// not by cp.async groups, so a kernel may wait for other cp.async traffic (an activation
+// vector) while these copies are still in flight.
 #include <cuda_runtime.h>
 
 #include <cstdint>

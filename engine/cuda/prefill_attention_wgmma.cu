@@ -19,8 +19,10 @@
 // version 345; the skew, the copies' addresses computed once, four max / sum chains and the
 // skipped O rescale 413; 128-cell tiles 473 (Nsight on the 64-cell version: tensor pipe 47%
 // busy; stalls on fixed-latency dependencies and the per-tile barrier lead).
-// Not here (measure first): warp specialization with TMA and mbarriers instead of the block
-// barrier, the cluster split.
+// Warp specialization with TMA and mbarriers instead of the block barrier is
+// prefill_attention_ws.cu (609 TFLOP/s, session 42): the default for f16 K and V since then;
+// this kernel runs quantized tiles read directly and the lab schedules. Not tried: the cluster
+// split.
 #include "engine/cuda/prefill_attention_wgmma.cuh"
 
 #include <cuda_fp16.h>

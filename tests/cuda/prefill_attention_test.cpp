@@ -415,9 +415,9 @@ TEST(CudaPrefillAttention, ClusterSplitMatchesCpu) {
     }
 }
 
-// The wgmma kernel itself (the kernel list above falls back to m32 where it does not apply):
-// it must run on an sm_90 GPU in a build with sm_90a code, and match the CPU for f16 (every
-// schedule) and quantized tiers over 128-row blocks that cross token boundaries (G = 5, 3, 1),
+// The wgmma kernels themselves (the kernel list above falls back to m32 where they do not
+// apply): they must run on an sm_90 GPU in a build with sm_90a code, and match the CPU for f16
+// (every schedule, the warp-specialized kernel included) and quantized tiers over 128-row blocks that cross token boundaries (G = 5, 3, 1),
 // partial last tiles, ranges that start inside the chunk (rows that see nothing: out 0, lse
 // -inf) and many tiles (the stages alternate). Other head dims are refused without a launch.
 TEST(CudaPrefillAttention, WgmmaKernelMatchesCpu) {
