@@ -22,10 +22,13 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cuda_prefill.cuh"
+#include "engine/cuda/prefill_attention_wgmma.cuh"
+#include "engine/cuda/prefill_attention_ws.cuh"
 #include "engine/cpu/rope.h"
 #include "engine/cuda/qkv_post.cuh"
 #include "engine/cuda/rmsnorm.cuh"
@@ -137,6 +140,24 @@ void bench_attention(const Options& o, PrefillAttentionKernel kernel, KvType kt,
                               uint32_t n_tokens, float* out) {
                               prefill_attention_partial_cuda_with(kernel, s, q, kt, k, vt, v, 0, pos0 + chunk, pos0,
                                                                   n_tokens, out, nullptr, nullptr);
+                          });
+}
+
+// One schedule of the wgmma kernels on f16 cells (where they cannot run: the m32 fallback is
+// not timed, the row says so).
+void bench_wgmma_schedule(const Options& o, WgmmaSchedule schedule, const char* schedule_name, uint32_t n_prompt,
+                          uint32_t chunk) {
+    const std::string name = std::string("prefill attention wgmma schedule ") + schedule_name + " f16/f16";
+    if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
+    if (!prefill_attention_wgmma_available() || (schedule == WgmmaSchedule::specialized && !prefill_attention_ws_available())) {
+        std::printf("| %s | not available on this GPU / build | - | - |\n", name.c_str());
+        return;
+    }
+    time_prompt_attention(o, name, "", KvType::f16, KvType::f16, n_prompt, chunk,
+                          [&](const AttentionShape& s, const float* q, const uint8_t* k, const uint8_t* v, uint32_t pos0,
+                              uint32_t n_tokens, float* out) {
+                              prefill_attention_wgmma_cuda(s, q, KvType::f16, k, KvType::f16, v, 0, pos0 + chunk, pos0,
+                                                           n_tokens, out, nullptr, nullptr, schedule);
                           });
 }
 
@@ -359,6 +380,11 @@ int main(int argc, char** argv) {
         for (uint32_t chunk : {2048u, 4096u}) bench_attention(o, K::tensor_core_wgmma, f16, f16, 65536, chunk);
         for (KvType t : {q8, q4}) bench_attention(o, K::tensor_core_wgmma, t, t, 65536, 2048);
         bench_attention(o, K::tensor_core_wgmma, q8, q4, 65536, 2048);
+        // The default (specialized, session 42) against the kernel before it, in one run.
+        for (uint32_t chunk : {512u, 2048u})
+            for (const auto& [schedule, schedule_name] :
+                 {std::pair{WgmmaSchedule::skew128, "skew128"}, std::pair{WgmmaSchedule::specialized, "specialized"}})
+                bench_wgmma_schedule(o, schedule, schedule_name, chunk == 512 ? 8192 : 65536, chunk);
         for (KvType t : {q8, q4}) bench_attention_pieces(o, t, t, 65536, 2048);
         bench_attention_pieces(o, q8, q4, 65536, 2048);
         bench_attention_pieces(o, q8, q8, 8192, 2048);
