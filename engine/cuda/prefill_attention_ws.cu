@@ -71,7 +71,7 @@ __device__ __forceinline__ void named_arrive(uint32_t id, uint32_t threads) {
 // sub-partition (16,384 each), and each holds one warp of every warpgroup: 24 + 2 x 240 = 504
 // registers per lane there. (A lone producer warp beside 8 consumer warps puts 3 warps on one
 // sub-partition: 224 registers each did not launch.)
-template <int kStages, bool kPingPong>
+template <int kStages, bool kPingPong, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_ws_kernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
                                 Params p) {
@@ -162,35 +162,56 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kPv) mbarrier_wait_parity(&full_v[vs_stage], ((t - 1) / kStages) & 1);
         if constexpr (kPingPong) named_sync(kTurn0 + wg, kConsumerWarps * 32);
         wgmma::fence();
-        if constexpr (kPv) {
+        auto issue_pv = [&] {
             const uint64_t vd = wgmma::desc_advance(v_desc, vs_stage * kTileBytes);
 #pragma unroll
             for (int cs = 0; cs < kTile / 16; ++cs)
                 wgmma::mma_m64n128k16<1>(o, pa[cs], wgmma::desc_advance(vd, cs * 16 * 128), true);
-        }
-        if constexpr (kQk) {
+        };
+        auto issue_qk = [&] {
             const uint64_t kd = wgmma::desc_advance(k_desc, ks_stage * kTileBytes);
 #pragma unroll
             for (int ks = 0; ks < kD / 16; ++ks) {
                 const uint32_t step = (ks / 4) * kHalfBytes + (ks % 4) * 32;  // kHalfBytes == kQHalfBytes
                 wgmma::mma_m64n128k16_ss(s, wgmma::desc_advance(q_desc, step), wgmma::desc_advance(kd, step), ks > 0);
             }
+        };
+        // Overlapped: S first, as a group of its own, so that its softmax can run while P V of
+        // the last tile is still on the tensor cores (groups complete in order).
+        constexpr bool kSplit = kOverlap && kQk && kPv;
+        if constexpr (kSplit) {
+            issue_qk();
+            wgmma::commit();
+            issue_pv();
+        } else {
+            if constexpr (kPv) issue_pv();
+            if constexpr (kQk) issue_qk();
         }
         wgmma::commit();
         // The other warpgroup's turn (warpgroup 1's last round has no one left to hand to).
         if constexpr (kPingPong) {
             if (kQk || wg == 0) named_arrive(kTurn0 + (1 - wg), kConsumerWarps * 32);
         }
-        wgmma::wait<0>();
-        if (lane == 0) {
-            if constexpr (kQk) mbarrier_arrive(&empty_k[ks_stage]);
-            if constexpr (kPv) mbarrier_arrive(&empty_v[vs_stage]);
-        }
-        if constexpr (kQk) {
-            float alpha[2];
-            bool grew;
+        float alpha[2];
+        bool grew = false;
+        if constexpr (kSplit) {
+            wgmma::wait<1>();  // S done; P V may still run (it reads pa and accumulates into o only)
+            if (lane == 0) mbarrier_arrive(&empty_k[ks_stage]);
             wgmma_softmax::softmax_tile<kTile>(s, rows, p, p.cell_begin + t * kTile, span.full_end, my_row0, tq, alpha,
                                                grew);
+            wgmma::wait<0>();
+            if (lane == 0) mbarrier_arrive(&empty_v[vs_stage]);
+        } else {
+            wgmma::wait<0>();
+            if (lane == 0) {
+                if constexpr (kQk) mbarrier_arrive(&empty_k[ks_stage]);
+                if constexpr (kPv) mbarrier_arrive(&empty_v[vs_stage]);
+            }
+            if constexpr (kQk)
+                wgmma_softmax::softmax_tile<kTile>(s, rows, p, p.cell_begin + t * kTile, span.full_end, my_row0, tq,
+                                                   alpha, grew);
+        }
+        if constexpr (kQk) {
             wgmma_softmax::rescale_o<kD>(o, alpha, grew);
             wgmma_softmax::pack_p<kTile>(s, pa);
         }
@@ -240,11 +261,11 @@ CUtensorMap operand_map(const uint8_t* cells, uint32_t n_head_kv, uint32_t n_cel
     return map;
 }
 
-template <int kStages, bool kPingPong>
+template <int kStages, bool kPingPong, bool kOverlap = false>
 void launch(const CUtensorMap& k_map, const CUtensorMap& v_map, const Params& p, uint32_t n_head_kv,
             cudaStream_t stream) {
     constexpr uint32_t kSmemBytes = Layout<kStages>::kSmemBytes;
-    auto* kernel = prefill_attention_ws_kernel<kStages, kPingPong>;
+    auto* kernel = prefill_attention_ws_kernel<kStages, kPingPong, kOverlap>;
     static bool configured = false;  // once per instance: opt in to > 48 KB of shared memory
     if (!configured) {
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
@@ -274,7 +295,11 @@ bool prefill_attention_ws_launch(const Params& p_in, uint32_t n_head_kv, cudaStr
     // warpgroups issue their MMAs whenever their tiles are in).
     static const bool three = lab_knob("SPILLWAY_WS_STAGES", "3", "2");
     static const bool free_running = lab_knob("SPILLWAY_WS_PINGPONG", "0", "1");
-    if (three) {
+    // Lab: SPILLWAY_WS_OVERLAP=1, each warpgroup's softmax of tile t beside its own P V of
+    // tile t - 1 (2 stages, ping-pong).
+    static const bool overlap = lab_knob("SPILLWAY_WS_OVERLAP", "1", "0");
+    if (overlap) launch<2, true, true>(k_map, v_map, p, n_head_kv, stream);
+    else if (three) {
         if (free_running) launch<3, false>(k_map, v_map, p, n_head_kv, stream);
         else launch<3, true>(k_map, v_map, p, n_head_kv, stream);
     } else {
