@@ -284,7 +284,7 @@ if [ "$hf" = 1 ]; then
   # then where an 8k prefill's GPU time goes (SPILLWAY_OP_TIMES=1; ms over warm-up + timed run).
   echo
   echo "== prefill A/B, 8k tokens -b 2048 (tok/s)"
-  for knob in default SPILLWAY_PREFILL_WGMMA=0 SPILLWAY_WGMMA_SCHEDULE=skew128 SPILLWAY_PREFILL_FUSED=0 SPILLWAY_ROPE_TABLE=0 \
+  for knob in default SPILLWAY_PREFILL_WGMMA=0 SPILLWAY_WGMMA_SCHEDULE=skew128 SPILLWAY_ATTN_F16_OUT=0 SPILLWAY_PREFILL_FUSED=0 SPILLWAY_ROPE_TABLE=0 \
               SPILLWAY_PREFILL_OVERLAP=0 SPILLWAY_PREFILL_TILES=greedy SPILLWAY_QKV_POST=block SPILLWAY_RMSNORM_MANY_ROWS=0; do
     if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
     env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 8192 -n 0 -b 2048 -ctk f16 \
