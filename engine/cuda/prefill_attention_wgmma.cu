@@ -91,20 +91,18 @@ struct Tiling {
     static_assert(kTile % kCellsPerPass == 0 && kSmemBytes <= 227 * 1024, "whole copy passes; one block per SM");
 };
 
-// Schedules. skew: the odd warpgroup runs O += P V of tile j at the start of tile j + 1, next
-// to its S of tile j + 1, so that one warpgroup's softmax falls on the other's MMAs (with both
-// in step, the per-tile barrier has both multiply, then both exponentiate while the tensor
-// cores idle). pipelined: each warpgroup issues S of tile j + 1 before the softmax of tile j
-// (FlashAttention-3's intra-warpgroup overlap; two score register sets).
-enum class Schedule { skew, pipelined };
-
-template <Schedule kSchedule, int kTile, KvType KT, KvType VT>
+// The skew: the odd warpgroup runs O += P V of tile j at the start of tile j + 1, next to its
+// S of tile j + 1, so that one warpgroup's softmax falls on the other's MMAs (with both in
+// step, the per-tile barrier has both multiply, then both exponentiate while the tensor cores
+// idle). Sessions 13-14 also measured 64-cell tiles with and without it and a schedule issuing
+// S of tile j + 1 before the softmax of tile j (two score sets): 420-431 TFLOP/s against this
+// one's 473 (those schedules were removed in session 42).
+template <int kTile, KvType KT, KvType VT>
 __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using T = Tiling<kTile, KT, VT>;
     using LK = typename T::K;
     using LV = typename T::V;
-    static_assert(kSchedule == Schedule::skew || (LK::kDirect && LV::kDirect), "pipelined: f16 K and V only");
     constexpr uint32_t kHalfBytes = LK::kHalfBytes;
     constexpr uint32_t kKBase = 0, kVBase = T::kVBase, kQBase = T::kQBase;
     extern __shared__ uint8_t smem_raw[];
@@ -201,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
 #pragma unroll
         for (int i = 0; i < 4; ++i) o[j][i] = 0.0f;
     wgmma_softmax::RowState rows;
-    const bool defer = kSchedule == Schedule::skew && (warp / 4) % 2 == 1;  // uniform per warpgroup
+    const bool defer = (warp / 4) % 2 == 1;  // uniform per warpgroup
     uint32_t pa[kTile / 16][4];                       // P of the tile (a deferring warpgroup: of the last one)
     // O += P V. V is stored cell-major with dims contiguous: the N-major B operand; its two
     // 64-dim halves are kHalfBytes apart (leading offset), 8-cell groups 1 KB (stride offset).
@@ -227,10 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
         wgmma::fence();
 #pragma unroll
         for (int ks = 0; ks < kD / 16; ++ks)
-            if constexpr (kTile == 64)
-                wgmma::mma_m64n64k16<0>(s, qa[ks], wgmma::desc_advance(kd, (ks / 4) * kHalfBytes + (ks % 4) * 32), ks > 0);
-            else
-                wgmma::mma_m64n128k16<0>(s, qa[ks], wgmma::desc_advance(kd, (ks / 4) * kHalfBytes + (ks % 4) * 32), ks > 0);
+            wgmma::mma_m64n128k16<0>(s, qa[ks], wgmma::desc_advance(kd, (ks / 4) * kHalfBytes + (ks % 4) * 32), ks > 0);
         wgmma::commit();
     };
     auto softmax = [&](Scores& s, uint32_t tile, float (&alpha)[2], bool& grew) {
@@ -239,69 +234,30 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
     auto rescale_o = [&](const float (&alpha)[2], bool grew) { wgmma_softmax::rescale_o<kD>(o, alpha, grew); };
     auto pack_p = [&](const Scores& s) { wgmma_softmax::pack_p<kTile>(s, pa); };
 
-    if constexpr (kSchedule == Schedule::skew) {
-        for (uint32_t tile = 0; tile < n_tiles; ++tile) {
-            cp_async_wait<0>();
-            wgmma::fence_proxy_async_smem();  // this thread's copies and zero stores, for the wgmma reads
-            __syncthreads();                  // ... of every thread; S of tile - 1 is done everywhere (P V of
-                                              // tile - 1 may still run: V has a third stage)
-            if (tile + 1 < n_tiles) {         // into stages whose last readers finished before the barrier
-                issue_k(tile + 1);
-                issue_v(tile + 1);
-            }
-            cp_async_commit();
-            prepare(tile);
-            if (defer && tile > 0) multiply_pv(tile - 1);  // completes with S below, before O is rescaled
-            Scores s;
-            multiply_qk(s, tile);
-            wgmma::wait<0>();
-            float alpha[2];
-            bool grew;
-            softmax(s, tile, alpha, grew);
-            rescale_o(alpha, grew);
-            pack_p(s);
-            // In flight until the next tile's S completes (O is not touched before).
-            if (!defer) multiply_pv(tile);
-        }
-        if (defer && n_tiles > 0) multiply_pv(n_tiles - 1);
-    } else {
-        // Pipelined: S of tile + 1 runs on the tensor cores while this warpgroup turns S of tile
-        // into probabilities. K is copied two tiles ahead, V one.
-        Scores s0, s1;
-        if (n_tiles > 1) issue_k(1);
-        cp_async_commit();
+    for (uint32_t tile = 0; tile < n_tiles; ++tile) {
         cp_async_wait<0>();
-        wgmma::fence_proxy_async_smem();
-        __syncthreads();
-        if (n_tiles > 0) multiply_qk(s0, 0);
-        wgmma::wait<0>();
-        auto step = [&](uint32_t tile, Scores& cur, Scores& next) {
-            cp_async_wait<0>();  // K(tile + 1) and V(tile)
-            wgmma::fence_proxy_async_smem();
-            __syncthreads();  // ... of every thread; every warpgroup is done with S(tile) (K's stage is free)
-            if (tile + 2 < n_tiles) issue_k(tile + 2);
-            if (tile + 1 < n_tiles) issue_v(tile + 1);
-            cp_async_commit();
-            const bool more = tile + 1 < n_tiles;
-            if (more) multiply_qk(next, tile + 1);
-            float alpha[2];
-            bool grew;
-            softmax(cur, tile, alpha, grew);
-            rescale_o(alpha, grew);
-            pack_p(cur);
-            multiply_pv(tile);
-            // Both done before the barrier frees S's K stage and the next softmax reads O's
-            // factor. (Leaving P V in flight across it, wait_group 1, made ptxas serialize
-            // every wgmma: it does not track which group a count-based wait covers.)
-            wgmma::wait<0>();
-        };
-        uint32_t tile = 0;
-        for (; tile + 1 < n_tiles; tile += 2) {
-            step(tile, s0, s1);
-            step(tile + 1, s1, s0);
+        wgmma::fence_proxy_async_smem();  // this thread's copies and zero stores, for the wgmma reads
+        __syncthreads();                  // ... of every thread; S of tile - 1 is done everywhere (P V of
+                                          // tile - 1 may still run: V has a third stage)
+        if (tile + 1 < n_tiles) {         // into stages whose last readers finished before the barrier
+            issue_k(tile + 1);
+            issue_v(tile + 1);
         }
-        if (tile < n_tiles) step(tile, s0, s1);
+        cp_async_commit();
+        prepare(tile);
+        if (defer && tile > 0) multiply_pv(tile - 1);  // completes with S below, before O is rescaled
+        Scores s;
+        multiply_qk(s, tile);
+        wgmma::wait<0>();
+        float alpha[2];
+        bool grew;
+        softmax(s, tile, alpha, grew);
+        rescale_o(alpha, grew);
+        pack_p(s);
+        // In flight until the next tile's S completes (O is not touched before).
+        if (!defer) multiply_pv(tile);
     }
+    if (defer && n_tiles > 0) multiply_pv(n_tiles - 1);
     wgmma::wait<0>();
 
     wgmma_softmax::store_rows<kD>(o, rows, p, kv_head, my_row0, tq);
@@ -310,10 +266,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
 #endif
 }
 
-template <Schedule kSchedule, int kTile, KvType KT, KvType VT>
+template <int kTile, KvType KT, KvType VT>
 void launch(Params p, uint32_t n_head_kv, cudaStream_t stream) {
     constexpr uint32_t kSmemBytes = Tiling<kTile, KT, VT>::kSmemBytes;
-    auto* kernel = prefill_attention_wgmma_kernel<kSchedule, kTile, KT, VT>;
+    auto* kernel = prefill_attention_wgmma_kernel<kTile, KT, VT>;
     static bool configured = false;  // once per instance: opt in to > 48 KB of shared memory
     if (!configured) {
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
@@ -364,34 +320,25 @@ bool prefill_attention_wgmma_cuda(const AttentionShape& shape, const float* q, K
     p.out_f16 = out_f16;
     // Default for f16 K and V: specialized (prefill_attention_ws.cu; session 42, H100,
     // bench_prefill 64k / 2048: 609 TFLOP/s against skew128's 495 in the same call).
-    // SPILLWAY_WGMMA_SCHEDULE=skew128|skew|pipelined|specialized (lab): this file's schedules,
-    // to measure (skew128: the default until session 42, 473-495 TFLOP/s; pipelined 431, skew
-    // 420 in one call). Two 128-cell score sets do not fit the registers: no pipelined128.
+    // SPILLWAY_WGMMA_SCHEDULE=skew128|specialized (lab): skew128 is this file's kernel, the
+    // default until session 42.
     if (schedule == WgmmaSchedule::automatic) {
-        static const WgmmaSchedule configured = [] {
-            switch (lab_knob_choice("SPILLWAY_WGMMA_SCHEDULE", {"skew128", "skew", "pipelined", "specialized"})) {
-                case 0: return WgmmaSchedule::skew128;
-                case 1: return WgmmaSchedule::skew;
-                case 2: return WgmmaSchedule::pipelined;
-                default: return WgmmaSchedule::specialized;
-            }
-        }();
+        static const WgmmaSchedule configured =
+            lab_knob_choice("SPILLWAY_WGMMA_SCHEDULE", {"skew128", "specialized"}) == 0 ? WgmmaSchedule::skew128
+                                                                                      : WgmmaSchedule::specialized;
         schedule = configured;
     }
     if (k_type == KvType::f16 && v_type == KvType::f16) {
         if (schedule == WgmmaSchedule::specialized && prefill_attention_ws_launch(p, shape.n_head_kv, stream)) return true;
-        if (schedule == WgmmaSchedule::skew) launch<Schedule::skew, 64, KvType::f16, KvType::f16>(p, shape.n_head_kv, stream);
-        else if (schedule == WgmmaSchedule::pipelined)
-            launch<Schedule::pipelined, 64, KvType::f16, KvType::f16>(p, shape.n_head_kv, stream);
-        else launch<Schedule::skew, 128, KvType::f16, KvType::f16>(p, shape.n_head_kv, stream);
+        launch<128, KvType::f16, KvType::f16>(p, shape.n_head_kv, stream);
         return true;
     }
-    // Quantized K or V: skew128 whatever the schedule asked for (the lab schedules are f16 only).
+    // Quantized K or V: skew128 whatever the schedule asked for (specialized is f16 only).
     auto with_v = [&]<KvType KT>() {
         switch (v_type) {
-            case KvType::f16: launch<Schedule::skew, 128, KT, KvType::f16>(p, shape.n_head_kv, stream); return;
-            case KvType::q8_0: launch<Schedule::skew, 128, KT, KvType::q8_0>(p, shape.n_head_kv, stream); return;
-            case KvType::q4_0: launch<Schedule::skew, 128, KT, KvType::q4_0>(p, shape.n_head_kv, stream); return;
+            case KvType::f16: launch<128, KT, KvType::f16>(p, shape.n_head_kv, stream); return;
+            case KvType::q8_0: launch<128, KT, KvType::q8_0>(p, shape.n_head_kv, stream); return;
+            case KvType::q4_0: launch<128, KT, KvType::q4_0>(p, shape.n_head_kv, stream); return;
         }
         fail("prefill attention (wgmma): unknown V type");
     };

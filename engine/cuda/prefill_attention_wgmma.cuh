@@ -15,13 +15,12 @@ namespace spillway {
 // capability 9.0, enough shared memory per block).
 bool prefill_attention_wgmma_available();
 
-// How the two warpgroups of a block overlap their MMAs with their softmax (the .cu file says
-// more). automatic: specialized, or what SPILLWAY_WGMMA_SCHEDULE names (lab). specialized: the
-// warp-specialized kernel (prefill_attention_ws.cu: TMA copies from a producer warpgroup,
-// ping-pong consumers), f16 K and V only; skew128 for quantized tiers and where the driver's
-// tensor-map encoder is missing. The 64-cell lab schedules (pipelined, skew) exist for f16 K
-// and V only; quantized tiers always run skew128.
-enum class WgmmaSchedule { automatic, pipelined, skew, skew128, specialized };
+// Which kernel attends. automatic: specialized, or what SPILLWAY_WGMMA_SCHEDULE names (lab).
+// specialized: the warp-specialized kernel (prefill_attention_ws.cu: TMA copies from a producer
+// warpgroup, ping-pong consumers), f16 K and V only; skew128 for quantized tiers and where the
+// driver's tensor-map encoder is missing. skew128: prefill_attention_wgmma.cu's kernel, its two
+// warpgroups skewed by half a tile and meeting at a barrier per 128-cell tile.
+enum class WgmmaSchedule { automatic, skew128, specialized };
 
 // Runs the kernel; false (and nothing launched) when it is not available or the shape is not
 // its own: head dim 128, n_head / n_head_kv <= 16. out_f16: where set, the output goes there

@@ -1,8 +1,8 @@
 #pragma once
-// Hopper warpgroup MMA (wgmma) helpers for the prefill attention kernel: shared-memory matrix
-// descriptors for 128-byte-swizzled f16 tiles, the fence / commit / wait protocol, and the two
-// shapes the kernel issues with A in registers. sm_90a only (callers guard with
-// __CUDA_ARCH_FEAT_SM90_ALL). Internal to engine/cuda.
+// Hopper warpgroup MMA (wgmma) helpers for the prefill attention kernels: shared-memory matrix
+// descriptors for 128-byte-swizzled f16 tiles, the fence / commit / wait protocol, and the
+// m64n128k16 shape they issue, with A in registers or in shared memory. sm_90a only (callers
+// guard with __CUDA_ARCH_FEAT_SM90_ALL). Internal to engine/cuda.
 //
 // Tile layout (both K and V): 64-element (128-byte) wide rows, 8-row groups of 1024 bytes,
 // the 16-byte chunk j of row r stored at chunk j ^ (r % 8) (the hardware's 128-byte swizzle,
@@ -46,28 +46,6 @@ __device__ __forceinline__ void wait() {
 }
 __device__ __forceinline__ void fence_proxy_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// d (64 x 64, f32) = a (64 x 16, f16, registers) * B (16 x 64, f16, shared memory at `desc`)
-// + d when accumulate; kTransB: B stored N-major (its 64 columns contiguous) instead of K-major.
-template <int kTransB>
-__device__ __forceinline__ void mma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc, bool accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{"
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
-        "}, {%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"((int)accumulate), "n"(kTransB));
 }
 
 // d (64 x 128, f32) = a (64 x 16, f16, registers) * B (16 x 128, f16, shared memory at `desc`)
