@@ -351,11 +351,11 @@ PrefillAttentionKernel prefill_attention_kernel_for(const AttentionShape& shape,
     return PrefillAttentionKernel::tensor_core_m32;
 }
 
-void prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const AttentionShape& shape, const float* q,
+bool prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const AttentionShape& shape, const float* q,
                                          KvType k_type, const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                                          uint32_t cell_begin, uint32_t n_cells, uint32_t pos0, uint32_t n_tokens,
-                                         float* out, float* lse, cudaStream_t stream) {
-    if (n_tokens == 0) return;
+                                         float* out, float* lse, cudaStream_t stream, __half* out_f16) {
+    if (n_tokens == 0) return false;
     const uint32_t D = shape.head_dim_k;
     if (shape.head_dim_k != shape.head_dim_v || (D != 64 && D != 128) || shape.n_head_kv == 0 ||
         shape.n_head % shape.n_head_kv != 0 || shape.n_head / shape.n_head_kv > (uint32_t)kMaxGroup)
@@ -364,8 +364,8 @@ void prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const At
         fail("prefill_attention_cuda: cell range overflows");
     if (kernel == PrefillAttentionKernel::tensor_core_wgmma) {
         if (prefill_attention_wgmma_cuda(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens,
-                                         out, lse, stream))
-            return;
+                                         out, lse, stream, WgmmaSchedule::automatic, out_f16))
+            return out_f16 != nullptr;
         kernel = PrefillAttentionKernel::tensor_core_m32;  // not its tiers / shape, or not an sm_90a build on an sm_90 GPU
     }
     if (kernel == PrefillAttentionKernel::tensor_core_m32 || kernel == PrefillAttentionKernel::tensor_core_m32_wide ||
@@ -373,13 +373,13 @@ void prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const At
         if (prefill_attention_m32_cuda(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens,
                                        out, lse, kernel == PrefillAttentionKernel::tensor_core_m32_wide,
                                        kernel == PrefillAttentionKernel::tensor_core_m32_unsplit ? 1 : 0, stream))
-            return;
+            return false;
         kernel = PrefillAttentionKernel::tensor_core_wide;  // not enough shared memory per block on this GPU
     }
     if (kernel != PrefillAttentionKernel::simt) {
         prefill_attention_mma_cuda(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens, out,
                                    lse, kernel == PrefillAttentionKernel::tensor_core_wide, stream);
-        return;
+        return false;
     }
     PrefillParams p{};
     p.q = q;
@@ -403,6 +403,7 @@ void prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const At
     if (D == 64) prefill_attention_kernel<64><<<grid, kThreads, 0, stream>>>(p);
     else prefill_attention_kernel<128><<<grid, kThreads, 0, stream>>>(p);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    return false;
 }
 
 bool prefill_attention_partial_cuda(const AttentionShape& shape, const float* q, KvType k_type, const uint8_t* k_cells,
@@ -415,14 +416,8 @@ bool prefill_attention_partial_cuda(const AttentionShape& shape, const float* q,
     // SPILLWAY_PREFILL_WGMMA=0 (lab): the mma.sync choice, to measure the difference.
     static const bool wgmma = !lab_knob("SPILLWAY_PREFILL_WGMMA", "0", "1") && prefill_attention_wgmma_available();
     const PrefillAttentionKernel kernel = prefill_attention_kernel_for(shape, k_type, v_type, n_tokens, seen, wgmma);
-    if (out_f16 != nullptr && kernel == PrefillAttentionKernel::tensor_core_wgmma && n_tokens > 0 &&
-        (uint64_t)cell_begin + n_cells <= UINT32_MAX && (uint64_t)pos0 + n_tokens <= UINT32_MAX &&
-        prefill_attention_wgmma_cuda(shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0, n_tokens,
-                                     out, lse, stream, WgmmaSchedule::automatic, out_f16))
-        return true;
-    prefill_attention_partial_cuda_with(kernel, shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells, pos0,
-                                        n_tokens, out, lse, stream);
-    return false;
+    return prefill_attention_partial_cuda_with(kernel, shape, q, k_type, k_cells, v_type, v_cells, cell_begin, n_cells,
+                                               pos0, n_tokens, out, lse, stream, out_f16);
 }
 
 void kv_rows_to_f16_cuda(KvType type, const uint8_t* rows, uint64_t row_bytes, uint32_t n_rows, uint32_t row_values,

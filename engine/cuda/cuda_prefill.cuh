@@ -117,10 +117,12 @@ const char* prefill_attention_kernel_name(PrefillAttentionKernel kernel);
 // 2048: 480 vs 304 TFLOP/s; 8k / 512: 279 vs 204; q4_0 262 vs 238; q8_0 230 vs 230).
 PrefillAttentionKernel prefill_attention_kernel_for(const AttentionShape& shape, KvType k_type, KvType v_type,
                                                     uint32_t n_tokens, uint32_t n_cells, bool wgmma = false);
-void prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const AttentionShape& shape, const float* q,
+// out_f16: as for prefill_attention_partial_cuda (the wgmma kernel takes it, the others write
+// `out`); true when the output went there.
+bool prefill_attention_partial_cuda_with(PrefillAttentionKernel kernel, const AttentionShape& shape, const float* q,
                                          KvType k_type, const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                                          uint32_t cell_begin, uint32_t n_cells, uint32_t pos0, uint32_t n_tokens,
-                                         float* out, float* lse, cudaStream_t stream);
+                                         float* out, float* lse, cudaStream_t stream, __half* out_f16 = nullptr);
 
 // Rows [0, n_rows) of a quantized (q8_0 / q4_0) cache layer as f16 rows of row_values
 // halves: each value d * q rounded once to f16, as the attention kernels dequantize their

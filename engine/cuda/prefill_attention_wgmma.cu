@@ -193,11 +193,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_attention_wgmma_kernel(Pa
     }
     const uint32_t my_row0 = row0 + warp * 16 + gq;  // and + 8
 
-    float o[kD / 8][4];
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) o[j][i] = 0.0f;
+    float o[kD / 8][4] = {};
     wgmma_softmax::RowState rows;
     const bool defer = (warp / 4) % 2 == 1;  // uniform per warpgroup
     uint32_t pa[kTile / 16][4];                       // P of the tile (a deferring warpgroup: of the last one)

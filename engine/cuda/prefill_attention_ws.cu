@@ -145,11 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint64_t k_desc = wgmma::smem_desc(smem + L::kKBase, 16, 1024);
     const uint64_t v_desc = wgmma::smem_desc(smem + L::kVBase, kHalfBytes, 1024);
 
-    float o[kD / 8][4];
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) o[j][i] = 0.0f;
+    float o[kD / 8][4] = {};
     wgmma_softmax::RowState rows;
     uint32_t pa[kTile / 16][4];  // P of the last tile
     float s[kTile / 8][4];

@@ -227,6 +227,23 @@ TEST(CudaPrefillAttention, KvRowsToF16EqualTheRoundedCodec) {
     EXPECT_THROW(kv_rows_to_f16_cuda(KvType::q8_0, bad_dev.data(), 34, 1, 48, out.data(), nullptr), Error);
 }
 
+// prefill_attention_cuda's f16 piece scratch for T tokens of `shape` in pieces of `piece`
+// cells, poisoned.
+struct PieceScratch {
+    PieceScratch(const AttentionShape& shape, uint32_t piece, uint32_t T)
+        : k((size_t)std::max(piece, 1u) * shape.n_head_kv * shape.head_dim_k),
+          v((size_t)std::max(piece, 1u) * shape.n_head_kv * shape.head_dim_v),
+          piece_out((size_t)T * shape.n_head * shape.head_dim_v),
+          piece_lse((size_t)T * shape.n_head),
+          lse((size_t)T * shape.n_head),
+          scratch{k.data(), v.data(), piece, piece_out.data(), piece_lse.data(), lse.data()} {
+        for (auto* b : {&piece_out, &piece_lse, &lse}) cuda_test::poison(*b);
+    }
+    DeviceBuffer<__half> k, v;
+    DeviceBuffer<float> piece_out, piece_lse, lse;
+    PrefillKvF16Scratch scratch;
+};
+
 // A chunk's attention over a quantized cache through f16 pieces (what the engine's prefill
 // does) against the CPU reference: pieces smaller than the chunk, a piece boundary inside the
 // chunk (its early tokens see nothing of the later pieces), f16 K with quantized V, and one
@@ -251,19 +268,16 @@ TEST(CudaPrefillAttention, DequantizedPiecesMatchCpu) {
                 const auto k_dev = cuda_test::to_device(L.k);
                 const auto v_dev = cuda_test::to_device(L.v);
                 const auto q_dev = cuda_test::to_device(q);
-                const uint32_t values = shape.n_head_kv * D;
-                DeviceBuffer<__half> kf((size_t)piece * values), vf((size_t)piece * values);
-                DeviceBuffer<float> out(ref.size()), piece_out(ref.size()), piece_lse(ref_lse.size()), lse(ref_lse.size());
-                for (auto* b : {&out, &piece_out, &piece_lse, &lse}) cuda_test::poison(*b);
-                const PrefillKvF16Scratch scratch{kf.data(), vf.data(), piece, piece_out.data(), piece_lse.data(),
-                                                  lse.data()};
+                PieceScratch pieces(shape, piece, T);
+                DeviceBuffer<float> out(ref.size());
+                cuda_test::poison(out);
                 prefill_attention_cuda(shape, q_dev.data(), kt, k_dev.data(), vt, v_dev.data(), pos0, T, out.data(),
-                                       nullptr, &scratch);
+                                       nullptr, &pieces.scratch);
                 SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
                 const std::string what = std::string(kv_type_name(kt)) + "/" + kv_type_name(vt) + " D " +
                                          std::to_string(D) + " pieces of " + std::to_string(piece);
                 EXPECT_LE(rel_error(cuda_test::to_host(out), ref), 4e-3) << what;
-                EXPECT_LE(lse_error(cuda_test::to_host(lse), ref_lse), 1e-2) << what;
+                EXPECT_LE(lse_error(cuda_test::to_host(pieces.lse), ref_lse), 1e-2) << what;
             }
     }
 }
@@ -288,14 +302,11 @@ TEST(CudaPrefillAttention, F16OutputIsTheF32OutputRounded) {
             const auto k_dev = cuda_test::to_device(L.k);
             const auto v_dev = cuda_test::to_device(L.v);
             const auto q_dev = cuda_test::to_device(q);
-            const size_t n_out = (size_t)T * shape.n_head * D, values = (size_t)shape.n_head_kv * D;
-            DeviceBuffer<__half> kf(std::max(piece, 1u) * values), vf(std::max(piece, 1u) * values);
-            DeviceBuffer<float> ref_out(n_out), out(n_out), piece_out(n_out), piece_lse((size_t)T * shape.n_head),
-                lse((size_t)T * shape.n_head);
+            const size_t n_out = (size_t)T * shape.n_head * D;
+            DeviceBuffer<float> ref_out(n_out), out(n_out);
             DeviceBuffer<__half> out16(n_out);
-            const PrefillKvF16Scratch scratch{kf.data(), vf.data(), piece, piece_out.data(), piece_lse.data(),
-                                              lse.data()};
-            const PrefillKvF16Scratch* pieces = piece > 0 ? &scratch : nullptr;
+            PieceScratch piece_scratch(shape, piece, T);
+            const PrefillKvF16Scratch* pieces = piece > 0 ? &piece_scratch.scratch : nullptr;
             const std::string what = std::string(kv_type_name(kt)) + "/" + kv_type_name(vt) + " D " +
                                      std::to_string(D) + " pieces of " + std::to_string(piece);
             EXPECT_FALSE(prefill_attention_cuda(shape, q_dev.data(), kt, k_dev.data(), vt, v_dev.data(), pos0, T,
