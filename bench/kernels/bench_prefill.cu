@@ -6,6 +6,8 @@
 //  - GEMM: matmul_prefill_cuda on Q8_0 weights (tile dequantization to f16 + cuBLAS) for
 //    chunks of 512..4096 tokens, next to the dequantization alone and cuBLAS alone (f16
 //    weights in place), to see what the dequantization costs.
+//    Where the Hopper kernel runs (sm_90a), the same weights in the split layout through
+//    prefill_gemm_q8s_cuda (codes converted in registers), per block width.
 //  - GEMM sequence: a layer boundary's down -> RMSNorm -> q -> q-shaped, each step event-timed.
 //  - small ops: a 2048-token chunk's RMSNorm (+ residual add, f16 out), bias + RoPE + K/V
 //    write (qkv_post) and SwiGLU (f16 out), in us and GB/s of the bytes they must move.
@@ -21,13 +23,16 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cuda_prefill.cuh"
+#include "engine/cuda/matvec_q8s.cuh"
 #include "engine/cuda/prefill_attention_wgmma.cuh"
+#include "engine/cuda/prefill_gemm_q8s.cuh"
 #include "engine/cuda/prefill_attention_ws.cuh"
 #include "engine/cpu/rope.h"
 #include "engine/cuda/qkv_post.cuh"
@@ -99,6 +104,13 @@ double median_ms(const std::function<void()>& run, int reps) {
     cudaEventDestroy(b);
     std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
     return ms[reps / 2];
+}
+
+int sm_count() {
+    int dev = 0, sms = 0;
+    SPILLWAY_CUDA_CHECK(cudaGetDevice(&dev));
+    SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return sms;
 }
 
 void row(const std::string& what, const std::string& shape, double flops, double ms) {
@@ -197,6 +209,27 @@ void bench_gemm(const Options& o, cublasHandle_t cublas, uint32_t n_in, uint32_t
     row("gemm f16 (cuBLAS, weights in place)", shape, flops, median_ms([&] {
         matmul_prefill_cuda(cublas, f16, x.data(), T, y.data(), act.data(), tile.data(), tile.size(), nullptr);
     }, o.reps));
+    if (prefill_gemm_q8s_available()) {
+        // The same weights in the split layout, read as codes by the Hopper kernel (x converted
+        // to f16 inside the timing, as the rows above do).
+        DeviceBuffer<int8_t> codes((size_t)n_out * n_in);
+        DeviceBuffer<uint16_t> scales((size_t)n_out * (n_in / 32));
+        q8_0_to_split_cuda(wq.data(), n_out, n_in, Q8Split{codes.data(), scales.data()}, nullptr);
+        CudaMatrix split = q8;
+        split.data = reinterpret_cast<const uint8_t*>(codes.data());
+        split.q8_scales = scales.data();
+        for (const uint32_t bn : {0u, 128u, 256u}) {
+            const std::string name = "gemm q8_0 split (wgmma, codes in registers), block tokens " +
+                                     (bn == 0 ? "auto = " + std::to_string(prefill_gemm_q8s_block_tokens(
+                                                                T, n_out, (uint32_t)sm_count()))
+                                              : std::to_string(bn));
+            row(name, shape, flops, median_ms([&] {
+                prefill_act_to_f16_cuda(x.data(), (size_t)T * n_in, act.data(), nullptr);
+                if (!prefill_gemm_q8s_cuda(split, act.data(), T, y.data(), false, nullptr, bn))
+                    throw std::runtime_error("prefill_gemm_q8s_cuda declined the shape");
+            }, o.reps));
+        }
+    }
     const uint32_t rows = (uint32_t)std::min<uint64_t>(n_out, tile.size() / n_in);
     const double dq_ms = median_ms([&] {
         for (uint32_t r0 = 0; r0 < n_out; r0 += rows)

@@ -827,11 +827,12 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     if (max_tokens > 1) {
         st.act_f16 = DeviceBuffer<__half>(T * std::max({(size_t)s.n_embd, (size_t)s.n_ff, ad}));
         st.prefill_gemm.greedy_tiles = lab_knob("SPILLWAY_PREFILL_TILES", "greedy", "balanced");
-        // The matrices a chunk multiplies through a tile (f16 ones are read in place; the head
-        // only when every row's logits are wanted, else its one row takes the matvec).
+        // The matrices a chunk multiplies through a tile (f16 ones are read in place, split Q8_0
+        // ones on Hopper as codes; the head only when every row's logits are wanted, else its
+        // one row takes the matvec).
         std::vector<std::pair<uint32_t, uint32_t>> tiled;
         const auto add = [&](const CudaMatrix& w) {
-            if (w.type != GgmlType::F16) tiled.emplace_back(w.n_out, w.n_in);
+            if (w.type != GgmlType::F16 && !prefill_gemm_reads_codes(w)) tiled.emplace_back(w.n_out, w.n_in);
         };
         for (const CudaLayerWeights& L : m.layers)
             for (const CudaMatrix* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) add(*w);

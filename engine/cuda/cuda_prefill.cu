@@ -13,6 +13,8 @@
 #include "engine/cuda/prefill_attention_m32.cuh"
 #include "engine/cuda/prefill_attention_mma.cuh"
 #include "engine/cuda/prefill_attention_wgmma.cuh"
+#include "engine/cuda/prefill_gemm_q8s.cuh"
+#include "engine/cuda/q8_half_device.cuh"
 
 namespace spillway {
 namespace {
@@ -30,12 +32,6 @@ __global__ void f32_to_f16_kernel(const float* in, __half* out, size_t n) {
 __device__ __forceinline__ uint32_t u16_pair(const uint8_t* p) {
     const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
     return __byte_perm(h[0], h[1], 0x5410);
-}
-__device__ __forceinline__ uint32_t q8_pair_to_half2(uint32_t biased, int sel, __half2 d) {
-    const __half2 bias = __float2half2_rn(1024.0f + 128.0f);
-    const uint32_t a = __byte_perm(biased, 0x64646464u, sel);  // halves 1024 + (q + 128), exact
-    const __half2 h = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&a), bias), d);
-    return *reinterpret_cast<const uint32_t*>(&h);
 }
 
 // One thread per 8 values of a quantized cache row (kv_tile::dequant8_quantized, the tile
@@ -277,8 +273,22 @@ void prefill_act_to_f16_cuda(const float* x, size_t n, __half* act_f16, cudaStre
     op_times_mark("act f32->f16", stream);
 }
 
+bool prefill_gemm_reads_codes(const CudaMatrix& w) {
+    // Lab: SPILLWAY_PREFILL_GEMM=cublas, every matrix through f16 tiles (the default before session 43).
+    static const bool tiles_only = lab_knob("SPILLWAY_PREFILL_GEMM", "cublas", "wgmma");
+    return !tiles_only && prefill_gemm_q8s_takes(w);
+}
+
 void matmul_prefill_f16act_cuda(cublasHandle_t cublas, const CudaMatrix& w, uint32_t n_tokens, float* y,
                                 PrefillGemmScratch& sc, cudaStream_t stream, const char* op_label, bool add_to_y) {
+    // Lab: SPILLWAY_GEMM_BLOCK_TOKENS=128|256, the Hopper kernel's block width (else chosen per shape).
+    static const uint32_t block_tokens = lab_knob_uint("SPILLWAY_GEMM_BLOCK_TOKENS", 0, 256);
+    if (block_tokens != 0 && block_tokens != 128 && block_tokens != 256)
+        fail("SPILLWAY_GEMM_BLOCK_TOKENS must be 128 or 256");
+    if (prefill_gemm_reads_codes(w) && prefill_gemm_q8s_cuda(w, sc.act_f16, n_tokens, y, add_to_y, stream, block_tokens)) {
+        op_times_mark(op_label, stream);
+        return;
+    }
     SPILLWAY_CUDA_CHECK(cublasSetStream(cublas, stream));
     const bool in_place = w.type == GgmlType::F16;
     const uint32_t tile_rows = in_place ? w.n_out : prefill_tile_rows(w.n_out, w.n_in, sc.tile_elems, sc.greedy_tiles);

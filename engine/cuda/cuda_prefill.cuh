@@ -40,6 +40,10 @@ struct PrefillGemmScratch {
 };
 // x [n_tokens][n_in] f32 -> scratch.act_f16.
 void prefill_act_to_f16_cuda(const float* x, size_t n, __half* act_f16, cudaStream_t stream);
+// Whether the chunk GEMMs read w's int8 codes directly (split-layout Q8_0 on Hopper:
+// prefill_gemm_q8s.cuh) instead of dequantizing it tile by tile into the scratch's f16 tiles;
+// such a matrix needs no tile. SPILLWAY_PREFILL_GEMM=cublas (lab) says no for every matrix.
+bool prefill_gemm_reads_codes(const CudaMatrix& w);
 // y = W x with x already in scratch.act_f16; add_to_y: y += W x (cuBLAS's beta = 1: the f32
 // sum rounds once, as a separate residual add of W x would).
 void matmul_prefill_f16act_cuda(cublasHandle_t cublas, const CudaMatrix& w, uint32_t n_tokens, float* y,

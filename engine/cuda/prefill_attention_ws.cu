@@ -21,17 +21,15 @@
 #include "engine/cuda/prefill_attention_ws.cuh"
 
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <string>
 
-#include "common/error.h"
 #include "engine/cuda/bulk_copy_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/lab_knob.h"
+#include "engine/cuda/tensor_map.cuh"
 #include "engine/cuda/wgmma_device.cuh"
 #include "engine/cuda/wgmma_softmax.cuh"
 
@@ -224,37 +222,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-        void* fn = nullptr;
-        cudaDriverEntryPointQueryResult found{};
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-                cudaSuccess ||
-            found != cudaDriverEntryPointSuccess) {
-            (void)cudaGetLastError();
-            return PFN_cuTensorMapEncodeTiled_v12000{nullptr};
-        }
-        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-    }();
-    return encode;
-}
-
 // One operand's cells [cell_begin, cell_end) of every KV head as a 2-D f16 tensor (dims of all
 // heads x cells, `row_bytes` apart), read in boxes of 64 dims x kTile cells, 128-byte swizzled:
 // the layout wgmma_device.cuh describes.
 CUtensorMap operand_map(const uint8_t* cells, uint32_t n_head_kv, uint32_t n_cells, uint64_t row_bytes) {
-    CUtensorMap map;
-    const cuuint64_t dims[2] = {(cuuint64_t)n_head_kv * kD, std::max<cuuint64_t>(n_cells, 1)};
-    const cuuint64_t strides[1] = {row_bytes};
-    const cuuint32_t box[2] = {64, kTile};
-    const cuuint32_t element_strides[2] = {1, 1};
-    const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<uint8_t*>(cells), dims,
-                                            strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        fail("prefill attention (ws): cuTensorMapEncodeTiled failed with CUresult " + std::to_string((int)r));
-    return map;
+    return tensor_map_2d(cells, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, (uint64_t)n_head_kv * kD, n_cells, row_bytes, 64,
+                         kTile, CU_TENSOR_MAP_SWIZZLE_128B, "prefill attention (ws)");
 }
 
 template <int kStages, bool kPingPong, bool kOverlap = false>
@@ -273,7 +246,7 @@ void launch(const CUtensorMap& k_map, const CUtensorMap& v_map, const Params& p,
 
 }  // namespace
 
-bool prefill_attention_ws_available() { return tensor_map_encoder() != nullptr; }
+bool prefill_attention_ws_available() { return tensor_map_encoder_available(); }
 
 bool prefill_attention_ws_launch(const Params& p_in, uint32_t n_head_kv, cudaStream_t stream) {
     if (!prefill_attention_ws_available()) return false;

@@ -1,0 +1,297 @@
+// The chunk GEMM for split-layout Q8_0 weights on Hopper: y [T x N] = x [T x K] Wᵀ, with the
+// weights read as int8 codes + f16 scales and turned into f16 in registers.
+//
+// Why: the cuBLAS path first writes every weight tile as f16 (2 bytes per weight written, 2
+// read back) and, at 512-token chunks, that pass is ~1/3 of a chunk's GEMM time (perf-notes,
+// session 41). Here W is wgmma's A operand from registers (the only operand wgmma takes from
+// registers), so a warpgroup converts its 64 rows x 16 k of codes into the A fragment right
+// before issuing, as CUTLASS's mixed-input GEMMs do; x is B, K-major, read by TMA.
+//
+// Block: 128 weight rows x kBN tokens (128 or 256). Warpgroup 2 is the producer (one thread
+// issues, per 64-k stage, a TMA box of x (64 k x kBN tokens, 128-byte swizzle: wgmma's layout)
+// and one of the codes (64 k x 128 rows, 64-byte swizzle: conflict-free 2-byte reads below));
+// warpgroups 0 and 1 each own 64 rows and share the x tile. A consumer converts stage t + 1
+// into its second fragment set while the wgmmas of stage t run (wait_group 1), so the tensor
+// cores see back-to-back groups.
+//
+// Floors, the 14B q projection at T = 2048 (5120 x 5120): 107 GFLOP, 108 us at the H100's
+// ~990 TFLOP/s dense f16 rate; bytes (26 MB codes, 21 MB x, mostly from L2, 42 MB of y) 27 us
+// at 3.35 TB/s. Compute-bound: the target is cuBLAS's rate on f16 weights (611-700 TFLOP/s at
+// T = 2048) without the dequantization pass.
+#include "engine/cuda/prefill_gemm_q8s.cuh"
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <string>
+
+#include "common/error.h"
+#include "engine/cuda/bulk_copy_device.cuh"
+#include "engine/cuda/cuda_check.h"
+#include "engine/cuda/q8_half_device.cuh"
+#include "engine/cuda/tensor_map.cuh"
+#include "engine/cuda/wgmma_device.cuh"
+
+namespace spillway {
+namespace {
+
+// Set where the kernel below is compiled for sm_90a (read by the host once).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ const int kGemmCompiled = 1;
+#else
+__device__ const int kGemmCompiled = 0;
+#endif
+
+constexpr int kBK = 64;                // k per stage
+constexpr int kRows = 128;             // weight rows per block: 64 per consumer warpgroup
+constexpr int kStages = 4;
+constexpr uint32_t kConsumerWarps = 8;
+constexpr int kThreads = (kConsumerWarps + 4) * 32;
+constexpr uint32_t kCodeBytes = kRows * kBK;  // one stage's codes: 128 rows x 64 bytes
+
+template <int kBN>
+struct Layout {
+    static constexpr uint32_t kXBytes = kBN * kBK * 2;  // one stage's x: kBN tokens x 64 halves
+    static constexpr uint32_t kXBase = 0, kCodeBase = kStages * kXBytes;
+    static constexpr uint32_t kBarBase = kCodeBase + kStages * kCodeBytes;
+    static constexpr uint32_t kSmemBytes = kBarBase + 2 * kStages * 8 + 1024;  // + the base's alignment
+    static_assert(kSmemBytes <= 227 * 1024, "one block per SM");
+};
+
+struct Params {
+    const uint16_t* scales;  // [n_out][n_in / 32] f16
+    float* y;                // [n_tokens][n_out]
+    uint32_t n_tokens, n_out, n_in;
+    int add_to_y;
+};
+
+// The stage's two f16 scales of one row (k 0-31 and 32-63 of the stage), or zeros past n_out.
+__device__ __forceinline__ uint32_t stage_scales(const Params& p, uint32_t row, uint32_t stage) {
+    if (row >= p.n_out) return 0;
+    return __ldg(reinterpret_cast<const uint32_t*>(p.scales + (size_t)row * (p.n_in / 32) + stage * 2));
+}
+
+template <int kBN>
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_gemm_q8s_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
+                            Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using L = Layout<kBN>;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarBase);
+    uint64_t* empty = full + kStages;
+
+    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const uint32_t t0 = blockIdx.x * kBN, r0 = blockIdx.y * kRows;
+    const uint32_t n_k = p.n_in / kBK;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < kStages; ++s) {
+            mbarrier_init(&full[s], 1);                // the producer's arrival + the stage's bytes
+            mbarrier_init(&empty[s], kConsumerWarps);  // one arrival per consumer warp
+        }
+        mbarrier_init_fence();
+    }
+    __syncthreads();
+
+    if (warp >= kConsumerWarps) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (warp == kConsumerWarps && lane == 0) {
+            for (uint32_t kt = 0; kt < n_k; ++kt) {
+                const uint32_t s = kt % kStages, use = kt / kStages;
+                if (use > 0) mbarrier_wait_parity(&empty[s], (use - 1) & 1);
+                mbarrier_arrive_expect_tx(&full[s], L::kXBytes + kCodeBytes);
+                tma_load_2d(smem + L::kXBase + s * L::kXBytes, &x_map, (int32_t)(kt * kBK), (int32_t)t0, &full[s]);
+                tma_load_2d(smem + L::kCodeBase + s * kCodeBytes, &w_map, (int32_t)(kt * kBK), (int32_t)r0, &full[s]);
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+
+    const uint32_t g = lane / 4, c = lane % 4;
+    const uint32_t row_lo = (warp / 4) * 64 + (warp % 4) * 16 + g;  // the block's rows row_lo and row_lo + 8
+    // Codes of a row: 64 bytes per stage, the 16-byte chunk j stored at chunk j ^ ((row / 2) % 4)
+    // (TMA's 64-byte swizzle), so the 8 rows a load instruction touches fall in distinct banks.
+    const uint32_t code_lo = row_lo * kBK, code_hi = (row_lo + 8) * kBK;
+    const uint32_t swz_lo = (row_lo / 2) % 4, swz_hi = ((row_lo + 8) / 2) % 4;
+
+    float acc[kBN / 128][16][4];  // the first stage's wgmmas overwrite it (scale-d 0)
+    uint32_t frag0[4][4], frag1[4][4];  // A fragments of two stages: [k16 step][register]
+    uint32_t scales_lo = stage_scales(p, r0 + row_lo, 0), scales_hi = stage_scales(p, r0 + row_lo + 8, 0);
+
+    // Stage kt's codes -> the A fragments of its four k16 steps. wgmma's A layout for a warp's
+    // 16 rows: register 0 holds (row g, k 2c, 2c + 1), 1 the same of row g + 8, 2 and 3 those
+    // at k + 8.
+    auto convert = [&](uint32_t kt, uint32_t (&frag)[4][4]) {
+        const uint32_t s = kt % kStages;
+        const uint32_t next_lo = kt + 1 < n_k ? stage_scales(p, r0 + row_lo, kt + 1) : 0;
+        const uint32_t next_hi = kt + 1 < n_k ? stage_scales(p, r0 + row_lo + 8, kt + 1) : 0;
+        mbarrier_wait_parity(&full[s], (kt / kStages) & 1);
+        const uint8_t* codes = smem + L::kCodeBase + s * kCodeBytes;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t lo_at = code_lo + ((j ^ swz_lo) * 16) + 2 * c, hi_at = code_hi + ((j ^ swz_hi) * 16) + 2 * c;
+            const uint32_t w_lo =
+                __byte_perm(*reinterpret_cast<const uint16_t*>(codes + lo_at),
+                            *reinterpret_cast<const uint16_t*>(codes + lo_at + 8), 0x5410) ^ 0x80808080u;
+            const uint32_t w_hi =
+                __byte_perm(*reinterpret_cast<const uint16_t*>(codes + hi_at),
+                            *reinterpret_cast<const uint16_t*>(codes + hi_at + 8), 0x5410) ^ 0x80808080u;
+            const __half2 d_lo = __half2half2(__ushort_as_half((unsigned short)(j < 2 ? scales_lo : scales_lo >> 16)));
+            const __half2 d_hi = __half2half2(__ushort_as_half((unsigned short)(j < 2 ? scales_hi : scales_hi >> 16)));
+            frag[j][0] = q8_pair_to_half2(w_lo, 0x4140, d_lo);
+            frag[j][1] = q8_pair_to_half2(w_hi, 0x4140, d_hi);
+            frag[j][2] = q8_pair_to_half2(w_lo, 0x4342, d_lo);
+            frag[j][3] = q8_pair_to_half2(w_hi, 0x4342, d_hi);
+        }
+        scales_lo = next_lo;
+        scales_hi = next_hi;
+    };
+    const uint64_t x_desc = wgmma::smem_desc(smem + L::kXBase, 16, 1024);
+    auto issue = [&]<bool kFirst = false>(uint32_t kt, const uint32_t (&frag)[4][4]) {
+        const uint64_t xd = wgmma::desc_advance(x_desc, (kt % kStages) * L::kXBytes);
+        wgmma::fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int nb = 0; nb < kBN / 128; ++nb)
+                wgmma::mma_m64n128k16<0>(acc[nb], frag[j], wgmma::desc_advance(xd, nb * 128 * 128 + j * 32),
+                                         !kFirst || j > 0);
+        wgmma::commit();
+    };
+    auto release = [&](uint32_t kt) {
+        if (lane == 0) mbarrier_arrive(&empty[kt % kStages]);
+    };
+
+    // Two stages per iteration, so that each fragment set is a compile-time choice.
+    convert(0, frag0);
+    issue.template operator()<true>(0, frag0);
+    uint32_t kt = 1;
+    for (; kt + 1 < n_k; kt += 2) {
+        convert(kt, frag1);
+        issue(kt, frag1);
+        wgmma::wait<1>();  // stage kt - 1 done: its x is free and frag0 may be rewritten
+        release(kt - 1);
+        convert(kt + 1, frag0);
+        issue(kt + 1, frag0);
+        wgmma::wait<1>();
+        release(kt);
+    }
+    if (kt < n_k) {
+        convert(kt, frag1);
+        issue(kt, frag1);
+        wgmma::wait<1>();
+        release(kt - 1);
+    }
+    wgmma::wait<0>();
+
+    // Thread's outputs: rows row_lo (+ 8), tokens 128 nb + 8 j + 2c (+ 1). Lanes of one c write
+    // 8 consecutive rows of a token: whole 32-byte sectors.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint32_t r = r0 + row_lo + 8 * h;
+        if (r >= p.n_out) continue;
+#pragma unroll
+        for (int nb = 0; nb < kBN / 128; ++nb)
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const uint32_t t = t0 + nb * 128 + j * 8 + 2 * c + e;
+                    if (t >= p.n_tokens) continue;
+                    float* dst = p.y + (size_t)t * p.n_out + r;
+                    const float v = acc[nb][j][2 * h + e];
+                    *dst = p.add_to_y ? *dst + v : v;
+                }
+    }
+#else
+    __trap();  // launched only where prefill_gemm_q8s_available() (sm_90a code present)
+#endif
+}
+
+template <int kBN>
+void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const Params& p, cudaStream_t stream) {
+    constexpr uint32_t kSmemBytes = Layout<kBN>::kSmemBytes;
+    auto* kernel = prefill_gemm_q8s_kernel<kBN>;
+    static bool configured = false;  // once per instance: opt in to > 48 KB of shared memory
+    if (!configured) {
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
+        configured = true;
+    }
+    const dim3 grid((p.n_tokens + kBN - 1) / kBN, (p.n_out + kRows - 1) / kRows);
+    kernel<<<grid, kThreads, kSmemBytes, stream>>>(x_map, w_map, p);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
+uint32_t sm_count() {
+    static const uint32_t n = [] {
+        int dev = 0, sms = 0;
+        SPILLWAY_CUDA_CHECK(cudaGetDevice(&dev));
+        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        return (uint32_t)std::max(sms, 1);
+    }();
+    return n;
+}
+
+}  // namespace
+
+bool prefill_gemm_q8s_available() {
+    static const bool available = [] {
+        int dev = 0, major = 0, minor = 0, smem_optin = 0;
+        SPILLWAY_CUDA_CHECK(cudaGetDevice(&dev));
+        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        if (major != 9 || minor != 0 || smem_optin < (int)Layout<256>::kSmemBytes) return false;
+        if (!tensor_map_encoder_available()) return false;
+        int compiled = 0;
+        // 0 where the sm_90 image lacks the kernel (a plain 90 build, or PTX JIT-compiled from
+        // an older architecture); an error is treated the same.
+        if (cudaMemcpyFromSymbol(&compiled, kGemmCompiled, sizeof compiled) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return false;
+        }
+        return compiled == 1;
+    }();
+    return available;
+}
+
+bool prefill_gemm_q8s_takes(const CudaMatrix& w) {
+    return w.q8_scales != nullptr && w.n_in != 0 && w.n_in % kBK == 0 && w.n_out != 0 &&
+           reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && reinterpret_cast<uintptr_t>(w.q8_scales) % 4 == 0 &&
+           prefill_gemm_q8s_available();
+}
+
+uint32_t prefill_gemm_q8s_block_tokens(uint32_t n_tokens, uint32_t n_out, uint32_t n_sm) {
+    const uint64_t row_blocks = (n_out + kRows - 1) / kRows;
+    const auto cost = [&](uint64_t bn) {
+        const uint64_t blocks = row_blocks * ((n_tokens + bn - 1) / bn);
+        return ((blocks + n_sm - 1) / std::max<uint64_t>(n_sm, 1)) * bn;
+    };
+    return cost(128) < cost(256) ? 128 : 256;
+}
+
+bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, float* y, bool add_to_y,
+                           cudaStream_t stream, uint32_t block_tokens) {
+    if (!prefill_gemm_q8s_takes(w) || reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
+    if (block_tokens != 0 && block_tokens != 128 && block_tokens != 256)
+        fail("prefill_gemm_q8s_cuda: block_tokens must be 0, 128 or 256, not " + std::to_string(block_tokens));
+    if (n_tokens == 0) return true;
+    // TMA coordinates are int32.
+    if (n_tokens > (uint32_t)INT32_MAX - 256 || w.n_out > (uint32_t)INT32_MAX - kRows)
+        fail("prefill_gemm_q8s_cuda: shape overflows the tensor maps");
+    const uint32_t bn = block_tokens != 0 ? block_tokens : prefill_gemm_q8s_block_tokens(n_tokens, w.n_out, sm_count());
+    const CUtensorMap x_map = tensor_map_2d(x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, w.n_in, n_tokens, (uint64_t)w.n_in * 2,
+                                            kBK, bn, CU_TENSOR_MAP_SWIZZLE_128B, "prefill GEMM (q8s), x");
+    const CUtensorMap w_map = tensor_map_2d(w.data, CU_TENSOR_MAP_DATA_TYPE_UINT8, w.n_in, w.n_out, w.n_in, kBK, kRows,
+                                            CU_TENSOR_MAP_SWIZZLE_64B, "prefill GEMM (q8s), codes");
+    const Params p{w.q8_scales, y, n_tokens, w.n_out, w.n_in, add_to_y ? 1 : 0};
+    if (bn == 128) launch<128>(x_map, w_map, p, stream);
+    else launch<256>(x_map, w_map, p, stream);
+    return true;
+}
+
+}  // namespace spillway

@@ -1,0 +1,151 @@
+// The Hopper chunk GEMM on split-layout Q8_0 weights (prefill_gemm_q8s.cuh) against a CPU
+// reference: each weight d * q rounded once to f16, x rounded to f16, products summed in
+// double. Shapes with partial row and token blocks, odd and even stage counts, both block
+// widths, and the y += W x form. Skips where the kernel is not available (not an sm_90 GPU).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "common/fp16.h"
+#include "cuda_test_util.h"
+#include "engine/cuda/matvec_q8s.cuh"
+#include "engine/cuda/prefill_gemm_q8s.cuh"
+#include "gguf/quants.h"
+
+namespace spillway {
+namespace {
+
+struct SplitMatrix {
+    DeviceBuffer<int8_t> codes;
+    DeviceBuffer<uint16_t> scales;
+    std::vector<float> values;  // each d * q rounded to f16, as the kernel converts it
+    CudaMatrix view(uint32_t n_in, uint32_t n_out) const {
+        CudaMatrix w{GgmlType::Q8_0, reinterpret_cast<const uint8_t*>(codes.data()), n_in, n_out,
+                     *ggml_row_bytes(GgmlType::Q8_0, n_in)};
+        w.q8_scales = scales.data();
+        return w;
+    }
+};
+
+SplitMatrix random_split_matrix(std::mt19937& rng, uint32_t n_in, uint32_t n_out) {
+    const uint64_t row_bytes = *ggml_row_bytes(GgmlType::Q8_0, n_in);
+    std::vector<uint8_t> gguf(row_bytes * n_out);
+    SplitMatrix m;
+    m.values.resize((size_t)n_in * n_out);
+    std::vector<float> row(n_in);
+    for (uint32_t r = 0; r < n_out; ++r) {
+        const auto x = cuda_test::random_floats(rng, n_in, 0.5f);
+        quantize_row(GgmlType::Q8_0, x.data(), gguf.data() + r * row_bytes, n_in);
+        dequantize_row(GgmlType::Q8_0, gguf.data() + r * row_bytes, row.data(), n_in);
+        for (uint32_t i = 0; i < n_in; ++i) m.values[(size_t)r * n_in + i] = fp16_to_fp32(fp32_to_fp16(row[i]));
+    }
+    const auto gguf_dev = cuda_test::to_device(gguf);
+    m.codes = DeviceBuffer<int8_t>((size_t)n_out * n_in);
+    m.scales = DeviceBuffer<uint16_t>((size_t)n_out * (n_in / 32));
+    q8_0_to_split_cuda(gguf_dev.data(), n_out, n_in, Q8Split{m.codes.data(), m.scales.data()}, nullptr);
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    return m;
+}
+
+TEST(CudaPrefillGemmQ8s, MatchesCpuOnEveryBlockShape) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    if (!prefill_gemm_q8s_available()) GTEST_SKIP() << "needs an sm_90 GPU and an sm_90a build";
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    struct Shape {
+        uint32_t n_in, n_out, n_tokens;
+    };
+    // 64: one stage; 320: 5 (the odd tail); 512: 8. Rows and tokens past whole blocks.
+    for (const Shape s : {Shape{64, 128, 5}, Shape{320, 300, 300}, Shape{512, 200, 257}, Shape{512, 384, 130}}) {
+        SCOPED_TRACE("n_in " + std::to_string(s.n_in) + " n_out " + std::to_string(s.n_out) + " tokens " +
+                     std::to_string(s.n_tokens));
+        const SplitMatrix m = random_split_matrix(rng, s.n_in, s.n_out);
+        const CudaMatrix w = m.view(s.n_in, s.n_out);
+        std::vector<uint16_t> x_bits((size_t)s.n_tokens * s.n_in);
+        std::vector<float> x(x_bits.size());
+        for (size_t i = 0; i < x.size(); ++i) {
+            x_bits[i] = fp32_to_fp16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
+            x[i] = fp16_to_fp32(x_bits[i]);
+        }
+        const auto y0 = cuda_test::random_floats(rng, (size_t)s.n_tokens * s.n_out);
+        std::vector<double> ref((size_t)s.n_tokens * s.n_out), mag(ref.size());
+        for (uint32_t t = 0; t < s.n_tokens; ++t)
+            for (uint32_t r = 0; r < s.n_out; ++r) {
+                double sum = 0, abs_sum = 0;
+                for (uint32_t i = 0; i < s.n_in; ++i) {
+                    const double term = (double)m.values[(size_t)r * s.n_in + i] * x[(size_t)t * s.n_in + i];
+                    sum += term;
+                    abs_sum += std::fabs(term);
+                }
+                ref[(size_t)t * s.n_out + r] = sum;
+                mag[(size_t)t * s.n_out + r] = abs_sum;
+            }
+        const auto x_dev = cuda_test::to_device(x_bits);
+        for (const uint32_t bn : {128u, 256u})
+            for (const bool add : {false, true}) {
+                SCOPED_TRACE("block tokens " + std::to_string(bn) + (add ? ", y += W x" : ", y = W x"));
+                auto y = cuda_test::to_device(y0);
+                if (!add) cuda_test::poison(y);
+                ASSERT_TRUE(prefill_gemm_q8s_cuda(w, reinterpret_cast<const __half*>(x_dev.data()), s.n_tokens,
+                                                  y.data(), add, nullptr, bn));
+                SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+                const auto got = cuda_test::to_host(y);
+                size_t bad = 0;
+                double worst = 0;
+                for (size_t i = 0; i < got.size(); ++i) {
+                    const double want = ref[i] + (add ? y0[i] : 0.0);
+                    // f32 accumulation of exact f16 x f16 products: a few f32 ulps of the
+                    // magnitude summed (the final add of y rounds once more).
+                    const double err = std::fabs((double)got[i] - want);
+                    const double tol = 1e-5 * mag[i] + (add ? 1e-6 * std::fabs(want) : 0.0) + 1e-6;
+                    if (!(err <= tol)) ++bad;
+                    worst = std::max(worst, err / (mag[i] + 1e-30));
+                }
+                EXPECT_EQ(bad, 0u) << "of " << got.size() << "; worst error / magnitude " << worst;
+            }
+    }
+}
+
+// Where it does not apply, it launches nothing and says so: the GGUF layout, rows that are not
+// whole 64-value stages, an unaligned x.
+TEST(CudaPrefillGemmQ8s, DeclinesWhatItDoesNotTake) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    if (!prefill_gemm_q8s_available()) GTEST_SKIP() << "needs an sm_90 GPU and an sm_90a build";
+    std::mt19937 rng(cuda_test::fresh_seed());
+    const SplitMatrix m = random_split_matrix(rng, 96, 128);
+    DeviceBuffer<__half> x(4 * 96 + 8);
+    DeviceBuffer<float> y(4 * 128);
+    cuda_test::poison(y);
+    CudaMatrix w = m.view(96, 128);
+    EXPECT_FALSE(prefill_gemm_q8s_cuda(w, x.data(), 4, y.data(), false, nullptr));  // 96 % 64 != 0
+    w.n_in = 64;
+    w.q8_scales = nullptr;
+    EXPECT_FALSE(prefill_gemm_q8s_cuda(w, x.data(), 4, y.data(), false, nullptr));  // GGUF layout
+    w.q8_scales = m.scales.data();
+    EXPECT_FALSE(prefill_gemm_q8s_cuda(w, x.data() + 1, 4, y.data(), false, nullptr));  // x 2-byte aligned
+    EXPECT_THROW(prefill_gemm_q8s_cuda(w, x.data(), 4, y.data(), false, nullptr, 192), Error);
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto untouched = cuda_test::to_host(y);
+    size_t written = 0;
+    for (float v : untouched) written += !std::isnan(v);
+    EXPECT_EQ(written, 0u);
+}
+
+// Pure: the block width follows whole waves of blocks.
+TEST(CudaPrefillGemmQ8s, BlockTokensFollowWaves) {
+    // 40 row blocks (5120 rows) on 132 SMs: 2048 tokens -> 320 blocks of 256 (3 waves, 768
+    // token-units) or 640 of 128 (5 waves, 640): 128. 512 tokens -> 80 of 256 (1 wave, 256) or
+    // 160 of 128 (2 waves, 256): a tie, 256.
+    EXPECT_EQ(prefill_gemm_q8s_block_tokens(2048, 5120, 132), 128u);
+    EXPECT_EQ(prefill_gemm_q8s_block_tokens(512, 5120, 132), 256u);
+    // One block either way: the narrower one is shorter.
+    EXPECT_EQ(prefill_gemm_q8s_block_tokens(100, 128, 132), 128u);
+}
+
+}  // namespace
+}  // namespace spillway
