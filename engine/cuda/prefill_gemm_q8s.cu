@@ -48,6 +48,8 @@ constexpr int kStages = 4;
 constexpr uint32_t kConsumerWarps = 8;
 constexpr int kThreads = (kConsumerWarps + 4) * 32;
 constexpr uint32_t kCodeBytes = kRows * kBK;  // one stage's codes: 128 rows x 64 bytes
+constexpr uint32_t kOutStride = kRows + 4;    // floats per token in the epilogue's tile
+constexpr uint32_t kEpilogue = 1;             // named barrier of the consumer warps
 
 template <int kBN>
 struct Layout {
@@ -56,7 +58,12 @@ struct Layout {
     static constexpr uint32_t kBarBase = kCodeBase + kStages * kCodeBytes;
     static constexpr uint32_t kSmemBytes = kBarBase + 2 * kStages * 8 + 1024;  // + the base's alignment
     static_assert(kSmemBytes <= 227 * 1024, "one block per SM");
+    static_assert(kBN * kOutStride * 4 <= kBarBase, "the epilogue's tile fits in the stages");
 };
+
+__device__ __forceinline__ void named_sync(uint32_t id, uint32_t threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 struct Params {
     const uint16_t* scales;  // [n_out][n_in / 32] f16
@@ -120,15 +127,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     float acc[kBN / 128][16][4];  // the first stage's wgmmas overwrite it (scale-d 0)
     uint32_t frag0[4][4], frag1[4][4];  // A fragments of two stages: [k16 step][register]
+    // Scales come from global memory (L2, mostly) two stages ahead of their use.
     uint32_t scales_lo = stage_scales(p, r0 + row_lo, 0), scales_hi = stage_scales(p, r0 + row_lo + 8, 0);
+    uint32_t next_lo = n_k > 1 ? stage_scales(p, r0 + row_lo, 1) : 0;
+    uint32_t next_hi = n_k > 1 ? stage_scales(p, r0 + row_lo + 8, 1) : 0;
 
     // Stage kt's codes -> the A fragments of its four k16 steps. wgmma's A layout for a warp's
     // 16 rows: register 0 holds (row g, k 2c, 2c + 1), 1 the same of row g + 8, 2 and 3 those
     // at k + 8.
     auto convert = [&](uint32_t kt, uint32_t (&frag)[4][4]) {
         const uint32_t s = kt % kStages;
-        const uint32_t next_lo = kt + 1 < n_k ? stage_scales(p, r0 + row_lo, kt + 1) : 0;
-        const uint32_t next_hi = kt + 1 < n_k ? stage_scales(p, r0 + row_lo + 8, kt + 1) : 0;
+        const uint32_t after_lo = kt + 2 < n_k ? stage_scales(p, r0 + row_lo, kt + 2) : 0;
+        const uint32_t after_hi = kt + 2 < n_k ? stage_scales(p, r0 + row_lo + 8, kt + 2) : 0;
         mbarrier_wait_parity(&full[s], (kt / kStages) & 1);
         const uint8_t* codes = smem + L::kCodeBase + s * kCodeBytes;
 #pragma unroll
@@ -149,6 +159,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         scales_lo = next_lo;
         scales_hi = next_hi;
+        next_lo = after_lo;
+        next_hi = after_hi;
     };
     const uint64_t x_desc = wgmma::smem_desc(smem + L::kXBase, 16, 1024);
     auto issue = [&]<bool kFirst = false>(uint32_t kt, const uint32_t (&frag)[4][4]) {
@@ -188,24 +200,69 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma::wait<0>();
 
-    // Thread's outputs: rows row_lo (+ 8), tokens 128 nb + 8 j + 2c (+ 1). Lanes of one c write
-    // 8 consecutive rows of a token: whole 32-byte sectors.
+    // The epilogue goes through shared memory (the stages are free once both warpgroups are
+    // done with the last x tile): [token][kRows + 4] f32, the padding putting the 4 token
+    // columns of a store instruction in different banks. Then each warp writes whole 512-byte
+    // rows of y (one token's 128 rows) as float4s. Written straight from the fragments, each
+    // thread's 4-byte stores (and, with add_to_y, its loads, which the compiler kept in order
+    // behind the stores) took the wo / down GEMMs to ~2x cuBLAS's time.
+    named_sync(kEpilogue, kConsumerWarps * 32);
+    float* out_tile = reinterpret_cast<float*>(smem);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const uint32_t r = r0 + row_lo + 8 * h;
-        if (r >= p.n_out) continue;
+    for (int nb = 0; nb < kBN / 128; ++nb)
 #pragma unroll
-        for (int nb = 0; nb < kBN / 128; ++nb)
+        for (int j = 0; j < 16; ++j)
 #pragma unroll
-            for (int j = 0; j < 16; ++j)
+            for (int e = 0; e < 2; ++e) {
+                float* col = out_tile + (nb * 128 + j * 8 + 2 * c + e) * kOutStride;
+                col[row_lo] = acc[nb][j][e];
+                col[row_lo + 8] = acc[nb][j][2 + e];
+            }
+    named_sync(kEpilogue, kConsumerWarps * 32);
+    const uint32_t token_stop = min((uint32_t)kBN, p.n_tokens - t0);
+    const bool whole_rows = r0 + kRows <= p.n_out && p.n_out % 4 == 0;
+    constexpr uint32_t kBatch = 4;  // tokens per warp in flight: loads of y before any store
+    for (uint32_t tb = warp * kBatch; tb < token_stop; tb += kConsumerWarps * kBatch) {
+        float4 v[kBatch];
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const uint32_t t = t0 + nb * 128 + j * 8 + 2 * c + e;
-                    if (t >= p.n_tokens) continue;
-                    float* dst = p.y + (size_t)t * p.n_out + r;
-                    const float v = acc[nb][j][2 * h + e];
-                    *dst = p.add_to_y ? *dst + v : v;
+        for (uint32_t i = 0; i < kBatch; ++i)
+            v[i] = *reinterpret_cast<const float4*>(out_tile + (tb + i) * kOutStride + 4 * lane);
+        if (whole_rows) {
+            float4* dst[kBatch];
+#pragma unroll
+            for (uint32_t i = 0; i < kBatch; ++i)
+                dst[i] = reinterpret_cast<float4*>(p.y + (size_t)(t0 + tb + i) * p.n_out + r0 + 4 * lane);
+            if (p.add_to_y) {
+                float4 old[kBatch];
+#pragma unroll
+                for (uint32_t i = 0; i < kBatch; ++i)
+                    if (tb + i < token_stop) old[i] = *dst[i];
+#pragma unroll
+                for (uint32_t i = 0; i < kBatch; ++i) {
+                    v[i].x += old[i].x;
+                    v[i].y += old[i].y;
+                    v[i].z += old[i].z;
+                    v[i].w += old[i].w;
                 }
+            }
+#pragma unroll
+            for (uint32_t i = 0; i < kBatch; ++i)
+                if (tb + i < token_stop) *dst[i] = v[i];
+        } else {
+            // The last row block of a matrix whose rows end inside it (or rows not a multiple of
+            // 4, so float4s would be unaligned): element by element.
+#pragma unroll
+            for (uint32_t i = 0; i < kBatch; ++i) {
+                if (tb + i >= token_stop) break;
+                const float vals[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+                for (uint32_t k = 0; k < 4; ++k) {
+                    const uint32_t r = r0 + 4 * lane + k;
+                    if (r >= p.n_out) break;
+                    float* dst = p.y + (size_t)(t0 + tb + i) * p.n_out + r;
+                    *dst = p.add_to_y ? *dst + vals[k] : vals[k];
+                }
+            }
+        }
     }
 #else
     __trap();  // launched only where prefill_gemm_q8s_available() (sm_90a code present)

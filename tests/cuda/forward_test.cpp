@@ -22,6 +22,7 @@
 #include "engine/cuda/cuda_forward.h"
 #include "engine/cuda/cuda_generate.h"
 #include "engine/cuda/cuda_model.h"
+#include "engine/cuda/cuda_prefill.cuh"
 #include "engine/cuda/decode_layer.cuh"
 #include "model/make_model.h"
 #include "cuda_test_models.h"
@@ -274,8 +275,14 @@ TEST(CudaForward, Q8SplitLayoutMatchesGgufLayout) {
     EXPECT_EQ(cuda_test::count_nan(b), 0u);
     const double prefill_err = worst_row(a, b, V, 0, prompt.size());
     const double decode_err = worst_row(a, b, V, prompt.size(), prompt.size() + decode.size());
-    EXPECT_EQ(prefill_err, 0.0) << "prefill logits differ between the layouts";
-    EXPECT_LT(decode_err, 2e-3) << "decode logits, worst row";
+    // On Hopper the split layout's chunk GEMMs read the codes (prefill_gemm_q8s): the same f16
+    // weights and f32 sums in another order, which 28 layers of a random model carry to
+    // ~3e-3 (session 43; the CPU comparison of LogitsMatchCpuForEveryKvTier sees ~1e-3 for
+    // either). Elsewhere both layouts go through the same f16 tiles: bit-identical.
+    const bool codes_gemm = prefill_gemm_reads_codes(L.wq);
+    if (codes_gemm) EXPECT_LT(prefill_err, 1e-2) << "prefill logits, worst row";
+    else EXPECT_EQ(prefill_err, 0.0) << "prefill logits differ between the layouts";
+    EXPECT_LT(decode_err, codes_gemm ? 1e-2 : 2e-3) << "decode logits, worst row";
 
     // Last-row-only prefill: the head is one GEMV on f32 x.
     auto last_row = [&](const CudaModel& m) {
@@ -292,7 +299,7 @@ TEST(CudaForward, Q8SplitLayoutMatchesGgufLayout) {
     const std::vector<float> la = last_row(gguf), lb = last_row(split);
     const double last_err = rel_error(la.data(), lb.data(), V);
     const double vs_all = rel_error(la.data(), a.data() + (prompt.size() - 1) * V, V);
-    EXPECT_LT(last_err, 2e-4) << "last-row prefill logits";
+    EXPECT_LT(last_err, codes_gemm ? 1e-2 : 2e-4) << "last-row prefill logits";
     std::printf("  split vs gguf layout, qwen2.5-7b shape: prefill %.2e, decode %.2e, last-row prefill %.2e (gguf's "
                 "last row vs its all-rows prefill %.2e)\n",
                 prefill_err, decode_err, last_err, vs_all);
