@@ -28,6 +28,7 @@
 #include "common/error.h"
 #include "engine/cuda/bulk_copy_device.cuh"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/lab_knob.h"
 #include "engine/cuda/q8_half_device.cuh"
 #include "engine/cuda/tensor_map.cuh"
 #include "engine/cuda/wgmma_device.cuh"
@@ -49,19 +50,20 @@ constexpr uint32_t kConsumerWarps = 8;
 constexpr int kThreads = (kConsumerWarps + 4) * 32;
 constexpr uint32_t kCodeBytes = kRows * kBK;  // one stage's codes: 128 rows x 64 bytes
 constexpr uint32_t kOutStride = kRows + 4;    // floats per token in the epilogue's tile
-constexpr uint32_t kEpilogue = 1;             // named barrier of the consumer warps
+[[maybe_unused]] constexpr uint32_t kEpilogue = 1;             // named barrier of the consumer warps
 
 template <int kBN>
 struct Layout {
     static constexpr uint32_t kXBytes = kBN * kBK * 2;  // one stage's x: kBN tokens x 64 halves
-    static constexpr uint32_t kXBase = 0, kCodeBase = kStages * kXBytes;
+    [[maybe_unused]] static constexpr uint32_t kXBase = 0;
+    static constexpr uint32_t kCodeBase = kStages * kXBytes;
     static constexpr uint32_t kBarBase = kCodeBase + kStages * kCodeBytes;
     static constexpr uint32_t kSmemBytes = kBarBase + 2 * kStages * 8 + 1024;  // + the base's alignment
     static_assert(kSmemBytes <= 227 * 1024, "one block per SM");
     static_assert(kBN * kOutStride * 4 <= kBarBase, "the epilogue's tile fits in the stages");
 };
 
-__device__ __forceinline__ void named_sync(uint32_t id, uint32_t threads) {
+[[maybe_unused]] __device__ __forceinline__ void named_sync(uint32_t id, uint32_t threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
@@ -73,12 +75,13 @@ struct Params {
 };
 
 // The stage's two f16 scales of one row (k 0-31 and 32-63 of the stage), or zeros past n_out.
-__device__ __forceinline__ uint32_t stage_scales(const Params& p, uint32_t row, uint32_t stage) {
+[[maybe_unused]] __device__ __forceinline__ uint32_t stage_scales(const Params& p, uint32_t row, uint32_t stage) {
     if (row >= p.n_out) return 0;
     return __ldg(reinterpret_cast<const uint32_t*>(p.scales + (size_t)row * (p.n_in / 32) + stage * 2));
 }
 
-template <int kBN>
+// kN256 (kBN = 256 only): one m64n256k16 per k16 step instead of two m64n128k16.
+template <int kBN, bool kN256>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_gemm_q8s_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                             Params p) {
@@ -167,11 +170,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t xd = wgmma::desc_advance(x_desc, (kt % kStages) * L::kXBytes);
         wgmma::fence();
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < 4; ++j) {
+            if constexpr (kN256) {
+                wgmma::mma_m64n256k16_rs(reinterpret_cast<float(&)[32][4]>(acc), frag[j],
+                                         wgmma::desc_advance(xd, j * 32), !kFirst || j > 0);
+            } else {
 #pragma unroll
-            for (int nb = 0; nb < kBN / 128; ++nb)
-                wgmma::mma_m64n128k16<0>(acc[nb], frag[j], wgmma::desc_advance(xd, nb * 128 * 128 + j * 32),
-                                         !kFirst || j > 0);
+                for (int nb = 0; nb < kBN / 128; ++nb)
+                    wgmma::mma_m64n128k16<0>(acc[nb], frag[j], wgmma::desc_advance(xd, nb * 128 * 128 + j * 32),
+                                             !kFirst || j > 0);
+            }
+        }
         wgmma::commit();
     };
     auto release = [&](uint32_t kt) {
@@ -269,10 +278,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <int kBN>
+template <int kBN, bool kN256 = false>
 void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const Params& p, cudaStream_t stream) {
     constexpr uint32_t kSmemBytes = Layout<kBN>::kSmemBytes;
-    auto* kernel = prefill_gemm_q8s_kernel<kBN>;
+    auto* kernel = prefill_gemm_q8s_kernel<kBN, kN256>;
     static bool configured = false;  // once per instance: opt in to > 48 KB of shared memory
     if (!configured) {
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
@@ -324,9 +333,12 @@ bool prefill_gemm_q8s_takes(const CudaMatrix& w) {
 
 uint32_t prefill_gemm_q8s_block_tokens(uint32_t n_tokens, uint32_t n_out, uint32_t n_sm) {
     const uint64_t row_blocks = (n_out + kRows - 1) / kRows;
+    // A wave of 128-token blocks takes 2/3 of a wave of 256-token ones, not 1/2: measured per
+    // shape at T = 512..4096 (H100, session 43: gate 433 vs 519 TFLOP/s at T = 1024 where both
+    // take the same waves), and this weighting picks the faster width in every row measured.
     const auto cost = [&](uint64_t bn) {
         const uint64_t blocks = row_blocks * ((n_tokens + bn - 1) / bn);
-        return ((blocks + n_sm - 1) / std::max<uint64_t>(n_sm, 1)) * bn;
+        return ((blocks + n_sm - 1) / std::max<uint64_t>(n_sm, 1)) * (bn == 256 ? 3 : 2);
     };
     return cost(128) < cost(256) ? 128 : 256;
 }
@@ -346,7 +358,10 @@ bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_toke
     const CUtensorMap w_map = tensor_map_2d(w.data, CU_TENSOR_MAP_DATA_TYPE_UINT8, w.n_in, w.n_out, w.n_in, kBK, kRows,
                                             CU_TENSOR_MAP_SWIZZLE_64B, "prefill GEMM (q8s), codes");
     const Params p{w.q8_scales, y, n_tokens, w.n_out, w.n_in, add_to_y ? 1 : 0};
+    // Lab: SPILLWAY_GEMM_N256=1, 256-token blocks issue m64n256k16 (one instruction per k16 step).
+    static const bool n256 = lab_knob("SPILLWAY_GEMM_N256", "1", "0");
     if (bn == 128) launch<128>(x_map, w_map, p, stream);
+    else if (n256) launch<256, true>(x_map, w_map, p, stream);
     else launch<256>(x_map, w_map, p, stream);
     return true;
 }

@@ -21,7 +21,7 @@ bool prefill_gemm_q8s_takes(const CudaMatrix& w);
 
 // Tokens per block (the N of the block's 128 x N output tile): 128 or 256, the one with the
 // shorter estimated run for this many tokens and rows on n_sm SMs (whole waves of blocks, a
-// block's time proportional to its tokens); ties take 256.
+// wave of 128-token blocks 2/3 as long as one of 256, as measured); ties take 256.
 uint32_t prefill_gemm_q8s_block_tokens(uint32_t n_tokens, uint32_t n_out, uint32_t n_sm);
 
 // y[t][r] = sum_k x[t][k] * w[r][k] for t < n_tokens, r < w.n_out (add_to_y: y += that, the

@@ -136,15 +136,19 @@ TEST(CudaPrefillGemmQ8s, DeclinesWhatItDoesNotTake) {
     EXPECT_EQ(written, 0u);
 }
 
-// Pure: the block width follows whole waves of blocks.
+// Pure: the block width follows whole waves of blocks, a wave of 128-token blocks weighing
+// 2/3 of one of 256.
 TEST(CudaPrefillGemmQ8s, BlockTokensFollowWaves) {
-    // 40 row blocks (5120 rows) on 132 SMs: 2048 tokens -> 320 blocks of 256 (3 waves, 768
-    // token-units) or 640 of 128 (5 waves, 640): 128. 512 tokens -> 80 of 256 (1 wave, 256) or
-    // 160 of 128 (2 waves, 256): a tie, 256.
-    EXPECT_EQ(prefill_gemm_q8s_block_tokens(2048, 5120, 132), 128u);
-    EXPECT_EQ(prefill_gemm_q8s_block_tokens(512, 5120, 132), 256u);
-    // One block either way: the narrower one is shorter.
-    EXPECT_EQ(prefill_gemm_q8s_block_tokens(100, 128, 132), 128u);
+    // 40 row blocks (5120 rows) on 132 SMs: 2048 tokens -> 320 blocks of 256 (3 waves, cost 9)
+    // or 640 of 128 (5 waves, 10): 256. 1024 rows (8 row blocks), 2048 tokens -> 64 blocks of
+    // 256 (1 wave, 3) or 128 of 128 (1 wave, 2): 128. 4096 tokens -> 128 of 256 (3) or 256 of
+    // 128 (2 waves, 4): 256.
+    EXPECT_EQ(prefill_gemm_q8s_block_tokens(2048, 5120, 132), 256u);
+    EXPECT_EQ(prefill_gemm_q8s_block_tokens(2048, 1024, 132), 128u);
+    EXPECT_EQ(prefill_gemm_q8s_block_tokens(4096, 1024, 132), 256u);
+    // 108 row blocks (13824), 1024 tokens: 432 blocks of 256 (4 waves, 12) or 864 of 128
+    // (7 waves, 14): 256.
+    EXPECT_EQ(prefill_gemm_q8s_block_tokens(1024, 13824, 132), 256u);
 }
 
 }  // namespace
