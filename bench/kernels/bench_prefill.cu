@@ -215,17 +215,20 @@ void bench_gemm(const Options& o, cublasHandle_t cublas, uint32_t n_in, uint32_t
         DeviceBuffer<int8_t> codes((size_t)n_out * n_in);
         DeviceBuffer<uint16_t> scales((size_t)n_out * (n_in / 32));
         q8_0_to_split_cuda(wq.data(), n_out, n_in, Q8Split{codes.data(), scales.data()}, nullptr);
-        CudaMatrix split = q8;
-        split.data = reinterpret_cast<const uint8_t*>(codes.data());
-        split.q8_scales = scales.data();
+        CudaMatrix split_w = q8;
+        split_w.data = reinterpret_cast<const uint8_t*>(codes.data());
+        split_w.q8_scales = scales.data();
+        const Q8sGemmSplit chosen = prefill_gemm_q8s_split(T, n_out, (uint32_t)sm_count());
         for (const uint32_t bn : {0u, 128u, 256u}) {
-            const std::string name = "gemm q8_0 split (wgmma, codes in registers), block tokens " +
-                                     (bn == 0 ? "auto = " + std::to_string(prefill_gemm_q8s_block_tokens(
-                                                                T, n_out, (uint32_t)sm_count()))
-                                              : std::to_string(bn));
+            const std::string name =
+                "gemm q8_0 split (wgmma, codes in registers), block tokens " +
+                (bn == 0 ? "auto = rows " + std::to_string(chosen.rows_wide) + " x 256 + " +
+                               std::to_string(chosen.rows_narrow) + " x 128"
+                         : std::to_string(bn));
+            const Q8sGemmSplit split = bn == 256 ? Q8sGemmSplit{n_out, 0} : bn == 128 ? Q8sGemmSplit{0, n_out} : Q8sGemmSplit{};
             row(name, shape, flops, median_ms([&] {
                 prefill_act_to_f16_cuda(x.data(), (size_t)T * n_in, act.data(), nullptr);
-                if (!prefill_gemm_q8s_cuda(split, act.data(), T, y.data(), false, nullptr, bn))
+                if (!prefill_gemm_q8s_cuda(split_w, act.data(), T, y.data(), false, nullptr, split))
                     throw std::runtime_error("prefill_gemm_q8s_cuda declined the shape");
             }, o.reps));
         }

@@ -281,11 +281,15 @@ bool prefill_gemm_reads_codes(const CudaMatrix& w) {
 
 void matmul_prefill_f16act_cuda(cublasHandle_t cublas, const CudaMatrix& w, uint32_t n_tokens, float* y,
                                 PrefillGemmScratch& sc, cudaStream_t stream, const char* op_label, bool add_to_y) {
-    // Lab: SPILLWAY_GEMM_BLOCK_TOKENS=128|256, the Hopper kernel's block width (else chosen per shape).
+    // Lab: SPILLWAY_GEMM_BLOCK_TOKENS=128|256, the Hopper kernel's block width for all rows (else
+    // chosen per shape, possibly two launches: prefill_gemm_q8s_split).
     static const uint32_t block_tokens = lab_knob_uint("SPILLWAY_GEMM_BLOCK_TOKENS", 0, 256);
     if (block_tokens != 0 && block_tokens != 128 && block_tokens != 256)
         fail("SPILLWAY_GEMM_BLOCK_TOKENS must be 128 or 256");
-    if (prefill_gemm_reads_codes(w) && prefill_gemm_q8s_cuda(w, sc.act_f16, n_tokens, y, add_to_y, stream, block_tokens)) {
+    const Q8sGemmSplit split = block_tokens == 256   ? Q8sGemmSplit{w.n_out, 0}
+                               : block_tokens == 128 ? Q8sGemmSplit{0, w.n_out}
+                                                     : Q8sGemmSplit{};
+    if (prefill_gemm_reads_codes(w) && prefill_gemm_q8s_cuda(w, sc.act_f16, n_tokens, y, add_to_y, stream, split)) {
         op_times_mark(op_label, stream);
         return;
     }

@@ -69,8 +69,9 @@ struct Layout {
 
 struct Params {
     const uint16_t* scales;  // [n_out][n_in / 32] f16
-    float* y;                // [n_tokens][n_out]
-    uint32_t n_tokens, n_out, n_in;
+    float* y;                // [n_tokens][y_stride], this launch's rows from column 0
+    uint32_t n_tokens, n_out, n_in;  // n_out: this launch's rows
+    uint32_t y_stride;
     int add_to_y;
 };
 
@@ -80,8 +81,7 @@ struct Params {
     return __ldg(reinterpret_cast<const uint32_t*>(p.scales + (size_t)row * (p.n_in / 32) + stage * 2));
 }
 
-// kN256 (kBN = 256 only): one m64n256k16 per k16 step instead of two m64n128k16.
-template <int kBN, bool kN256>
+template <int kBN>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_gemm_q8s_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                             Params p) {
@@ -170,17 +170,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t xd = wgmma::desc_advance(x_desc, (kt % kStages) * L::kXBytes);
         wgmma::fence();
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            if constexpr (kN256) {
-                wgmma::mma_m64n256k16_rs(reinterpret_cast<float(&)[32][4]>(acc), frag[j],
-                                         wgmma::desc_advance(xd, j * 32), !kFirst || j > 0);
-            } else {
+        for (int j = 0; j < 4; ++j)
 #pragma unroll
-                for (int nb = 0; nb < kBN / 128; ++nb)
-                    wgmma::mma_m64n128k16<0>(acc[nb], frag[j], wgmma::desc_advance(xd, nb * 128 * 128 + j * 32),
-                                             !kFirst || j > 0);
-            }
-        }
+            for (int nb = 0; nb < kBN / 128; ++nb)
+                wgmma::mma_m64n128k16<0>(acc[nb], frag[j], wgmma::desc_advance(xd, nb * 128 * 128 + j * 32),
+                                         !kFirst || j > 0);
         wgmma::commit();
     };
     auto release = [&](uint32_t kt) {
@@ -229,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
     named_sync(kEpilogue, kConsumerWarps * 32);
     const uint32_t token_stop = min((uint32_t)kBN, p.n_tokens - t0);
-    const bool whole_rows = r0 + kRows <= p.n_out && p.n_out % 4 == 0;
+    const bool whole_rows = r0 + kRows <= p.n_out && p.y_stride % 4 == 0;  // (y is 16-byte aligned)
     constexpr uint32_t kBatch = 4;  // tokens per warp in flight: loads of y before any store
     for (uint32_t tb = warp * kBatch; tb < token_stop; tb += kConsumerWarps * kBatch) {
         float4 v[kBatch];
@@ -240,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             float4* dst[kBatch];
 #pragma unroll
             for (uint32_t i = 0; i < kBatch; ++i)
-                dst[i] = reinterpret_cast<float4*>(p.y + (size_t)(t0 + tb + i) * p.n_out + r0 + 4 * lane);
+                dst[i] = reinterpret_cast<float4*>(p.y + (size_t)(t0 + tb + i) * p.y_stride + r0 + 4 * lane);
             if (p.add_to_y) {
                 float4 old[kBatch];
 #pragma unroll
@@ -258,8 +252,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (uint32_t i = 0; i < kBatch; ++i)
                 if (tb + i < token_stop) *dst[i] = v[i];
         } else {
-            // The last row block of a matrix whose rows end inside it (or rows not a multiple of
-            // 4, so float4s would be unaligned): element by element.
+            // The last row block of a matrix whose rows end inside it (or a y row stride that
+            // is not a multiple of 4, so float4s would be unaligned): element by element.
 #pragma unroll
             for (uint32_t i = 0; i < kBatch; ++i) {
                 if (tb + i >= token_stop) break;
@@ -267,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 for (uint32_t k = 0; k < 4; ++k) {
                     const uint32_t r = r0 + 4 * lane + k;
                     if (r >= p.n_out) break;
-                    float* dst = p.y + (size_t)(t0 + tb + i) * p.n_out + r;
+                    float* dst = p.y + (size_t)(t0 + tb + i) * p.y_stride + r;
                     *dst = p.add_to_y ? *dst + vals[k] : vals[k];
                 }
             }
@@ -278,10 +272,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <int kBN, bool kN256 = false>
+template <int kBN>
 void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const Params& p, cudaStream_t stream) {
     constexpr uint32_t kSmemBytes = Layout<kBN>::kSmemBytes;
-    auto* kernel = prefill_gemm_q8s_kernel<kBN, kN256>;
+    auto* kernel = prefill_gemm_q8s_kernel<kBN>;
     static bool configured = false;  // once per instance: opt in to > 48 KB of shared memory
     if (!configured) {
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
@@ -331,38 +325,65 @@ bool prefill_gemm_q8s_takes(const CudaMatrix& w) {
            prefill_gemm_q8s_available();
 }
 
-uint32_t prefill_gemm_q8s_block_tokens(uint32_t n_tokens, uint32_t n_out, uint32_t n_sm) {
+Q8sGemmSplit prefill_gemm_q8s_split(uint32_t n_tokens, uint32_t n_out, uint32_t n_sm) {
+    n_sm = std::max<uint32_t>(n_sm, 1);
     const uint64_t row_blocks = (n_out + kRows - 1) / kRows;
     // A wave of 128-token blocks takes 2/3 of a wave of 256-token ones, not 1/2: measured per
     // shape at T = 512..4096 (H100, session 43: gate 433 vs 519 TFLOP/s at T = 1024 where both
-    // take the same waves), and this weighting picks the faster width in every row measured.
-    const auto cost = [&](uint64_t bn) {
-        const uint64_t blocks = row_blocks * ((n_tokens + bn - 1) / bn);
-        return ((blocks + n_sm - 1) / std::max<uint64_t>(n_sm, 1)) * (bn == 256 ? 3 : 2);
+    // take the same waves); this weighting picks the faster single width in every row measured.
+    const auto waves = [&](uint64_t rows_blocks, uint64_t bn) {
+        return (rows_blocks * ((n_tokens + bn - 1) / bn) + n_sm - 1) / n_sm;
     };
-    return cost(128) < cost(256) ? 128 : 256;
+    const uint64_t all_wide = waves(row_blocks, 256) * 3, all_narrow = waves(row_blocks, 128) * 2;
+    // Or whole waves of 256-token blocks over the first row blocks and the rest at 128: the
+    // 14B's 5120-row matrices at T = 2048 take 320 blocks of 256, 2.4 waves (3 long ones); as
+    // 264 blocks (33 row blocks) + 112 of 128 they take 2 long waves and a short one.
+    const uint64_t per_row_block = (n_tokens + 255) / 256;
+    const uint64_t wide_blocks = (row_blocks * per_row_block / n_sm) * n_sm / per_row_block;
+    const uint64_t mixed = wide_blocks > 0 && wide_blocks < row_blocks
+                               ? waves(wide_blocks, 256) * 3 + waves(row_blocks - wide_blocks, 128) * 2
+                               : UINT64_MAX;
+    if (all_wide <= all_narrow && all_wide <= mixed) return {n_out, 0};
+    if (all_narrow <= mixed) return {0, n_out};
+    return {(uint32_t)(wide_blocks * kRows), n_out - (uint32_t)(wide_blocks * kRows)};
 }
 
+namespace {
+
+// Rows [row0, row0 + n_rows) of w into columns row0.. of y, in blocks of bn tokens.
+void launch_rows(const CudaMatrix& w, uint32_t row0, uint32_t n_rows, const __half* x, uint32_t n_tokens, float* y,
+                 bool add_to_y, uint32_t bn, cudaStream_t stream) {
+    if (n_rows == 0) return;
+    const uint8_t* codes = w.data + (uint64_t)row0 * w.n_in;
+    const CUtensorMap x_map = tensor_map_2d(x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, w.n_in, n_tokens, (uint64_t)w.n_in * 2,
+                                            kBK, bn, CU_TENSOR_MAP_SWIZZLE_128B, "prefill GEMM (q8s), x");
+    const CUtensorMap w_map = tensor_map_2d(codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, w.n_in, n_rows, w.n_in, kBK, kRows,
+                                            CU_TENSOR_MAP_SWIZZLE_64B, "prefill GEMM (q8s), codes");
+    const Params p{w.q8_scales + (uint64_t)row0 * (w.n_in / 32), y + row0, n_tokens, n_rows, w.n_in, w.n_out,
+                   add_to_y ? 1 : 0};
+    if (bn == 128) launch<128>(x_map, w_map, p, stream);
+    else launch<256>(x_map, w_map, p, stream);
+}
+
+}  // namespace
+
 bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, float* y, bool add_to_y,
-                           cudaStream_t stream, uint32_t block_tokens) {
+                           cudaStream_t stream, Q8sGemmSplit split) {
     if (!prefill_gemm_q8s_takes(w) || reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
-    if (block_tokens != 0 && block_tokens != 128 && block_tokens != 256)
-        fail("prefill_gemm_q8s_cuda: block_tokens must be 0, 128 or 256, not " + std::to_string(block_tokens));
+    const bool automatic = split.rows_wide == 0 && split.rows_narrow == 0;
+    if (!automatic && ((uint64_t)split.rows_wide + split.rows_narrow != w.n_out ||
+                       (split.rows_narrow != 0 && split.rows_wide % kRows != 0)))
+        fail("prefill_gemm_q8s_cuda: a split must cover the " + std::to_string(w.n_out) +
+             " rows, wide ones a multiple of 128 unless they are all, got " + std::to_string(split.rows_wide) + " + " +
+             std::to_string(split.rows_narrow));
+    if (reinterpret_cast<uintptr_t>(y) % 16 != 0) fail("prefill_gemm_q8s_cuda: y must be 16-byte aligned");
     if (n_tokens == 0) return true;
     // TMA coordinates are int32.
     if (n_tokens > (uint32_t)INT32_MAX - 256 || w.n_out > (uint32_t)INT32_MAX - kRows)
         fail("prefill_gemm_q8s_cuda: shape overflows the tensor maps");
-    const uint32_t bn = block_tokens != 0 ? block_tokens : prefill_gemm_q8s_block_tokens(n_tokens, w.n_out, sm_count());
-    const CUtensorMap x_map = tensor_map_2d(x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, w.n_in, n_tokens, (uint64_t)w.n_in * 2,
-                                            kBK, bn, CU_TENSOR_MAP_SWIZZLE_128B, "prefill GEMM (q8s), x");
-    const CUtensorMap w_map = tensor_map_2d(w.data, CU_TENSOR_MAP_DATA_TYPE_UINT8, w.n_in, w.n_out, w.n_in, kBK, kRows,
-                                            CU_TENSOR_MAP_SWIZZLE_64B, "prefill GEMM (q8s), codes");
-    const Params p{w.q8_scales, y, n_tokens, w.n_out, w.n_in, add_to_y ? 1 : 0};
-    // Lab: SPILLWAY_GEMM_N256=1, 256-token blocks issue m64n256k16 (one instruction per k16 step).
-    static const bool n256 = lab_knob("SPILLWAY_GEMM_N256", "1", "0");
-    if (bn == 128) launch<128>(x_map, w_map, p, stream);
-    else if (n256) launch<256, true>(x_map, w_map, p, stream);
-    else launch<256>(x_map, w_map, p, stream);
+    if (automatic) split = prefill_gemm_q8s_split(n_tokens, w.n_out, sm_count());
+    launch_rows(w, 0, split.rows_wide, x, n_tokens, y, add_to_y, 256, stream);
+    launch_rows(w, split.rows_wide, split.rows_narrow, x, n_tokens, y, add_to_y, 128, stream);
     return true;
 }
 

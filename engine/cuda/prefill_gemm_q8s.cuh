@@ -19,18 +19,24 @@ bool prefill_gemm_q8s_available();
 // layout, n_in a multiple of 64, codes 16-byte and scales 4-byte aligned.
 bool prefill_gemm_q8s_takes(const CudaMatrix& w);
 
-// Tokens per block (the N of the block's 128 x N output tile): 128 or 256, the one with the
-// shorter estimated run for this many tokens and rows on n_sm SMs (whole waves of blocks, a
-// wave of 128-token blocks 2/3 as long as one of 256, as measured); ties take 256.
-uint32_t prefill_gemm_q8s_block_tokens(uint32_t n_tokens, uint32_t n_out, uint32_t n_sm);
+// How a matrix's rows are covered: the first rows_wide rows in blocks of 128 rows x 256
+// tokens, the other rows_narrow in blocks of 128 x 128 (a second launch). Chosen from whole
+// waves of blocks on n_sm SMs, a wave of 128-token blocks 2/3 as long as one of 256 (measured):
+// one width for all rows, or whole waves of wide blocks and the rest narrow; ties take fewer
+// launches and wider blocks.
+struct Q8sGemmSplit {
+    uint32_t rows_wide = 0, rows_narrow = 0;
+};
+Q8sGemmSplit prefill_gemm_q8s_split(uint32_t n_tokens, uint32_t n_out, uint32_t n_sm);
 
 // y[t][r] = sum_k x[t][k] * w[r][k] for t < n_tokens, r < w.n_out (add_to_y: y += that, the
 // f32 sum rounded once); x: [n_tokens][w.n_in] f16, y: [n_tokens][w.n_out] f32. Each weight
 // is d * q rounded once to f16 (as dequantize_rows_f16_cuda gives it), products summed in
-// f32. block_tokens: 0 for prefill_gemm_q8s_block_tokens' choice, else 128 or 256. Returns
+// f32; y 16-byte aligned. split: {0, 0} for prefill_gemm_q8s_split's choice, else rows_wide
+// + rows_narrow == w.n_out, rows_wide a multiple of 128 where rows_narrow > 0 (an error otherwise). Returns
 // false (nothing launched) where it does not apply: !prefill_gemm_q8s_takes(w), or x not
 // 16-byte aligned.
 bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, float* y, bool add_to_y,
-                           cudaStream_t stream, uint32_t block_tokens = 0);
+                           cudaStream_t stream, Q8sGemmSplit split = {});
 
 }  // namespace spillway

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -86,13 +87,15 @@ TEST(CudaPrefillGemmQ8s, MatchesCpuOnEveryBlockShape) {
                 mag[(size_t)t * s.n_out + r] = abs_sum;
             }
         const auto x_dev = cuda_test::to_device(x_bits);
-        for (const uint32_t bn : {128u, 256u})
+        // All rows in 128- or 256-token blocks, and the first 128 rows wide, the rest narrow.
+        for (const Q8sGemmSplit split : {Q8sGemmSplit{0, s.n_out}, Q8sGemmSplit{s.n_out, 0}, Q8sGemmSplit{128, s.n_out - 128}})
             for (const bool add : {false, true}) {
-                SCOPED_TRACE("block tokens " + std::to_string(bn) + (add ? ", y += W x" : ", y = W x"));
+                SCOPED_TRACE("rows " + std::to_string(split.rows_wide) + " wide + " + std::to_string(split.rows_narrow) +
+                             " narrow" + (add ? ", y += W x" : ", y = W x"));
                 auto y = cuda_test::to_device(y0);
                 if (!add) cuda_test::poison(y);
                 ASSERT_TRUE(prefill_gemm_q8s_cuda(w, reinterpret_cast<const __half*>(x_dev.data()), s.n_tokens,
-                                                  y.data(), add, nullptr, bn));
+                                                  y.data(), add, nullptr, split));
                 SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
                 const auto got = cuda_test::to_host(y);
                 size_t bad = 0;
@@ -128,7 +131,8 @@ TEST(CudaPrefillGemmQ8s, DeclinesWhatItDoesNotTake) {
     EXPECT_FALSE(prefill_gemm_q8s_cuda(w, x.data(), 4, y.data(), false, nullptr));  // GGUF layout
     w.q8_scales = m.scales.data();
     EXPECT_FALSE(prefill_gemm_q8s_cuda(w, x.data() + 1, 4, y.data(), false, nullptr));  // x 2-byte aligned
-    EXPECT_THROW(prefill_gemm_q8s_cuda(w, x.data(), 4, y.data(), false, nullptr, 192), Error);
+    EXPECT_THROW(prefill_gemm_q8s_cuda(w, x.data(), 4, y.data(), false, nullptr, Q8sGemmSplit{64, 64}), Error);
+    EXPECT_THROW(prefill_gemm_q8s_cuda(w, x.data(), 4, y.data(), false, nullptr, Q8sGemmSplit{128, 64}), Error);
     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
     const auto untouched = cuda_test::to_host(y);
     size_t written = 0;
@@ -136,19 +140,27 @@ TEST(CudaPrefillGemmQ8s, DeclinesWhatItDoesNotTake) {
     EXPECT_EQ(written, 0u);
 }
 
-// Pure: the block width follows whole waves of blocks, a wave of 128-token blocks weighing
-// 2/3 of one of 256.
-TEST(CudaPrefillGemmQ8s, BlockTokensFollowWaves) {
-    // 40 row blocks (5120 rows) on 132 SMs: 2048 tokens -> 320 blocks of 256 (3 waves, cost 9)
-    // or 640 of 128 (5 waves, 10): 256. 1024 rows (8 row blocks), 2048 tokens -> 64 blocks of
-    // 256 (1 wave, 3) or 128 of 128 (1 wave, 2): 128. 4096 tokens -> 128 of 256 (3) or 256 of
-    // 128 (2 waves, 4): 256.
-    EXPECT_EQ(prefill_gemm_q8s_block_tokens(2048, 5120, 132), 256u);
-    EXPECT_EQ(prefill_gemm_q8s_block_tokens(2048, 1024, 132), 128u);
-    EXPECT_EQ(prefill_gemm_q8s_block_tokens(4096, 1024, 132), 256u);
-    // 108 row blocks (13824), 1024 tokens: 432 blocks of 256 (4 waves, 12) or 864 of 128
-    // (7 waves, 14): 256.
-    EXPECT_EQ(prefill_gemm_q8s_block_tokens(1024, 13824, 132), 256u);
+// Pure: the rows' split between 256- and 128-token blocks follows whole waves of blocks, a
+// wave of 128-token blocks weighing 2/3 of one of 256.
+TEST(CudaPrefillGemmQ8s, SplitFollowsWaves) {
+    auto split = [](uint32_t tokens, uint32_t rows) {
+        const Q8sGemmSplit s = prefill_gemm_q8s_split(tokens, rows, 132);
+        EXPECT_EQ(s.rows_wide + s.rows_narrow, rows);
+        EXPECT_EQ(s.rows_wide % 128, 0u);
+        return std::pair{s.rows_wide, s.rows_narrow};
+    };
+    // 40 row blocks, 2048 tokens: 320 wide blocks take 3 waves (cost 9), 640 narrow 5 (10);
+    // 33 row blocks wide (264 blocks, 2 waves: 6) + 7 narrow (112 blocks, 1 wave: 2) = 8.
+    EXPECT_EQ(split(2048, 5120), std::pair(33u * 128, 7u * 128));
+    // 512 tokens: 80 wide blocks, one wave (3); 160 narrow, 2 waves (4); no whole wave to split.
+    EXPECT_EQ(split(512, 5120), std::pair(5120u, 0u));
+    // 8 row blocks, 2048 tokens: 64 wide blocks (3) or 128 narrow (2), both one wave.
+    EXPECT_EQ(split(2048, 1024), std::pair(0u, 1024u));
+    // 108 row blocks, 2048 tokens: 864 wide blocks, 7 waves (21); 99 wide (6 waves) + 9 narrow
+    // (144 blocks, 2 waves) = 22; narrow alone 14 waves (28).
+    EXPECT_EQ(split(2048, 13824), std::pair(13824u, 0u));
+    // Rows that end inside a block: 300 rows = 3 row blocks, one wave either way: narrow.
+    EXPECT_EQ(split(300, 300), std::pair(0u, 300u));
 }
 
 }  // namespace
