@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <span>
 #include <string>
 
 #include "common/error.h"
@@ -168,6 +169,28 @@ void matmul(CudaForwardState& st, const CudaMatrix& w, const float* x, uint32_t 
     if (n_tokens == 1) return matvec_cuda(w.type, w.data, x, y, w.n_out, w.n_in, 1, st.stream);
     if (!x_is_f16) prefill_act_to_f16_cuda(x, (size_t)n_tokens * w.n_in, st.act_f16.data(), st.stream);
     matmul_prefill_f16act_cuda(st.cublas, w, n_tokens, y, st.prefill_gemm, st.stream, op_label, add_to_y);
+}
+
+// A chunk's product with matrices kept back to back (q|k|v, gate|up: `first` and the rows after
+// it, total_rows in all) as one codes-GEMM launch (prefill_gemm_q8s.cuh), their results into
+// separate buffers: fewer, fuller waves than one launch per matrix (k and v alone fill 64-128
+// blocks). False, with nothing launched, where the codes GEMM does not take the group.
+// Lab: SPILLWAY_PREFILL_GEMM_MERGE=0, one launch per matrix.
+bool matmul_merged(CudaForwardState& st, const CudaMatrix& first, uint32_t total_rows, const float* x, uint32_t n_tokens,
+                   std::span<const GemmOutput> outs, const char* op_label, bool x_is_f16) {
+    static const bool separate = lab_knob("SPILLWAY_PREFILL_GEMM_MERGE", "0", "1");
+    if (separate || n_tokens < 2) return false;
+    CudaMatrix all = first;
+    all.n_out = total_rows;
+    if (!prefill_gemm_reads_codes(all)) return false;
+    uint64_t rows = 0;
+    for (size_t i = 0; i + 1 < outs.size(); ++i)
+        if ((rows += outs[i].rows) % 128 != 0) return false;  // outputs start at whole row blocks
+    if (!x_is_f16) prefill_act_to_f16_cuda(x, (size_t)n_tokens * all.n_in, st.act_f16.data(), st.stream);
+    if (!matmul_prefill_codes_cuda(all, n_tokens, outs, st.prefill_gemm, st.stream))
+        fail("matmul_merged: the codes GEMM declined a group it takes");
+    op_times_mark(op_label, st.stream);
+    return true;
 }
 
 // Decode with Q8_0 weights: the matvec (q16x for GGUF layout, q8s for the split layout, whose
@@ -458,9 +481,12 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             matvec_decode(st, L.wk, kd, xn, k);
             matvec_decode(st, L.wv, vd, xn, v, GemvSite::qkv);
         } else {
-            matmul(st, L.wq, xn, T, q, "gemm q", fused_prefill);
-            matmul(st, L.wk, xn, T, k, "gemm k", true);
-            matmul(st, L.wv, xn, T, v, "gemm v", true);
+            const GemmOutput qkv_outs[3] = {{q, qd, qd}, {k, kd, kd}, {v, vd, vd}};
+            if (!(L.fused_qkv && matmul_merged(st, L.wq, qd + kd + vd, xn, T, qkv_outs, "gemm q|k|v", fused_prefill))) {
+                matmul(st, L.wq, xn, T, q, "gemm q", fused_prefill);
+                matmul(st, L.wk, xn, T, k, "gemm k", true);
+                matmul(st, L.wv, xn, T, v, "gemm v", true);
+            }
         }
         // Bias, RoPE and the K/V write in one launch (qkv_post.cuh); the spilled path writes K/V
         // itself, so it gets only bias and RoPE.
@@ -621,8 +647,12 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             matvec_decode(st, L.ffn_gate, F, xn, gate);
             matvec_decode(st, L.ffn_up, F, xn, up, GemvSite::gate_up);
         } else {
-            matmul(st, L.ffn_gate, xn, T, gate, "gemm gate", fused_prefill);
-            matmul(st, L.ffn_up, xn, T, up, "gemm up", true);
+            const GemmOutput gate_up_outs[2] = {{gate, F, F}, {up, F, F}};
+            if (!(L.fused_gate_up &&
+                  matmul_merged(st, L.ffn_gate, 2 * F, xn, T, gate_up_outs, "gemm gate|up", fused_prefill))) {
+                matmul(st, L.ffn_gate, xn, T, gate, "gemm gate", fused_prefill);
+                matmul(st, L.ffn_up, xn, T, up, "gemm up", true);
+            }
         }
         if (takes_q16(L.ffn_down, T)) {
             swiglu_q16_cuda(gate, up, F, act_q16(st), stream);  // the f32 product is never needed

@@ -273,14 +273,8 @@ void prefill_act_to_f16_cuda(const float* x, size_t n, __half* act_f16, cudaStre
     op_times_mark("act f32->f16", stream);
 }
 
-bool prefill_gemm_reads_codes(const CudaMatrix& w) {
-    // Lab: SPILLWAY_PREFILL_GEMM=cublas, every matrix through f16 tiles (the default before session 43).
-    static const bool tiles_only = lab_knob("SPILLWAY_PREFILL_GEMM", "cublas", "wgmma");
-    return !tiles_only && prefill_gemm_q8s_takes(w);
-}
-
-void matmul_prefill_f16act_cuda(cublasHandle_t cublas, const CudaMatrix& w, uint32_t n_tokens, float* y,
-                                PrefillGemmScratch& sc, cudaStream_t stream, const char* op_label, bool add_to_y) {
+bool matmul_prefill_codes_cuda(const CudaMatrix& w, uint32_t n_tokens, std::span<const GemmOutput> outs,
+                               PrefillGemmScratch& sc, cudaStream_t stream, bool add_to_y) {
     // Lab: SPILLWAY_GEMM_BLOCK_TOKENS=128|256, the Hopper kernel's block width for all rows (else
     // chosen per shape, possibly two launches: prefill_gemm_q8s_split).
     static const uint32_t block_tokens = lab_knob_uint("SPILLWAY_GEMM_BLOCK_TOKENS", 0, 256);
@@ -289,7 +283,19 @@ void matmul_prefill_f16act_cuda(cublasHandle_t cublas, const CudaMatrix& w, uint
     const Q8sGemmSplit split = block_tokens == 256   ? Q8sGemmSplit{w.n_out, 0}
                                : block_tokens == 128 ? Q8sGemmSplit{0, w.n_out}
                                                      : Q8sGemmSplit{};
-    if (prefill_gemm_reads_codes(w) && prefill_gemm_q8s_cuda(w, sc.act_f16, n_tokens, y, add_to_y, stream, split)) {
+    return prefill_gemm_reads_codes(w) && prefill_gemm_q8s_cuda(w, sc.act_f16, n_tokens, outs, add_to_y, stream, split);
+}
+
+bool prefill_gemm_reads_codes(const CudaMatrix& w) {
+    // Lab: SPILLWAY_PREFILL_GEMM=cublas, every matrix through f16 tiles (the default before session 43).
+    static const bool tiles_only = lab_knob("SPILLWAY_PREFILL_GEMM", "cublas", "wgmma");
+    return !tiles_only && prefill_gemm_q8s_takes(w);
+}
+
+void matmul_prefill_f16act_cuda(cublasHandle_t cublas, const CudaMatrix& w, uint32_t n_tokens, float* y,
+                                PrefillGemmScratch& sc, cudaStream_t stream, const char* op_label, bool add_to_y) {
+    const GemmOutput out{y, w.n_out, w.n_out};
+    if (matmul_prefill_codes_cuda(w, n_tokens, std::span<const GemmOutput>(&out, 1), sc, stream, add_to_y)) {
         op_times_mark(op_label, stream);
         return;
     }

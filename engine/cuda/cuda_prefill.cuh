@@ -8,11 +8,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
 #include "engine/cpu/attention.h"
 #include "engine/cuda/cuda_model.h"
+#include "engine/cuda/prefill_gemm_q8s.cuh"
 
 namespace spillway {
 
@@ -44,6 +46,11 @@ void prefill_act_to_f16_cuda(const float* x, size_t n, __half* act_f16, cudaStre
 // prefill_gemm_q8s.cuh) instead of dequantizing it tile by tile into the scratch's f16 tiles;
 // such a matrix needs no tile. SPILLWAY_PREFILL_GEMM=cublas (lab) says no for every matrix.
 bool prefill_gemm_reads_codes(const CudaMatrix& w);
+// y = W x through the codes GEMM alone, with W's rows split over outs (prefill_gemm_q8s.cuh's
+// GemmOutput: q | k | v or gate | up in one launch); x already in scratch.act_f16. False, with
+// nothing launched, where prefill_gemm_reads_codes(w) is false or the GEMM does not take it.
+bool matmul_prefill_codes_cuda(const CudaMatrix& w, uint32_t n_tokens, std::span<const GemmOutput> outs,
+                               PrefillGemmScratch& sc, cudaStream_t stream, bool add_to_y = false);
 // y = W x with x already in scratch.act_f16; add_to_y: y += W x (cuBLAS's beta = 1: the f32
 // sum rounds once, as a separate residual add of W x would).
 void matmul_prefill_f16act_cuda(cublasHandle_t cublas, const CudaMatrix& w, uint32_t n_tokens, float* y,

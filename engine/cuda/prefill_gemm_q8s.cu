@@ -23,6 +23,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <span>
 #include <string>
 
 #include "common/error.h"
@@ -67,11 +68,19 @@ struct Layout {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Where a run of the launch's rows goes: rows [begin, end) (launch-relative, multiples of
+// kRows apart from each other's boundaries) into y [n_tokens][stride], row `begin` at column 0.
+struct SegmentOut {
+    float* y;
+    uint32_t begin, end, stride;
+};
+constexpr int kMaxSegments = 3;  // q | k | v
+
 struct Params {
-    const uint16_t* scales;  // [n_out][n_in / 32] f16
-    float* y;                // [n_tokens][y_stride], this launch's rows from column 0
+    const uint16_t* scales;  // [n_out][n_in / 32] f16, from the launch's first row
     uint32_t n_tokens, n_out, n_in;  // n_out: this launch's rows
-    uint32_t y_stride;
+    uint32_t n_segments;
+    SegmentOut seg[kMaxSegments];
     int add_to_y;
 };
 
@@ -223,7 +232,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
     named_sync(kEpilogue, kConsumerWarps * 32);
     const uint32_t token_stop = min((uint32_t)kBN, p.n_tokens - t0);
-    const bool whole_rows = r0 + kRows <= p.n_out && p.y_stride % 4 == 0;  // (y is 16-byte aligned)
+    // The block's output: its segment (a block never straddles two), from the block's first row.
+    SegmentOut seg = p.seg[0];
+#pragma unroll
+    for (int i = 1; i < kMaxSegments; ++i)
+        if (i < (int)p.n_segments && r0 >= p.seg[i].begin) seg = p.seg[i];
+    float* const y_block = seg.y + (r0 - seg.begin);
+    const uint32_t rows_left = seg.end - r0, y_stride = seg.stride;
+    const bool whole_rows = rows_left >= (uint32_t)kRows && y_stride % 4 == 0;  // (y is 16-byte aligned)
     constexpr uint32_t kBatch = 4;  // tokens per warp in flight: loads of y before any store
     for (uint32_t tb = warp * kBatch; tb < token_stop; tb += kConsumerWarps * kBatch) {
         float4 v[kBatch];
@@ -234,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             float4* dst[kBatch];
 #pragma unroll
             for (uint32_t i = 0; i < kBatch; ++i)
-                dst[i] = reinterpret_cast<float4*>(p.y + (size_t)(t0 + tb + i) * p.y_stride + r0 + 4 * lane);
+                dst[i] = reinterpret_cast<float4*>(y_block + (size_t)(t0 + tb + i) * y_stride + 4 * lane);
             if (p.add_to_y) {
                 float4 old[kBatch];
 #pragma unroll
@@ -252,16 +268,16 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (uint32_t i = 0; i < kBatch; ++i)
                 if (tb + i < token_stop) *dst[i] = v[i];
         } else {
-            // The last row block of a matrix whose rows end inside it (or a y row stride that
+            // The last row block of a segment whose rows end inside it (or a y row stride that
             // is not a multiple of 4, so float4s would be unaligned): element by element.
 #pragma unroll
             for (uint32_t i = 0; i < kBatch; ++i) {
                 if (tb + i >= token_stop) break;
                 const float vals[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
                 for (uint32_t k = 0; k < 4; ++k) {
-                    const uint32_t r = r0 + 4 * lane + k;
-                    if (r >= p.n_out) break;
-                    float* dst = p.y + (size_t)(t0 + tb + i) * p.y_stride + r;
+                    const uint32_t r = 4 * lane + k;
+                    if (r >= rows_left) break;
+                    float* dst = y_block + (size_t)(t0 + tb + i) * y_stride + r;
                     *dst = p.add_to_y ? *dst + vals[k] : vals[k];
                 }
             }
@@ -350,17 +366,29 @@ Q8sGemmSplit prefill_gemm_q8s_split(uint32_t n_tokens, uint32_t n_out, uint32_t 
 
 namespace {
 
-// Rows [row0, row0 + n_rows) of w into columns row0.. of y, in blocks of bn tokens.
-void launch_rows(const CudaMatrix& w, uint32_t row0, uint32_t n_rows, const __half* x, uint32_t n_tokens, float* y,
-                 bool add_to_y, uint32_t bn, cudaStream_t stream) {
+// Rows [row0, row0 + n_rows) of w, in blocks of bn tokens, each row into its output segment.
+void launch_rows(const CudaMatrix& w, uint32_t row0, uint32_t n_rows, const __half* x, uint32_t n_tokens,
+                 std::span<const GemmOutput> outs, bool add_to_y, uint32_t bn, cudaStream_t stream) {
     if (n_rows == 0) return;
     const uint8_t* codes = w.data + (uint64_t)row0 * w.n_in;
     const CUtensorMap x_map = tensor_map_2d(x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, w.n_in, n_tokens, (uint64_t)w.n_in * 2,
                                             kBK, bn, CU_TENSOR_MAP_SWIZZLE_128B, "prefill GEMM (q8s), x");
     const CUtensorMap w_map = tensor_map_2d(codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, w.n_in, n_rows, w.n_in, kBK, kRows,
                                             CU_TENSOR_MAP_SWIZZLE_64B, "prefill GEMM (q8s), codes");
-    const Params p{w.q8_scales + (uint64_t)row0 * (w.n_in / 32), y + row0, n_tokens, n_rows, w.n_in, w.n_out,
-                   add_to_y ? 1 : 0};
+    Params p{};
+    p.scales = w.q8_scales + (uint64_t)row0 * (w.n_in / 32);
+    p.n_tokens = n_tokens;
+    p.n_out = n_rows;
+    p.n_in = w.n_in;
+    p.add_to_y = add_to_y ? 1 : 0;
+    // The segments this launch's rows meet, in launch-relative rows.
+    uint32_t seg_begin = 0;
+    for (const GemmOutput& o : outs) {
+        const uint32_t seg_end = seg_begin + o.rows;
+        const uint32_t lo = std::max(seg_begin, row0), hi = std::min(seg_end, row0 + n_rows);
+        if (lo < hi) p.seg[p.n_segments++] = SegmentOut{o.y + (lo - seg_begin), lo - row0, hi - row0, o.y_stride};
+        seg_begin = seg_end;
+    }
     if (bn == 128) launch<128>(x_map, w_map, p, stream);
     else launch<256>(x_map, w_map, p, stream);
 }
@@ -369,6 +397,12 @@ void launch_rows(const CudaMatrix& w, uint32_t row0, uint32_t n_rows, const __ha
 
 bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, float* y, bool add_to_y,
                            cudaStream_t stream, Q8sGemmSplit split) {
+    const GemmOutput out{y, w.n_out, w.n_out};
+    return prefill_gemm_q8s_cuda(w, x, n_tokens, std::span<const GemmOutput>(&out, 1), add_to_y, stream, split);
+}
+
+bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, std::span<const GemmOutput> outs,
+                           bool add_to_y, cudaStream_t stream, Q8sGemmSplit split) {
     if (!prefill_gemm_q8s_takes(w) || reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
     const bool automatic = split.rows_wide == 0 && split.rows_narrow == 0;
     if (!automatic && ((uint64_t)split.rows_wide + split.rows_narrow != w.n_out ||
@@ -376,14 +410,27 @@ bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_toke
         fail("prefill_gemm_q8s_cuda: a split must cover the " + std::to_string(w.n_out) +
              " rows, wide ones a multiple of 128 unless they are all, got " + std::to_string(split.rows_wide) + " + " +
              std::to_string(split.rows_narrow));
-    if (reinterpret_cast<uintptr_t>(y) % 16 != 0) fail("prefill_gemm_q8s_cuda: y must be 16-byte aligned");
+    if (outs.empty() || outs.size() > (size_t)kMaxSegments)
+        fail("prefill_gemm_q8s_cuda: 1 to " + std::to_string(kMaxSegments) + " outputs, got " + std::to_string(outs.size()));
+    uint64_t rows = 0;
+    for (size_t i = 0; i < outs.size(); ++i) {
+        if (outs[i].rows == 0 || outs[i].y_stride < outs[i].rows || reinterpret_cast<uintptr_t>(outs[i].y) % 16 != 0)
+            fail("prefill_gemm_q8s_cuda: output " + std::to_string(i) +
+                 " needs rows > 0, a row stride of at least its rows and a 16-byte aligned y");
+        if (i + 1 < outs.size() && (rows + outs[i].rows) % kRows != 0)
+            fail("prefill_gemm_q8s_cuda: outputs must start at multiples of 128 rows");
+        rows += outs[i].rows;
+    }
+    if (rows != w.n_out)
+        fail("prefill_gemm_q8s_cuda: the outputs cover " + std::to_string(rows) + " rows, the matrix has " +
+             std::to_string(w.n_out));
     if (n_tokens == 0) return true;
     // TMA coordinates are int32.
     if (n_tokens > (uint32_t)INT32_MAX - 256 || w.n_out > (uint32_t)INT32_MAX - kRows)
         fail("prefill_gemm_q8s_cuda: shape overflows the tensor maps");
     if (automatic) split = prefill_gemm_q8s_split(n_tokens, w.n_out, sm_count());
-    launch_rows(w, 0, split.rows_wide, x, n_tokens, y, add_to_y, 256, stream);
-    launch_rows(w, split.rows_wide, split.rows_narrow, x, n_tokens, y, add_to_y, 128, stream);
+    launch_rows(w, 0, split.rows_wide, x, n_tokens, outs, add_to_y, 256, stream);
+    launch_rows(w, split.rows_wide, split.rows_narrow, x, n_tokens, outs, add_to_y, 128, stream);
     return true;
 }
 

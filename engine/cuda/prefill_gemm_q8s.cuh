@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 
 #include "engine/cuda/cuda_model.h"
 
@@ -38,5 +39,18 @@ Q8sGemmSplit prefill_gemm_q8s_split(uint32_t n_tokens, uint32_t n_out, uint32_t 
 // 16-byte aligned.
 bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, float* y, bool add_to_y,
                            cudaStream_t stream, Q8sGemmSplit split = {});
+
+// One output of a GEMM whose rows go to several buffers (q | k | v, gate | up: matrices kept
+// back to back whose results the forward keeps apart): the next `rows` rows of w into
+// y [n_tokens][y_stride] (y 16-byte aligned, y_stride >= rows).
+struct GemmOutput {
+    float* y = nullptr;
+    uint32_t rows = 0, y_stride = 0;
+};
+// The same product with w's rows split over 1 to 3 outputs in order, each but the last a
+// multiple of 128 rows, together w.n_out (an error otherwise); one launch (or two, as above)
+// for all of them.
+bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, std::span<const GemmOutput> outs,
+                           bool add_to_y, cudaStream_t stream, Q8sGemmSplit split = {});
 
 }  // namespace spillway

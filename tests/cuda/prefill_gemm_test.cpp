@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <span>
 #include <utility>
 #include <string>
 #include <vector>
@@ -112,6 +114,81 @@ TEST(CudaPrefillGemmQ8s, MatchesCpuOnEveryBlockShape) {
                 EXPECT_EQ(bad, 0u) << "of " << got.size() << "; worst error / magnitude " << worst;
             }
     }
+}
+
+// Rows split over several outputs (q | k | v in one launch): each output equals, bit for bit,
+// the same rows multiplied on their own (every element sums the same products in the same
+// order), with y row strides wider than the rows and both block widths; and the CPU agrees.
+TEST(CudaPrefillGemmQ8s, OutputsOfOneLaunchEqualSeparateLaunches) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    if (!prefill_gemm_q8s_available()) GTEST_SKIP() << "needs an sm_90 GPU and an sm_90a build";
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const uint32_t n_in = 192, T = 300;
+    const uint32_t rows[3] = {256, 128, 100}, strides[3] = {256, 132, 104};
+    const uint32_t n_out = rows[0] + rows[1] + rows[2];
+    const SplitMatrix m = random_split_matrix(rng, n_in, n_out);
+    const CudaMatrix all = m.view(n_in, n_out);
+    std::vector<uint16_t> x_bits((size_t)T * n_in);
+    for (auto& b : x_bits) b = fp32_to_fp16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
+    const auto x_dev = cuda_test::to_device(x_bits);
+    const auto* x = reinterpret_cast<const __half*>(x_dev.data());
+    for (const Q8sGemmSplit split : {Q8sGemmSplit{}, Q8sGemmSplit{0, n_out}, Q8sGemmSplit{256, n_out - 256}}) {
+        SCOPED_TRACE("split " + std::to_string(split.rows_wide) + " + " + std::to_string(split.rows_narrow));
+        std::vector<DeviceBuffer<float>> merged, alone;
+        std::vector<GemmOutput> outs;
+        for (int i = 0; i < 3; ++i) {
+            merged.emplace_back((size_t)T * strides[i]);
+            alone.emplace_back((size_t)T * rows[i]);
+            cuda_test::poison(merged.back());
+            cuda_test::poison(alone.back());
+            outs.push_back(GemmOutput{merged.back().data(), rows[i], strides[i]});
+        }
+        ASSERT_TRUE(prefill_gemm_q8s_cuda(all, x, T, std::span<const GemmOutput>(outs), false, nullptr, split));
+        uint32_t row0 = 0;
+        for (int i = 0; i < 3; ++i) {
+            CudaMatrix part = all;
+            part.data += (uint64_t)row0 * n_in;
+            part.q8_scales += (uint64_t)row0 * (n_in / 32);
+            part.n_out = rows[i];
+            ASSERT_TRUE(prefill_gemm_q8s_cuda(part, x, T, alone[i].data(), false, nullptr));
+            row0 += rows[i];
+        }
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        row0 = 0;
+        for (int i = 0; i < 3; ++i) {
+            const auto got = cuda_test::to_host(merged[i]), want = cuda_test::to_host(alone[i]);
+            size_t differ = 0, cpu_bad = 0;
+            for (uint32_t t = 0; t < T; ++t)
+                for (uint32_t r = 0; r < rows[i]; ++r) {
+                    const float g = got[(size_t)t * strides[i] + r];
+                    differ += std::memcmp(&g, &want[(size_t)t * rows[i] + r], 4) != 0;
+                    double ref = 0, mag = 0;
+                    for (uint32_t k = 0; k < n_in; ++k) {
+                        const double term = (double)m.values[(size_t)(row0 + r) * n_in + k] *
+                                            fp16_to_fp32(x_bits[(size_t)t * n_in + k]);
+                        ref += term;
+                        mag += std::fabs(term);
+                    }
+                    cpu_bad += !(std::fabs(g - ref) <= 1e-5 * mag + 1e-6);
+                }
+            EXPECT_EQ(differ, 0u) << "output " << i;
+            EXPECT_EQ(cpu_bad, 0u) << "output " << i;
+            // The padding columns between rows and stride stay untouched (still the poison).
+            size_t padding_written = 0;
+            for (uint32_t t = 0; t < T; ++t)
+                for (uint32_t r = rows[i]; r < strides[i]; ++r) padding_written += !std::isnan(got[(size_t)t * strides[i] + r]);
+            EXPECT_EQ(padding_written, 0u) << "output " << i;
+            row0 += rows[i];
+        }
+    }
+    // Outputs that do not start at whole 128-row blocks, or do not cover the matrix.
+    DeviceBuffer<float> y((size_t)T * n_out);
+    const GemmOutput ragged[2] = {{y.data(), 100, 100}, {y.data(), n_out - 100, n_out}};
+    EXPECT_THROW(prefill_gemm_q8s_cuda(all, x, T, std::span<const GemmOutput>(ragged), false, nullptr), Error);
+    const GemmOutput short_of_rows[1] = {{y.data(), n_out - 4, n_out}};
+    EXPECT_THROW(prefill_gemm_q8s_cuda(all, x, T, std::span<const GemmOutput>(short_of_rows), false, nullptr), Error);
 }
 
 // Where it does not apply, it launches nothing and says so: the GGUF layout, rows that are not
