@@ -46,15 +46,15 @@ __device__ const int kGemmCompiled = 0;
 
 constexpr int kBK = 64;                // k per stage
 constexpr int kRows = 128;             // weight rows per block: 64 per consumer warpgroup
+constexpr int kStages = 4;
 constexpr uint32_t kConsumerWarps = 8;
 constexpr int kThreads = (kConsumerWarps + 4) * 32;
 constexpr uint32_t kCodeBytes = kRows * kBK;  // one stage's codes: 128 rows x 64 bytes
 constexpr uint32_t kOutStride = kRows + 4;    // floats per token in the epilogue's tile
 [[maybe_unused]] constexpr uint32_t kEpilogue = 1;             // named barrier of the consumer warps
 
-template <int kBN, int kStagesN = 4>
+template <int kBN>
 struct Layout {
-    static constexpr int kStages = kStagesN;
     static constexpr uint32_t kXBytes = kBN * kBK * 2;  // one stage's x: kBN tokens x 64 halves
     [[maybe_unused]] static constexpr uint32_t kXBase = 0;
     static constexpr uint32_t kCodeBase = kStages * kXBytes;
@@ -90,12 +90,12 @@ struct Params {
     return __ldg(reinterpret_cast<const uint32_t*>(p.scales + (size_t)row * (p.n_in / 32) + stage * 2));
 }
 
-template <int kBN, int kStages>
+template <int kBN>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_gemm_q8s_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                             Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using L = Layout<kBN, kStages>;
+    using L = Layout<kBN>;
     extern __shared__ uint8_t smem_raw[];
     uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarBase);
@@ -288,10 +288,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <int kBN, int kStages = 4>
+template <int kBN>
 void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const Params& p, cudaStream_t stream) {
-    constexpr uint32_t kSmemBytes = Layout<kBN, kStages>::kSmemBytes;
-    auto* kernel = prefill_gemm_q8s_kernel<kBN, kStages>;
+    constexpr uint32_t kSmemBytes = Layout<kBN>::kSmemBytes;
+    auto* kernel = prefill_gemm_q8s_kernel<kBN>;
     static bool configured = false;  // once per instance: opt in to > 48 KB of shared memory
     if (!configured) {
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
@@ -321,7 +321,7 @@ bool prefill_gemm_q8s_available() {
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
         SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        if (major != 9 || minor != 0 || smem_optin < (int)Layout<256, 5>::kSmemBytes) return false;
+        if (major != 9 || minor != 0 || smem_optin < (int)Layout<256>::kSmemBytes) return false;
         if (!tensor_map_encoder_available()) return false;
         int compiled = 0;
         // 0 where the sm_90 image lacks the kernel (a plain 90 build, or PTX JIT-compiled from
@@ -389,17 +389,8 @@ void launch_rows(const CudaMatrix& w, uint32_t row0, uint32_t n_rows, const __ha
         if (lo < hi) p.seg[p.n_segments++] = SegmentOut{o.y + (lo - seg_begin), lo - row0, hi - row0, o.y_stride};
         seg_begin = seg_end;
     }
-    // Lab: SPILLWAY_GEMM_STAGES=5|6 (x and codes stages in shared memory; 4 by default).
-    static const uint32_t stages = lab_knob_uint("SPILLWAY_GEMM_STAGES", 4, 6);
-    if (stages < 4) fail("SPILLWAY_GEMM_STAGES must be 4, 5 or 6");
-    if (bn == 128) {
-        if (stages == 6) launch<128, 6>(x_map, w_map, p, stream);
-        else if (stages == 5) launch<128, 5>(x_map, w_map, p, stream);
-        else launch<128>(x_map, w_map, p, stream);
-    } else {
-        if (stages >= 5) launch<256, 5>(x_map, w_map, p, stream);  // 6 would not fit
-        else launch<256>(x_map, w_map, p, stream);
-    }
+    if (bn == 128) launch<128>(x_map, w_map, p, stream);
+    else launch<256>(x_map, w_map, p, stream);
 }
 
 }  // namespace
