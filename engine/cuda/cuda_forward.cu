@@ -193,6 +193,26 @@ bool matmul_merged(CudaForwardState& st, const CudaMatrix& first, uint32_t total
     return true;
 }
 
+// Lab: SPILLWAY_PREFILL_GLU=0, gate|up written as f32 and a SwiGLU launch (the path before
+// session 43's fused epilogue).
+bool prefill_glu_on() {
+    static const bool off = lab_knob("SPILLWAY_PREFILL_GLU", "0", "1");
+    return !off;
+}
+
+// A chunk's gate|up product (`gate` and the up rows after it, total_rows in all) with its SwiGLU
+// in the codes GEMM's epilogue, written as f16 to act (prefill_gemm_q8s_swiglu_cuda); x already
+// in st.act_f16. act, or nullptr (nothing launched) where that GEMM does not take the pair.
+__half* matmul_glu(CudaForwardState& st, const CudaMatrix& gate, uint32_t total_rows, uint32_t n_tokens, __half* act) {
+    CudaMatrix gate_up = gate;
+    gate_up.n_out = total_rows;
+    if (!prefill_gemm_reads_codes(gate_up) ||
+        !prefill_gemm_q8s_swiglu_cuda(gate_up, st.act_f16.data(), n_tokens, act, st.stream))
+        return nullptr;
+    op_times_mark("gemm gate|up + swiglu", st.stream);
+    return act;
+}
+
 // Decode with Q8_0 weights: the matvec (q16x for GGUF layout, q8s for the split layout, whose
 // rows are a subset of q16x's) reads its x as int16 blocks (act_quant.cuh) written by x's
 // producer (rmsnorm, swiglu) or by quantize_act_q16_cuda; other weights read f32 x.
@@ -443,6 +463,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     for (uint32_t il = 0; il < s.n_layer; ++il) {
         const CudaLayerWeights& L = m.layers[il];
         bool attn_is_f16 = false;  // a chunk's attention wrote the wo GEMM's f16 input itself
+        __half* glu_act = nullptr;  // a chunk's SwiGLU, written by the gate|up GEMM (down's input)
         // The previous layer's FFN output joins the residual stream inside the norm. A prefill
         // chunk's norm writes only the f16 input of the GEMMs.
         if ((!decode_layer || il == 0) && !fused && (!norm_chain || il == 0))
@@ -647,8 +668,14 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             matvec_decode(st, L.ffn_gate, F, xn, gate);
             matvec_decode(st, L.ffn_up, F, xn, up, GemvSite::gate_up);
         } else {
+            // The codes GEMM's SwiGLU epilogue writes down's f16 input into gate's space (the f32
+            // gate and up are never written); down then reads it there.
+            glu_act = fused_prefill && L.fused_gate_up && prefill_glu_on() && prefill_gemm_reads_codes(L.ffn_down)
+                          ? matmul_glu(st, L.ffn_gate, 2 * F, T, reinterpret_cast<__half*>(gate))
+                          : nullptr;
             const GemmOutput gate_up_outs[2] = {{gate, F, F}, {up, F, F}};
-            if (!(L.fused_gate_up &&
+            if (glu_act == nullptr &&
+                !(L.fused_gate_up &&
                   matmul_merged(st, L.ffn_gate, 2 * F, xn, T, gate_up_outs, "gemm gate|up", fused_prefill))) {
                 matmul(st, L.ffn_gate, xn, T, gate, "gemm gate", fused_prefill);
                 matmul(st, L.ffn_up, xn, T, up, "gemm up", true);
@@ -657,6 +684,14 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         if (takes_q16(L.ffn_down, T)) {
             swiglu_q16_cuda(gate, up, F, act_q16(st), stream);  // the f32 product is never needed
             matvec_decode(st, L.ffn_down, L.ffn_down.n_out, gate, proj, GemvSite::down);
+        } else if (glu_act != nullptr) {
+            PrefillGemmScratch from_glu = st.prefill_gemm;
+            from_glu.act_f16 = glu_act;
+            const GemmOutput down_out{wo_down_out, L.ffn_down.n_out, L.ffn_down.n_out};
+            if (!matmul_prefill_codes_cuda(L.ffn_down, T, std::span<const GemmOutput>(&down_out, 1), from_glu, stream,
+                                           gemm_adds))
+                fail("forward: the codes GEMM declined the down projection it takes");
+            op_times_mark("gemm down", stream);
         } else {
             if (fused_prefill) {
                 swiglu_f16_cuda(gate, up, st.act_f16.data(), (size_t)T * F, stream);  // the GEMM's input

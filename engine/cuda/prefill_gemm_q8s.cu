@@ -25,8 +25,10 @@
 #include <algorithm>
 #include <span>
 #include <string>
+#include <tuple>
 
 #include "common/error.h"
+#include "engine/cuda/act_ops_device.cuh"
 #include "engine/cuda/bulk_copy_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/lab_knob.h"
@@ -78,19 +80,28 @@ constexpr int kMaxSegments = 3;  // q | k | v
 
 struct Params {
     const uint16_t* scales;  // [n_out][n_in / 32] f16, from the launch's first row
-    uint32_t n_tokens, n_out, n_in;  // n_out: this launch's rows
+    uint32_t n_tokens, n_out, n_in;  // n_out: this launch's rows (kGlu: its features)
     uint32_t n_segments;
     SegmentOut seg[kMaxSegments];
     int add_to_y;
+    // kGlu: the up row of feature f is gate row f + glu_up_rows; act [n_tokens][act_stride] f16
+    // receives silu(gate) * up from column 0 (the launch's first feature).
+    uint32_t glu_up_rows, act_stride;
+    __half* act;
 };
 
-// The stage's two f16 scales of one row (k 0-31 and 32-63 of the stage), or zeros past n_out.
-[[maybe_unused]] __device__ __forceinline__ uint32_t stage_scales(const Params& p, uint32_t row, uint32_t stage) {
-    if (row >= p.n_out) return 0;
+// The stage's two f16 scales of one row (k 0-31 and 32-63 of the stage), or zeros for a row
+// past the matrix.
+[[maybe_unused]] __device__ __forceinline__ uint32_t stage_scales(const Params& p, uint32_t row, bool valid,
+                                                                  uint32_t stage) {
+    if (!valid) return 0;
     return __ldg(reinterpret_cast<const uint32_t*>(p.scales + (size_t)row * (p.n_in / 32) + stage * 2));
 }
 
-template <int kBN>
+// kGlu: warpgroup 0 multiplies 64 gate rows and warpgroup 1 the 64 up rows of the same
+// features, and the epilogue writes the SwiGLU of the pair as f16 (swiglu_f16_cuda's bits): the
+// FFN's f32 gate and up never reach memory.
+template <int kBN, bool kGlu = false>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_gemm_q8s_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                             Params p) {
@@ -102,7 +113,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint64_t* empty = full + kStages;
 
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const uint32_t t0 = blockIdx.x * kBN, r0 = blockIdx.y * kRows;
+    const uint32_t t0 = blockIdx.x * kBN;
+    constexpr uint32_t kBlockRows = kGlu ? kRows / 2 : kRows;  // rows (kGlu: features) per block
+    const uint32_t r0 = blockIdx.y * kBlockRows;
     const uint32_t n_k = p.n_in / kBK;
 
     if (threadIdx.x == 0) {
@@ -122,7 +135,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                 if (use > 0) mbarrier_wait_parity(&empty[s], (use - 1) & 1);
                 mbarrier_arrive_expect_tx(&full[s], L::kXBytes + kCodeBytes);
                 tma_load_2d(smem + L::kXBase + s * L::kXBytes, &x_map, (int32_t)(kt * kBK), (int32_t)t0, &full[s]);
-                tma_load_2d(smem + L::kCodeBase + s * kCodeBytes, &w_map, (int32_t)(kt * kBK), (int32_t)r0, &full[s]);
+                if constexpr (kGlu) {  // two boxes of 64 rows: the gate rows, then the up rows
+                    tma_load_2d(smem + L::kCodeBase + s * kCodeBytes, &w_map, (int32_t)(kt * kBK), (int32_t)r0, &full[s]);
+                    tma_load_2d(smem + L::kCodeBase + s * kCodeBytes + kCodeBytes / 2, &w_map, (int32_t)(kt * kBK),
+                                (int32_t)(r0 + p.glu_up_rows), &full[s]);
+                } else {
+                    tma_load_2d(smem + L::kCodeBase + s * kCodeBytes, &w_map, (int32_t)(kt * kBK), (int32_t)r0, &full[s]);
+                }
             }
         }
         return;
@@ -139,18 +158,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     float acc[kBN / 128][16][4];  // the first stage's wgmmas overwrite it (scale-d 0)
     uint32_t frag0[4][4], frag1[4][4];  // A fragments of two stages: [k16 step][register]
+    // The matrix rows (from the launch's first) whose scales the thread needs: kGlu's warpgroup 1
+    // holds up rows, glu_up_rows after the gate rows of the same features.
+    const uint32_t feature_lo = kGlu ? r0 + row_lo % 64 : r0 + row_lo;
+    const uint32_t matrix_lo = feature_lo + (kGlu && row_lo >= 64 ? p.glu_up_rows : 0);
+    const bool valid_lo = feature_lo < p.n_out, valid_hi = feature_lo + 8 < p.n_out;
     // Scales come from global memory (L2, mostly) two stages ahead of their use.
-    uint32_t scales_lo = stage_scales(p, r0 + row_lo, 0), scales_hi = stage_scales(p, r0 + row_lo + 8, 0);
-    uint32_t next_lo = n_k > 1 ? stage_scales(p, r0 + row_lo, 1) : 0;
-    uint32_t next_hi = n_k > 1 ? stage_scales(p, r0 + row_lo + 8, 1) : 0;
+    uint32_t scales_lo = stage_scales(p, matrix_lo, valid_lo, 0), scales_hi = stage_scales(p, matrix_lo + 8, valid_hi, 0);
+    uint32_t next_lo = n_k > 1 ? stage_scales(p, matrix_lo, valid_lo, 1) : 0;
+    uint32_t next_hi = n_k > 1 ? stage_scales(p, matrix_lo + 8, valid_hi, 1) : 0;
 
     // Stage kt's codes -> the A fragments of its four k16 steps. wgmma's A layout for a warp's
     // 16 rows: register 0 holds (row g, k 2c, 2c + 1), 1 the same of row g + 8, 2 and 3 those
     // at k + 8.
     auto convert = [&](uint32_t kt, uint32_t (&frag)[4][4]) {
         const uint32_t s = kt % kStages;
-        const uint32_t after_lo = kt + 2 < n_k ? stage_scales(p, r0 + row_lo, kt + 2) : 0;
-        const uint32_t after_hi = kt + 2 < n_k ? stage_scales(p, r0 + row_lo + 8, kt + 2) : 0;
+        const uint32_t after_lo = kt + 2 < n_k ? stage_scales(p, matrix_lo, valid_lo, kt + 2) : 0;
+        const uint32_t after_hi = kt + 2 < n_k ? stage_scales(p, matrix_lo + 8, valid_hi, kt + 2) : 0;
         mbarrier_wait_parity(&full[s], (kt / kStages) & 1);
         const uint8_t* codes = smem + L::kCodeBase + s * kCodeBytes;
 #pragma unroll
@@ -232,6 +256,19 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
     named_sync(kEpilogue, kConsumerWarps * 32);
     const uint32_t token_stop = min((uint32_t)kBN, p.n_tokens - t0);
+    if constexpr (kGlu) {
+        // Columns 0-63 of a token are its gate values, 64-127 its up values (whole blocks of
+        // features: the host asks for features in multiples of 64). A warp writes a token's
+        // 64 features as one 128-byte row of half2s.
+        for (uint32_t t = warp; t < token_stop; t += kConsumerWarps) {
+            const float* col = out_tile + t * kOutStride;
+            const float2 gv = *reinterpret_cast<const float2*>(col + 2 * lane);
+            const float2 uv = *reinterpret_cast<const float2*>(col + 64 + 2 * lane);
+            *reinterpret_cast<__half2*>(p.act + (size_t)(t0 + t) * p.act_stride + r0 + 2 * lane) =
+                __floats2half2_rn(silu_times(gv.x, uv.x), silu_times(gv.y, uv.y));
+        }
+        return;
+    }
     // The block's output: its segment (a block never straddles two), from the block's first row.
     SegmentOut seg = p.seg[0];
 #pragma unroll
@@ -288,16 +325,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <int kBN>
+template <int kBN, bool kGlu = false>
 void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const Params& p, cudaStream_t stream) {
     constexpr uint32_t kSmemBytes = Layout<kBN>::kSmemBytes;
-    auto* kernel = prefill_gemm_q8s_kernel<kBN>;
+    auto* kernel = prefill_gemm_q8s_kernel<kBN, kGlu>;
     static bool configured = false;  // once per instance: opt in to > 48 KB of shared memory
     if (!configured) {
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
         configured = true;
     }
-    const dim3 grid((p.n_tokens + kBN - 1) / kBN, (p.n_out + kRows - 1) / kRows);
+    constexpr uint32_t kBlockRows = kGlu ? kRows / 2 : kRows;
+    const dim3 grid((p.n_tokens + kBN - 1) / kBN, (p.n_out + kBlockRows - 1) / kBlockRows);
     kernel<<<grid, kThreads, kSmemBytes, stream>>>(x_map, w_map, p);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
@@ -394,6 +432,49 @@ void launch_rows(const CudaMatrix& w, uint32_t row0, uint32_t n_rows, const __ha
 }
 
 }  // namespace
+
+bool prefill_gemm_q8s_swiglu_cuda(const CudaMatrix& gate_up, const __half* x, uint32_t n_tokens, __half* act,
+                                  cudaStream_t stream, Q8sGemmSplit split) {
+    const uint32_t n_ff = gate_up.n_out / 2;
+    if (!prefill_gemm_q8s_takes(gate_up) || reinterpret_cast<uintptr_t>(x) % 16 != 0 || gate_up.n_out % 2 != 0 ||
+        n_ff % 64 != 0)
+        return false;
+    if (reinterpret_cast<uintptr_t>(act) % 16 != 0) fail("prefill_gemm_q8s_swiglu_cuda: act must be 16-byte aligned");
+    const bool automatic = split.rows_wide == 0 && split.rows_narrow == 0;
+    if (!automatic && ((uint64_t)split.rows_wide + split.rows_narrow != gate_up.n_out || split.rows_wide % kRows != 0))
+        fail("prefill_gemm_q8s_swiglu_cuda: a split must cover the " + std::to_string(gate_up.n_out) +
+             " rows in multiples of 128, got " + std::to_string(split.rows_wide) + " + " +
+             std::to_string(split.rows_narrow));
+    if (n_tokens == 0) return true;
+    if (n_tokens > (uint32_t)INT32_MAX - 256 || gate_up.n_out > (uint32_t)INT32_MAX - kRows)
+        fail("prefill_gemm_q8s_swiglu_cuda: shape overflows the tensor maps");
+    // A block is 64 gate rows and their 64 up rows: as much work as 128 rows of the plain kernel.
+    if (automatic) split = prefill_gemm_q8s_split(n_tokens, gate_up.n_out, sm_count());
+    const uint32_t features_wide = split.rows_wide / 2;
+    for (const auto& [f_begin, n_features, bn] :
+         {std::tuple{0u, features_wide, 256u}, std::tuple{features_wide, n_ff - features_wide, 128u}}) {
+        if (n_features == 0) continue;
+        const CUtensorMap x_map = tensor_map_2d(x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, gate_up.n_in, n_tokens,
+                                                (uint64_t)gate_up.n_in * 2, kBK, bn, CU_TENSOR_MAP_SWIZZLE_128B,
+                                                "prefill GEMM (q8s, SwiGLU), x");
+        // From the launch's first gate row to its last up row; boxes of 64 rows.
+        const CUtensorMap w_map = tensor_map_2d(gate_up.data + (uint64_t)f_begin * gate_up.n_in,
+                                                CU_TENSOR_MAP_DATA_TYPE_UINT8, gate_up.n_in, n_ff + n_features,
+                                                gate_up.n_in, kBK, kRows / 2, CU_TENSOR_MAP_SWIZZLE_64B,
+                                                "prefill GEMM (q8s, SwiGLU), codes");
+        Params p{};
+        p.scales = gate_up.q8_scales + (uint64_t)f_begin * (gate_up.n_in / 32);
+        p.n_tokens = n_tokens;
+        p.n_out = n_features;
+        p.n_in = gate_up.n_in;
+        p.glu_up_rows = n_ff;
+        p.act = act + f_begin;
+        p.act_stride = n_ff;
+        if (bn == 128) launch<128, true>(x_map, w_map, p, stream);
+        else launch<256, true>(x_map, w_map, p, stream);
+    }
+    return true;
+}
 
 bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, float* y, bool add_to_y,
                            cudaStream_t stream, Q8sGemmSplit split) {

@@ -53,4 +53,13 @@ struct GemmOutput {
 bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, std::span<const GemmOutput> outs,
                            bool add_to_y, cudaStream_t stream, Q8sGemmSplit split = {});
 
+// The FFN's gate and up products and their SwiGLU in one pass: gate_up holds the gate matrix's
+// n_ff rows and then the up matrix's (split layout, back to back), and act [n_tokens][n_ff]
+// receives f16(silu(gate . x) * (up . x)) with the bits swiglu_f16_cuda gives from the f32
+// products; the f32 gate and up are never written. act must not overlap x (16-byte aligned).
+// split: as for prefill_gemm_q8s_cuda, over gate_up's 2 n_ff rows, rows_wide a multiple of 128.
+// False (nothing launched) where prefill_gemm_q8s_cuda would decline, or n_ff % 64 != 0.
+bool prefill_gemm_q8s_swiglu_cuda(const CudaMatrix& gate_up, const __half* x, uint32_t n_tokens, __half* act,
+                                  cudaStream_t stream, Q8sGemmSplit split = {});
+
 }  // namespace spillway

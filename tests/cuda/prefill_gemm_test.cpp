@@ -17,6 +17,7 @@
 #include "cuda_test_util.h"
 #include "engine/cuda/matvec_q8s.cuh"
 #include "engine/cuda/prefill_gemm_q8s.cuh"
+#include "engine/cuda/swiglu.cuh"
 #include "gguf/quants.h"
 
 namespace spillway {
@@ -189,6 +190,46 @@ TEST(CudaPrefillGemmQ8s, OutputsOfOneLaunchEqualSeparateLaunches) {
     EXPECT_THROW(prefill_gemm_q8s_cuda(all, x, T, std::span<const GemmOutput>(ragged), false, nullptr), Error);
     const GemmOutput short_of_rows[1] = {{y.data(), n_out - 4, n_out}};
     EXPECT_THROW(prefill_gemm_q8s_cuda(all, x, T, std::span<const GemmOutput>(short_of_rows), false, nullptr), Error);
+}
+
+// gate | up with the SwiGLU in the epilogue: the f16 output has the bits of the separate path
+// (the two products as f32, then swiglu_f16_cuda), for each way of splitting the rows.
+TEST(CudaPrefillGemmQ8s, SwigluEpilogueEqualsSeparateSwiglu) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    if (!prefill_gemm_q8s_available()) GTEST_SKIP() << "needs an sm_90 GPU and an sm_90a build";
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const uint32_t n_in = 320, n_ff = 192, T = 300;
+    const SplitMatrix m = random_split_matrix(rng, n_in, 2 * n_ff);
+    const CudaMatrix gate_up = m.view(n_in, 2 * n_ff);
+    std::vector<uint16_t> x_bits((size_t)T * n_in);
+    for (auto& b : x_bits) b = fp32_to_fp16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
+    const auto x_dev = cuda_test::to_device(x_bits);
+    const auto* x = reinterpret_cast<const __half*>(x_dev.data());
+    DeviceBuffer<float> gate((size_t)T * n_ff), up((size_t)T * n_ff);
+    const GemmOutput outs[2] = {{gate.data(), n_ff, n_ff}, {up.data(), n_ff, n_ff}};
+    ASSERT_TRUE(prefill_gemm_q8s_cuda(gate_up, x, T, std::span<const GemmOutput>(outs), false, nullptr));
+    DeviceBuffer<__half> want_dev((size_t)T * n_ff);
+    swiglu_f16_cuda(gate.data(), up.data(), want_dev.data(), (size_t)T * n_ff, nullptr);
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto want = cuda_test::to_host(want_dev);
+    for (const Q8sGemmSplit split : {Q8sGemmSplit{}, Q8sGemmSplit{0, 2 * n_ff}, Q8sGemmSplit{128, 2 * n_ff - 128},
+                                     Q8sGemmSplit{2 * n_ff, 0}}) {
+        SCOPED_TRACE("split " + std::to_string(split.rows_wide) + " + " + std::to_string(split.rows_narrow));
+        DeviceBuffer<__half> act((size_t)T * n_ff);
+        cuda_test::poison(act);
+        ASSERT_TRUE(prefill_gemm_q8s_swiglu_cuda(gate_up, x, T, act.data(), nullptr, split));
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto got = cuda_test::to_host(act);
+        size_t differ = 0;
+        for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], 2) != 0;
+        EXPECT_EQ(differ, 0u) << "of " << got.size();
+    }
+    // Features not in whole blocks of 64: declined, nothing written.
+    const SplitMatrix odd = random_split_matrix(rng, n_in, 2 * 96);
+    DeviceBuffer<__half> act((size_t)T * 96);
+    EXPECT_FALSE(prefill_gemm_q8s_swiglu_cuda(odd.view(n_in, 2 * 96), x, T, act.data(), nullptr));
 }
 
 // Where it does not apply, it launches nothing and says so: the GGUF layout, rows that are not
