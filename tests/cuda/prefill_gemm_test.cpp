@@ -208,8 +208,12 @@ TEST(CudaPrefillGemmQ8s, SwigluEpilogueEqualsSeparateSwiglu) {
     const auto x_dev = cuda_test::to_device(x_bits);
     const auto* x = reinterpret_cast<const __half*>(x_dev.data());
     DeviceBuffer<float> gate((size_t)T * n_ff), up((size_t)T * n_ff);
-    const GemmOutput outs[2] = {{gate.data(), n_ff, n_ff}, {up.data(), n_ff, n_ff}};
-    ASSERT_TRUE(prefill_gemm_q8s_cuda(gate_up, x, T, std::span<const GemmOutput>(outs), false, nullptr));
+    CudaMatrix gate_w = gate_up, up_w = gate_up;  // (192 rows: not whole 128-row outputs of one launch)
+    gate_w.n_out = up_w.n_out = n_ff;
+    up_w.data += (uint64_t)n_ff * n_in;
+    up_w.q8_scales += (uint64_t)n_ff * (n_in / 32);
+    ASSERT_TRUE(prefill_gemm_q8s_cuda(gate_w, x, T, gate.data(), false, nullptr));
+    ASSERT_TRUE(prefill_gemm_q8s_cuda(up_w, x, T, up.data(), false, nullptr));
     DeviceBuffer<__half> want_dev((size_t)T * n_ff);
     swiglu_f16_cuda(gate.data(), up.data(), want_dev.data(), (size_t)T * n_ff, nullptr);
     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
