@@ -25,7 +25,6 @@
 #include <algorithm>
 #include <span>
 #include <string>
-#include <tuple>
 
 #include "common/error.h"
 #include "engine/cuda/act_ops_device.cuh"
@@ -404,31 +403,77 @@ Q8sGemmSplit prefill_gemm_q8s_split(uint32_t n_tokens, uint32_t n_out, uint32_t 
 
 namespace {
 
+// A launch's tensor maps: x in boxes of 64 k x bn tokens, and the codes from row `row0` on
+// (`rows` rows) in boxes of 64 k x box_rows; and its parameters but the outputs.
+struct Launch {
+    CUtensorMap x_map, w_map;
+    Params p{};
+};
+Launch launch_for(const CudaMatrix& w, uint32_t row0, uint32_t rows, uint32_t box_rows, const __half* x,
+                  uint32_t n_tokens, uint32_t n_out, uint32_t bn) {
+    Launch l;
+    l.x_map = tensor_map_2d(x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, w.n_in, n_tokens, (uint64_t)w.n_in * 2, kBK, bn,
+                            CU_TENSOR_MAP_SWIZZLE_128B, "prefill GEMM (q8s), x");
+    l.w_map = tensor_map_2d(w.data + (uint64_t)row0 * w.n_in, CU_TENSOR_MAP_DATA_TYPE_UINT8, w.n_in, rows, w.n_in, kBK,
+                            box_rows, CU_TENSOR_MAP_SWIZZLE_64B, "prefill GEMM (q8s), codes");
+    l.p.scales = w.q8_scales + (uint64_t)row0 * (w.n_in / 32);
+    l.p.n_tokens = n_tokens;
+    l.p.n_out = n_out;
+    l.p.n_in = w.n_in;
+    return l;
+}
+
+template <bool kGlu>
+void launch_width(const Launch& l, uint32_t bn, cudaStream_t stream) {
+    if (bn == 128) launch<128, kGlu>(l.x_map, l.w_map, l.p, stream);
+    else launch<256, kGlu>(l.x_map, l.w_map, l.p, stream);
+}
+
+// The split to run: checked when given (rows_wide + rows_narrow == n_out; rows_wide a multiple
+// of 128 where rows_narrow > 0, or always with whole_blocks), else chosen; with the shape
+// checks every entry shares.
+Q8sGemmSplit split_to_run(Q8sGemmSplit split, uint32_t n_out, uint32_t n_tokens, bool whole_blocks, const char* who) {
+    const bool automatic = split.rows_wide == 0 && split.rows_narrow == 0;
+    if (!automatic && ((uint64_t)split.rows_wide + split.rows_narrow != n_out ||
+                       ((whole_blocks || split.rows_narrow != 0) && split.rows_wide % kRows != 0)))
+        fail(std::string(who) + ": a split must cover the " + std::to_string(n_out) +
+             " rows, wide ones a multiple of 128 unless they are all, got " + std::to_string(split.rows_wide) + " + " +
+             std::to_string(split.rows_narrow));
+    // TMA coordinates are int32.
+    if (n_tokens > (uint32_t)INT32_MAX - 256 || n_out > (uint32_t)INT32_MAX - kRows)
+        fail(std::string(who) + ": shape overflows the tensor maps");
+    return automatic ? prefill_gemm_q8s_split(n_tokens, n_out, sm_count()) : split;
+}
+
 // Rows [row0, row0 + n_rows) of w, in blocks of bn tokens, each row into its output segment.
 void launch_rows(const CudaMatrix& w, uint32_t row0, uint32_t n_rows, const __half* x, uint32_t n_tokens,
                  std::span<const GemmOutput> outs, bool add_to_y, uint32_t bn, cudaStream_t stream) {
     if (n_rows == 0) return;
-    const uint8_t* codes = w.data + (uint64_t)row0 * w.n_in;
-    const CUtensorMap x_map = tensor_map_2d(x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, w.n_in, n_tokens, (uint64_t)w.n_in * 2,
-                                            kBK, bn, CU_TENSOR_MAP_SWIZZLE_128B, "prefill GEMM (q8s), x");
-    const CUtensorMap w_map = tensor_map_2d(codes, CU_TENSOR_MAP_DATA_TYPE_UINT8, w.n_in, n_rows, w.n_in, kBK, kRows,
-                                            CU_TENSOR_MAP_SWIZZLE_64B, "prefill GEMM (q8s), codes");
-    Params p{};
-    p.scales = w.q8_scales + (uint64_t)row0 * (w.n_in / 32);
-    p.n_tokens = n_tokens;
-    p.n_out = n_rows;
-    p.n_in = w.n_in;
-    p.add_to_y = add_to_y ? 1 : 0;
+    Launch l = launch_for(w, row0, n_rows, kRows, x, n_tokens, n_rows, bn);
+    l.p.add_to_y = add_to_y ? 1 : 0;
     // The segments this launch's rows meet, in launch-relative rows.
     uint32_t seg_begin = 0;
     for (const GemmOutput& o : outs) {
         const uint32_t seg_end = seg_begin + o.rows;
         const uint32_t lo = std::max(seg_begin, row0), hi = std::min(seg_end, row0 + n_rows);
-        if (lo < hi) p.seg[p.n_segments++] = SegmentOut{o.y + (lo - seg_begin), lo - row0, hi - row0, o.y_stride};
+        if (lo < hi) l.p.seg[l.p.n_segments++] = SegmentOut{o.y + (lo - seg_begin), lo - row0, hi - row0, o.y_stride};
         seg_begin = seg_end;
     }
-    if (bn == 128) launch<128>(x_map, w_map, p, stream);
-    else launch<256>(x_map, w_map, p, stream);
+    launch_width<false>(l, bn, stream);
+}
+
+// Features [f0, f0 + n_features) of gate_up's n_ff (gate rows f, up rows n_ff + f), their
+// SwiGLU into act's columns f0.., in blocks of bn tokens.
+void launch_glu_features(const CudaMatrix& gate_up, uint32_t f0, uint32_t n_features, const __half* x,
+                         uint32_t n_tokens, __half* act, uint32_t bn, cudaStream_t stream) {
+    if (n_features == 0) return;
+    const uint32_t n_ff = gate_up.n_out / 2;
+    // From the launch's first gate row to its last up row, in boxes of 64 rows.
+    Launch l = launch_for(gate_up, f0, n_ff + n_features, kRows / 2, x, n_tokens, n_features, bn);
+    l.p.glu_up_rows = n_ff;
+    l.p.act = act + f0;
+    l.p.act_stride = n_ff;
+    launch_width<true>(l, bn, stream);
 }
 
 }  // namespace
@@ -440,39 +485,13 @@ bool prefill_gemm_q8s_swiglu_cuda(const CudaMatrix& gate_up, const __half* x, ui
         n_ff % 64 != 0)
         return false;
     if (reinterpret_cast<uintptr_t>(act) % 16 != 0) fail("prefill_gemm_q8s_swiglu_cuda: act must be 16-byte aligned");
-    const bool automatic = split.rows_wide == 0 && split.rows_narrow == 0;
-    if (!automatic && ((uint64_t)split.rows_wide + split.rows_narrow != gate_up.n_out || split.rows_wide % kRows != 0))
-        fail("prefill_gemm_q8s_swiglu_cuda: a split must cover the " + std::to_string(gate_up.n_out) +
-             " rows in multiples of 128, got " + std::to_string(split.rows_wide) + " + " +
-             std::to_string(split.rows_narrow));
+    // A block is 64 gate rows and their 64 up rows: as much work as 128 rows of the plain kernel,
+    // so the split over 2 n_ff rows halves into features.
+    split = split_to_run(split, gate_up.n_out, n_tokens, true, "prefill_gemm_q8s_swiglu_cuda");
     if (n_tokens == 0) return true;
-    if (n_tokens > (uint32_t)INT32_MAX - 256 || gate_up.n_out > (uint32_t)INT32_MAX - kRows)
-        fail("prefill_gemm_q8s_swiglu_cuda: shape overflows the tensor maps");
-    // A block is 64 gate rows and their 64 up rows: as much work as 128 rows of the plain kernel.
-    if (automatic) split = prefill_gemm_q8s_split(n_tokens, gate_up.n_out, sm_count());
     const uint32_t features_wide = split.rows_wide / 2;
-    for (const auto& [f_begin, n_features, bn] :
-         {std::tuple{0u, features_wide, 256u}, std::tuple{features_wide, n_ff - features_wide, 128u}}) {
-        if (n_features == 0) continue;
-        const CUtensorMap x_map = tensor_map_2d(x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, gate_up.n_in, n_tokens,
-                                                (uint64_t)gate_up.n_in * 2, kBK, bn, CU_TENSOR_MAP_SWIZZLE_128B,
-                                                "prefill GEMM (q8s, SwiGLU), x");
-        // From the launch's first gate row to its last up row; boxes of 64 rows.
-        const CUtensorMap w_map = tensor_map_2d(gate_up.data + (uint64_t)f_begin * gate_up.n_in,
-                                                CU_TENSOR_MAP_DATA_TYPE_UINT8, gate_up.n_in, n_ff + n_features,
-                                                gate_up.n_in, kBK, kRows / 2, CU_TENSOR_MAP_SWIZZLE_64B,
-                                                "prefill GEMM (q8s, SwiGLU), codes");
-        Params p{};
-        p.scales = gate_up.q8_scales + (uint64_t)f_begin * (gate_up.n_in / 32);
-        p.n_tokens = n_tokens;
-        p.n_out = n_features;
-        p.n_in = gate_up.n_in;
-        p.glu_up_rows = n_ff;
-        p.act = act + f_begin;
-        p.act_stride = n_ff;
-        if (bn == 128) launch<128, true>(x_map, w_map, p, stream);
-        else launch<256, true>(x_map, w_map, p, stream);
-    }
+    launch_glu_features(gate_up, 0, features_wide, x, n_tokens, act, 256, stream);
+    launch_glu_features(gate_up, features_wide, n_ff - features_wide, x, n_tokens, act, 128, stream);
     return true;
 }
 
@@ -485,12 +504,6 @@ bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_toke
 bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, std::span<const GemmOutput> outs,
                            bool add_to_y, cudaStream_t stream, Q8sGemmSplit split) {
     if (!prefill_gemm_q8s_takes(w) || reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
-    const bool automatic = split.rows_wide == 0 && split.rows_narrow == 0;
-    if (!automatic && ((uint64_t)split.rows_wide + split.rows_narrow != w.n_out ||
-                       (split.rows_narrow != 0 && split.rows_wide % kRows != 0)))
-        fail("prefill_gemm_q8s_cuda: a split must cover the " + std::to_string(w.n_out) +
-             " rows, wide ones a multiple of 128 unless they are all, got " + std::to_string(split.rows_wide) + " + " +
-             std::to_string(split.rows_narrow));
     if (outs.empty() || outs.size() > (size_t)kMaxSegments)
         fail("prefill_gemm_q8s_cuda: 1 to " + std::to_string(kMaxSegments) + " outputs, got " + std::to_string(outs.size()));
     uint64_t rows = 0;
@@ -505,11 +518,8 @@ bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_toke
     if (rows != w.n_out)
         fail("prefill_gemm_q8s_cuda: the outputs cover " + std::to_string(rows) + " rows, the matrix has " +
              std::to_string(w.n_out));
+    split = split_to_run(split, w.n_out, n_tokens, false, "prefill_gemm_q8s_cuda");
     if (n_tokens == 0) return true;
-    // TMA coordinates are int32.
-    if (n_tokens > (uint32_t)INT32_MAX - 256 || w.n_out > (uint32_t)INT32_MAX - kRows)
-        fail("prefill_gemm_q8s_cuda: shape overflows the tensor maps");
-    if (automatic) split = prefill_gemm_q8s_split(n_tokens, w.n_out, sm_count());
     launch_rows(w, 0, split.rows_wide, x, n_tokens, outs, add_to_y, 256, stream);
     launch_rows(w, split.rows_wide, split.rows_narrow, x, n_tokens, outs, add_to_y, 128, stream);
     return true;
