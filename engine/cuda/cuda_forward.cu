@@ -882,6 +882,10 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     st.attn = DeviceBuffer<float>(T * ad);
     st.attn_lse = DeviceBuffer<float>(s.n_head);
     st.gate_up = DeviceBuffer<float>(2 * T * s.n_ff);
+    // The up half is dead while wo and down run (down's f16 input from the SwiGLU epilogue sits
+    // in the gate half): the codes GEMM's split-over-k partials may go there.
+    st.prefill_gemm.split_k_workspace = st.gate_up.data() + T * s.n_ff;
+    st.prefill_gemm.split_k_floats = T * s.n_ff;
     st.logits = DeviceBuffer<float>((all_logits ? T : 1) * (size_t)s.n_vocab);
     // Split counts are not monotonic in the cell count (the int_dot plan rounds cells per
     // split to its chunk): a range shorter than n_ctx (a spilled cache's window or chunk) can

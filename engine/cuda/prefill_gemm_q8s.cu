@@ -87,6 +87,11 @@ struct Params {
     // receives silu(gate) * up from column 0 (the launch's first feature).
     uint32_t glu_up_rows, act_stride;
     __half* act;
+    // Split over k (blockIdx.z): each z multiplies stages [z * k_stages, (z + 1) * k_stages) of
+    // the n_in / 64; z = 0 writes the outputs, z > 0 its partial to partials + (z - 1) *
+    // n_tokens * n_out ([n_tokens][n_out], launch rows), added afterwards in order.
+    uint32_t k_stages;
+    float* partials;
 };
 
 // The stage's two f16 scales of one row (k 0-31 and 32-63 of the stage), or zeros for a row
@@ -115,7 +120,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t t0 = blockIdx.x * kBN;
     constexpr uint32_t kBlockRows = kGlu ? kRows / 2 : kRows;  // rows (kGlu: features) per block
     const uint32_t r0 = blockIdx.y * kBlockRows;
-    const uint32_t n_k = p.n_in / kBK;
+    const uint32_t k0 = blockIdx.z * p.k_stages;  // this split's first stage (the host leaves none empty)
+    const uint32_t n_k = min(p.k_stages, p.n_in / kBK - k0);
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; ++s) {
@@ -133,13 +139,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const uint32_t s = kt % kStages, use = kt / kStages;
                 if (use > 0) mbarrier_wait_parity(&empty[s], (use - 1) & 1);
                 mbarrier_arrive_expect_tx(&full[s], L::kXBytes + kCodeBytes);
-                tma_load_2d(smem + L::kXBase + s * L::kXBytes, &x_map, (int32_t)(kt * kBK), (int32_t)t0, &full[s]);
+                tma_load_2d(smem + L::kXBase + s * L::kXBytes, &x_map, (int32_t)((k0 + kt) * kBK), (int32_t)t0, &full[s]);
                 if constexpr (kGlu) {  // two boxes of 64 rows: the gate rows, then the up rows
-                    tma_load_2d(smem + L::kCodeBase + s * kCodeBytes, &w_map, (int32_t)(kt * kBK), (int32_t)r0, &full[s]);
-                    tma_load_2d(smem + L::kCodeBase + s * kCodeBytes + kCodeBytes / 2, &w_map, (int32_t)(kt * kBK),
+                    tma_load_2d(smem + L::kCodeBase + s * kCodeBytes, &w_map, (int32_t)((k0 + kt) * kBK), (int32_t)r0, &full[s]);
+                    tma_load_2d(smem + L::kCodeBase + s * kCodeBytes + kCodeBytes / 2, &w_map, (int32_t)((k0 + kt) * kBK),
                                 (int32_t)(r0 + p.glu_up_rows), &full[s]);
                 } else {
-                    tma_load_2d(smem + L::kCodeBase + s * kCodeBytes, &w_map, (int32_t)(kt * kBK), (int32_t)r0, &full[s]);
+                    tma_load_2d(smem + L::kCodeBase + s * kCodeBytes, &w_map, (int32_t)((k0 + kt) * kBK), (int32_t)r0, &full[s]);
                 }
             }
         }
@@ -163,17 +169,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t matrix_lo = feature_lo + (kGlu && row_lo >= 64 ? p.glu_up_rows : 0);
     const bool valid_lo = feature_lo < p.n_out, valid_hi = feature_lo + 8 < p.n_out;
     // Scales come from global memory (L2, mostly) two stages ahead of their use.
-    uint32_t scales_lo = stage_scales(p, matrix_lo, valid_lo, 0), scales_hi = stage_scales(p, matrix_lo + 8, valid_hi, 0);
-    uint32_t next_lo = n_k > 1 ? stage_scales(p, matrix_lo, valid_lo, 1) : 0;
-    uint32_t next_hi = n_k > 1 ? stage_scales(p, matrix_lo + 8, valid_hi, 1) : 0;
+    uint32_t scales_lo = stage_scales(p, matrix_lo, valid_lo, k0), scales_hi = stage_scales(p, matrix_lo + 8, valid_hi, k0);
+    uint32_t next_lo = n_k > 1 ? stage_scales(p, matrix_lo, valid_lo, k0 + 1) : 0;
+    uint32_t next_hi = n_k > 1 ? stage_scales(p, matrix_lo + 8, valid_hi, k0 + 1) : 0;
 
     // Stage kt's codes -> the A fragments of its four k16 steps. wgmma's A layout for a warp's
     // 16 rows: register 0 holds (row g, k 2c, 2c + 1), 1 the same of row g + 8, 2 and 3 those
     // at k + 8.
     auto convert = [&](uint32_t kt, uint32_t (&frag)[4][4]) {
         const uint32_t s = kt % kStages;
-        const uint32_t after_lo = kt + 2 < n_k ? stage_scales(p, matrix_lo, valid_lo, kt + 2) : 0;
-        const uint32_t after_hi = kt + 2 < n_k ? stage_scales(p, matrix_lo + 8, valid_hi, kt + 2) : 0;
+        const uint32_t after_lo = kt + 2 < n_k ? stage_scales(p, matrix_lo, valid_lo, k0 + kt + 2) : 0;
+        const uint32_t after_hi = kt + 2 < n_k ? stage_scales(p, matrix_lo + 8, valid_hi, k0 + kt + 2) : 0;
         mbarrier_wait_parity(&full[s], (kt / kStages) & 1);
         const uint8_t* codes = smem + L::kCodeBase + s * kCodeBytes;
 #pragma unroll
@@ -273,6 +279,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 1; i < kMaxSegments; ++i)
         if (i < (int)p.n_segments && r0 >= p.seg[i].begin) seg = p.seg[i];
+    bool add = p.add_to_y != 0;
+    if (blockIdx.z > 0) {  // a later k split: its partial, added to the outputs afterwards
+        seg = SegmentOut{p.partials + (size_t)(blockIdx.z - 1) * p.n_tokens * p.n_out, 0, p.n_out, p.n_out};
+        add = false;
+    }
     float* const y_block = seg.y + (r0 - seg.begin);
     const uint32_t rows_left = seg.end - r0, y_stride = seg.stride;
     const bool whole_rows = rows_left >= (uint32_t)kRows && y_stride % 4 == 0;  // (y is 16-byte aligned)
@@ -287,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (uint32_t i = 0; i < kBatch; ++i)
                 dst[i] = reinterpret_cast<float4*>(y_block + (size_t)(t0 + tb + i) * y_stride + 4 * lane);
-            if (p.add_to_y) {
+            if (add) {
                 float4 old[kBatch];
 #pragma unroll
                 for (uint32_t i = 0; i < kBatch; ++i)
@@ -314,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     const uint32_t r = 4 * lane + k;
                     if (r >= rows_left) break;
                     float* dst = y_block + (size_t)(t0 + tb + i) * y_stride + r;
-                    *dst = p.add_to_y ? *dst + vals[k] : vals[k];
+                    *dst = add ? *dst + vals[k] : vals[k];
                 }
             }
         }
@@ -322,6 +333,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
     __trap();  // launched only where prefill_gemm_q8s_available() (sm_90a code present)
 #endif
+}
+
+// y [n_tokens][y_stride] += partial 0, then partial 1, ... (each [n_tokens][n_rows]): the later
+// k splits' sums, added in a fixed order so that every run gives the same bits.
+__global__ void add_partials_kernel(float* y, uint32_t y_stride, const float* partials, uint32_t n_parts,
+                                    uint32_t n_tokens, uint32_t n_rows) {
+    const size_t n = (size_t)n_tokens * n_rows, step = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += step) {
+        const size_t t = i / n_rows, r = i % n_rows;
+        float v = y[t * y_stride + r];
+        for (uint32_t z = 0; z < n_parts; ++z) v += partials[z * n + i];
+        y[t * y_stride + r] = v;
+    }
 }
 
 template <int kBN, bool kGlu = false>
@@ -334,7 +358,8 @@ void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const Params& p,
         configured = true;
     }
     constexpr uint32_t kBlockRows = kGlu ? kRows / 2 : kRows;
-    const dim3 grid((p.n_tokens + kBN - 1) / kBN, (p.n_out + kBlockRows - 1) / kBlockRows);
+    const dim3 grid((p.n_tokens + kBN - 1) / kBN, (p.n_out + kBlockRows - 1) / kBlockRows,
+                    (p.n_in / kBK + p.k_stages - 1) / p.k_stages);
     kernel<<<grid, kThreads, kSmemBytes, stream>>>(x_map, w_map, p);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
@@ -401,6 +426,27 @@ Q8sGemmSplit prefill_gemm_q8s_split(uint32_t n_tokens, uint32_t n_out, uint32_t 
     return {(uint32_t)(wide_blocks * kRows), n_out - (uint32_t)(wide_blocks * kRows)};
 }
 
+uint32_t prefill_gemm_q8s_k_splits(uint32_t n_tokens, uint32_t n_out, uint32_t n_in, uint32_t n_sm) {
+    n_sm = std::max<uint32_t>(n_sm, 1);
+    const uint64_t blocks = (uint64_t)((n_out + kRows - 1) / kRows) * ((n_tokens + 255) / 256);
+    const uint64_t n_k = n_in / kBK;
+    // In microseconds: a 128 x 256 x 64 block stage at 643 TFLOP/s over 132 SMs (Nsight, session
+    // 43) is 0.86 us; the partials are written once and read once with y read and written, at
+    // 2.5 TB/s.
+    constexpr double kStageUs = 0.86, kBytesPerUs = 2.5e6;
+    double best = 0;
+    uint32_t best_splits = 1;
+    for (uint32_t s = 1; s <= 4 && s <= n_k; ++s) {
+        const uint64_t per = (n_k + s - 1) / s, used = (n_k + per - 1) / per;  // no empty split
+        if (used != s) continue;
+        const double waves = (double)((blocks * s + n_sm - 1) / n_sm);
+        const double reduce = s > 1 ? (2.0 * (s - 1) + 2.0) * n_tokens * n_out * 4 / kBytesPerUs : 0.0;
+        const double t = waves * per * kStageUs + reduce;
+        if (s == 1 || t < best) best = t, best_splits = s;
+    }
+    return best_splits;
+}
+
 namespace {
 
 // A launch's tensor maps: x in boxes of 64 k x bn tokens, and the codes from row `row0` on
@@ -420,6 +466,7 @@ Launch launch_for(const CudaMatrix& w, uint32_t row0, uint32_t rows, uint32_t bo
     l.p.n_tokens = n_tokens;
     l.p.n_out = n_out;
     l.p.n_in = w.n_in;
+    l.p.k_stages = w.n_in / kBK;  // one split
     return l;
 }
 
@@ -496,13 +543,14 @@ bool prefill_gemm_q8s_swiglu_cuda(const CudaMatrix& gate_up, const __half* x, ui
 }
 
 bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, float* y, bool add_to_y,
-                           cudaStream_t stream, Q8sGemmSplit split) {
+                           cudaStream_t stream, Q8sGemmSplit split, GemmSplitK split_k) {
     const GemmOutput out{y, w.n_out, w.n_out};
-    return prefill_gemm_q8s_cuda(w, x, n_tokens, std::span<const GemmOutput>(&out, 1), add_to_y, stream, split);
+    return prefill_gemm_q8s_cuda(w, x, n_tokens, std::span<const GemmOutput>(&out, 1), add_to_y, stream, split,
+                                 split_k);
 }
 
 bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, std::span<const GemmOutput> outs,
-                           bool add_to_y, cudaStream_t stream, Q8sGemmSplit split) {
+                           bool add_to_y, cudaStream_t stream, Q8sGemmSplit split, GemmSplitK split_k) {
     if (!prefill_gemm_q8s_takes(w) || reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
     if (outs.empty() || outs.size() > (size_t)kMaxSegments)
         fail("prefill_gemm_q8s_cuda: 1 to " + std::to_string(kMaxSegments) + " outputs, got " + std::to_string(outs.size()));
@@ -520,6 +568,32 @@ bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_toke
              std::to_string(w.n_out));
     split = split_to_run(split, w.n_out, n_tokens, false, "prefill_gemm_q8s_cuda");
     if (n_tokens == 0) return true;
+    // A split over k: one output, all rows in 256-token blocks, and room for the partials.
+    const uint32_t n_k = w.n_in / kBK;
+    uint32_t k_splits = 1;
+    if (split_k.splits != 1 && outs.size() == 1 && split.rows_narrow == 0) {
+        k_splits = split_k.splits != 0 ? std::min(split_k.splits, n_k)
+                                       : prefill_gemm_q8s_k_splits(n_tokens, w.n_out, w.n_in, sm_count());
+        const uint32_t per = (n_k + k_splits - 1) / k_splits;
+        k_splits = (n_k + per - 1) / per;  // no empty split
+        if ((uint64_t)(k_splits - 1) * n_tokens * w.n_out > split_k.workspace_floats || split_k.workspace == nullptr ||
+            reinterpret_cast<uintptr_t>(split_k.workspace) % 16 != 0)
+            k_splits = 1;
+    }
+    if (k_splits > 1) {
+        Launch l = launch_for(w, 0, w.n_out, kRows, x, n_tokens, w.n_out, 256);
+        l.p.add_to_y = add_to_y ? 1 : 0;
+        l.p.seg[0] = SegmentOut{outs[0].y, 0, w.n_out, outs[0].y_stride};
+        l.p.n_segments = 1;
+        l.p.k_stages = (n_k + k_splits - 1) / k_splits;
+        l.p.partials = split_k.workspace;
+        launch_width<false>(l, 256, stream);
+        const size_t n = (size_t)n_tokens * w.n_out;
+        add_partials_kernel<<<(unsigned)std::min<size_t>((n + 255) / 256, 132 * 16), 256, 0, stream>>>(
+            outs[0].y, outs[0].y_stride, split_k.workspace, k_splits - 1, n_tokens, w.n_out);
+        SPILLWAY_CUDA_CHECK(cudaGetLastError());
+        return true;
+    }
     launch_rows(w, 0, split.rows_wide, x, n_tokens, outs, add_to_y, 256, stream);
     launch_rows(w, split.rows_wide, split.rows_narrow, x, n_tokens, outs, add_to_y, 128, stream);
     return true;

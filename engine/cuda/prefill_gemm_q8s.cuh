@@ -30,6 +30,22 @@ struct Q8sGemmSplit {
 };
 Q8sGemmSplit prefill_gemm_q8s_split(uint32_t n_tokens, uint32_t n_out, uint32_t n_sm);
 
+// A split over k for GEMMs too small to fill the GPU (at 512 tokens the 14B's wo and down are 80
+// blocks of 256 tokens, 0.6 of a wave): `splits` blocks per output tile, each over a part of
+// n_in, the first writing (or adding to) y, the others their partial sums to `workspace`
+// ((splits - 1) x n_tokens x n_out floats, 16-byte aligned), then one pass adds those to y in
+// order (the same bits every run; not the bits of no split). Only for one output whose rows
+// all run in 256-token blocks; splits 0: prefill_gemm_q8s_k_splits' choice, 1: none; a
+// workspace too small or missing means none.
+struct GemmSplitK {
+    float* workspace = nullptr;
+    size_t workspace_floats = 0;
+    uint32_t splits = 1;
+};
+// Splits (1-4) with the shortest estimated time: whole waves of the split blocks, each a
+// 1 / splits share of the stages, plus the partials' pass over memory.
+uint32_t prefill_gemm_q8s_k_splits(uint32_t n_tokens, uint32_t n_out, uint32_t n_in, uint32_t n_sm);
+
 // y[t][r] = sum_k x[t][k] * w[r][k] for t < n_tokens, r < w.n_out (add_to_y: y += that, the
 // f32 sum rounded once); x: [n_tokens][w.n_in] f16, y: [n_tokens][w.n_out] f32. Each weight
 // is d * q rounded once to f16 (as dequantize_rows_f16_cuda gives it), products summed in
@@ -38,7 +54,7 @@ Q8sGemmSplit prefill_gemm_q8s_split(uint32_t n_tokens, uint32_t n_out, uint32_t 
 // false (nothing launched) where it does not apply: !prefill_gemm_q8s_takes(w), or x not
 // 16-byte aligned.
 bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, float* y, bool add_to_y,
-                           cudaStream_t stream, Q8sGemmSplit split = {});
+                           cudaStream_t stream, Q8sGemmSplit split = {}, GemmSplitK split_k = {});
 
 // One output of a GEMM whose rows go to several buffers (q | k | v, gate | up: matrices kept
 // back to back whose results the forward keeps apart): the next `rows` rows of w into
@@ -51,7 +67,7 @@ struct GemmOutput {
 // multiple of 128 rows, together w.n_out (an error otherwise); one launch (or two, as above)
 // for all of them.
 bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, std::span<const GemmOutput> outs,
-                           bool add_to_y, cudaStream_t stream, Q8sGemmSplit split = {});
+                           bool add_to_y, cudaStream_t stream, Q8sGemmSplit split = {}, GemmSplitK split_k = {});
 
 // The FFN's gate and up products and their SwiGLU in one pass: gate_up holds the gate matrix's
 // n_ff rows and then the up matrix's (split layout, back to back), and act [n_tokens][n_ff]

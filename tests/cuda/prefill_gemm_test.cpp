@@ -192,6 +192,73 @@ TEST(CudaPrefillGemmQ8s, OutputsOfOneLaunchEqualSeparateLaunches) {
     EXPECT_THROW(prefill_gemm_q8s_cuda(all, x, T, std::span<const GemmOutput>(short_of_rows), false, nullptr), Error);
 }
 
+// A split over k: 2, 3 and 4 parts (8 stages: 4 + 4, 3 + 3 + 2, 2 x 4) against the CPU, y = and
+// y +=, the same bits on a second run; and a workspace too small means no split (the bits of
+// the plain launch).
+TEST(CudaPrefillGemmQ8s, SplitOverKMatchesCpuAndRepeats) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    if (!prefill_gemm_q8s_available()) GTEST_SKIP() << "needs an sm_90 GPU and an sm_90a build";
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const uint32_t n_in = 512, n_out = 300, T = 260;
+    const SplitMatrix m = random_split_matrix(rng, n_in, n_out);
+    const CudaMatrix w = m.view(n_in, n_out);
+    std::vector<uint16_t> x_bits((size_t)T * n_in);
+    for (auto& b : x_bits) b = fp32_to_fp16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
+    const auto x_dev = cuda_test::to_device(x_bits);
+    const auto* x = reinterpret_cast<const __half*>(x_dev.data());
+    const auto y0 = cuda_test::random_floats(rng, (size_t)T * n_out);
+    DeviceBuffer<float> workspace(3 * (size_t)T * n_out);
+    const Q8sGemmSplit all_wide{n_out, 0};
+    for (const uint32_t splits : {2u, 3u, 4u})
+        for (const bool add : {false, true}) {
+            SCOPED_TRACE(std::to_string(splits) + " splits" + (add ? ", y += W x" : ", y = W x"));
+            const GemmSplitK split_k{workspace.data(), workspace.size(), splits};
+            std::vector<float> runs[2];
+            for (auto& run : runs) {
+                auto y = cuda_test::to_device(y0);
+                if (!add) cuda_test::poison(y);
+                cuda_test::poison(workspace);
+                ASSERT_TRUE(prefill_gemm_q8s_cuda(w, x, T, y.data(), add, nullptr, all_wide, split_k));
+                SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+                run = cuda_test::to_host(y);
+            }
+            EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4), 0) << "two runs differ";
+            size_t bad = 0;
+            for (uint32_t t = 0; t < T; ++t)
+                for (uint32_t r = 0; r < n_out; ++r) {
+                    double ref = add ? y0[(size_t)t * n_out + r] : 0.0, mag = std::fabs(ref);
+                    for (uint32_t k = 0; k < n_in; ++k) {
+                        const double term =
+                            (double)m.values[(size_t)r * n_in + k] * fp16_to_fp32(x_bits[(size_t)t * n_in + k]);
+                        ref += term;
+                        mag += std::fabs(term);
+                    }
+                    bad += !(std::fabs(runs[0][(size_t)t * n_out + r] - ref) <= 1e-5 * mag + 1e-6);
+                }
+            EXPECT_EQ(bad, 0u) << "of " << (size_t)T * n_out;
+        }
+    // Room for one partial, three asked: no split, so the plain launch's bits.
+    DeviceBuffer<float> plain((size_t)T * n_out), tight((size_t)T * n_out);
+    ASSERT_TRUE(prefill_gemm_q8s_cuda(w, x, T, plain.data(), false, nullptr, all_wide));
+    ASSERT_TRUE(prefill_gemm_q8s_cuda(w, x, T, tight.data(), false, nullptr, all_wide,
+                                      GemmSplitK{workspace.data(), (size_t)T * n_out, 3}));
+    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto a = cuda_test::to_host(plain), b = cuda_test::to_host(tight);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+}
+
+// Pure: splits over k where blocks leave most of a wave idle (the 14B's down at 512 tokens:
+// 80 blocks), none where the GPU is full (gate | up at 2048 tokens).
+TEST(CudaPrefillGemmQ8s, KSplitsOnlyWhereTheGpuIsUnderfilled) {
+    // down, 512 tokens: 1 split = 1 wave x 216 stages (186 us); 3 = 2 waves x 72 (124 us) + the
+    // partials' pass (~17 us).
+    EXPECT_EQ(prefill_gemm_q8s_k_splits(512, 5120, 13824, 132), 3u);
+    EXPECT_EQ(prefill_gemm_q8s_k_splits(2048, 27648, 5120, 132), 1u);
+    EXPECT_EQ(prefill_gemm_q8s_k_splits(4096, 5120, 5120, 132), 1u);
+}
+
 // gate | up with the SwiGLU in the epilogue: the f16 output has the bits of the separate path
 // (the two products as f32, then swiglu_f16_cuda), for each way of splitting the rows.
 TEST(CudaPrefillGemmQ8s, SwigluEpilogueEqualsSeparateSwiglu) {
