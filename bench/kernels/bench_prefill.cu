@@ -8,6 +8,7 @@
 //    weights in place), to see what the dequantization costs.
 //    Where the Hopper kernel runs (sm_90a), the same weights in the split layout through
 //    prefill_gemm_q8s_cuda (codes converted in registers), per block width.
+//    Grouped launches (q|k|v, gate|up, gate|up + SwiGLU) and down with a split over k.
 //  - GEMM sequence: a layer boundary's down -> RMSNorm -> q -> q-shaped, each step event-timed.
 //  - small ops: a 2048-token chunk's RMSNorm (+ residual add, f16 out), bias + RoPE + K/V
 //    write (qkv_post) and SwiGLU (f16 out), in us and GB/s of the bytes they must move.
@@ -23,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -233,6 +235,28 @@ void bench_gemm(const Options& o, cublasHandle_t cublas, uint32_t n_in, uint32_t
             }, o.reps));
         }
     }
+    if (prefill_gemm_q8s_available() && n_out == 5120 && n_in == 13824) {
+        // down's shape with a split over k (the engine's lab SPILLWAY_GEMM_SPLIT_K): y += W x,
+        // the partials in a workspace of their own.
+        DeviceBuffer<int8_t> codes((size_t)n_out * n_in);
+        DeviceBuffer<uint16_t> scales((size_t)n_out * (n_in / 32));
+        q8_0_to_split_cuda(wq.data(), n_out, n_in, Q8Split{codes.data(), scales.data()}, nullptr);
+        CudaMatrix split_w = q8;
+        split_w.data = reinterpret_cast<const uint8_t*>(codes.data());
+        split_w.q8_scales = scales.data();
+        DeviceBuffer<float> workspace(3 * (size_t)T * n_out);
+        const uint32_t model = prefill_gemm_q8s_k_splits(T, n_out, n_in, (uint32_t)sm_count());
+        for (const uint32_t splits : {1u, 2u, 3u, 4u}) {
+            const std::string name = "gemm q8_0 split, y += W x, " + std::to_string(splits) + " splits over k" +
+                                     (splits == model ? " (the model's choice)" : "");
+            row(name, shape, flops, median_ms([&] {
+                prefill_act_to_f16_cuda(x.data(), (size_t)T * n_in, act.data(), nullptr);
+                if (!prefill_gemm_q8s_cuda(split_w, act.data(), T, y.data(), true, nullptr, Q8sGemmSplit{n_out, 0},
+                                           GemmSplitK{workspace.data(), workspace.size(), splits}))
+                    throw std::runtime_error("prefill_gemm_q8s_cuda declined the shape");
+            }, o.reps));
+        }
+    }
     const uint32_t rows = (uint32_t)std::min<uint64_t>(n_out, tile.size() / n_in);
     const double dq_ms = median_ms([&] {
         for (uint32_t r0 = 0; r0 < n_out; r0 += rows)
@@ -240,6 +264,57 @@ void bench_gemm(const Options& o, cublasHandle_t cublas, uint32_t n_in, uint32_t
     }, o.reps);
     std::printf("| dequant q8_0 -> f16 alone | %ux%u | %.3f | (%.0f GB/s read+write) |\n", n_out, n_in, dq_ms,
                 (double)(q8_row + f16_row) * n_out / (dq_ms * 1e6));
+}
+
+// The engine's grouped launches on the 14B shape: q|k|v (7168 rows) as one launch against the
+// three alone, and gate|up (2 x 13824 rows) as one launch, with and without the SwiGLU epilogue.
+void bench_gemm_groups(const Options& o, uint32_t T) {
+    if (!o.only.empty() && std::string("gemm groups").find(o.only) == std::string::npos) return;
+    if (!prefill_gemm_q8s_available()) return;
+    const uint32_t n_in = 5120, qd = 5120, kd = 1024, ff = 13824;
+    const uint32_t n_rows = std::max(qd + 2 * kd, 2 * ff);
+    const uint64_t q8_row = *ggml_row_bytes(GgmlType::Q8_0, n_in);
+    DeviceBuffer<uint8_t> wq(q8_row * n_rows);
+    fill(GgmlType::Q8_0, wq.data(), wq.bytes(), 31);
+    DeviceBuffer<int8_t> codes((size_t)n_rows * n_in);
+    DeviceBuffer<uint16_t> scales((size_t)n_rows * (n_in / 32));
+    q8_0_to_split_cuda(wq.data(), n_rows, n_in, Q8Split{codes.data(), scales.data()}, nullptr);
+    DeviceBuffer<float> x((size_t)T * n_in), y((size_t)T * n_rows);
+    fill_f32_kernel<<<1024, 256>>>(x.data(), x.size(), 33);
+    DeviceBuffer<__half> act((size_t)T * n_in), glu((size_t)T * ff);
+    prefill_act_to_f16_cuda(x.data(), x.size(), act.data(), nullptr);
+    auto rows_of = [&](uint32_t r0, uint32_t n) {
+        CudaMatrix w{GgmlType::Q8_0, reinterpret_cast<const uint8_t*>(codes.data()) + (uint64_t)r0 * n_in, n_in, n,
+                     q8_row};
+        w.q8_scales = scales.data() + (uint64_t)r0 * (n_in / 32);
+        return w;
+    };
+    auto run = [&](const char* what, double flops, const std::function<bool()>& gemm) {
+        row(what, "T " + std::to_string(T), flops, median_ms([&] {
+            if (!gemm()) throw std::runtime_error(std::string(what) + ": declined");
+        }, o.reps));
+    };
+    float* yq = y.data();
+    float* yk = yq + (size_t)T * qd;
+    float* yv = yk + (size_t)T * kd;
+    const double qkv_flops = 2.0 * T * n_in * (qd + 2 * kd), ff_flops = 2.0 * T * n_in * 2 * ff;
+    run("gemm group q, k, v (three launches)", qkv_flops, [&] {
+        return prefill_gemm_q8s_cuda(rows_of(0, qd), act.data(), T, yq, false, nullptr) &&
+               prefill_gemm_q8s_cuda(rows_of(qd, kd), act.data(), T, yk, false, nullptr) &&
+               prefill_gemm_q8s_cuda(rows_of(qd + kd, kd), act.data(), T, yv, false, nullptr);
+    });
+    const GemmOutput qkv[3] = {{yq, qd, qd}, {yk, kd, kd}, {yv, kd, kd}};
+    run("gemm group q|k|v (one launch)", qkv_flops, [&] {
+        return prefill_gemm_q8s_cuda(rows_of(0, qd + 2 * kd), act.data(), T, std::span<const GemmOutput>(qkv), false,
+                                     nullptr);
+    });
+    const GemmOutput gate_up[2] = {{y.data(), ff, ff}, {y.data() + (size_t)T * ff, ff, ff}};
+    run("gemm group gate|up (one launch, f32 out)", ff_flops, [&] {
+        return prefill_gemm_q8s_cuda(rows_of(0, 2 * ff), act.data(), T, std::span<const GemmOutput>(gate_up), false,
+                                     nullptr);
+    });
+    run("gemm group gate|up + SwiGLU epilogue (f16 out)", ff_flops,
+        [&] { return prefill_gemm_q8s_swiglu_cuda(rows_of(0, 2 * ff), act.data(), T, glu.data(), nullptr); });
 }
 
 // The engine's op times show the first GEMM after each layer boundary of an 8k prefill
@@ -428,6 +503,7 @@ int main(int argc, char** argv) {
         cublasHandle_t cublas = nullptr;
         SPILLWAY_CUDA_CHECK(cublasCreate(&cublas));
         bench_gemm_sequence(o, cublas);
+        for (uint32_t T : {512u, 2048u}) bench_gemm_groups(o, T);
         for (uint32_t T : {512u, 1024u, 2048u, 4096u}) {
             bench_gemm(o, cublas, 5120, 13824, T);  // gate / up
             bench_gemm(o, cublas, 13824, 5120, T);  // down
