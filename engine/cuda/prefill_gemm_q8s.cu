@@ -91,11 +91,15 @@ struct Params {
     // receives silu(gate) * up from column 0 (the launch's first feature).
     uint32_t glu_up_rows, act_stride;
     __half* act;
-    // Split over k (blockIdx.z): each z multiplies stages [z * k_stages, (z + 1) * k_stages) of
-    // the n_in / 64; z = 0 writes the outputs, z > 0 its partial to partials + (z - 1) *
-    // n_tokens * n_out ([n_tokens][n_out], launch rows), added afterwards in order.
-    uint32_t k_stages;
-    float* partials;
+};
+
+// A split over k (kSplitK; blockIdx.z): each z multiplies stages [z * k_stages, (z + 1) *
+// k_stages) of the n_in / 64; z = 0 writes the outputs, z > 0 its partial to partials + (z - 1)
+// * n_tokens * n_out ([n_tokens][n_out], launch rows), added afterwards in order. A parameter of
+// its own, so that the instances without the split compile to the code they had before it.
+struct SplitKParams {
+    uint32_t k_stages = 0;
+    float* partials = nullptr;
 };
 
 // The stage's two f16 scales of one row (k 0-31 and 32-63 of the stage), or zeros for a row
@@ -108,11 +112,12 @@ struct Params {
 
 // kGlu: warpgroup 0 multiplies 64 gate rows and warpgroup 1 the 64 up rows of the same
 // features, and the epilogue writes the SwiGLU of the pair as f16 (swiglu_f16_cuda's bits): the
-// FFN's f32 gate and up never reach memory.
-template <int kBN, bool kGlu = false>
+// FFN's f32 gate and up never reach memory. kSplitK: blockIdx.z picks a range of the stages
+// (SplitKParams); without it the instances compile as before the split existed.
+template <int kBN, bool kGlu = false, bool kSplitK = false>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_gemm_q8s_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
-                            Params p) {
+                            Params p, SplitKParams sk) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using L = Layout<kBN>;
     extern __shared__ uint8_t smem_raw[];
@@ -124,8 +129,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t t0 = blockIdx.x * kBN;
     constexpr uint32_t kBlockRows = kGlu ? kRows / 2 : kRows;  // rows (kGlu: features) per block
     const uint32_t r0 = blockIdx.y * kBlockRows;
-    const uint32_t k0 = blockIdx.z * p.k_stages;  // this split's first stage (the host leaves none empty)
-    const uint32_t n_k = min(p.k_stages, p.n_in / kBK - k0);
+    // This split's first stage and stage count (the host leaves no split empty).
+    const uint32_t k0 = kSplitK ? blockIdx.z * sk.k_stages : 0;
+    const uint32_t n_k = kSplitK ? min(sk.k_stages, p.n_in / kBK - k0) : p.n_in / kBK;
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; ++s) {
@@ -284,8 +290,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 1; i < kMaxSegments; ++i)
         if (i < (int)p.n_segments && r0 >= p.seg[i].begin) seg = p.seg[i];
     bool add = p.add_to_y != 0;
-    if (blockIdx.z > 0) {  // a later k split: its partial, added to the outputs afterwards
-        seg = SegmentOut{p.partials + (size_t)(blockIdx.z - 1) * p.n_tokens * p.n_out, 0, p.n_out, p.n_out};
+    if (kSplitK && blockIdx.z > 0) {  // a later k split: its partial, added to the outputs afterwards
+        seg = SegmentOut{sk.partials + (size_t)(blockIdx.z - 1) * p.n_tokens * p.n_out, 0, p.n_out, p.n_out};
         add = false;
     }
     float* const y_block = seg.y + (r0 - seg.begin);
@@ -352,10 +358,11 @@ __global__ void add_partials_kernel(float* y, uint32_t y_stride, const float* pa
     }
 }
 
-template <int kBN, bool kGlu = false>
-void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const Params& p, cudaStream_t stream) {
+template <int kBN, bool kGlu = false, bool kSplitK = false>
+void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const Params& p, cudaStream_t stream,
+            const SplitKParams& sk = {}) {
     constexpr uint32_t kSmemBytes = Layout<kBN>::kSmemBytes;
-    auto* kernel = prefill_gemm_q8s_kernel<kBN, kGlu>;
+    auto* kernel = prefill_gemm_q8s_kernel<kBN, kGlu, kSplitK>;
     static bool configured = false;  // once per instance: opt in to > 48 KB of shared memory
     if (!configured) {
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
@@ -363,8 +370,8 @@ void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const Params& p,
     }
     constexpr uint32_t kBlockRows = kGlu ? kRows / 2 : kRows;
     const dim3 grid((p.n_tokens + kBN - 1) / kBN, (p.n_out + kBlockRows - 1) / kBlockRows,
-                    (p.n_in / kBK + p.k_stages - 1) / p.k_stages);
-    kernel<<<grid, kThreads, kSmemBytes, stream>>>(x_map, w_map, p);
+                    kSplitK ? (p.n_in / kBK + sk.k_stages - 1) / sk.k_stages : 1);
+    kernel<<<grid, kThreads, kSmemBytes, stream>>>(x_map, w_map, p, sk);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -470,7 +477,6 @@ Launch launch_for(const CudaMatrix& w, uint32_t row0, uint32_t rows, uint32_t bo
     l.p.n_tokens = n_tokens;
     l.p.n_out = n_out;
     l.p.n_in = w.n_in;
-    l.p.k_stages = w.n_in / kBK;  // one split
     return l;
 }
 
@@ -589,9 +595,8 @@ bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_toke
         l.p.add_to_y = add_to_y ? 1 : 0;
         l.p.seg[0] = SegmentOut{outs[0].y, 0, w.n_out, outs[0].y_stride};
         l.p.n_segments = 1;
-        l.p.k_stages = (n_k + k_splits - 1) / k_splits;
-        l.p.partials = split_k.workspace;
-        launch_width<false>(l, 256, stream);
+        const SplitKParams sk{(n_k + k_splits - 1) / k_splits, split_k.workspace};
+        launch<256, false, true>(l.x_map, l.w_map, l.p, stream, sk);
         const size_t n = (size_t)n_tokens * w.n_out;
         add_partials_kernel<<<(unsigned)std::min<size_t>((n + 255) / 256, 132 * 16), 256, 0, stream>>>(
             outs[0].y, outs[0].y_stride, split_k.workspace, k_splits - 1, n_tokens, w.n_out);
