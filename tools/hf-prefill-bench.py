@@ -15,7 +15,8 @@ weights created directly on the GPU, attn_implementation="sdpa". One forward ove
 prompt with use_cache=False (no KV cache is kept: the cheapest HF prefill), the base model
 over all tokens and the LM head on the last position only (what spillway computes); one
 warm-up, then the median of --reps timed forwards (torch.cuda.synchronize around each; prompts
-over 16k tokens take --reps-long, default 2, to save device time: ~8 s per 64k forward).
+over 16k tokens take --reps-long, default 2, to save device time: ~8 s per 64k forward; prompts
+of at most 2048 tokens take --reps-short, default 10, and spillway's bench -r the same).
 A prompt length that does not fit HF's memory is reported as OOM with the bytes asked for.
 Prints one table: tokens, both speeds, and spillway / HF (the issue's target is >= 1.2).
 """
@@ -31,9 +32,9 @@ SHAPE = dict(vocab_size=152064, hidden_size=5120, intermediate_size=13824, num_h
              num_attention_heads=40, num_key_value_heads=8, rms_norm_eps=1e-6, rope_theta=1000000.0)
 
 
-def spillway_prefill(binary, n_tokens, batch, ctk, timeout_s):
+def spillway_prefill(binary, n_tokens, batch, ctk, timeout_s, reps):
     cmd = [binary, "bench", "--synthetic", "qwen2.5-14b", "--wtype", "q8_0", "-p", str(n_tokens), "-n", "0",
-           "-b", str(batch), "-ctk", ctk, "--json"]
+           "-b", str(batch), "-ctk", ctk, "-r", str(reps), "--json"]
     print("spillway: " + " ".join(cmd), flush=True)
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -124,6 +125,9 @@ def main():
     ap.add_argument("--tokens", default="8192,65536", help="prompt lengths, comma separated")
     ap.add_argument("--reps", type=int, default=3, help="timed HF forwards after one warm-up (median)")
     ap.add_argument("--reps-long", type=int, default=2, help="--reps for prompts over 16k tokens")
+    ap.add_argument("--reps-short", type=int, default=10,
+                    help="--reps for prompts of at most 2048 tokens (a 512-token forward is ~0.04 s: three "
+                         "of them varied by 15%% between calls), and spillway's -r there")
     ap.add_argument("--batch", default="2048", help="spillway's prefill chunk (-b); a list is run for each "
                     "prompt length up to 16k, the last entry beyond")
     ap.add_argument("--ctk", default="f16", help="spillway's KV cache type (-ctk, V the same)")
@@ -144,13 +148,15 @@ def main():
         for n in tokens:
             for b in (batches if n <= 16384 else batches[-1:]):
                 try:
-                    ours[(n, b)] = spillway_prefill(args.spillway, n, b, args.ctk, args.timeout)
+                    ours[(n, b)] = spillway_prefill(args.spillway, n, b, args.ctk, args.timeout,
+                                                    args.reps_short if n <= 2048 else 1)
                 except subprocess.TimeoutExpired:
                     ours[(n, b)] = {"error": "timeout after %d s" % args.timeout}
     if not args.skip_hf:
         model = build_hf_model(max(tokens))
         for n in tokens:
-            theirs[n] = hf_prefill(model, n, args.reps if n <= 16384 else args.reps_long)
+            reps = args.reps_short if n <= 2048 else args.reps if n <= 16384 else args.reps_long
+            theirs[n] = hf_prefill(model, n, reps)
 
     print()
     print("| tokens | spillway -b | spillway q8_0 weights, %s KV | HF bf16 SDPA, use_cache=False | spillway / HF |" %
