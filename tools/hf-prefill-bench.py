@@ -2,7 +2,7 @@
 """Prefill speed of spillway against HF transformers, measured in the same run (issue 5).
 
 Runs on the GPU machine (PyTorch + transformers installed, no network needed):
-    python3 tools/hf-prefill-bench.py [--tokens 8192,65536] [--reps 3] [--batch 2048]
+    python3 tools/hf-prefill-bench.py [--tokens 8192,65536] [--reps 3] [--reps-short 10] [--batch 2048]
         [--spillway build-device/bin/spillway] [--ctk f16] [--skip-hf] [--skip-spillway]
 
 spillway: `spillway bench --synthetic qwen2.5-14b --wtype q8_0 -p N -n 0 -b B --json`, one
