@@ -192,6 +192,24 @@ void bench_attention_pieces(const Options& o, KvType kt, KvType vt, uint32_t n_p
                           });
 }
 
+// GGUF Q8_0 rows on the device repacked into the split layout the Hopper GEMM reads; rows(r0, n)
+// views n of them from row r0.
+struct SplitWeights {
+    DeviceBuffer<int8_t> codes;
+    DeviceBuffer<uint16_t> scales;
+    uint32_t n_in = 0;
+    SplitWeights(const uint8_t* gguf_rows, uint32_t n_rows, uint32_t n_in_)
+        : codes((size_t)n_rows * n_in_), scales((size_t)n_rows * (n_in_ / 32)), n_in(n_in_) {
+        q8_0_to_split_cuda(gguf_rows, n_rows, n_in, Q8Split{codes.data(), scales.data()}, nullptr);
+    }
+    CudaMatrix rows(uint32_t r0, uint32_t n) const {
+        CudaMatrix w{GgmlType::Q8_0, reinterpret_cast<const uint8_t*>(codes.data()) + (uint64_t)r0 * n_in, n_in, n,
+                     *ggml_row_bytes(GgmlType::Q8_0, n_in)};
+        w.q8_scales = scales.data() + (uint64_t)r0 * (n_in / 32);
+        return w;
+    }
+};
+
 void bench_gemm(const Options& o, cublasHandle_t cublas, uint32_t n_in, uint32_t n_out, uint32_t T) {
     const std::string shape = std::to_string(n_out) + "x" + std::to_string(n_in) + ", T " + std::to_string(T);
     if (!o.only.empty() && std::string("gemm").find(o.only) == std::string::npos) return;
@@ -214,47 +232,30 @@ void bench_gemm(const Options& o, cublasHandle_t cublas, uint32_t n_in, uint32_t
     if (prefill_gemm_q8s_available()) {
         // The same weights in the split layout, read as codes by the Hopper kernel (x converted
         // to f16 inside the timing, as the rows above do).
-        DeviceBuffer<int8_t> codes((size_t)n_out * n_in);
-        DeviceBuffer<uint16_t> scales((size_t)n_out * (n_in / 32));
-        q8_0_to_split_cuda(wq.data(), n_out, n_in, Q8Split{codes.data(), scales.data()}, nullptr);
-        CudaMatrix split_w = q8;
-        split_w.data = reinterpret_cast<const uint8_t*>(codes.data());
-        split_w.q8_scales = scales.data();
+        const SplitWeights split_weights(wq.data(), n_out, n_in);
+        const CudaMatrix split_w = split_weights.rows(0, n_out);
+        auto codes_row = [&](const std::string& name, bool add, Q8sGemmSplit split, GemmSplitK split_k) {
+            row(name, shape, flops, median_ms([&] {
+                prefill_act_to_f16_cuda(x.data(), (size_t)T * n_in, act.data(), nullptr);
+                if (!prefill_gemm_q8s_cuda(split_w, act.data(), T, y.data(), add, nullptr, split, split_k))
+                    throw std::runtime_error("prefill_gemm_q8s_cuda declined the shape");
+            }, o.reps));
+        };
         const Q8sGemmSplit chosen = prefill_gemm_q8s_split(T, n_out, (uint32_t)sm_count());
-        for (const uint32_t bn : {0u, 128u, 256u}) {
-            const std::string name =
-                "gemm q8_0 split (wgmma, codes in registers), block tokens " +
-                (bn == 0 ? "auto = rows " + std::to_string(chosen.rows_wide) + " x 256 + " +
-                               std::to_string(chosen.rows_narrow) + " x 128"
-                         : std::to_string(bn));
-            const Q8sGemmSplit split = bn == 256 ? Q8sGemmSplit{n_out, 0} : bn == 128 ? Q8sGemmSplit{0, n_out} : Q8sGemmSplit{};
-            row(name, shape, flops, median_ms([&] {
-                prefill_act_to_f16_cuda(x.data(), (size_t)T * n_in, act.data(), nullptr);
-                if (!prefill_gemm_q8s_cuda(split_w, act.data(), T, y.data(), false, nullptr, split))
-                    throw std::runtime_error("prefill_gemm_q8s_cuda declined the shape");
-            }, o.reps));
-        }
-    }
-    if (prefill_gemm_q8s_available() && n_out == 5120 && n_in == 13824) {
-        // down's shape with a split over k (the engine's lab SPILLWAY_GEMM_SPLIT_K): y += W x,
-        // the partials in a workspace of their own.
-        DeviceBuffer<int8_t> codes((size_t)n_out * n_in);
-        DeviceBuffer<uint16_t> scales((size_t)n_out * (n_in / 32));
-        q8_0_to_split_cuda(wq.data(), n_out, n_in, Q8Split{codes.data(), scales.data()}, nullptr);
-        CudaMatrix split_w = q8;
-        split_w.data = reinterpret_cast<const uint8_t*>(codes.data());
-        split_w.q8_scales = scales.data();
-        DeviceBuffer<float> workspace(3 * (size_t)T * n_out);
-        const uint32_t model = prefill_gemm_q8s_k_splits(T, n_out, n_in, (uint32_t)sm_count());
-        for (const uint32_t splits : {1u, 2u, 3u, 4u}) {
-            const std::string name = "gemm q8_0 split, y += W x, " + std::to_string(splits) + " splits over k" +
-                                     (splits == model ? " (the model's choice)" : "");
-            row(name, shape, flops, median_ms([&] {
-                prefill_act_to_f16_cuda(x.data(), (size_t)T * n_in, act.data(), nullptr);
-                if (!prefill_gemm_q8s_cuda(split_w, act.data(), T, y.data(), true, nullptr, Q8sGemmSplit{n_out, 0},
-                                           GemmSplitK{workspace.data(), workspace.size(), splits}))
-                    throw std::runtime_error("prefill_gemm_q8s_cuda declined the shape");
-            }, o.reps));
+        codes_row("gemm q8_0 split (wgmma, codes in registers), block tokens auto = rows " +
+                      std::to_string(chosen.rows_wide) + " x 256 + " + std::to_string(chosen.rows_narrow) + " x 128",
+                  false, Q8sGemmSplit{}, GemmSplitK{});
+        codes_row("gemm q8_0 split (wgmma, codes in registers), block tokens 128", false, Q8sGemmSplit{0, n_out}, {});
+        codes_row("gemm q8_0 split (wgmma, codes in registers), block tokens 256", false, Q8sGemmSplit{n_out, 0}, {});
+        if (n_out == 5120 && n_in == 13824) {
+            // down's shape with a split over k (the engine's lab SPILLWAY_GEMM_SPLIT_K): y += W x,
+            // the partials in a workspace of their own.
+            DeviceBuffer<float> workspace(3 * (size_t)T * n_out);
+            const uint32_t model = prefill_gemm_q8s_k_splits(T, n_out, n_in, (uint32_t)sm_count());
+            for (const uint32_t splits : {1u, 2u, 3u, 4u})
+                codes_row("gemm q8_0 split, y += W x, " + std::to_string(splits) + " splits over k" +
+                              (splits == model ? " (the model's choice)" : ""),
+                          true, Q8sGemmSplit{n_out, 0}, GemmSplitK{workspace.data(), workspace.size(), splits});
         }
     }
     const uint32_t rows = (uint32_t)std::min<uint64_t>(n_out, tile.size() / n_in);
@@ -276,19 +277,12 @@ void bench_gemm_groups(const Options& o, uint32_t T) {
     const uint64_t q8_row = *ggml_row_bytes(GgmlType::Q8_0, n_in);
     DeviceBuffer<uint8_t> wq(q8_row * n_rows);
     fill(GgmlType::Q8_0, wq.data(), wq.bytes(), 31);
-    DeviceBuffer<int8_t> codes((size_t)n_rows * n_in);
-    DeviceBuffer<uint16_t> scales((size_t)n_rows * (n_in / 32));
-    q8_0_to_split_cuda(wq.data(), n_rows, n_in, Q8Split{codes.data(), scales.data()}, nullptr);
+    const SplitWeights weights(wq.data(), n_rows, n_in);
     DeviceBuffer<float> x((size_t)T * n_in), y((size_t)T * n_rows);
     fill_f32_kernel<<<1024, 256>>>(x.data(), x.size(), 33);
     DeviceBuffer<__half> act((size_t)T * n_in), glu((size_t)T * ff);
     prefill_act_to_f16_cuda(x.data(), x.size(), act.data(), nullptr);
-    auto rows_of = [&](uint32_t r0, uint32_t n) {
-        CudaMatrix w{GgmlType::Q8_0, reinterpret_cast<const uint8_t*>(codes.data()) + (uint64_t)r0 * n_in, n_in, n,
-                     q8_row};
-        w.q8_scales = scales.data() + (uint64_t)r0 * (n_in / 32);
-        return w;
-    };
+    auto rows_of = [&](uint32_t r0, uint32_t n) { return weights.rows(r0, n); };
     auto run = [&](const char* what, double flops, const std::function<bool()>& gemm) {
         row(what, "T " + std::to_string(T), flops, median_ms([&] {
             if (!gemm()) throw std::runtime_error(std::string(what) + ": declined");

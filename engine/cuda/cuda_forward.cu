@@ -185,7 +185,7 @@ bool matmul_merged(CudaForwardState& st, const CudaMatrix& first, uint32_t total
     if (!prefill_gemm_reads_codes(all)) return false;
     uint64_t rows = 0;
     for (size_t i = 0; i + 1 < outs.size(); ++i)
-        if ((rows += outs[i].rows) % 128 != 0) return false;  // outputs start at whole row blocks
+        if ((rows += outs[i].rows) % kQ8sGemmRowBlock != 0) return false;  // outputs start at whole row blocks
     if (!x_is_f16) prefill_act_to_f16_cuda(x, (size_t)n_tokens * all.n_in, st.act_f16.data(), st.stream);
     if (!matmul_prefill_codes_cuda(all, n_tokens, outs, st.prefill_gemm, st.stream))
         fail("matmul_merged: the codes GEMM declined a group it takes");

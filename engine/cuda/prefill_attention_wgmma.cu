@@ -32,6 +32,7 @@
 
 #include "common/error.h"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/hopper_support.cuh"
 #include "engine/cuda/kv_tile.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/prefill_attention_ws.cuh"
@@ -279,25 +280,10 @@ void launch(Params p, uint32_t n_head_kv, cudaStream_t stream) {
 }  // namespace
 
 bool prefill_attention_wgmma_available() {
-    static const bool available = [] {
-        int dev = 0, major = 0, minor = 0, smem_optin = 0;
-        SPILLWAY_CUDA_CHECK(cudaGetDevice(&dev));
-        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        const uint32_t most = std::max({Tiling<128, KvType::f16, KvType::f16>::kSmemBytes,
-                                        Tiling<128, KvType::q8_0, KvType::q8_0>::kSmemBytes,
-                                        Tiling<128, KvType::f16, KvType::q8_0>::kSmemBytes});
-        if (major != 9 || minor != 0 || smem_optin < (int)most) return false;
-        int compiled = 0;
-        // 0 where the sm_90 image lacks the kernel (a plain 90 build, or PTX JIT-compiled from
-        // an older architecture); an error is treated the same.
-        if (cudaMemcpyFromSymbol(&compiled, kWgmmaCompiled, sizeof compiled) != cudaSuccess) {
-            (void)cudaGetLastError();
-            return false;
-        }
-        return compiled == 1;
-    }();
+    static const bool available = sm90a_kernels_usable(
+        &kWgmmaCompiled, std::max({Tiling<128, KvType::f16, KvType::f16>::kSmemBytes,
+                                   Tiling<128, KvType::q8_0, KvType::q8_0>::kSmemBytes,
+                                   Tiling<128, KvType::f16, KvType::q8_0>::kSmemBytes}));
     return available;
 }
 

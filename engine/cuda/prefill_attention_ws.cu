@@ -31,6 +31,7 @@
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/tensor_map.cuh"
 #include "engine/cuda/wgmma_device.cuh"
+#include "engine/cuda/warp_specialized_device.cuh"
 #include "engine/cuda/wgmma_softmax.cuh"
 
 namespace spillway {
@@ -57,18 +58,9 @@ struct Layout {
     static_assert(kSmemBytes <= 227 * 1024, "one block per SM");
 };
 
-__device__ __forceinline__ void named_sync(uint32_t id, uint32_t threads) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(uint32_t id, uint32_t threads) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-// 384 threads launch at 168 registers; then the producer's warpgroup gives most of its
-// registers back and the consumers take 240 each (setmaxnreg). A register file is per SM
-// sub-partition (16,384 each), and each holds one warp of every warpgroup: 24 + 2 x 240 = 504
-// registers per lane there. (A lone producer warp beside 8 consumer warps puts 3 warps on one
-// sub-partition: 224 registers each did not launch.)
+// 384 threads: a whole producer warpgroup beside the two consumer ones, for the register
+// hand-over (warp_specialized_device.cuh). A lone producer warp beside 8 consumer warps puts 3
+// warps on one SM sub-partition: 224 registers each did not launch.
 template <int kStages, bool kPingPong, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_ws_kernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
@@ -101,7 +93,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
 
     if (warp >= kConsumerWarps) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        ws::producer_registers();
         // The producer: K of tile t, then V of tile t, each into its stage once every consumer
         // warp has handed that stage's previous tile back. Cells past the range arrive as zeros
         // (the maps end there), so a masked score (p = 0) never meets a NaN in V.
@@ -122,7 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    ws::consumer_registers();
 
     // Q of the block's rows as f16 in two swizzled 64-dim halves: the K-major A operand of S.
     uint8_t* sq = smem + L::kQBase;
@@ -132,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             q_chunk_f16<kD>(p, span.row0 + r, kv_head, j);
     }
     wgmma::fence_proxy_async_smem();  // generic stores, read by the wgmmas' async proxy
-    named_sync(kQReady, kConsumerWarps * 32);
+    ws::named_sync(kQReady, kConsumerWarps * 32);
 
     const uint32_t wg = warp / 4, tq = lane % 4;
     const uint32_t my_row0 = span.row0 + warp * 16 + lane / 4;  // and + 8
@@ -154,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t ks_stage = t % kStages, vs_stage = (t + kStages - 1) % kStages;
         if constexpr (kQk) mbarrier_wait_parity(&full_k[ks_stage], (t / kStages) & 1);
         if constexpr (kPv) mbarrier_wait_parity(&full_v[vs_stage], ((t - 1) / kStages) & 1);
-        if constexpr (kPingPong) named_sync(kTurn0 + wg, kConsumerWarps * 32);
+        if constexpr (kPingPong) ws::named_sync(kTurn0 + wg, kConsumerWarps * 32);
         wgmma::fence();
         auto issue_pv = [&] {
             const uint64_t vd = wgmma::desc_advance(v_desc, vs_stage * kTileBytes);
@@ -184,7 +176,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma::commit();
         // The other warpgroup's turn (warpgroup 1's last round has no one left to hand to).
         if constexpr (kPingPong) {
-            if (kQk || wg == 0) named_arrive(kTurn0 + (1 - wg), kConsumerWarps * 32);
+            if (kQk || wg == 0) ws::named_arrive(kTurn0 + (1 - wg), kConsumerWarps * 32);
         }
         float alpha[2];
         bool grew = false;
@@ -211,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
     };
     if (n_tiles > 0) {
-        if (kPingPong && wg == 1) named_arrive(kTurn0, kConsumerWarps * 32);  // warpgroup 0 goes first
+        if (kPingPong && wg == 1) ws::named_arrive(kTurn0, kConsumerWarps * 32);  // warpgroup 0 goes first
         round.template operator()<true, false>(0);
         for (uint32_t t = 1; t < n_tiles; ++t) round.template operator()<true, true>(t);
         round.template operator()<false, true>(n_tiles);

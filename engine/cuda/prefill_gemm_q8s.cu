@@ -34,9 +34,11 @@
 #include "engine/cuda/act_ops_device.cuh"
 #include "engine/cuda/bulk_copy_device.cuh"
 #include "engine/cuda/cuda_check.h"
+#include "engine/cuda/hopper_support.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/q8_half_device.cuh"
 #include "engine/cuda/tensor_map.cuh"
+#include "engine/cuda/warp_specialized_device.cuh"
 #include "engine/cuda/wgmma_device.cuh"
 
 namespace spillway {
@@ -50,7 +52,7 @@ __device__ const int kGemmCompiled = 0;
 #endif
 
 constexpr int kBK = 64;                // k per stage
-constexpr int kRows = 128;             // weight rows per block: 64 per consumer warpgroup
+constexpr int kRows = kQ8sGemmRowBlock;  // weight rows per block: 64 per consumer warpgroup
 constexpr int kStages = 4;
 constexpr uint32_t kConsumerWarps = 8;
 constexpr int kThreads = (kConsumerWarps + 4) * 32;
@@ -68,10 +70,6 @@ struct Layout {
     static_assert(kSmemBytes <= 227 * 1024, "one block per SM");
     static_assert(kBN * kOutStride * 4 <= kBarBase, "the epilogue's tile fits in the stages");
 };
-
-[[maybe_unused]] __device__ __forceinline__ void named_sync(uint32_t id, uint32_t threads) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 
 // Where a run of the launch's rows goes: rows [begin, end) (launch-relative, multiples of
 // kRows apart from each other's boundaries) into y [n_tokens][stride], row `begin` at column 0.
@@ -143,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
 
     if (warp >= kConsumerWarps) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        ws::producer_registers();
         if (warp == kConsumerWarps && lane == 0) {
             for (uint32_t kt = 0; kt < n_k; ++kt) {
                 const uint32_t s = kt % kStages, use = kt / kStages;
@@ -162,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    ws::consumer_registers();
 
     const uint32_t g = lane / 4, c = lane % 4;
     const uint32_t row_lo = (warp / 4) * 64 + (warp % 4) * 16 + g;  // the block's rows row_lo and row_lo + 8
@@ -257,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // rows of y (one token's 128 rows) as float4s. Written straight from the fragments, each
     // thread's 4-byte stores (and, with add_to_y, its loads, which the compiler kept in order
     // behind the stores) took the wo / down GEMMs to ~2x cuBLAS's time.
-    named_sync(kEpilogue, kConsumerWarps * 32);
+    ws::named_sync(kEpilogue, kConsumerWarps * 32);
     float* out_tile = reinterpret_cast<float*>(smem);
 #pragma unroll
     for (int nb = 0; nb < kBN / 128; ++nb)
@@ -269,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 col[row_lo] = acc[nb][j][e];
                 col[row_lo + 8] = acc[nb][j][2 + e];
             }
-    named_sync(kEpilogue, kConsumerWarps * 32);
+    ws::named_sync(kEpilogue, kConsumerWarps * 32);
     const uint32_t token_stop = min((uint32_t)kBN, p.n_tokens - t0);
     if constexpr (kGlu) {
         // Columns 0-63 of a token are its gate values, 64-127 its up values (whole blocks of
@@ -388,23 +386,8 @@ uint32_t sm_count() {
 }  // namespace
 
 bool prefill_gemm_q8s_available() {
-    static const bool available = [] {
-        int dev = 0, major = 0, minor = 0, smem_optin = 0;
-        SPILLWAY_CUDA_CHECK(cudaGetDevice(&dev));
-        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        if (major != 9 || minor != 0 || smem_optin < (int)Layout<256>::kSmemBytes) return false;
-        if (!tensor_map_encoder_available()) return false;
-        int compiled = 0;
-        // 0 where the sm_90 image lacks the kernel (a plain 90 build, or PTX JIT-compiled from
-        // an older architecture); an error is treated the same.
-        if (cudaMemcpyFromSymbol(&compiled, kGemmCompiled, sizeof compiled) != cudaSuccess) {
-            (void)cudaGetLastError();
-            return false;
-        }
-        return compiled == 1;
-    }();
+    static const bool available =
+        tensor_map_encoder_available() && sm90a_kernels_usable(&kGemmCompiled, Layout<256>::kSmemBytes);
     return available;
 }
 

@@ -56,6 +56,10 @@ uint32_t prefill_gemm_q8s_k_splits(uint32_t n_tokens, uint32_t n_out, uint32_t n
 bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, float* y, bool add_to_y,
                            cudaStream_t stream, Q8sGemmSplit split = {}, GemmSplitK split_k = {});
 
+// Rows per block of the kernel: where one launch's rows go to several outputs, each output but
+// the last holds a multiple of this many.
+constexpr uint32_t kQ8sGemmRowBlock = 128;
+
 // One output of a GEMM whose rows go to several buffers (q | k | v, gate | up: matrices kept
 // back to back whose results the forward keeps apart): the next `rows` rows of w into
 // y [n_tokens][y_stride] (y 16-byte aligned, y_stride >= rows).

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <random>
 #include <span>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
@@ -27,18 +27,23 @@ struct SplitMatrix {
     DeviceBuffer<int8_t> codes;
     DeviceBuffer<uint16_t> scales;
     std::vector<float> values;  // each d * q rounded to f16, as the kernel converts it
-    CudaMatrix view(uint32_t n_in, uint32_t n_out) const {
-        CudaMatrix w{GgmlType::Q8_0, reinterpret_cast<const uint8_t*>(codes.data()), n_in, n_out,
+    uint32_t n_in = 0, n_rows = 0;
+    // Rows [r0, r0 + n) as the engine's split-layout matrix.
+    CudaMatrix rows(uint32_t r0, uint32_t n) const {
+        CudaMatrix w{GgmlType::Q8_0, reinterpret_cast<const uint8_t*>(codes.data()) + (uint64_t)r0 * n_in, n_in, n,
                      *ggml_row_bytes(GgmlType::Q8_0, n_in)};
-        w.q8_scales = scales.data();
+        w.q8_scales = scales.data() + (uint64_t)r0 * (n_in / 32);
         return w;
     }
+    CudaMatrix view() const { return rows(0, n_rows); }
 };
 
 SplitMatrix random_split_matrix(std::mt19937& rng, uint32_t n_in, uint32_t n_out) {
     const uint64_t row_bytes = *ggml_row_bytes(GgmlType::Q8_0, n_in);
     std::vector<uint8_t> gguf(row_bytes * n_out);
     SplitMatrix m;
+    m.n_in = n_in;
+    m.n_rows = n_out;
     m.values.resize((size_t)n_in * n_out);
     std::vector<float> row(n_in);
     for (uint32_t r = 0; r < n_out; ++r) {
@@ -55,6 +60,49 @@ SplitMatrix random_split_matrix(std::mt19937& rng, uint32_t n_in, uint32_t n_out
     return m;
 }
 
+// x [n_tokens][n_in] of random f16 values: their bits, and a copy on the device.
+struct F16Input {
+    std::vector<uint16_t> bits;
+    DeviceBuffer<uint16_t> dev;
+    const __half* data() const { return reinterpret_cast<const __half*>(dev.data()); }
+};
+F16Input random_f16_input(std::mt19937& rng, size_t n) {
+    F16Input x;
+    x.bits.resize(n);
+    for (auto& b : x.bits) b = fp32_to_fp16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
+    x.dev = cuda_test::to_device(x.bits);
+    return x;
+}
+
+// Rows [r0, r0 + n_rows) of m times x, in double: ref [n_tokens][n_rows], and each element's sum
+// of |terms| (what f32 accumulation's error scales with).
+struct CpuProduct {
+    std::vector<double> ref, mag;
+};
+CpuProduct cpu_product(const SplitMatrix& m, uint32_t r0, uint32_t n_rows, const F16Input& x, uint32_t n_tokens) {
+    CpuProduct p;
+    p.ref.resize((size_t)n_tokens * n_rows);
+    p.mag.resize(p.ref.size());
+    std::vector<float> xf(x.bits.size());
+    for (size_t i = 0; i < xf.size(); ++i) xf[i] = fp16_to_fp32(x.bits[i]);
+    for (uint32_t t = 0; t < n_tokens; ++t)
+        for (uint32_t r = 0; r < n_rows; ++r) {
+            double sum = 0, abs_sum = 0;
+            for (uint32_t k = 0; k < m.n_in; ++k) {
+                const double term = (double)m.values[(size_t)(r0 + r) * m.n_in + k] * xf[(size_t)t * m.n_in + k];
+                sum += term;
+                abs_sum += std::fabs(term);
+            }
+            p.ref[(size_t)t * n_rows + r] = sum;
+            p.mag[(size_t)t * n_rows + r] = abs_sum;
+        }
+    return p;
+}
+
+// f32 accumulation of exact f16 x f16 products (and at most one add of a y term counted in mag):
+// a few f32 ulps of the magnitude summed.
+bool within_f32_sum(double got, double want, double mag) { return std::fabs(got - want) <= 1e-5 * mag + 1e-6; }
+
 TEST(CudaPrefillGemmQ8s, MatchesCpuOnEveryBlockShape) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     if (!prefill_gemm_q8s_available()) GTEST_SKIP() << "needs an sm_90 GPU and an sm_90a build";
@@ -69,27 +117,10 @@ TEST(CudaPrefillGemmQ8s, MatchesCpuOnEveryBlockShape) {
         SCOPED_TRACE("n_in " + std::to_string(s.n_in) + " n_out " + std::to_string(s.n_out) + " tokens " +
                      std::to_string(s.n_tokens));
         const SplitMatrix m = random_split_matrix(rng, s.n_in, s.n_out);
-        const CudaMatrix w = m.view(s.n_in, s.n_out);
-        std::vector<uint16_t> x_bits((size_t)s.n_tokens * s.n_in);
-        std::vector<float> x(x_bits.size());
-        for (size_t i = 0; i < x.size(); ++i) {
-            x_bits[i] = fp32_to_fp16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
-            x[i] = fp16_to_fp32(x_bits[i]);
-        }
+        const CudaMatrix w = m.view();
+        const F16Input x = random_f16_input(rng, (size_t)s.n_tokens * s.n_in);
         const auto y0 = cuda_test::random_floats(rng, (size_t)s.n_tokens * s.n_out);
-        std::vector<double> ref((size_t)s.n_tokens * s.n_out), mag(ref.size());
-        for (uint32_t t = 0; t < s.n_tokens; ++t)
-            for (uint32_t r = 0; r < s.n_out; ++r) {
-                double sum = 0, abs_sum = 0;
-                for (uint32_t i = 0; i < s.n_in; ++i) {
-                    const double term = (double)m.values[(size_t)r * s.n_in + i] * x[(size_t)t * s.n_in + i];
-                    sum += term;
-                    abs_sum += std::fabs(term);
-                }
-                ref[(size_t)t * s.n_out + r] = sum;
-                mag[(size_t)t * s.n_out + r] = abs_sum;
-            }
-        const auto x_dev = cuda_test::to_device(x_bits);
+        const CpuProduct cpu = cpu_product(m, 0, s.n_out, x, s.n_tokens);
         // All rows in 128- or 256-token blocks, and the first 128 rows wide, the rest narrow.
         for (const Q8sGemmSplit split : {Q8sGemmSplit{0, s.n_out}, Q8sGemmSplit{s.n_out, 0}, Q8sGemmSplit{128, s.n_out - 128}})
             for (const bool add : {false, true}) {
@@ -97,20 +128,15 @@ TEST(CudaPrefillGemmQ8s, MatchesCpuOnEveryBlockShape) {
                              " narrow" + (add ? ", y += W x" : ", y = W x"));
                 auto y = cuda_test::to_device(y0);
                 if (!add) cuda_test::poison(y);
-                ASSERT_TRUE(prefill_gemm_q8s_cuda(w, reinterpret_cast<const __half*>(x_dev.data()), s.n_tokens,
-                                                  y.data(), add, nullptr, split));
+                ASSERT_TRUE(prefill_gemm_q8s_cuda(w, x.data(), s.n_tokens, y.data(), add, nullptr, split));
                 SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
                 const auto got = cuda_test::to_host(y);
                 size_t bad = 0;
                 double worst = 0;
                 for (size_t i = 0; i < got.size(); ++i) {
-                    const double want = ref[i] + (add ? y0[i] : 0.0);
-                    // f32 accumulation of exact f16 x f16 products: a few f32 ulps of the
-                    // magnitude summed (the final add of y rounds once more).
-                    const double err = std::fabs((double)got[i] - want);
-                    const double tol = 1e-5 * mag[i] + (add ? 1e-6 * std::fabs(want) : 0.0) + 1e-6;
-                    if (!(err <= tol)) ++bad;
-                    worst = std::max(worst, err / (mag[i] + 1e-30));
+                    const double y_in = add ? y0[i] : 0.0;
+                    bad += !within_f32_sum(got[i], cpu.ref[i] + y_in, cpu.mag[i] + std::fabs(y_in));
+                    worst = std::max(worst, std::fabs(got[i] - cpu.ref[i] - y_in) / (cpu.mag[i] + 1e-30));
                 }
                 EXPECT_EQ(bad, 0u) << "of " << got.size() << "; worst error / magnitude " << worst;
             }
@@ -130,11 +156,10 @@ TEST(CudaPrefillGemmQ8s, OutputsOfOneLaunchEqualSeparateLaunches) {
     const uint32_t rows[3] = {256, 128, 100}, strides[3] = {256, 132, 104};
     const uint32_t n_out = rows[0] + rows[1] + rows[2];
     const SplitMatrix m = random_split_matrix(rng, n_in, n_out);
-    const CudaMatrix all = m.view(n_in, n_out);
-    std::vector<uint16_t> x_bits((size_t)T * n_in);
-    for (auto& b : x_bits) b = fp32_to_fp16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
-    const auto x_dev = cuda_test::to_device(x_bits);
-    const auto* x = reinterpret_cast<const __half*>(x_dev.data());
+    const CudaMatrix all = m.view();
+    const F16Input input = random_f16_input(rng, (size_t)T * n_in);
+    const __half* x = input.data();
+    const CpuProduct cpu = cpu_product(m, 0, n_out, input, T);
     for (const Q8sGemmSplit split : {Q8sGemmSplit{}, Q8sGemmSplit{0, n_out}, Q8sGemmSplit{256, n_out - 256}}) {
         SCOPED_TRACE("split " + std::to_string(split.rows_wide) + " + " + std::to_string(split.rows_narrow));
         std::vector<DeviceBuffer<float>> merged, alone;
@@ -149,11 +174,7 @@ TEST(CudaPrefillGemmQ8s, OutputsOfOneLaunchEqualSeparateLaunches) {
         ASSERT_TRUE(prefill_gemm_q8s_cuda(all, x, T, std::span<const GemmOutput>(outs), false, nullptr, split));
         uint32_t row0 = 0;
         for (int i = 0; i < 3; ++i) {
-            CudaMatrix part = all;
-            part.data += (uint64_t)row0 * n_in;
-            part.q8_scales += (uint64_t)row0 * (n_in / 32);
-            part.n_out = rows[i];
-            ASSERT_TRUE(prefill_gemm_q8s_cuda(part, x, T, alone[i].data(), false, nullptr));
+            ASSERT_TRUE(prefill_gemm_q8s_cuda(m.rows(row0, rows[i]), x, T, alone[i].data(), false, nullptr));
             row0 += rows[i];
         }
         SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
@@ -165,14 +186,8 @@ TEST(CudaPrefillGemmQ8s, OutputsOfOneLaunchEqualSeparateLaunches) {
                 for (uint32_t r = 0; r < rows[i]; ++r) {
                     const float g = got[(size_t)t * strides[i] + r];
                     differ += std::memcmp(&g, &want[(size_t)t * rows[i] + r], 4) != 0;
-                    double ref = 0, mag = 0;
-                    for (uint32_t k = 0; k < n_in; ++k) {
-                        const double term = (double)m.values[(size_t)(row0 + r) * n_in + k] *
-                                            fp16_to_fp32(x_bits[(size_t)t * n_in + k]);
-                        ref += term;
-                        mag += std::fabs(term);
-                    }
-                    cpu_bad += !(std::fabs(g - ref) <= 1e-5 * mag + 1e-6);
+                    const size_t at = (size_t)t * n_out + row0 + r;
+                    cpu_bad += !within_f32_sum(g, cpu.ref[at], cpu.mag[at]);
                 }
             EXPECT_EQ(differ, 0u) << "output " << i;
             EXPECT_EQ(cpu_bad, 0u) << "output " << i;
@@ -203,12 +218,11 @@ TEST(CudaPrefillGemmQ8s, SplitOverKMatchesCpuAndRepeats) {
     std::mt19937 rng(seed);
     const uint32_t n_in = 512, n_out = 300, T = 260;
     const SplitMatrix m = random_split_matrix(rng, n_in, n_out);
-    const CudaMatrix w = m.view(n_in, n_out);
-    std::vector<uint16_t> x_bits((size_t)T * n_in);
-    for (auto& b : x_bits) b = fp32_to_fp16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
-    const auto x_dev = cuda_test::to_device(x_bits);
-    const auto* x = reinterpret_cast<const __half*>(x_dev.data());
+    const CudaMatrix w = m.view();
+    const F16Input input = random_f16_input(rng, (size_t)T * n_in);
+    const __half* x = input.data();
     const auto y0 = cuda_test::random_floats(rng, (size_t)T * n_out);
+    const CpuProduct cpu = cpu_product(m, 0, n_out, input, T);
     DeviceBuffer<float> workspace(3 * (size_t)T * n_out);
     const Q8sGemmSplit all_wide{n_out, 0};
     for (const uint32_t splits : {2u, 3u, 4u})
@@ -226,17 +240,10 @@ TEST(CudaPrefillGemmQ8s, SplitOverKMatchesCpuAndRepeats) {
             }
             EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4), 0) << "two runs differ";
             size_t bad = 0;
-            for (uint32_t t = 0; t < T; ++t)
-                for (uint32_t r = 0; r < n_out; ++r) {
-                    double ref = add ? y0[(size_t)t * n_out + r] : 0.0, mag = std::fabs(ref);
-                    for (uint32_t k = 0; k < n_in; ++k) {
-                        const double term =
-                            (double)m.values[(size_t)r * n_in + k] * fp16_to_fp32(x_bits[(size_t)t * n_in + k]);
-                        ref += term;
-                        mag += std::fabs(term);
-                    }
-                    bad += !(std::fabs(runs[0][(size_t)t * n_out + r] - ref) <= 1e-5 * mag + 1e-6);
-                }
+            for (size_t i = 0; i < runs[0].size(); ++i) {
+                const double y_in = add ? y0[i] : 0.0;
+                bad += !within_f32_sum(runs[0][i], cpu.ref[i] + y_in, cpu.mag[i] + std::fabs(y_in));
+            }
             EXPECT_EQ(bad, 0u) << "of " << (size_t)T * n_out;
         }
     // Room for one partial, three asked: no split, so the plain launch's bits.
@@ -269,18 +276,13 @@ TEST(CudaPrefillGemmQ8s, SwigluEpilogueEqualsSeparateSwiglu) {
     std::mt19937 rng(seed);
     const uint32_t n_in = 320, n_ff = 192, T = 300;
     const SplitMatrix m = random_split_matrix(rng, n_in, 2 * n_ff);
-    const CudaMatrix gate_up = m.view(n_in, 2 * n_ff);
-    std::vector<uint16_t> x_bits((size_t)T * n_in);
-    for (auto& b : x_bits) b = fp32_to_fp16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
-    const auto x_dev = cuda_test::to_device(x_bits);
-    const auto* x = reinterpret_cast<const __half*>(x_dev.data());
+    const CudaMatrix gate_up = m.view();
+    const F16Input input = random_f16_input(rng, (size_t)T * n_in);
+    const __half* x = input.data();
+    // gate and up on their own (192 rows are not whole 128-row outputs of one launch).
     DeviceBuffer<float> gate((size_t)T * n_ff), up((size_t)T * n_ff);
-    CudaMatrix gate_w = gate_up, up_w = gate_up;  // (192 rows: not whole 128-row outputs of one launch)
-    gate_w.n_out = up_w.n_out = n_ff;
-    up_w.data += (uint64_t)n_ff * n_in;
-    up_w.q8_scales += (uint64_t)n_ff * (n_in / 32);
-    ASSERT_TRUE(prefill_gemm_q8s_cuda(gate_w, x, T, gate.data(), false, nullptr));
-    ASSERT_TRUE(prefill_gemm_q8s_cuda(up_w, x, T, up.data(), false, nullptr));
+    ASSERT_TRUE(prefill_gemm_q8s_cuda(m.rows(0, n_ff), x, T, gate.data(), false, nullptr));
+    ASSERT_TRUE(prefill_gemm_q8s_cuda(m.rows(n_ff, n_ff), x, T, up.data(), false, nullptr));
     DeviceBuffer<__half> want_dev((size_t)T * n_ff);
     swiglu_f16_cuda(gate.data(), up.data(), want_dev.data(), (size_t)T * n_ff, nullptr);
     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
@@ -300,7 +302,7 @@ TEST(CudaPrefillGemmQ8s, SwigluEpilogueEqualsSeparateSwiglu) {
     // Features not in whole blocks of 64: declined, nothing written.
     const SplitMatrix odd = random_split_matrix(rng, n_in, 2 * 96);
     DeviceBuffer<__half> act((size_t)T * 96);
-    EXPECT_FALSE(prefill_gemm_q8s_swiglu_cuda(odd.view(n_in, 2 * 96), x, T, act.data(), nullptr));
+    EXPECT_FALSE(prefill_gemm_q8s_swiglu_cuda(odd.view(), x, T, act.data(), nullptr));
 }
 
 // Where it does not apply, it launches nothing and says so: the GGUF layout, rows that are not
@@ -313,7 +315,7 @@ TEST(CudaPrefillGemmQ8s, DeclinesWhatItDoesNotTake) {
     DeviceBuffer<__half> x(4 * 96 + 8);
     DeviceBuffer<float> y(4 * 128);
     cuda_test::poison(y);
-    CudaMatrix w = m.view(96, 128);
+    CudaMatrix w = m.view();
     EXPECT_FALSE(prefill_gemm_q8s_cuda(w, x.data(), 4, y.data(), false, nullptr));  // 96 % 64 != 0
     w.n_in = 64;
     w.q8_scales = nullptr;
