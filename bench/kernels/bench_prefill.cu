@@ -210,6 +210,16 @@ struct SplitWeights {
     }
 };
 
+// The codes GEMM's stream-K workspace for one block per SM (flags zeroed once).
+struct StreamKSpace {
+    DeviceBuffer<float> partials{prefill_gemm_q8s_partial_floats((uint32_t)sm_count())};
+    DeviceBuffer<uint32_t> flags{(size_t)sm_count()};
+    StreamKSpace() { SPILLWAY_CUDA_CHECK(cudaMemset(flags.data(), 0, flags.bytes())); }
+    GemmWorkspace view() const {
+        return GemmWorkspace{partials.data(), partials.size(), flags.data(), (uint32_t)flags.size()};
+    }
+};
+
 void bench_gemm(const Options& o, cublasHandle_t cublas, uint32_t n_in, uint32_t n_out, uint32_t T) {
     const std::string shape = std::to_string(n_out) + "x" + std::to_string(n_in) + ", T " + std::to_string(T);
     if (!o.only.empty() && std::string("gemm").find(o.only) == std::string::npos) return;
@@ -234,29 +244,24 @@ void bench_gemm(const Options& o, cublasHandle_t cublas, uint32_t n_in, uint32_t
         // to f16 inside the timing, as the rows above do).
         const SplitWeights split_weights(wq.data(), n_out, n_in);
         const CudaMatrix split_w = split_weights.rows(0, n_out);
-        auto codes_row = [&](const std::string& name, bool add, Q8sGemmSplit split, GemmSplitK split_k) {
+        const StreamKSpace space;
+        auto codes_row = [&](const std::string& name, bool add, Q8sGemmSplit split, const GemmWorkspace& ws) {
             row(name, shape, flops, median_ms([&] {
                 prefill_act_to_f16_cuda(x.data(), (size_t)T * n_in, act.data(), nullptr);
-                if (!prefill_gemm_q8s_cuda(split_w, act.data(), T, y.data(), add, nullptr, split, split_k))
+                if (!prefill_gemm_q8s_cuda(split_w, act.data(), T, y.data(), add, nullptr, split, ws))
                     throw std::runtime_error("prefill_gemm_q8s_cuda declined the shape");
             }, o.reps));
         };
         const Q8sGemmSplit chosen = prefill_gemm_q8s_split(T, n_out, (uint32_t)sm_count());
-        codes_row("gemm q8_0 split (wgmma, codes in registers), block tokens auto = rows " +
+        codes_row("gemm q8_0 split (wgmma, codes in registers), whole tiles, width auto = rows " +
                       std::to_string(chosen.rows_wide) + " x 256 + " + std::to_string(chosen.rows_narrow) + " x 128",
-                  false, Q8sGemmSplit{}, GemmSplitK{});
-        codes_row("gemm q8_0 split (wgmma, codes in registers), block tokens 128", false, Q8sGemmSplit{0, n_out}, {});
-        codes_row("gemm q8_0 split (wgmma, codes in registers), block tokens 256", false, Q8sGemmSplit{n_out, 0}, {});
-        if (n_out == 5120 && n_in == 13824) {
-            // down's shape with a split over k (the engine's lab SPILLWAY_GEMM_SPLIT_K): y += W x,
-            // the partials in a workspace of their own.
-            DeviceBuffer<float> workspace(3 * (size_t)T * n_out);
-            const uint32_t model = prefill_gemm_q8s_k_splits(T, n_out, n_in, (uint32_t)sm_count());
-            for (const uint32_t splits : {1u, 2u, 3u, 4u})
-                codes_row("gemm q8_0 split, y += W x, " + std::to_string(splits) + " splits over k" +
-                              (splits == model ? " (the model's choice)" : ""),
-                          true, Q8sGemmSplit{n_out, 0}, GemmSplitK{workspace.data(), workspace.size(), splits});
-        }
+                  false, Q8sGemmSplit{}, GemmWorkspace{});
+        codes_row("gemm q8_0 split (wgmma, codes in registers), whole tiles, width 128", false, Q8sGemmSplit{0, n_out}, {});
+        codes_row("gemm q8_0 split (wgmma, codes in registers), whole tiles, width 256", false, Q8sGemmSplit{n_out, 0}, {});
+        // The engine's default: the tail wave cut along k (stream-K).
+        codes_row("gemm q8_0 split (wgmma, codes in registers), stream-K", false, Q8sGemmSplit{}, space.view());
+        codes_row("gemm q8_0 split, y += W x, whole tiles", true, Q8sGemmSplit{}, GemmWorkspace{});
+        codes_row("gemm q8_0 split, y += W x, stream-K", true, Q8sGemmSplit{}, space.view());
     }
     const uint32_t rows = (uint32_t)std::min<uint64_t>(n_out, tile.size() / n_in);
     const double dq_ms = median_ms([&] {
@@ -309,6 +314,15 @@ void bench_gemm_groups(const Options& o, uint32_t T) {
     });
     run("gemm group gate|up + SwiGLU epilogue (f16 out)", ff_flops,
         [&] { return prefill_gemm_q8s_swiglu_cuda(rows_of(0, 2 * ff), act.data(), T, glu.data(), nullptr); });
+    // With the tail wave cut along k (the engine's default).
+    const StreamKSpace space;
+    run("gemm group q|k|v (one launch), stream-K", qkv_flops, [&] {
+        return prefill_gemm_q8s_cuda(rows_of(0, qd + 2 * kd), act.data(), T, std::span<const GemmOutput>(qkv), false,
+                                     nullptr, {}, space.view());
+    });
+    run("gemm group gate|up + SwiGLU epilogue (f16 out), stream-K", ff_flops, [&] {
+        return prefill_gemm_q8s_swiglu_cuda(rows_of(0, 2 * ff), act.data(), T, glu.data(), nullptr, {}, space.view());
+    });
 }
 
 // The engine's op times show the first GEMM after each layer boundary of an 8k prefill

@@ -207,7 +207,8 @@ __half* matmul_glu(CudaForwardState& st, const CudaMatrix& gate, uint32_t total_
     CudaMatrix gate_up = gate;
     gate_up.n_out = total_rows;
     if (!prefill_gemm_reads_codes(gate_up) ||
-        !prefill_gemm_q8s_swiglu_cuda(gate_up, st.act_f16.data(), n_tokens, act, st.stream))
+        !prefill_gemm_q8s_swiglu_cuda(gate_up, st.act_f16.data(), n_tokens, act, st.stream, {},
+                                      st.prefill_gemm.gemm_workspace))
         return nullptr;
     op_times_mark("gemm gate|up + swiglu", st.stream);
     return act;
@@ -882,10 +883,25 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     st.attn = DeviceBuffer<float>(T * ad);
     st.attn_lse = DeviceBuffer<float>(s.n_head);
     st.gate_up = DeviceBuffer<float>(2 * T * s.n_ff);
-    // The up half is dead while wo and down run (down's f16 input from the SwiGLU epilogue sits
-    // in the gate half): the codes GEMM's split-over-k partials may go there.
-    st.prefill_gemm.split_k_workspace = st.gate_up.data() + T * s.n_ff;
-    st.prefill_gemm.split_k_floats = T * s.n_ff;
+    // The up half is dead while the codes GEMMs run (they write q|k|v and down's f16 input from
+    // the SwiGLU epilogue sits in the gate half): their tiles cut along k keep partials there.
+    // Lab: SPILLWAY_GEMM_STREAM_K=0, whole tiles only (the tail wave unbalanced, as before
+    // session 44).
+    // Chunks too short for that (under ~300 tokens of the 14B shape) get 128 KiB per SM of their own.
+    if (max_tokens > 1 && !lab_knob("SPILLWAY_GEMM_STREAM_K", "0", "1")) {
+        st.gemm_flags = DeviceBuffer<uint32_t>(st.sm_count);
+        SPILLWAY_CUDA_CHECK(cudaMemset(st.gemm_flags.data(), 0, st.gemm_flags.bytes()));
+        const size_t need = prefill_gemm_q8s_partial_floats(st.sm_count);
+        float* partials = st.gate_up.data() + T * s.n_ff;
+        size_t partial_floats = T * s.n_ff;
+        if (partial_floats < need) {
+            st.gemm_partials = DeviceBuffer<float>(need);
+            partials = st.gemm_partials.data();
+            partial_floats = need;
+        }
+        st.prefill_gemm.gemm_workspace =
+            GemmWorkspace{partials, partial_floats, st.gemm_flags.data(), (uint32_t)st.gemm_flags.size()};
+    }
     st.logits = DeviceBuffer<float>((all_logits ? T : 1) * (size_t)s.n_vocab);
     // Split counts are not monotonic in the cell count (the int_dot plan rounds cells per
     // split to its chunk): a range shorter than n_ctx (a spilled cache's window or chunk) can
@@ -986,7 +1002,7 @@ uint64_t cuda_forward_scratch_bytes(const CudaForwardState& st) {
     return st.x.bytes() + st.xn.bytes() + st.proj.bytes() + st.qkv.bytes() + st.attn.bytes() + st.attn_lse.bytes() +
            st.gate_up.bytes() + st.logits.bytes() + st.attn_workspace.bytes() + st.act_f16.bytes() + st.w_f16.bytes() +
            st.w_f16_next.bytes() + st.tokens.bytes() + st.positions.bytes() + st.rope_cs.bytes() +
-           st.next_token.bytes() + st.act_q16.bytes() +
+           st.next_token.bytes() + st.act_q16.bytes() + st.gemm_flags.bytes() + st.gemm_partials.bytes() +
            st.act_q16_scale.bytes() + st.spill_lse.bytes() + st.spill_tail_out.bytes() + st.spill_tail_lse.bytes() +
            st.spill_chunk_out.bytes() + st.spill_chunk_lse.bytes() + st.spill_workspace.bytes() +
            st.prefill_k_f16.bytes() + st.prefill_v_f16.bytes() + st.prefill_piece_out.bytes() +

@@ -76,6 +76,8 @@ struct CudaForwardState {
     DeviceBuffer<__half> w_f16;             // prefill: a dequantized weight tile
     DeviceBuffer<__half> w_f16_next;        // prefill: the second tile (dequantized on the side stream)
     PrefillGemmScratch prefill_gemm;        // prefill GEMMs: the buffers above, side stream, events
+    DeviceBuffer<uint32_t> gemm_flags;      // prefill: the codes GEMM's stream-K flags (zero between launches)
+    DeviceBuffer<float> gemm_partials;      // prefill: its partials, where gate_up's up half is too small
     DeviceBuffer<int32_t> tokens, positions;  // [max_tokens]
     DeviceBuffer<float2> rope_cs;           // [max_tokens][n_rot/2] cos, sin: once per forward (rope.cuh);
                                             // empty: computed per head and layer

@@ -283,13 +283,18 @@ bool matmul_prefill_codes_cuda(const CudaMatrix& w, uint32_t n_tokens, std::span
     const Q8sGemmSplit split = block_tokens == 256   ? Q8sGemmSplit{w.n_out, 0}
                                : block_tokens == 128 ? Q8sGemmSplit{0, w.n_out}
                                                      : Q8sGemmSplit{};
-    // Lab: SPILLWAY_GEMM_SPLIT_K=1 (splits over k where the model says they pay: wo and down at
-    // 512-token chunks), 2..4 (that many wherever they apply); 0, the default: none (not yet
-    // measured on a GPU).
-    static const uint32_t k_splits = lab_knob_uint("SPILLWAY_GEMM_SPLIT_K", 0, 4);
-    const GemmSplitK split_k{sc.split_k_workspace, sc.split_k_floats, k_splits == 0 ? 1u : k_splits == 1 ? 0u : k_splits};
+    // The partials' memory may be an output of this very launch (gate|up written as f32, without
+    // the SwiGLU epilogue, lands in the half of gate_up they are kept in): then whole tiles only.
+    GemmWorkspace workspace = sc.gemm_workspace;
+    const auto* ws_begin = reinterpret_cast<const uint8_t*>(workspace.partials);
+    const auto* ws_end = ws_begin + workspace.partial_floats * sizeof(float);
+    for (const GemmOutput& o : outs) {
+        const auto* y_begin = reinterpret_cast<const uint8_t*>(o.y);
+        const auto* y_end = y_begin + (size_t)n_tokens * o.y_stride * sizeof(float);
+        if (workspace.partials != nullptr && y_begin < ws_end && ws_begin < y_end) workspace = GemmWorkspace{};
+    }
     return prefill_gemm_reads_codes(w) &&
-           prefill_gemm_q8s_cuda(w, sc.act_f16, n_tokens, outs, add_to_y, stream, split, split_k);
+           prefill_gemm_q8s_cuda(w, sc.act_f16, n_tokens, outs, add_to_y, stream, split, workspace);
 }
 
 bool prefill_gemm_reads_codes(const CudaMatrix& w) {

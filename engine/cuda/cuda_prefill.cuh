@@ -39,10 +39,9 @@ struct PrefillGemmScratch {
     cudaEvent_t gemm_done[2] = {nullptr, nullptr};
     uint32_t next_tile = 0;                  // alternates across calls
     bool greedy_tiles = false;               // lab: fill the tile, remainder last (was the default)
-    // The codes GEMM's split-over-k partials (prefill_gemm_q8s.cuh's GemmSplitK; lab
-    // SPILLWAY_GEMM_SPLIT_K): memory dead while wo and down run, or nullptr.
-    float* split_k_workspace = nullptr;
-    size_t split_k_floats = 0;
+    // Where the codes GEMM's tiles cut along k keep their partial sums (prefill_gemm_q8s.cuh's
+    // GemmWorkspace): memory dead while the chunk GEMMs run, or none (whole tiles only).
+    GemmWorkspace gemm_workspace;
 };
 // x [n_tokens][n_in] f32 -> scratch.act_f16.
 void prefill_act_to_f16_cuda(const float* x, size_t n, __half* act_f16, cudaStream_t stream);

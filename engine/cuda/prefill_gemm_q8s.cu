@@ -89,15 +89,65 @@ struct Params {
     // receives silu(gate) * up from column 0 (the launch's first feature).
     uint32_t glu_up_rows, act_stride;
     __half* act;
+    // The tiles (row blocks x token blocks, the token block fastest) and which of them are cut
+    // along k (prefill_gemm_q8s_schedule); partials / flags as in GemmWorkspace.
+    uint32_t token_blocks, n_tiles, sk_tiles;
+    float* partials;
+    uint32_t* flags;
 };
 
-// A split over k (kSplitK; blockIdx.z): each z multiplies stages [z * k_stages, (z + 1) *
-// k_stages) of the n_in / 64; z = 0 writes the outputs, z > 0 its partial to partials + (z - 1)
-// * n_tokens * n_out ([n_tokens][n_out], launch rows), added afterwards in order. A parameter of
-// its own, so that the instances without the split compile to the code they had before it.
-struct SplitKParams {
-    uint32_t k_stages = 0;
-    float* partials = nullptr;
+// What a block multiplies, in order: tile, stage steps [k_begin, k_end), and what it does with
+// the sum.
+enum class Part : uint32_t {
+    whole,  // the whole tile: written to the outputs
+    start,  // the start or a middle share of a tile: the partial goes to the block's slot
+    end,    // the end of a tile: the earlier blocks' partials are added, then written
+};
+struct WorkItem {
+    uint32_t tile, k_begin, k_end;
+    Part part;
+};
+
+// A block's share of the launch. The cut tiles' tile * n_k + step units are split evenly in
+// order over the grid: block b takes units [b U / grid, (b + 1) U / grid), at most one tile's
+// start (or a middle share: no tile's end), then tiles it holds to their end; the start goes
+// first, so that the blocks waiting for it find it done. Then whole tiles b, b + grid, ...
+// after the cut ones.
+struct BlockWork {
+    uint64_t units, a, b;  // the cut tiles' units, and this block's [a, b)
+    uint32_t n_k, grid, block, sk_tiles;
+    uint32_t has_start, n_ends, n_whole;
+
+    __device__ static uint64_t share_begin(uint64_t units, uint32_t grid, uint32_t block) {
+        return units * block / grid;
+    }
+    __device__ BlockWork(const Params& p, uint32_t n_k_, uint32_t grid_, uint32_t block_)
+        : n_k(n_k_), grid(grid_), block(block_), sk_tiles(p.sk_tiles) {
+        units = (uint64_t)p.sk_tiles * n_k;
+        a = share_begin(units, grid, block);
+        b = share_begin(units, grid, block + 1);
+        has_start = a < b && b % n_k != 0;
+        n_ends = (uint32_t)(b / n_k - a / n_k);  // tiles whose last unit is in [a, b)
+        const uint32_t dp_first = p.sk_tiles + block;
+        n_whole = p.n_tiles > dp_first ? (p.n_tiles - dp_first + grid - 1) / grid : 0;
+    }
+    __device__ uint32_t count() const { return has_start + n_ends + n_whole; }
+    __device__ WorkItem item(uint32_t i) const {
+        if (i < has_start) {
+            const uint64_t tile = b / n_k, first = tile * n_k;
+            return {(uint32_t)tile, (uint32_t)((a > first ? a : first) - first), (uint32_t)(b - first), Part::start};
+        }
+        i -= has_start;
+        if (i < n_ends) {
+            const uint64_t tile = a / n_k + i, first = tile * n_k;
+            const uint32_t k_begin = a > first ? (uint32_t)(a - first) : 0;
+            return {(uint32_t)tile, k_begin, n_k, k_begin > 0 ? Part::end : Part::whole};
+        }
+        i -= n_ends;
+        return {sk_tiles + block + i * grid, 0, n_k, Part::whole};
+    }
+    // The block holding unit u (the last one whose share begins at or before u).
+    __device__ uint32_t block_of(uint64_t u) const { return (uint32_t)(((u + 1) * grid + units - 1) / units - 1); }
 };
 
 // The stage's two f16 scales of one row (k 0-31 and 32-63 of the stage), or zeros for a row
@@ -108,34 +158,49 @@ struct SplitKParams {
     return __ldg(reinterpret_cast<const uint32_t*>(p.scales + (size_t)row * (p.n_in / 32) + stage * 2));
 }
 
-// kGlu: warpgroup 0 multiplies 64 gate rows and warpgroup 1 the 64 up rows of the same
-// features, and the epilogue writes the SwiGLU of the pair as f16 (swiglu_f16_cuda's bits): the
-// FFN's f32 gate and up never reach memory. kSplitK: blockIdx.z picks a range of the stages
-// (SplitKParams); without it the instances compile as before the split existed.
-template <int kBN, bool kGlu = false, bool kSplitK = false>
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* flag) {
+    uint32_t v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
+    return v;
+}
+__device__ __forceinline__ void store_release(uint32_t* flag, uint32_t v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flag), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t global_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    return t;
+}
+#endif
+
+// Persistent: each block runs the items of its BlockWork. kGlu: warpgroup 0 multiplies 64 gate
+// rows and warpgroup 1 the 64 up rows of the same features, and the epilogue writes the SwiGLU
+// of the pair as f16 (swiglu_f16_cuda's bits): the FFN's f32 gate and up never reach memory.
+template <int kBN, bool kGlu = false>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_gemm_q8s_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
-                            Params p, SplitKParams sk) {
+                            Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using L = Layout<kBN>;
     extern __shared__ uint8_t smem_raw[];
     uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarBase);
     uint64_t* empty = full + kStages;
+    uint64_t* tile_free = empty + kStages;  // the consumers are done with the epilogue's shared memory
 
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const uint32_t t0 = blockIdx.x * kBN;
-    constexpr uint32_t kBlockRows = kGlu ? kRows / 2 : kRows;  // rows (kGlu: features) per block
-    const uint32_t r0 = blockIdx.y * kBlockRows;
-    // This split's first stage and stage count (the host leaves no split empty).
-    const uint32_t k0 = kSplitK ? blockIdx.z * sk.k_stages : 0;
-    const uint32_t n_k = kSplitK ? min(sk.k_stages, p.n_in / kBK - k0) : p.n_in / kBK;
+    constexpr uint32_t kBlockRows = kGlu ? kRows / 2 : kRows;  // rows (kGlu: features) per tile
+    const uint32_t n_k = p.n_in / kBK;
+    const BlockWork work(p, n_k, gridDim.x, blockIdx.x);
+    const uint32_t n_items = work.count();
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; ++s) {
             mbarrier_init(&full[s], 1);                // the producer's arrival + the stage's bytes
             mbarrier_init(&empty[s], kConsumerWarps);  // one arrival per consumer warp
         }
+        mbarrier_init(tile_free, kConsumerWarps);
         mbarrier_init_fence();
     }
     __syncthreads();
@@ -143,17 +208,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (warp >= kConsumerWarps) {
         ws::producer_registers();
         if (warp == kConsumerWarps && lane == 0) {
-            for (uint32_t kt = 0; kt < n_k; ++kt) {
-                const uint32_t s = kt % kStages, use = kt / kStages;
-                if (use > 0) mbarrier_wait_parity(&empty[s], (use - 1) & 1);
-                mbarrier_arrive_expect_tx(&full[s], L::kXBytes + kCodeBytes);
-                tma_load_2d(smem + L::kXBase + s * L::kXBytes, &x_map, (int32_t)((k0 + kt) * kBK), (int32_t)t0, &full[s]);
-                if constexpr (kGlu) {  // two boxes of 64 rows: the gate rows, then the up rows
-                    tma_load_2d(smem + L::kCodeBase + s * kCodeBytes, &w_map, (int32_t)((k0 + kt) * kBK), (int32_t)r0, &full[s]);
-                    tma_load_2d(smem + L::kCodeBase + s * kCodeBytes + kCodeBytes / 2, &w_map, (int32_t)((k0 + kt) * kBK),
-                                (int32_t)(r0 + p.glu_up_rows), &full[s]);
-                } else {
-                    tma_load_2d(smem + L::kCodeBase + s * kCodeBytes, &w_map, (int32_t)((k0 + kt) * kBK), (int32_t)r0, &full[s]);
+            uint32_t step = 0;  // stage steps loaded so far: the ring's position
+            for (uint32_t i = 0; i < n_items; ++i) {
+                const WorkItem it = work.item(i);
+                const int32_t t0 = (int32_t)((it.tile % p.token_blocks) * kBN);
+                const int32_t r0 = (int32_t)((it.tile / p.token_blocks) * kBlockRows);
+                // The epilogue stages its output in the ring's memory.
+                if (i > 0) mbarrier_wait_parity(tile_free, (i - 1) & 1);
+                for (uint32_t kt = it.k_begin; kt < it.k_end; ++kt, ++step) {
+                    const uint32_t s = step % kStages, use = step / kStages;
+                    if (use > 0) mbarrier_wait_parity(&empty[s], (use - 1) & 1);
+                    mbarrier_arrive_expect_tx(&full[s], L::kXBytes + kCodeBytes);
+                    const int32_t k = (int32_t)(kt * kBK);
+                    tma_load_2d(smem + L::kXBase + s * L::kXBytes, &x_map, k, t0, &full[s]);
+                    if constexpr (kGlu) {  // two boxes of 64 rows: the gate rows, then the up rows
+                        tma_load_2d(smem + L::kCodeBase + s * kCodeBytes, &w_map, k, r0, &full[s]);
+                        tma_load_2d(smem + L::kCodeBase + s * kCodeBytes + kCodeBytes / 2, &w_map, k,
+                                    r0 + (int32_t)p.glu_up_rows, &full[s]);
+                    } else {
+                        tma_load_2d(smem + L::kCodeBase + s * kCodeBytes, &w_map, k, r0, &full[s]);
+                    }
                 }
             }
         }
@@ -162,215 +236,246 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     ws::consumer_registers();
 
+    const uint32_t tid = threadIdx.x;  // 0..255: the consumer threads
     const uint32_t g = lane / 4, c = lane % 4;
-    const uint32_t row_lo = (warp / 4) * 64 + (warp % 4) * 16 + g;  // the block's rows row_lo and row_lo + 8
+    const uint32_t row_lo = (warp / 4) * 64 + (warp % 4) * 16 + g;  // the tile's rows row_lo and row_lo + 8
     // Codes of a row: 64 bytes per stage, the 16-byte chunk j stored at chunk j ^ ((row / 2) % 4)
     // (TMA's 64-byte swizzle), so the 8 rows a load instruction touches fall in distinct banks.
     const uint32_t code_lo = row_lo * kBK, code_hi = (row_lo + 8) * kBK;
     const uint32_t swz_lo = (row_lo / 2) % 4, swz_hi = ((row_lo + 8) / 2) % 4;
-
-    float acc[kBN / 128][16][4];  // the first stage's wgmmas overwrite it (scale-d 0)
-    uint32_t frag0[4][4], frag1[4][4];  // A fragments of two stages: [k16 step][register]
-    // The matrix rows (from the launch's first) whose scales the thread needs: kGlu's warpgroup 1
-    // holds up rows, glu_up_rows after the gate rows of the same features.
-    const uint32_t feature_lo = kGlu ? r0 + row_lo % 64 : r0 + row_lo;
-    const uint32_t matrix_lo = feature_lo + (kGlu && row_lo >= 64 ? p.glu_up_rows : 0);
-    const bool valid_lo = feature_lo < p.n_out, valid_hi = feature_lo + 8 < p.n_out;
-    // Scales come from global memory (L2, mostly) two stages ahead of their use.
-    uint32_t scales_lo = stage_scales(p, matrix_lo, valid_lo, k0), scales_hi = stage_scales(p, matrix_lo + 8, valid_hi, k0);
-    uint32_t next_lo = n_k > 1 ? stage_scales(p, matrix_lo, valid_lo, k0 + 1) : 0;
-    uint32_t next_hi = n_k > 1 ? stage_scales(p, matrix_lo + 8, valid_hi, k0 + 1) : 0;
-
-    // Stage kt's codes -> the A fragments of its four k16 steps. wgmma's A layout for a warp's
-    // 16 rows: register 0 holds (row g, k 2c, 2c + 1), 1 the same of row g + 8, 2 and 3 those
-    // at k + 8.
-    auto convert = [&](uint32_t kt, uint32_t (&frag)[4][4]) {
-        const uint32_t s = kt % kStages;
-        const uint32_t after_lo = kt + 2 < n_k ? stage_scales(p, matrix_lo, valid_lo, k0 + kt + 2) : 0;
-        const uint32_t after_hi = kt + 2 < n_k ? stage_scales(p, matrix_lo + 8, valid_hi, k0 + kt + 2) : 0;
-        mbarrier_wait_parity(&full[s], (kt / kStages) & 1);
-        const uint8_t* codes = smem + L::kCodeBase + s * kCodeBytes;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const uint32_t lo_at = code_lo + ((j ^ swz_lo) * 16) + 2 * c, hi_at = code_hi + ((j ^ swz_hi) * 16) + 2 * c;
-            const uint32_t w_lo =
-                __byte_perm(*reinterpret_cast<const uint16_t*>(codes + lo_at),
-                            *reinterpret_cast<const uint16_t*>(codes + lo_at + 8), 0x5410) ^ 0x80808080u;
-            const uint32_t w_hi =
-                __byte_perm(*reinterpret_cast<const uint16_t*>(codes + hi_at),
-                            *reinterpret_cast<const uint16_t*>(codes + hi_at + 8), 0x5410) ^ 0x80808080u;
-            const __half2 d_lo = __half2half2(__ushort_as_half((unsigned short)(j < 2 ? scales_lo : scales_lo >> 16)));
-            const __half2 d_hi = __half2half2(__ushort_as_half((unsigned short)(j < 2 ? scales_hi : scales_hi >> 16)));
-            frag[j][0] = q8_pair_to_half2(w_lo, 0x4140, d_lo);
-            frag[j][1] = q8_pair_to_half2(w_hi, 0x4140, d_hi);
-            frag[j][2] = q8_pair_to_half2(w_lo, 0x4342, d_lo);
-            frag[j][3] = q8_pair_to_half2(w_hi, 0x4342, d_hi);
-        }
-        scales_lo = next_lo;
-        scales_hi = next_hi;
-        next_lo = after_lo;
-        next_hi = after_hi;
-    };
     const uint64_t x_desc = wgmma::smem_desc(smem + L::kXBase, 16, 1024);
-    auto issue = [&]<bool kFirst = false>(uint32_t kt, const uint32_t (&frag)[4][4]) {
-        const uint64_t xd = wgmma::desc_advance(x_desc, (kt % kStages) * L::kXBytes);
-        wgmma::fence();
+    constexpr uint32_t kSlotFloats = kRows * kBN;  // a block's partial
+
+    uint32_t step = 0;  // stage steps consumed so far
+    for (uint32_t item = 0; item < n_items; ++item) {
+        const WorkItem it = work.item(item);
+        const uint32_t t0 = (it.tile % p.token_blocks) * kBN, r0 = (it.tile / p.token_blocks) * kBlockRows;
+        const uint32_t k0 = it.k_begin, n_kt = it.k_end - it.k_begin;
+
+        float acc[kBN / 128][16][4];  // the first stage's wgmmas overwrite it (scale-d 0)
+        uint32_t frag0[4][4], frag1[4][4];  // A fragments of two stages: [k16 step][register]
+        // The matrix rows (from the launch's first) whose scales the thread needs: kGlu's warpgroup 1
+        // holds up rows, glu_up_rows after the gate rows of the same features.
+        const uint32_t feature_lo = kGlu ? r0 + row_lo % 64 : r0 + row_lo;
+        const uint32_t matrix_lo = feature_lo + (kGlu && row_lo >= 64 ? p.glu_up_rows : 0);
+        const bool valid_lo = feature_lo < p.n_out, valid_hi = feature_lo + 8 < p.n_out;
+        // Scales come from global memory (L2, mostly) two stages ahead of their use.
+        uint32_t scales_lo = stage_scales(p, matrix_lo, valid_lo, k0), scales_hi = stage_scales(p, matrix_lo + 8, valid_hi, k0);
+        uint32_t next_lo = n_kt > 1 ? stage_scales(p, matrix_lo, valid_lo, k0 + 1) : 0;
+        uint32_t next_hi = n_kt > 1 ? stage_scales(p, matrix_lo + 8, valid_hi, k0 + 1) : 0;
+
+        // Stage kt's codes -> the A fragments of its four k16 steps. wgmma's A layout for a warp's
+        // 16 rows: register 0 holds (row g, k 2c, 2c + 1), 1 the same of row g + 8, 2 and 3 those
+        // at k + 8.
+        auto convert = [&](uint32_t kt, uint32_t (&frag)[4][4]) {
+            const uint32_t s = (step + kt) % kStages;
+            const uint32_t after_lo = kt + 2 < n_kt ? stage_scales(p, matrix_lo, valid_lo, k0 + kt + 2) : 0;
+            const uint32_t after_hi = kt + 2 < n_kt ? stage_scales(p, matrix_lo + 8, valid_hi, k0 + kt + 2) : 0;
+            mbarrier_wait_parity(&full[s], ((step + kt) / kStages) & 1);
+            const uint8_t* codes = smem + L::kCodeBase + s * kCodeBytes;
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+            for (int j = 0; j < 4; ++j) {
+                const uint32_t lo_at = code_lo + ((j ^ swz_lo) * 16) + 2 * c, hi_at = code_hi + ((j ^ swz_hi) * 16) + 2 * c;
+                const uint32_t w_lo =
+                    __byte_perm(*reinterpret_cast<const uint16_t*>(codes + lo_at),
+                                *reinterpret_cast<const uint16_t*>(codes + lo_at + 8), 0x5410) ^ 0x80808080u;
+                const uint32_t w_hi =
+                    __byte_perm(*reinterpret_cast<const uint16_t*>(codes + hi_at),
+                                *reinterpret_cast<const uint16_t*>(codes + hi_at + 8), 0x5410) ^ 0x80808080u;
+                const __half2 d_lo = __half2half2(__ushort_as_half((unsigned short)(j < 2 ? scales_lo : scales_lo >> 16)));
+                const __half2 d_hi = __half2half2(__ushort_as_half((unsigned short)(j < 2 ? scales_hi : scales_hi >> 16)));
+                frag[j][0] = q8_pair_to_half2(w_lo, 0x4140, d_lo);
+                frag[j][1] = q8_pair_to_half2(w_hi, 0x4140, d_hi);
+                frag[j][2] = q8_pair_to_half2(w_lo, 0x4342, d_lo);
+                frag[j][3] = q8_pair_to_half2(w_hi, 0x4342, d_hi);
+            }
+            scales_lo = next_lo;
+            scales_hi = next_hi;
+            next_lo = after_lo;
+            next_hi = after_hi;
+        };
+        auto issue = [&]<bool kFirst = false>(uint32_t kt, const uint32_t (&frag)[4][4]) {
+            const uint64_t xd = wgmma::desc_advance(x_desc, ((step + kt) % kStages) * L::kXBytes);
+            wgmma::fence();
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int nb = 0; nb < kBN / 128; ++nb)
+                    wgmma::mma_m64n128k16<0>(acc[nb], frag[j], wgmma::desc_advance(xd, nb * 128 * 128 + j * 32),
+                                             !kFirst || j > 0);
+            wgmma::commit();
+        };
+        auto release = [&](uint32_t kt) {
+            if (lane == 0) mbarrier_arrive(&empty[(step + kt) % kStages]);
+        };
+
+        // Two stages per iteration, so that each fragment set is a compile-time choice.
+        convert(0, frag0);
+        issue.template operator()<true>(0, frag0);
+        uint32_t kt = 1;
+        for (; kt + 1 < n_kt; kt += 2) {
+            convert(kt, frag1);
+            issue(kt, frag1);
+            wgmma::wait<1>();  // stage kt - 1 done: its x is free and frag0 may be rewritten
+            release(kt - 1);
+            convert(kt + 1, frag0);
+            issue(kt + 1, frag0);
+            wgmma::wait<1>();
+            release(kt);
+        }
+        if (kt < n_kt) {
+            convert(kt, frag1);
+            issue(kt, frag1);
+            wgmma::wait<1>();
+            release(kt - 1);
+        }
+        wgmma::wait<0>();
+        release(n_kt - 1);
+        step += n_kt;
+
+        if (it.part == Part::start) {
+            // The partial, in the fragments' own order (float4 i of thread t at i * 256 + t:
+            // coalesced), for the block that holds the tile's end. The ring is not touched.
+            if (lane == 0) mbarrier_arrive(tile_free);
+            float4* slot = reinterpret_cast<float4*>(p.partials + (size_t)blockIdx.x * kSlotFloats);
 #pragma unroll
             for (int nb = 0; nb < kBN / 128; ++nb)
-                wgmma::mma_m64n128k16<0>(acc[nb], frag[j], wgmma::desc_advance(xd, nb * 128 * 128 + j * 32),
-                                         !kFirst || j > 0);
-        wgmma::commit();
-    };
-    auto release = [&](uint32_t kt) {
-        if (lane == 0) mbarrier_arrive(&empty[kt % kStages]);
-    };
-
-    // Two stages per iteration, so that each fragment set is a compile-time choice.
-    convert(0, frag0);
-    issue.template operator()<true>(0, frag0);
-    uint32_t kt = 1;
-    for (; kt + 1 < n_k; kt += 2) {
-        convert(kt, frag1);
-        issue(kt, frag1);
-        wgmma::wait<1>();  // stage kt - 1 done: its x is free and frag0 may be rewritten
-        release(kt - 1);
-        convert(kt + 1, frag0);
-        issue(kt + 1, frag0);
-        wgmma::wait<1>();
-        release(kt);
-    }
-    if (kt < n_k) {
-        convert(kt, frag1);
-        issue(kt, frag1);
-        wgmma::wait<1>();
-        release(kt - 1);
-    }
-    wgmma::wait<0>();
-
-    // The epilogue goes through shared memory (the stages are free once both warpgroups are
-    // done with the last x tile): [token][kRows + 4] f32, the padding putting the 4 token
-    // columns of a store instruction in different banks. Then each warp writes whole 512-byte
-    // rows of y (one token's 128 rows) as float4s. Written straight from the fragments, each
-    // thread's 4-byte stores (and, with add_to_y, its loads, which the compiler kept in order
-    // behind the stores) took the wo / down GEMMs to ~2x cuBLAS's time.
-    ws::named_sync(kEpilogue, kConsumerWarps * 32);
-    float* out_tile = reinterpret_cast<float*>(smem);
 #pragma unroll
-    for (int nb = 0; nb < kBN / 128; ++nb)
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                float* col = out_tile + (nb * 128 + j * 8 + 2 * c + e) * kOutStride;
-                col[row_lo] = acc[nb][j][e];
-                col[row_lo + 8] = acc[nb][j][2 + e];
-            }
-    ws::named_sync(kEpilogue, kConsumerWarps * 32);
-    const uint32_t token_stop = min((uint32_t)kBN, p.n_tokens - t0);
-    if constexpr (kGlu) {
-        // Columns 0-63 of a token are its gate values, 64-127 its up values (whole blocks of
-        // features: the host asks for features in multiples of 64). A warp writes a token's
-        // 64 features as one 128-byte row of half2s.
-        for (uint32_t t = warp; t < token_stop; t += kConsumerWarps) {
-            const float* col = out_tile + t * kOutStride;
-            const float2 gv = *reinterpret_cast<const float2*>(col + 2 * lane);
-            const float2 uv = *reinterpret_cast<const float2*>(col + 64 + 2 * lane);
-            *reinterpret_cast<__half2*>(p.act + (size_t)(t0 + t) * p.act_stride + r0 + 2 * lane) =
-                __floats2half2_rn(silu_times(gv.x, uv.x), silu_times(gv.y, uv.y));
+                for (int j = 0; j < 16; ++j)
+                    __stcg(slot + (nb * 16 + j) * 256 + tid,
+                           make_float4(acc[nb][j][0], acc[nb][j][1], acc[nb][j][2], acc[nb][j][3]));
+            __threadfence();
+            ws::named_sync(kEpilogue, kConsumerWarps * 32);
+            if (tid == 0) store_release(p.flags + blockIdx.x, 1);
+            continue;
         }
-        return;
-    }
-    // The block's output: its segment (a block never straddles two), from the block's first row.
-    SegmentOut seg = p.seg[0];
+        if (it.part == Part::end) {
+            // The earlier shares of this tile, in block order (fixed: the same bits every run).
+            const uint64_t tile_first = (uint64_t)it.tile * n_k;
+            for (uint32_t from = work.block_of(tile_first); from < blockIdx.x; ++from) {
+                if (BlockWork::share_begin(work.units, work.grid, from) ==
+                    BlockWork::share_begin(work.units, work.grid, from + 1))
+                    continue;  // an empty share
+                if (tid == 0) {
+                    const uint64_t since = global_ns();
+                    while (load_acquire(p.flags + from) == 0) {
+                        // Every block of the grid is resident (one per SM at most), so the writer
+                        // runs; a wait of seconds means a broken schedule, not a slow one.
+                        if (global_ns() - since > 10'000'000'000ull) __trap();
+                        __nanosleep(64);
+                    }
+                    p.flags[from] = 0;  // for the next launch: this launch reads it no more
+                }
+                ws::named_sync(kEpilogue, kConsumerWarps * 32);
+                const float4* slot = reinterpret_cast<const float4*>(p.partials + (size_t)from * kSlotFloats);
 #pragma unroll
-    for (int i = 1; i < kMaxSegments; ++i)
-        if (i < (int)p.n_segments && r0 >= p.seg[i].begin) seg = p.seg[i];
-    bool add = p.add_to_y != 0;
-    if (kSplitK && blockIdx.z > 0) {  // a later k split: its partial, added to the outputs afterwards
-        seg = SegmentOut{sk.partials + (size_t)(blockIdx.z - 1) * p.n_tokens * p.n_out, 0, p.n_out, p.n_out};
-        add = false;
-    }
-    float* const y_block = seg.y + (r0 - seg.begin);
-    const uint32_t rows_left = seg.end - r0, y_stride = seg.stride;
-    const bool whole_rows = rows_left >= (uint32_t)kRows && y_stride % 4 == 0;  // (y is 16-byte aligned)
-    constexpr uint32_t kBatch = 4;  // tokens per warp in flight: loads of y before any store
-    for (uint32_t tb = warp * kBatch; tb < token_stop; tb += kConsumerWarps * kBatch) {
-        float4 v[kBatch];
+                for (int nb = 0; nb < kBN / 128; ++nb)
 #pragma unroll
-        for (uint32_t i = 0; i < kBatch; ++i)
-            v[i] = *reinterpret_cast<const float4*>(out_tile + (tb + i) * kOutStride + 4 * lane);
-        if (whole_rows) {
-            float4* dst[kBatch];
+                    for (int j = 0; j < 16; ++j) {
+                        const float4 v = __ldcg(slot + (nb * 16 + j) * 256 + tid);
+                        acc[nb][j][0] += v.x;
+                        acc[nb][j][1] += v.y;
+                        acc[nb][j][2] += v.z;
+                        acc[nb][j][3] += v.w;
+                    }
+            }
+        }
+
+        // The epilogue goes through shared memory (the stages are free once both warpgroups are
+        // done with the last x tile, and the producer waits for tile_free before loading the next
+        // item): [token][kRows + 4] f32, the padding putting the 4 token columns of a store
+        // instruction in different banks. Then each warp writes whole 512-byte rows of y (one
+        // token's 128 rows) as float4s. Written straight from the fragments, each thread's 4-byte
+        // stores (and, with add_to_y, its loads, which the compiler kept in order behind the
+        // stores) took the wo / down GEMMs to ~2x cuBLAS's time.
+        ws::named_sync(kEpilogue, kConsumerWarps * 32);
+        float* out_tile = reinterpret_cast<float*>(smem);
 #pragma unroll
-            for (uint32_t i = 0; i < kBatch; ++i)
-                dst[i] = reinterpret_cast<float4*>(y_block + (size_t)(t0 + tb + i) * y_stride + 4 * lane);
-            if (add) {
-                float4 old[kBatch];
+        for (int nb = 0; nb < kBN / 128; ++nb)
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float* col = out_tile + (nb * 128 + j * 8 + 2 * c + e) * kOutStride;
+                    col[row_lo] = acc[nb][j][e];
+                    col[row_lo + 8] = acc[nb][j][2 + e];
+                }
+        ws::named_sync(kEpilogue, kConsumerWarps * 32);
+        const uint32_t token_stop = min((uint32_t)kBN, p.n_tokens - t0);
+        if constexpr (kGlu) {
+            // Columns 0-63 of a token are its gate values, 64-127 its up values (whole blocks of
+            // features: the host asks for features in multiples of 64). A warp writes a token's
+            // 64 features as one 128-byte row of half2s.
+            for (uint32_t t = warp; t < token_stop; t += kConsumerWarps) {
+                const float* col = out_tile + t * kOutStride;
+                const float2 gv = *reinterpret_cast<const float2*>(col + 2 * lane);
+                const float2 uv = *reinterpret_cast<const float2*>(col + 64 + 2 * lane);
+                *reinterpret_cast<__half2*>(p.act + (size_t)(t0 + t) * p.act_stride + r0 + 2 * lane) =
+                    __floats2half2_rn(silu_times(gv.x, uv.x), silu_times(gv.y, uv.y));
+            }
+        } else {
+            // The tile's output: its segment (a tile never straddles two), from the tile's first row.
+            SegmentOut seg = p.seg[0];
+#pragma unroll
+            for (int i = 1; i < kMaxSegments; ++i)
+                if (i < (int)p.n_segments && r0 >= p.seg[i].begin) seg = p.seg[i];
+            const bool add = p.add_to_y != 0;
+            float* const y_block = seg.y + (r0 - seg.begin);
+            const uint32_t rows_left = seg.end - r0, y_stride = seg.stride;
+            const bool whole_rows = rows_left >= (uint32_t)kRows && y_stride % 4 == 0;  // (y is 16-byte aligned)
+            constexpr uint32_t kBatch = 4;  // tokens per warp in flight: loads of y before any store
+            for (uint32_t tb = warp * kBatch; tb < token_stop; tb += kConsumerWarps * kBatch) {
+                float4 v[kBatch];
 #pragma unroll
                 for (uint32_t i = 0; i < kBatch; ++i)
-                    if (tb + i < token_stop) old[i] = *dst[i];
+                    v[i] = *reinterpret_cast<const float4*>(out_tile + (tb + i) * kOutStride + 4 * lane);
+                if (whole_rows) {
+                    float4* dst[kBatch];
 #pragma unroll
-                for (uint32_t i = 0; i < kBatch; ++i) {
-                    v[i].x += old[i].x;
-                    v[i].y += old[i].y;
-                    v[i].z += old[i].z;
-                    v[i].w += old[i].w;
-                }
-            }
+                    for (uint32_t i = 0; i < kBatch; ++i)
+                        dst[i] = reinterpret_cast<float4*>(y_block + (size_t)(t0 + tb + i) * y_stride + 4 * lane);
+                    if (add) {
+                        float4 old[kBatch];
 #pragma unroll
-            for (uint32_t i = 0; i < kBatch; ++i)
-                if (tb + i < token_stop) *dst[i] = v[i];
-        } else {
-            // The last row block of a segment whose rows end inside it (or a y row stride that
-            // is not a multiple of 4, so float4s would be unaligned): element by element.
+                        for (uint32_t i = 0; i < kBatch; ++i)
+                            if (tb + i < token_stop) old[i] = *dst[i];
 #pragma unroll
-            for (uint32_t i = 0; i < kBatch; ++i) {
-                if (tb + i >= token_stop) break;
-                const float vals[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-                for (uint32_t k = 0; k < 4; ++k) {
-                    const uint32_t r = 4 * lane + k;
-                    if (r >= rows_left) break;
-                    float* dst = y_block + (size_t)(t0 + tb + i) * y_stride + r;
-                    *dst = add ? *dst + vals[k] : vals[k];
+                        for (uint32_t i = 0; i < kBatch; ++i) {
+                            v[i].x += old[i].x;
+                            v[i].y += old[i].y;
+                            v[i].z += old[i].z;
+                            v[i].w += old[i].w;
+                        }
+                    }
+#pragma unroll
+                    for (uint32_t i = 0; i < kBatch; ++i)
+                        if (tb + i < token_stop) *dst[i] = v[i];
+                } else {
+                    // The last row block of a segment whose rows end inside it (or a y row stride
+                    // that is not a multiple of 4, so float4s would be unaligned): element by element.
+#pragma unroll
+                    for (uint32_t i = 0; i < kBatch; ++i) {
+                        if (tb + i >= token_stop) break;
+                        const float vals[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+                        for (uint32_t k = 0; k < 4; ++k) {
+                            const uint32_t r = 4 * lane + k;
+                            if (r >= rows_left) break;
+                            float* dst = y_block + (size_t)(t0 + tb + i) * y_stride + r;
+                            *dst = add ? *dst + vals[k] : vals[k];
+                        }
+                    }
                 }
             }
         }
+        // The ring's memory goes back to the producer (after the generic-proxy reads and writes
+        // above, before its TMA writes).
+        fence_proxy_async_shared();
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(tile_free);
     }
 #else
     __trap();  // launched only where prefill_gemm_q8s_available() (sm_90a code present)
 #endif
-}
-
-// y [n_tokens][y_stride] += partial 0, then partial 1, ... (each [n_tokens][n_rows]): the later
-// k splits' sums, added in a fixed order so that every run gives the same bits.
-__global__ void add_partials_kernel(float* y, uint32_t y_stride, const float* partials, uint32_t n_parts,
-                                    uint32_t n_tokens, uint32_t n_rows) {
-    const size_t n = (size_t)n_tokens * n_rows, step = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += step) {
-        const size_t t = i / n_rows, r = i % n_rows;
-        float v = y[t * y_stride + r];
-        for (uint32_t z = 0; z < n_parts; ++z) v += partials[z * n + i];
-        y[t * y_stride + r] = v;
-    }
-}
-
-template <int kBN, bool kGlu = false, bool kSplitK = false>
-void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const Params& p, cudaStream_t stream,
-            const SplitKParams& sk = {}) {
-    constexpr uint32_t kSmemBytes = Layout<kBN>::kSmemBytes;
-    auto* kernel = prefill_gemm_q8s_kernel<kBN, kGlu, kSplitK>;
-    static bool configured = false;  // once per instance: opt in to > 48 KB of shared memory
-    if (!configured) {
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
-        configured = true;
-    }
-    constexpr uint32_t kBlockRows = kGlu ? kRows / 2 : kRows;
-    const dim3 grid((p.n_tokens + kBN - 1) / kBN, (p.n_out + kBlockRows - 1) / kBlockRows,
-                    kSplitK ? (p.n_in / kBK + sk.k_stages - 1) / sk.k_stages : 1);
-    kernel<<<grid, kThreads, kSmemBytes, stream>>>(x_map, w_map, p, sk);
-    SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
 uint32_t sm_count() {
@@ -383,7 +488,58 @@ uint32_t sm_count() {
     return n;
 }
 
+// A launch over the tiles of p's rows: persistent blocks, the tail cut along k where the workspace allows.
+template <int kBN, bool kGlu = false>
+void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, Params p, const GemmWorkspace& workspace,
+            cudaStream_t stream) {
+    constexpr uint32_t kSmemBytes = Layout<kBN>::kSmemBytes;
+    auto* kernel = prefill_gemm_q8s_kernel<kBN, kGlu>;
+    static bool configured = false;  // once per instance: opt in to > 48 KB of shared memory
+    if (!configured) {
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
+        configured = true;
+    }
+    constexpr uint32_t kBlockRows = kGlu ? kRows / 2 : kRows;
+    p.token_blocks = (p.n_tokens + kBN - 1) / kBN;
+    const uint64_t tiles = (uint64_t)p.token_blocks * ((p.n_out + kBlockRows - 1) / kBlockRows);
+    if (tiles > UINT32_MAX) fail("prefill GEMM (q8s): too many tiles");
+    p.n_tiles = (uint32_t)tiles;
+    // Every block must be resident at once (a block holding a tile's end waits for the others):
+    // one per SM at most. Cut tiles need a slot and a flag for every block.
+    const uint32_t max_blocks = workspace.max_blocks != 0 ? std::min(workspace.max_blocks, sm_count()) : sm_count();
+    const bool stream_k = workspace.partials != nullptr && workspace.flags != nullptr &&
+                          workspace.n_flags >= max_blocks &&
+                          workspace.partial_floats >= (size_t)max_blocks * kRows * kBN;
+    const Q8sGemmSchedule sched = prefill_gemm_q8s_schedule(p.n_tiles, p.n_in / kBK, max_blocks, stream_k);
+    p.sk_tiles = sched.sk_tiles;
+    p.partials = workspace.partials;
+    p.flags = workspace.flags;
+    kernel<<<sched.grid, kThreads, kSmemBytes, stream>>>(x_map, w_map, p);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
+
+size_t prefill_gemm_q8s_partial_floats(uint32_t blocks) { return (size_t)blocks * kRows * 256; }
+
+Q8sGemmSchedule prefill_gemm_q8s_schedule(uint32_t n_tiles, uint32_t n_k, uint32_t max_blocks, bool stream_k) {
+    max_blocks = std::max<uint32_t>(max_blocks, 1);
+    if (n_tiles == 0) return {0, 0};
+    if (!stream_k || n_k == 0) return {std::min(n_tiles, max_blocks), 0};
+    if (n_tiles >= max_blocks) {
+        const uint32_t rest = n_tiles % max_blocks;
+        // The partial wave and one whole one cut along k: every block 1-2 tiles' work, at most one
+        // tile's start and one tile's end per block.
+        return {max_blocks, rest == 0 ? 0 : max_blocks + rest};
+    }
+    // Less than a wave: every tile cut, a share at least kMinShare stage steps (the fill of the
+    // ring and the partial's round trip cost about that much).
+    constexpr uint64_t kMinShare = 4;
+    const uint64_t units = (uint64_t)n_tiles * n_k;
+    const uint32_t grid = (uint32_t)std::clamp<uint64_t>(units / kMinShare, n_tiles, max_blocks);
+    return {grid, grid > n_tiles ? n_tiles : 0};
+}
+
 
 bool prefill_gemm_q8s_available() {
     static const bool available =
@@ -397,19 +553,23 @@ bool prefill_gemm_q8s_takes(const CudaMatrix& w) {
            prefill_gemm_q8s_available();
 }
 
-Q8sGemmSplit prefill_gemm_q8s_split(uint32_t n_tokens, uint32_t n_out, uint32_t n_sm) {
+Q8sGemmSplit prefill_gemm_q8s_split(uint32_t n_tokens, uint32_t n_out, uint32_t n_sm, bool balanced) {
     n_sm = std::max<uint32_t>(n_sm, 1);
     const uint64_t row_blocks = (n_out + kRows - 1) / kRows;
-    // A wave of 128-token blocks takes 2/3 of a wave of 256-token ones, not 1/2: measured per
+    // A wave of 128-token tiles takes 2/3 of a wave of 256-token ones, not 1/2: measured per
     // shape at T = 512..4096 (H100, session 43: gate 433 vs 519 TFLOP/s at T = 1024 where both
     // take the same waves); this weighting picks the faster single width in every row measured.
+    if (balanced) {
+        const uint64_t wide = row_blocks * ((n_tokens + 255) / 256) * 3, narrow = row_blocks * ((n_tokens + 127) / 128) * 2;
+        return wide <= narrow ? Q8sGemmSplit{n_out, 0} : Q8sGemmSplit{0, n_out};
+    }
     const auto waves = [&](uint64_t rows_blocks, uint64_t bn) {
         return (rows_blocks * ((n_tokens + bn - 1) / bn) + n_sm - 1) / n_sm;
     };
     const uint64_t all_wide = waves(row_blocks, 256) * 3, all_narrow = waves(row_blocks, 128) * 2;
-    // Or whole waves of 256-token blocks over the first row blocks and the rest at 128: the
-    // 14B's 5120-row matrices at T = 2048 take 320 blocks of 256, 2.4 waves (3 long ones); as
-    // 264 blocks (33 row blocks) + 112 of 128 they take 2 long waves and a short one.
+    // Or whole waves of 256-token tiles over the first row blocks and the rest at 128: the
+    // 14B's 5120-row matrices at T = 2048 take 320 tiles of 256, 2.4 waves (3 long ones); as
+    // 264 tiles (33 row blocks) + 112 of 128 they take 2 long waves and a short one.
     const uint64_t per_row_block = (n_tokens + 255) / 256;
     const uint64_t wide_blocks = (row_blocks * per_row_block / n_sm) * n_sm / per_row_block;
     const uint64_t mixed = wide_blocks > 0 && wide_blocks < row_blocks
@@ -418,27 +578,6 @@ Q8sGemmSplit prefill_gemm_q8s_split(uint32_t n_tokens, uint32_t n_out, uint32_t 
     if (all_wide <= all_narrow && all_wide <= mixed) return {n_out, 0};
     if (all_narrow <= mixed) return {0, n_out};
     return {(uint32_t)(wide_blocks * kRows), n_out - (uint32_t)(wide_blocks * kRows)};
-}
-
-uint32_t prefill_gemm_q8s_k_splits(uint32_t n_tokens, uint32_t n_out, uint32_t n_in, uint32_t n_sm) {
-    n_sm = std::max<uint32_t>(n_sm, 1);
-    const uint64_t blocks = (uint64_t)((n_out + kRows - 1) / kRows) * ((n_tokens + 255) / 256);
-    const uint64_t n_k = n_in / kBK;
-    // In microseconds: a 128 x 256 x 64 block stage at 643 TFLOP/s over 132 SMs (Nsight, session
-    // 43) is 0.86 us; the partials are written once and read once with y read and written, at
-    // 2.5 TB/s.
-    constexpr double kStageUs = 0.86, kBytesPerUs = 2.5e6;
-    double best = 0;
-    uint32_t best_splits = 1;
-    for (uint32_t s = 1; s <= 4 && s <= n_k; ++s) {
-        const uint64_t per = (n_k + s - 1) / s, used = (n_k + per - 1) / per;  // no empty split
-        if (used != s) continue;
-        const double waves = (double)((blocks * s + n_sm - 1) / n_sm);
-        const double reduce = s > 1 ? (2.0 * (s - 1) + 2.0) * n_tokens * n_out * 4 / kBytesPerUs : 0.0;
-        const double t = waves * per * kStageUs + reduce;
-        if (s == 1 || t < best) best = t, best_splits = s;
-    }
-    return best_splits;
 }
 
 namespace {
@@ -464,15 +603,24 @@ Launch launch_for(const CudaMatrix& w, uint32_t row0, uint32_t rows, uint32_t bo
 }
 
 template <bool kGlu>
-void launch_width(const Launch& l, uint32_t bn, cudaStream_t stream) {
-    if (bn == 128) launch<128, kGlu>(l.x_map, l.w_map, l.p, stream);
-    else launch<256, kGlu>(l.x_map, l.w_map, l.p, stream);
+void launch_width(const Launch& l, uint32_t bn, const GemmWorkspace& workspace, cudaStream_t stream) {
+    if (bn == 128) launch<128, kGlu>(l.x_map, l.w_map, l.p, workspace, stream);
+    else launch<256, kGlu>(l.x_map, l.w_map, l.p, workspace, stream);
+}
+
+// Whether a launch may cut tiles along k with this workspace (as launch() decides it for wide
+// tiles).
+bool balances(const GemmWorkspace& workspace) {
+    const uint32_t blocks = workspace.max_blocks != 0 ? std::min(workspace.max_blocks, sm_count()) : sm_count();
+    return workspace.partials != nullptr && workspace.flags != nullptr && workspace.n_flags >= blocks &&
+           workspace.partial_floats >= prefill_gemm_q8s_partial_floats(blocks);
 }
 
 // The split to run: checked when given (rows_wide + rows_narrow == n_out; rows_wide a multiple
 // of 128 where rows_narrow > 0, or always with whole_blocks), else chosen; with the shape
 // checks every entry shares.
-Q8sGemmSplit split_to_run(Q8sGemmSplit split, uint32_t n_out, uint32_t n_tokens, bool whole_blocks, const char* who) {
+Q8sGemmSplit split_to_run(Q8sGemmSplit split, uint32_t n_out, uint32_t n_tokens, bool whole_blocks, bool balanced,
+                          const char* who) {
     const bool automatic = split.rows_wide == 0 && split.rows_narrow == 0;
     if (!automatic && ((uint64_t)split.rows_wide + split.rows_narrow != n_out ||
                        ((whole_blocks || split.rows_narrow != 0) && split.rows_wide % kRows != 0)))
@@ -482,12 +630,24 @@ Q8sGemmSplit split_to_run(Q8sGemmSplit split, uint32_t n_out, uint32_t n_tokens,
     // TMA coordinates are int32.
     if (n_tokens > (uint32_t)INT32_MAX - 256 || n_out > (uint32_t)INT32_MAX - kRows)
         fail(std::string(who) + ": shape overflows the tensor maps");
-    return automatic ? prefill_gemm_q8s_split(n_tokens, n_out, sm_count()) : split;
+    return automatic ? prefill_gemm_q8s_split(n_tokens, n_out, sm_count(), balanced) : split;
 }
 
-// Rows [row0, row0 + n_rows) of w, in blocks of bn tokens, each row into its output segment.
+// The partials are written while the launch writes its outputs: they must not overlap.
+void check_workspace(const GemmWorkspace& workspace, const void* out, size_t out_bytes, const char* who) {
+    if (workspace.partials == nullptr) return;
+    if (reinterpret_cast<uintptr_t>(workspace.partials) % 16 != 0)
+        fail(std::string(who) + ": the workspace's partials must be 16-byte aligned");
+    const auto* w = reinterpret_cast<const uint8_t*>(workspace.partials);
+    const auto* o = static_cast<const uint8_t*>(out);
+    if (w < o + out_bytes && o < w + workspace.partial_floats * sizeof(float))
+        fail(std::string(who) + ": the workspace's partials overlap an output");
+}
+
+// Rows [row0, row0 + n_rows) of w, in tiles of bn tokens, each row into its output segment.
 void launch_rows(const CudaMatrix& w, uint32_t row0, uint32_t n_rows, const __half* x, uint32_t n_tokens,
-                 std::span<const GemmOutput> outs, bool add_to_y, uint32_t bn, cudaStream_t stream) {
+                 std::span<const GemmOutput> outs, bool add_to_y, uint32_t bn, const GemmWorkspace& workspace,
+                 cudaStream_t stream) {
     if (n_rows == 0) return;
     Launch l = launch_for(w, row0, n_rows, kRows, x, n_tokens, n_rows, bn);
     l.p.add_to_y = add_to_y ? 1 : 0;
@@ -499,13 +659,14 @@ void launch_rows(const CudaMatrix& w, uint32_t row0, uint32_t n_rows, const __ha
         if (lo < hi) l.p.seg[l.p.n_segments++] = SegmentOut{o.y + (lo - seg_begin), lo - row0, hi - row0, o.y_stride};
         seg_begin = seg_end;
     }
-    launch_width<false>(l, bn, stream);
+    launch_width<false>(l, bn, workspace, stream);
 }
 
 // Features [f0, f0 + n_features) of gate_up's n_ff (gate rows f, up rows n_ff + f), their
-// SwiGLU into act's columns f0.., in blocks of bn tokens.
+// SwiGLU into act's columns f0.., in tiles of bn tokens.
 void launch_glu_features(const CudaMatrix& gate_up, uint32_t f0, uint32_t n_features, const __half* x,
-                         uint32_t n_tokens, __half* act, uint32_t bn, cudaStream_t stream) {
+                         uint32_t n_tokens, __half* act, uint32_t bn, const GemmWorkspace& workspace,
+                         cudaStream_t stream) {
     if (n_features == 0) return;
     const uint32_t n_ff = gate_up.n_out / 2;
     // From the launch's first gate row to its last up row, in boxes of 64 rows.
@@ -513,37 +674,38 @@ void launch_glu_features(const CudaMatrix& gate_up, uint32_t f0, uint32_t n_feat
     l.p.glu_up_rows = n_ff;
     l.p.act = act + f0;
     l.p.act_stride = n_ff;
-    launch_width<true>(l, bn, stream);
+    launch_width<true>(l, bn, workspace, stream);
 }
 
 }  // namespace
 
 bool prefill_gemm_q8s_swiglu_cuda(const CudaMatrix& gate_up, const __half* x, uint32_t n_tokens, __half* act,
-                                  cudaStream_t stream, Q8sGemmSplit split) {
+                                  cudaStream_t stream, Q8sGemmSplit split, const GemmWorkspace& workspace) {
     const uint32_t n_ff = gate_up.n_out / 2;
     if (!prefill_gemm_q8s_takes(gate_up) || reinterpret_cast<uintptr_t>(x) % 16 != 0 || gate_up.n_out % 2 != 0 ||
         n_ff % 64 != 0)
         return false;
     if (reinterpret_cast<uintptr_t>(act) % 16 != 0) fail("prefill_gemm_q8s_swiglu_cuda: act must be 16-byte aligned");
-    // A block is 64 gate rows and their 64 up rows: as much work as 128 rows of the plain kernel,
+    check_workspace(workspace, act, (size_t)n_tokens * n_ff * sizeof(__half), "prefill_gemm_q8s_swiglu_cuda");
+    // A tile is 64 gate rows and their 64 up rows: as much work as 128 rows of the plain kernel,
     // so the split over 2 n_ff rows halves into features.
-    split = split_to_run(split, gate_up.n_out, n_tokens, true, "prefill_gemm_q8s_swiglu_cuda");
+    split = split_to_run(split, gate_up.n_out, n_tokens, true, balances(workspace), "prefill_gemm_q8s_swiglu_cuda");
     if (n_tokens == 0) return true;
     const uint32_t features_wide = split.rows_wide / 2;
-    launch_glu_features(gate_up, 0, features_wide, x, n_tokens, act, 256, stream);
-    launch_glu_features(gate_up, features_wide, n_ff - features_wide, x, n_tokens, act, 128, stream);
+    launch_glu_features(gate_up, 0, features_wide, x, n_tokens, act, 256, workspace, stream);
+    launch_glu_features(gate_up, features_wide, n_ff - features_wide, x, n_tokens, act, 128, workspace, stream);
     return true;
 }
 
 bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, float* y, bool add_to_y,
-                           cudaStream_t stream, Q8sGemmSplit split, GemmSplitK split_k) {
+                           cudaStream_t stream, Q8sGemmSplit split, const GemmWorkspace& workspace) {
     const GemmOutput out{y, w.n_out, w.n_out};
     return prefill_gemm_q8s_cuda(w, x, n_tokens, std::span<const GemmOutput>(&out, 1), add_to_y, stream, split,
-                                 split_k);
+                                 workspace);
 }
 
 bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, std::span<const GemmOutput> outs,
-                           bool add_to_y, cudaStream_t stream, Q8sGemmSplit split, GemmSplitK split_k) {
+                           bool add_to_y, cudaStream_t stream, Q8sGemmSplit split, const GemmWorkspace& workspace) {
     if (!prefill_gemm_q8s_takes(w) || reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
     if (outs.empty() || outs.size() > (size_t)kMaxSegments)
         fail("prefill_gemm_q8s_cuda: 1 to " + std::to_string(kMaxSegments) + " outputs, got " + std::to_string(outs.size()));
@@ -559,35 +721,12 @@ bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_toke
     if (rows != w.n_out)
         fail("prefill_gemm_q8s_cuda: the outputs cover " + std::to_string(rows) + " rows, the matrix has " +
              std::to_string(w.n_out));
-    split = split_to_run(split, w.n_out, n_tokens, false, "prefill_gemm_q8s_cuda");
+    for (const GemmOutput& o : outs)
+        check_workspace(workspace, o.y, (size_t)n_tokens * o.y_stride * sizeof(float), "prefill_gemm_q8s_cuda");
+    split = split_to_run(split, w.n_out, n_tokens, false, balances(workspace), "prefill_gemm_q8s_cuda");
     if (n_tokens == 0) return true;
-    // A split over k: one output, all rows in 256-token blocks, and room for the partials.
-    const uint32_t n_k = w.n_in / kBK;
-    uint32_t k_splits = 1;
-    if (split_k.splits != 1 && outs.size() == 1 && split.rows_narrow == 0) {
-        k_splits = split_k.splits != 0 ? std::min(split_k.splits, n_k)
-                                       : prefill_gemm_q8s_k_splits(n_tokens, w.n_out, w.n_in, sm_count());
-        const uint32_t per = (n_k + k_splits - 1) / k_splits;
-        k_splits = (n_k + per - 1) / per;  // no empty split
-        if ((uint64_t)(k_splits - 1) * n_tokens * w.n_out > split_k.workspace_floats || split_k.workspace == nullptr ||
-            reinterpret_cast<uintptr_t>(split_k.workspace) % 16 != 0)
-            k_splits = 1;
-    }
-    if (k_splits > 1) {
-        Launch l = launch_for(w, 0, w.n_out, kRows, x, n_tokens, w.n_out, 256);
-        l.p.add_to_y = add_to_y ? 1 : 0;
-        l.p.seg[0] = SegmentOut{outs[0].y, 0, w.n_out, outs[0].y_stride};
-        l.p.n_segments = 1;
-        const SplitKParams sk{(n_k + k_splits - 1) / k_splits, split_k.workspace};
-        launch<256, false, true>(l.x_map, l.w_map, l.p, stream, sk);
-        const size_t n = (size_t)n_tokens * w.n_out;
-        add_partials_kernel<<<(unsigned)std::min<size_t>((n + 255) / 256, 132 * 16), 256, 0, stream>>>(
-            outs[0].y, outs[0].y_stride, split_k.workspace, k_splits - 1, n_tokens, w.n_out);
-        SPILLWAY_CUDA_CHECK(cudaGetLastError());
-        return true;
-    }
-    launch_rows(w, 0, split.rows_wide, x, n_tokens, outs, add_to_y, 256, stream);
-    launch_rows(w, split.rows_wide, split.rows_narrow, x, n_tokens, outs, add_to_y, 128, stream);
+    launch_rows(w, 0, split.rows_wide, x, n_tokens, outs, add_to_y, 256, workspace, stream);
+    launch_rows(w, split.rows_wide, split.rows_narrow, x, n_tokens, outs, add_to_y, 128, workspace, stream);
     return true;
 }
 

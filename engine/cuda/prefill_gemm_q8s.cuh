@@ -20,31 +20,47 @@ bool prefill_gemm_q8s_available();
 // layout, n_in a multiple of 64, codes 16-byte and scales 4-byte aligned.
 bool prefill_gemm_q8s_takes(const CudaMatrix& w);
 
-// How a matrix's rows are covered: the first rows_wide rows in blocks of 128 rows x 256
-// tokens, the other rows_narrow in blocks of 128 x 128 (a second launch). Chosen from whole
-// waves of blocks on n_sm SMs, a wave of 128-token blocks 2/3 as long as one of 256 (measured):
-// one width for all rows, or whole waves of wide blocks and the rest narrow; ties take fewer
-// launches and wider blocks.
+// How a matrix's rows are covered: the first rows_wide rows in tiles of 128 rows x 256
+// tokens, the other rows_narrow in tiles of 128 x 128 (a second launch). A 128-token tile takes
+// 2/3 of a 256-token one's time (measured). Where the launch is balanced (stream-K, see
+// GemmWorkspace) the waves do not matter: one width, the one with less work. Otherwise chosen
+// from whole waves of tiles on n_sm SMs: one width for all rows, or whole waves of wide tiles
+// and the rest narrow; ties take fewer launches and wider tiles.
 struct Q8sGemmSplit {
     uint32_t rows_wide = 0, rows_narrow = 0;
 };
-Q8sGemmSplit prefill_gemm_q8s_split(uint32_t n_tokens, uint32_t n_out, uint32_t n_sm);
+Q8sGemmSplit prefill_gemm_q8s_split(uint32_t n_tokens, uint32_t n_out, uint32_t n_sm, bool balanced = false);
 
-// A split over k for GEMMs too small to fill the GPU (at 512 tokens the 14B's wo and down are 80
-// blocks of 256 tokens, 0.6 of a wave): `splits` blocks per output tile, each over a part of
-// n_in, the first writing (or adding to) y, the others their partial sums to `workspace`
-// ((splits - 1) x n_tokens x n_out floats, 16-byte aligned), then one pass adds those to y in
-// order (the same bits every run; not the bits of no split). Only for one output whose rows
-// all run in 256-token blocks; splits 0: prefill_gemm_q8s_k_splits' choice, 1: none; a
-// workspace too small or missing means none.
-struct GemmSplitK {
-    float* workspace = nullptr;
-    size_t workspace_floats = 0;
-    uint32_t splits = 1;
+// Where a launch's tiles (128 rows x 128 or 256 tokens) shared between blocks keep their
+// partial sums ("stream-K"). Blocks are persistent, one per SM; when the tiles are not a whole
+// number of waves, the last wave and one full one (or every tile, where there is less than a
+// wave) are cut along k into equal shares of stage steps, one share per block, so every block
+// does the same work. A block that holds the start or middle of a tile writes its partial to
+// its slot of `partials` and raises its flag; the block holding the tile's end adds the earlier
+// blocks' partials in block order (the same bits every run on a GPU of the same SM count) and
+// writes the tile. partials: 16-byte aligned, prefill_gemm_q8s_partial_floats(blocks) floats;
+// flags: one per block, zeroed once by the caller, left zero by every launch. Without them
+// (or with room for fewer blocks than the launch runs) the blocks take whole tiles only, the
+// tail wave unbalanced. max_blocks: 0 for
+// one per SM; tests give fewer to reach the mixed schedules on small shapes. A workspace is
+// used by one launch at a time (one stream).
+struct GemmWorkspace {
+    float* partials = nullptr;
+    size_t partial_floats = 0;
+    uint32_t* flags = nullptr;
+    uint32_t n_flags = 0;
+    uint32_t max_blocks = 0;
 };
-// Splits (1-4) with the shortest estimated time: whole waves of the split blocks, each a
-// 1 / splits share of the stages, plus the partials' pass over memory.
-uint32_t prefill_gemm_q8s_k_splits(uint32_t n_tokens, uint32_t n_out, uint32_t n_in, uint32_t n_sm);
+size_t prefill_gemm_q8s_partial_floats(uint32_t blocks);
+
+// The schedule of a launch of n_tiles tiles of n_k stage steps each on at most max_blocks
+// blocks: grid blocks, of which tiles [0, sk_tiles) are cut along k and the rest are whole,
+// grid apart (n_tiles - sk_tiles is a multiple of grid where sk_tiles > 0). Without stream_k:
+// whole tiles only.
+struct Q8sGemmSchedule {
+    uint32_t grid = 0, sk_tiles = 0;
+};
+Q8sGemmSchedule prefill_gemm_q8s_schedule(uint32_t n_tiles, uint32_t n_k, uint32_t max_blocks, bool stream_k);
 
 // y[t][r] = sum_k x[t][k] * w[r][k] for t < n_tokens, r < w.n_out (add_to_y: y += that, the
 // f32 sum rounded once); x: [n_tokens][w.n_in] f16, y: [n_tokens][w.n_out] f32. Each weight
@@ -54,7 +70,7 @@ uint32_t prefill_gemm_q8s_k_splits(uint32_t n_tokens, uint32_t n_out, uint32_t n
 // false (nothing launched) where it does not apply: !prefill_gemm_q8s_takes(w), or x not
 // 16-byte aligned.
 bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, float* y, bool add_to_y,
-                           cudaStream_t stream, Q8sGemmSplit split = {}, GemmSplitK split_k = {});
+                           cudaStream_t stream, Q8sGemmSplit split = {}, const GemmWorkspace& ws = {});
 
 // Rows per block of the kernel: where one launch's rows go to several outputs, each output but
 // the last holds a multiple of this many.
@@ -71,7 +87,7 @@ struct GemmOutput {
 // multiple of 128 rows, together w.n_out (an error otherwise); one launch (or two, as above)
 // for all of them.
 bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, std::span<const GemmOutput> outs,
-                           bool add_to_y, cudaStream_t stream, Q8sGemmSplit split = {}, GemmSplitK split_k = {});
+                           bool add_to_y, cudaStream_t stream, Q8sGemmSplit split = {}, const GemmWorkspace& ws = {});
 
 // The FFN's gate and up products and their SwiGLU in one pass: gate_up holds the gate matrix's
 // n_ff rows and then the up matrix's (split layout, back to back), and act [n_tokens][n_ff]
@@ -80,6 +96,6 @@ bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_toke
 // split: as for prefill_gemm_q8s_cuda, over gate_up's 2 n_ff rows, rows_wide a multiple of 128.
 // False (nothing launched) where prefill_gemm_q8s_cuda would decline, or n_ff % 64 != 0.
 bool prefill_gemm_q8s_swiglu_cuda(const CudaMatrix& gate_up, const __half* x, uint32_t n_tokens, __half* act,
-                                  cudaStream_t stream, Q8sGemmSplit split = {});
+                                  cudaStream_t stream, Q8sGemmSplit split = {}, const GemmWorkspace& ws = {});
 
 }  // namespace spillway

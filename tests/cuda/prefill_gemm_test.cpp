@@ -4,6 +4,7 @@
 // widths, and the y += W x form. Skips where the kernel is not available (not an sm_90 GPU).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -103,6 +104,30 @@ CpuProduct cpu_product(const SplitMatrix& m, uint32_t r0, uint32_t n_rows, const
 // a few f32 ulps of the magnitude summed.
 bool within_f32_sum(double got, double want, double mag) { return std::fabs(got - want) <= 1e-5 * mag + 1e-6; }
 
+// Room for stream-K partials of one block per SM (or at least 8), and zeroed flags.
+struct StreamKSpace {
+    DeviceBuffer<float> partials;
+    DeviceBuffer<uint32_t> flags;
+    StreamKSpace() {
+        int dev = 0, sms = 0;
+        SPILLWAY_CUDA_CHECK(cudaGetDevice(&dev));
+        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        const uint32_t blocks = std::max(sms, 8);
+        partials = DeviceBuffer<float>(prefill_gemm_q8s_partial_floats(blocks));
+        flags = DeviceBuffer<uint32_t>(blocks);
+        SPILLWAY_CUDA_CHECK(cudaMemset(flags.data(), 0, flags.bytes()));
+    }
+    GemmWorkspace view(uint32_t max_blocks) const {
+        return GemmWorkspace{partials.data(), partials.size(), flags.data(), (uint32_t)flags.size(), max_blocks};
+    }
+    // Every launch hands the flags back as it found them.
+    size_t flags_raised() const {
+        size_t raised = 0;
+        for (uint32_t f : cuda_test::to_host(flags)) raised += f != 0;
+        return raised;
+    }
+};
+
 TEST(CudaPrefillGemmQ8s, MatchesCpuOnEveryBlockShape) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     if (!prefill_gemm_q8s_available()) GTEST_SKIP() << "needs an sm_90 GPU and an sm_90a build";
@@ -112,6 +137,7 @@ TEST(CudaPrefillGemmQ8s, MatchesCpuOnEveryBlockShape) {
     struct Shape {
         uint32_t n_in, n_out, n_tokens;
     };
+    StreamKSpace space;
     // 64: one stage; 320: 5 (the odd tail); 512: 8. Rows and tokens past whole blocks.
     for (const Shape s : {Shape{64, 128, 5}, Shape{320, 300, 300}, Shape{512, 200, 257}, Shape{512, 384, 130}}) {
         SCOPED_TRACE("n_in " + std::to_string(s.n_in) + " n_out " + std::to_string(s.n_out) + " tokens " +
@@ -121,15 +147,22 @@ TEST(CudaPrefillGemmQ8s, MatchesCpuOnEveryBlockShape) {
         const F16Input x = random_f16_input(rng, (size_t)s.n_tokens * s.n_in);
         const auto y0 = cuda_test::random_floats(rng, (size_t)s.n_tokens * s.n_out);
         const CpuProduct cpu = cpu_product(m, 0, s.n_out, x, s.n_tokens);
-        // All rows in 128- or 256-token blocks, and the first 128 rows wide, the rest narrow.
+        // All rows in 128- or 256-token tiles, and the first 128 rows wide, the rest narrow; whole
+        // tiles only, or some cut along k (blocks: one per SM, or 3-5 for the schedules that mix
+        // whole and cut tiles on these few tiles).
         for (const Q8sGemmSplit split : {Q8sGemmSplit{0, s.n_out}, Q8sGemmSplit{s.n_out, 0}, Q8sGemmSplit{128, s.n_out - 128}})
+            for (const int blocks : {-1, 0, 3, 4, 5})
             for (const bool add : {false, true}) {
                 SCOPED_TRACE("rows " + std::to_string(split.rows_wide) + " wide + " + std::to_string(split.rows_narrow) +
-                             " narrow" + (add ? ", y += W x" : ", y = W x"));
+                             " narrow" + (add ? ", y += W x" : ", y = W x") +
+                             (blocks < 0 ? ", whole tiles" : ", stream-K on " + std::to_string(blocks) + " blocks"));
                 auto y = cuda_test::to_device(y0);
                 if (!add) cuda_test::poison(y);
-                ASSERT_TRUE(prefill_gemm_q8s_cuda(w, x.data(), s.n_tokens, y.data(), add, nullptr, split));
+                cuda_test::poison(space.partials);
+                ASSERT_TRUE(prefill_gemm_q8s_cuda(w, x.data(), s.n_tokens, y.data(), add, nullptr, split,
+                                                  blocks < 0 ? GemmWorkspace{} : space.view((uint32_t)blocks)));
                 SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+                EXPECT_EQ(space.flags_raised(), 0u);
                 const auto got = cuda_test::to_host(y);
                 size_t bad = 0;
                 double worst = 0;
@@ -207,37 +240,38 @@ TEST(CudaPrefillGemmQ8s, OutputsOfOneLaunchEqualSeparateLaunches) {
     EXPECT_THROW(prefill_gemm_q8s_cuda(all, x, T, std::span<const GemmOutput>(short_of_rows), false, nullptr), Error);
 }
 
-// A split over k: 2, 3 and 4 parts (8 stages: 4 + 4, 3 + 3 + 2, 2 x 4) against the CPU, y = and
-// y +=, the same bits on a second run; and a workspace too small means no split (the bits of
-// the plain launch).
-TEST(CudaPrefillGemmQ8s, SplitOverKMatchesCpuAndRepeats) {
+// Tiles cut along k (stream-K): on a GPU's worth of blocks and on 4, 5 and 7 (all six tiles
+// cut, 4 or 5 blocks with two tiles' shares each, 7 blocks with less than one), against the
+// CPU, y = and y +=; the same bits on a second run; the flags left zero. And the workspace's
+// own errors: partials overlapping the output, unaligned partials.
+TEST(CudaPrefillGemmQ8s, StreamKMatchesCpuAndRepeats) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     if (!prefill_gemm_q8s_available()) GTEST_SKIP() << "needs an sm_90 GPU and an sm_90a build";
     const uint32_t seed = cuda_test::fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
-    const uint32_t n_in = 512, n_out = 300, T = 260;
+    const uint32_t n_in = 2048, n_out = 300, T = 260;  // 32 stage steps; 3 x 2 wide tiles
     const SplitMatrix m = random_split_matrix(rng, n_in, n_out);
     const CudaMatrix w = m.view();
     const F16Input input = random_f16_input(rng, (size_t)T * n_in);
     const __half* x = input.data();
     const auto y0 = cuda_test::random_floats(rng, (size_t)T * n_out);
     const CpuProduct cpu = cpu_product(m, 0, n_out, input, T);
-    DeviceBuffer<float> workspace(3 * (size_t)T * n_out);
+    StreamKSpace space;
     const Q8sGemmSplit all_wide{n_out, 0};
-    for (const uint32_t splits : {2u, 3u, 4u})
+    for (const uint32_t blocks : {0u, 4u, 5u, 7u})
         for (const bool add : {false, true}) {
-            SCOPED_TRACE(std::to_string(splits) + " splits" + (add ? ", y += W x" : ", y = W x"));
-            const GemmSplitK split_k{workspace.data(), workspace.size(), splits};
+            SCOPED_TRACE(std::to_string(blocks) + " blocks" + (add ? ", y += W x" : ", y = W x"));
             std::vector<float> runs[2];
             for (auto& run : runs) {
                 auto y = cuda_test::to_device(y0);
                 if (!add) cuda_test::poison(y);
-                cuda_test::poison(workspace);
-                ASSERT_TRUE(prefill_gemm_q8s_cuda(w, x, T, y.data(), add, nullptr, all_wide, split_k));
+                cuda_test::poison(space.partials);
+                ASSERT_TRUE(prefill_gemm_q8s_cuda(w, x, T, y.data(), add, nullptr, all_wide, space.view(blocks)));
                 SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
                 run = cuda_test::to_host(y);
             }
+            EXPECT_EQ(space.flags_raised(), 0u);
             EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4), 0) << "two runs differ";
             size_t bad = 0;
             for (size_t i = 0; i < runs[0].size(); ++i) {
@@ -246,24 +280,78 @@ TEST(CudaPrefillGemmQ8s, SplitOverKMatchesCpuAndRepeats) {
             }
             EXPECT_EQ(bad, 0u) << "of " << (size_t)T * n_out;
         }
-    // Room for one partial, three asked: no split, so the plain launch's bits.
-    DeviceBuffer<float> plain((size_t)T * n_out), tight((size_t)T * n_out);
-    ASSERT_TRUE(prefill_gemm_q8s_cuda(w, x, T, plain.data(), false, nullptr, all_wide));
-    ASSERT_TRUE(prefill_gemm_q8s_cuda(w, x, T, tight.data(), false, nullptr, all_wide,
-                                      GemmSplitK{workspace.data(), (size_t)T * n_out, 3}));
-    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto a = cuda_test::to_host(plain), b = cuda_test::to_host(tight);
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+    // The SwiGLU epilogue on cut tiles: within an f16 rounding of the separate path's values
+    // (the f32 gate and up sum in another order).
+    {
+        const uint32_t n_ff = 128;
+        const SplitMatrix gu = random_split_matrix(rng, n_in, 2 * n_ff);
+        DeviceBuffer<float> gate((size_t)T * n_ff), up((size_t)T * n_ff);
+        ASSERT_TRUE(prefill_gemm_q8s_cuda(gu.rows(0, n_ff), x, T, gate.data(), false, nullptr));
+        ASSERT_TRUE(prefill_gemm_q8s_cuda(gu.rows(n_ff, n_ff), x, T, up.data(), false, nullptr));
+        DeviceBuffer<__half> want_dev((size_t)T * n_ff), act((size_t)T * n_ff);
+        swiglu_f16_cuda(gate.data(), up.data(), want_dev.data(), (size_t)T * n_ff, nullptr);
+        cuda_test::poison(act);
+        ASSERT_TRUE(prefill_gemm_q8s_swiglu_cuda(gu.view(), x, T, act.data(), nullptr, Q8sGemmSplit{2 * n_ff, 0},
+                                                 space.view(5)));
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_EQ(space.flags_raised(), 0u);
+        const auto got = cuda_test::to_host(act), want = cuda_test::to_host(want_dev);
+        size_t bad = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+            const float g = fp16_to_fp32(reinterpret_cast<const uint16_t&>(got[i]));
+            const float v = fp16_to_fp32(reinterpret_cast<const uint16_t&>(want[i]));
+            bad += !(std::fabs(g - v) <= std::fabs(v) * (1.0f / 512) + 1e-4f);
+        }
+        EXPECT_EQ(bad, 0u) << "of " << got.size();
+    }
+    DeviceBuffer<float> y((size_t)T * n_out + 64);
+    const GemmWorkspace overlapping{y.data(), y.size(), space.flags.data(), (uint32_t)space.flags.size(), 0};
+    EXPECT_THROW(prefill_gemm_q8s_cuda(w, x, T, y.data(), false, nullptr, all_wide, overlapping), Error);
+    GemmWorkspace unaligned = space.view(0);
+    unaligned.partials += 1;
+    EXPECT_THROW(prefill_gemm_q8s_cuda(w, x, T, y.data(), false, nullptr, all_wide, unaligned), Error);
 }
 
-// Pure: splits over k where blocks leave most of a wave idle (the 14B's down at 512 tokens:
-// 80 blocks), none where the GPU is full (gate | up at 2048 tokens).
-TEST(CudaPrefillGemmQ8s, KSplitsOnlyWhereTheGpuIsUnderfilled) {
-    // down, 512 tokens: 1 split = 1 wave x 216 stages (186 us); 3 = 2 waves x 72 (124 us) + the
-    // partials' pass (~17 us).
-    EXPECT_EQ(prefill_gemm_q8s_k_splits(512, 5120, 13824, 132), 3u);
-    EXPECT_EQ(prefill_gemm_q8s_k_splits(2048, 27648, 5120, 132), 1u);
-    EXPECT_EQ(prefill_gemm_q8s_k_splits(4096, 5120, 5120, 132), 1u);
+// Pure: whole waves stay whole tiles, the rest (the partial wave and one whole one, or every
+// tile under a wave) is cut so that every block does the same work to within one stage step.
+TEST(CudaPrefillGemmQ8s, ScheduleCutsOnlyTheTail) {
+    auto expect = [](uint32_t tiles, uint32_t n_k, uint32_t blocks, uint32_t grid, uint32_t sk) {
+        const Q8sGemmSchedule s = prefill_gemm_q8s_schedule(tiles, n_k, blocks, true);
+        EXPECT_EQ(s.grid, grid) << tiles << " tiles, " << n_k << " steps, " << blocks << " blocks";
+        EXPECT_EQ(s.sk_tiles, sk) << tiles << " tiles, " << n_k << " steps, " << blocks << " blocks";
+    };
+    expect(1728, 80, 132, 132, 144);  // the 14B's gate|up at 2048 tokens: 13.1 waves
+    expect(320, 216, 132, 132, 188);  // down at 2048 tokens: 2.4 waves
+    expect(264, 80, 132, 132, 0);     // two whole waves
+    expect(80, 216, 132, 132, 80);    // down at 512 tokens: 0.6 of a wave, all cut
+    expect(4, 2, 132, 4, 0);          // too few steps to share: whole tiles
+    expect(6, 32, 7, 7, 6);
+    EXPECT_EQ(prefill_gemm_q8s_schedule(1728, 80, 132, false).sk_tiles, 0u);
+    EXPECT_EQ(prefill_gemm_q8s_schedule(5, 80, 132, false).grid, 5u);
+    // Every block's work (its share of the cut tiles' steps + its whole tiles' steps).
+    std::mt19937 rng(cuda_test::fresh_seed());
+    for (int trial = 0; trial < 2000; ++trial) {
+        const uint32_t tiles = 1 + rng() % 3000, n_k = 1 + rng() % 300, blocks = 1 + rng() % 200;
+        const Q8sGemmSchedule s = prefill_gemm_q8s_schedule(tiles, n_k, blocks, true);
+        ASSERT_GE(s.grid, 1u);
+        ASSERT_LE(s.grid, blocks);
+        ASSERT_LE(s.sk_tiles, tiles);
+        if (s.sk_tiles > 0) ASSERT_EQ((tiles - s.sk_tiles) % s.grid, 0u);
+        const uint64_t units = (uint64_t)s.sk_tiles * n_k;
+        uint64_t least = UINT64_MAX, most = 0;
+        for (uint32_t b = 0; b < s.grid; ++b) {
+            const uint64_t share = units * (b + 1) / s.grid - units * b / s.grid;
+            const uint64_t first_whole = s.sk_tiles + b;
+            const uint64_t whole = tiles > first_whole ? (tiles - first_whole + s.grid - 1) / s.grid : 0;
+            const uint64_t work = share + whole * n_k;
+            least = std::min(least, work);
+            most = std::max(most, work);
+        }
+        // Whole tiles only: blocks differ by at most a tile; with cut tiles, by at most a step.
+        ASSERT_LE(most - least, s.sk_tiles > 0 ? 1u : n_k) << tiles << " tiles, " << n_k << " steps, " << blocks;
+        if (s.sk_tiles == 0 && tiles % s.grid != 0 && s.grid == blocks && tiles > blocks)
+            ADD_FAILURE() << "an unbalanced tail left whole: " << tiles << " tiles on " << blocks;
+    }
 }
 
 // gate | up with the SwiGLU in the epilogue: the f16 output has the bits of the separate path
@@ -352,6 +440,11 @@ TEST(CudaPrefillGemmQ8s, SplitFollowsWaves) {
     EXPECT_EQ(split(2048, 13824), std::pair(13824u, 0u));
     // Rows that end inside a block: 300 rows = 3 row blocks, one wave either way: narrow.
     EXPECT_EQ(split(300, 300), std::pair(0u, 300u));
+    // Balanced launches (stream-K): the width with less work, whatever the waves.
+    EXPECT_EQ(prefill_gemm_q8s_split(2048, 5120, 132, true).rows_wide, 5120u);
+    EXPECT_EQ(prefill_gemm_q8s_split(2048, 1024, 132, true).rows_wide, 1024u);
+    EXPECT_EQ(prefill_gemm_q8s_split(100, 5120, 132, true).rows_narrow, 5120u);
+    EXPECT_EQ(prefill_gemm_q8s_split(300, 300, 132, true).rows_wide, 300u);  // 6 x 3 = 9 x 2: a tie, wide
 }
 
 }  // namespace
