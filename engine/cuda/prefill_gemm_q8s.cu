@@ -114,37 +114,41 @@ struct WorkItem {
 // first, so that the blocks waiting for it find it done. Then whole tiles b, b + grid, ...
 // after the cut ones.
 struct BlockWork {
-    uint64_t units, a, b;  // the cut tiles' units, and this block's [a, b)
-    uint32_t n_k, grid, block, sk_tiles;
+    uint64_t units;  // the cut tiles' units
+    uint32_t grid, block, sk_tiles;
     uint32_t has_start, n_ends, n_whole;
+    // The start item (tile start_tile, steps [start_k_begin, start_k_end)), and the first tile
+    // whose end the block holds, from step first_k_begin: 32-bit, so that the producer's loop
+    // stays in its few registers.
+    uint32_t start_tile, start_k_begin, start_k_end, first_end_tile, first_k_begin;
 
     __device__ static uint64_t share_begin(uint64_t units, uint32_t grid, uint32_t block) {
         return units * block / grid;
     }
-    __device__ BlockWork(const Params& p, uint32_t n_k_, uint32_t grid_, uint32_t block_)
-        : n_k(n_k_), grid(grid_), block(block_), sk_tiles(p.sk_tiles) {
+    __device__ BlockWork(const Params& p, uint32_t n_k, uint32_t grid_, uint32_t block_)
+        : grid(grid_), block(block_), sk_tiles(p.sk_tiles) {
         units = (uint64_t)p.sk_tiles * n_k;
-        a = share_begin(units, grid, block);
-        b = share_begin(units, grid, block + 1);
+        const uint64_t a = share_begin(units, grid, block), b = share_begin(units, grid, block + 1);
         has_start = a < b && b % n_k != 0;
-        n_ends = (uint32_t)(b / n_k - a / n_k);  // tiles whose last unit is in [a, b)
+        start_tile = (uint32_t)(b / n_k);
+        const uint64_t start_first = (uint64_t)start_tile * n_k;
+        start_k_begin = (uint32_t)(a > start_first ? a - start_first : 0);
+        start_k_end = (uint32_t)(b - start_first);
+        first_end_tile = (uint32_t)(a / n_k);
+        first_k_begin = (uint32_t)(a - (uint64_t)first_end_tile * n_k);
+        n_ends = start_tile - first_end_tile;  // tiles whose last unit is in [a, b)
         const uint32_t dp_first = p.sk_tiles + block;
         n_whole = p.n_tiles > dp_first ? (p.n_tiles - dp_first + grid - 1) / grid : 0;
     }
     __device__ uint32_t count() const { return has_start + n_ends + n_whole; }
-    __device__ WorkItem item(uint32_t i) const {
-        if (i < has_start) {
-            const uint64_t tile = b / n_k, first = tile * n_k;
-            return {(uint32_t)tile, (uint32_t)((a > first ? a : first) - first), (uint32_t)(b - first), Part::start};
-        }
+    __device__ WorkItem item(uint32_t i, uint32_t n_k) const {
+        if (i < has_start) return {start_tile, start_k_begin, start_k_end, Part::start};
         i -= has_start;
         if (i < n_ends) {
-            const uint64_t tile = a / n_k + i, first = tile * n_k;
-            const uint32_t k_begin = a > first ? (uint32_t)(a - first) : 0;
-            return {(uint32_t)tile, k_begin, n_k, k_begin > 0 ? Part::end : Part::whole};
+            const uint32_t k_begin = i == 0 ? first_k_begin : 0;
+            return {first_end_tile + i, k_begin, n_k, k_begin > 0 ? Part::end : Part::whole};
         }
-        i -= n_ends;
-        return {sk_tiles + block + i * grid, 0, n_k, Part::whole};
+        return {sk_tiles + block + (i - n_ends) * grid, 0, n_k, Part::whole};
     }
     // The block holding unit u (the last one whose share begins at or before u).
     __device__ uint32_t block_of(uint64_t u) const { return (uint32_t)(((u + 1) * grid + units - 1) / units - 1); }
@@ -210,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (warp == kConsumerWarps && lane == 0) {
             uint32_t step = 0;  // stage steps loaded so far: the ring's position
             for (uint32_t i = 0; i < n_items; ++i) {
-                const WorkItem it = work.item(i);
+                const WorkItem it = work.item(i, n_k);
                 const int32_t t0 = (int32_t)((it.tile % p.token_blocks) * kBN);
                 const int32_t r0 = (int32_t)((it.tile / p.token_blocks) * kBlockRows);
                 // The epilogue stages its output in the ring's memory.
@@ -248,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     uint32_t step = 0;  // stage steps consumed so far
     for (uint32_t item = 0; item < n_items; ++item) {
-        const WorkItem it = work.item(item);
+        const WorkItem it = work.item(item, n_k);
         const uint32_t t0 = (it.tile % p.token_blocks) * kBN, r0 = (it.tile / p.token_blocks) * kBlockRows;
         const uint32_t k0 = it.k_begin, n_kt = it.k_end - it.k_begin;
 
