@@ -100,8 +100,8 @@ struct Params {
 // the sum.
 enum class Part : uint32_t {
     whole,  // the whole tile: written to the outputs
-    start,  // the start or a middle share of a tile: the partial goes to the block's slot
-    end,    // the end of a tile: the earlier blocks' partials are added, then written
+    later,  // a share of a tile after its first step: the partial goes to the block's slot
+    first,  // the share from the tile's first step: the later shares' partials are added, then written
 };
 struct WorkItem {
     uint32_t tile, k_begin, k_end;
@@ -109,18 +109,18 @@ struct WorkItem {
 };
 
 // A block's share of the launch. The cut tiles' tile * n_k + step units are split evenly in
-// order over the grid: block b takes units [b U / grid, (b + 1) U / grid), at most one tile's
-// start (or a middle share: no tile's end), then tiles it holds to their end; the start goes
-// first, so that the blocks waiting for it find it done. Then whole tiles b, b + grid, ...
-// after the cut ones.
+// order over the grid: block b takes units [b U / grid, (b + 1) U / grid), in that order: a later
+// share of one tile (at most), whole tiles, then the first share of another (at most). A tile's
+// first share is the last thing its block does in the cut part and the later shares are the
+// first things their blocks do, so the block that adds them up finds them written (blocks do
+// the same work to within a step). Then whole tiles sk_tiles + b, + grid, ...
 struct BlockWork {
     uint64_t units;  // the cut tiles' units
     uint32_t grid, block, sk_tiles;
-    uint32_t has_start, n_ends, n_whole;
-    // The start item (tile start_tile, steps [start_k_begin, start_k_end)), and the first tile
-    // whose end the block holds, from step first_k_begin: 32-bit, so that the producer's loop
-    // stays in its few registers.
-    uint32_t start_tile, start_k_begin, start_k_end, first_end_tile, first_k_begin;
+    uint32_t n_cut, n_whole;  // items over cut tiles, whole tiles after them
+    // The cut tiles the block touches: first_tile (from step first_k) to last_tile (to step
+    // last_k, exclusive). 32-bit, so that the producer's loop stays in its few registers.
+    uint32_t first_tile, first_k, last_tile, last_k;
 
     __device__ static uint64_t share_begin(uint64_t units, uint32_t grid, uint32_t block) {
         return units * block / grid;
@@ -129,26 +129,22 @@ struct BlockWork {
         : grid(grid_), block(block_), sk_tiles(p.sk_tiles) {
         units = (uint64_t)p.sk_tiles * n_k;
         const uint64_t a = share_begin(units, grid, block), b = share_begin(units, grid, block + 1);
-        has_start = a < b && b % n_k != 0;
-        start_tile = (uint32_t)(b / n_k);
-        const uint64_t start_first = (uint64_t)start_tile * n_k;
-        start_k_begin = (uint32_t)(a > start_first ? a - start_first : 0);
-        start_k_end = (uint32_t)(b - start_first);
-        first_end_tile = (uint32_t)(a / n_k);
-        first_k_begin = (uint32_t)(a - (uint64_t)first_end_tile * n_k);
-        n_ends = start_tile - first_end_tile;  // tiles whose last unit is in [a, b)
+        first_tile = (uint32_t)(a / n_k);
+        first_k = (uint32_t)(a - (uint64_t)first_tile * n_k);
+        last_tile = a < b ? (uint32_t)((b - 1) / n_k) : first_tile;
+        last_k = (uint32_t)(b - (uint64_t)last_tile * n_k);
+        n_cut = a < b ? last_tile - first_tile + 1 : 0;
         const uint32_t dp_first = p.sk_tiles + block;
         n_whole = p.n_tiles > dp_first ? (p.n_tiles - dp_first + grid - 1) / grid : 0;
     }
-    __device__ uint32_t count() const { return has_start + n_ends + n_whole; }
+    __device__ uint32_t count() const { return n_cut + n_whole; }
     __device__ WorkItem item(uint32_t i, uint32_t n_k) const {
-        if (i < has_start) return {start_tile, start_k_begin, start_k_end, Part::start};
-        i -= has_start;
-        if (i < n_ends) {
-            const uint32_t k_begin = i == 0 ? first_k_begin : 0;
-            return {first_end_tile + i, k_begin, n_k, k_begin > 0 ? Part::end : Part::whole};
+        if (i < n_cut) {
+            const uint32_t k_begin = i == 0 ? first_k : 0, k_end = i + 1 == n_cut ? last_k : n_k;
+            return {first_tile + i, k_begin, k_end,
+                    k_begin > 0 ? Part::later : k_end < n_k ? Part::first : Part::whole};
         }
-        return {sk_tiles + block + (i - n_ends) * grid, 0, n_k, Part::whole};
+        return {sk_tiles + block + (i - n_cut) * grid, 0, n_k, Part::whole};
     }
     // The block holding unit u (the last one whose share begins at or before u).
     __device__ uint32_t block_of(uint64_t u) const { return (uint32_t)(((u + 1) * grid + units - 1) / units - 1); }
@@ -337,9 +333,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         release(n_kt - 1);
         step += n_kt;
 
-        if (it.part == Part::start) {
+        if (it.part == Part::later) {
             // The partial, in the fragments' own order (float4 i of thread t at i * 256 + t:
-            // coalesced), for the block that holds the tile's end. The ring is not touched.
+            // coalesced), for the block that holds the tile's first share. The ring is not touched.
             if (lane == 0) mbarrier_arrive(tile_free);
             float4* slot = reinterpret_cast<float4*>(p.partials + (size_t)blockIdx.x * kSlotFloats);
 #pragma unroll
@@ -353,10 +349,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (tid == 0) store_release(p.flags + blockIdx.x, 1);
             continue;
         }
-        if (it.part == Part::end) {
-            // The earlier shares of this tile, in block order (fixed: the same bits every run).
-            const uint64_t tile_first = (uint64_t)it.tile * n_k;
-            for (uint32_t from = work.block_of(tile_first); from < blockIdx.x; ++from) {
+        if (it.part == Part::first) {
+            // The later shares of this tile, in block order (fixed: the same bits every run).
+            const uint64_t tile_last = (uint64_t)it.tile * n_k + n_k - 1;
+            for (uint32_t from = blockIdx.x + 1; from <= work.block_of(tile_last); ++from) {
                 if (BlockWork::share_begin(work.units, work.grid, from) ==
                     BlockWork::share_begin(work.units, work.grid, from + 1))
                     continue;  // an empty share
@@ -508,7 +504,8 @@ void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, Params p, const 
     const uint64_t tiles = (uint64_t)p.token_blocks * ((p.n_out + kBlockRows - 1) / kBlockRows);
     if (tiles > UINT32_MAX) fail("prefill GEMM (q8s): too many tiles");
     p.n_tiles = (uint32_t)tiles;
-    // Every block must be resident at once (a block holding a tile's end waits for the others):
+    // Every block must be resident at once (a block holding a tile's first share waits for the
+    // others):
     // one per SM at most. Cut tiles need a slot and a flag for every block.
     const uint32_t max_blocks = workspace.max_blocks != 0 ? std::min(workspace.max_blocks, sm_count()) : sm_count();
     const bool stream_k = workspace.partials != nullptr && workspace.flags != nullptr &&

@@ -35,10 +35,10 @@ Q8sGemmSplit prefill_gemm_q8s_split(uint32_t n_tokens, uint32_t n_out, uint32_t 
 // partial sums ("stream-K"). Blocks are persistent, one per SM; when the tiles are not a whole
 // number of waves, the last wave and one full one (or every tile, where there is less than a
 // wave) are cut along k into equal shares of stage steps, one share per block, so every block
-// does the same work. A block that holds the start or middle of a tile writes its partial to
-// its slot of `partials` and raises its flag; the block holding the tile's end adds the earlier
-// blocks' partials in block order (the same bits every run on a GPU of the same SM count) and
-// writes the tile. partials: 16-byte aligned, prefill_gemm_q8s_partial_floats(blocks) floats;
+// does the same work. A block that holds the end or middle of a tile writes its partial to
+// its slot of `partials` and raises its flag; the block holding the tile's first steps adds the
+// later blocks' partials in block order (the same bits every run on a GPU of the same SM count)
+// and writes the tile. partials: 16-byte aligned, prefill_gemm_q8s_partial_floats(blocks) floats;
 // flags: one per block, zeroed once by the caller, left zero by every launch. Without them
 // (or with room for fewer blocks than the launch runs) the blocks take whole tiles only, the
 // tail wave unbalanced. max_blocks: 0 for
