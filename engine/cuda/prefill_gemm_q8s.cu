@@ -89,9 +89,10 @@ struct Params {
     // receives silu(gate) * up from column 0 (the launch's first feature).
     uint32_t glu_up_rows, act_stride;
     __half* act;
-    // The tiles (row blocks x token blocks, the token block fastest) and which of them are cut
-    // along k (prefill_gemm_q8s_schedule); partials / flags as in GemmWorkspace.
-    uint32_t token_blocks, n_tiles, sk_tiles;
+    // The tiles (row blocks x token blocks, the token block fastest) and the last sk_tiles of
+    // them cut along k over the first sk_blocks blocks (prefill_gemm_q8s_schedule); partials /
+    // flags as in GemmWorkspace.
+    uint32_t token_blocks, n_tiles, sk_tiles, sk_blocks;
     float* partials;
     uint32_t* flags;
 };
@@ -108,46 +109,46 @@ struct WorkItem {
     Part part;
 };
 
-// A block's share of the launch. The cut tiles' tile * n_k + step units are split evenly in
-// order over the grid: block b takes units [b U / grid, (b + 1) U / grid), in that order: a later
-// share of one tile (at most), whole tiles, then the first share of another (at most). A tile's
-// first share is the last thing its block does in the cut part and the later shares are the
-// first things their blocks do, so the block that adds them up finds them written (blocks do
-// the same work to within a step). Then whole tiles sk_tiles + b, + grid, ...
+// A block's share of the launch: first whole tiles b, b + grid, ... of the tiles before the cut
+// ones (a multiple of grid where there are cut ones); then its share of the cut tiles' tile *
+// n_k + step units, split evenly in order over the first sk_blocks blocks: block b takes units
+// [b U / sk_blocks, (b + 1) U / sk_blocks), in that order: a later share of one tile (at most),
+// whole tiles, then the first share of another (at most). A tile's first share is the last thing
+// its block does and the later shares are the first things their blocks do in the cut part, so
+// the block that adds them up finds them written (the shares differ by a step at most).
 struct BlockWork {
     uint64_t units;  // the cut tiles' units
-    uint32_t grid, block, sk_tiles;
-    uint32_t n_cut, n_whole;  // items over cut tiles, whole tiles after them
-    // The cut tiles the block touches: first_tile (from step first_k) to last_tile (to step
-    // last_k, exclusive). 32-bit, so that the producer's loop stays in its few registers.
+    uint32_t grid, block, dp_tiles, sk_blocks;
+    uint32_t n_whole, n_cut;  // whole tiles, then items over cut tiles
+    // The cut tiles the block touches (counted from the first cut tile): first_tile (from step
+    // first_k) to last_tile (to step last_k, exclusive). 32-bit, so that the producer's loop
+    // stays in its few registers.
     uint32_t first_tile, first_k, last_tile, last_k;
 
-    __device__ static uint64_t share_begin(uint64_t units, uint32_t grid, uint32_t block) {
-        return units * block / grid;
-    }
+    __device__ uint64_t share_begin(uint32_t b) const { return b >= sk_blocks ? units : units * b / sk_blocks; }
     __device__ BlockWork(const Params& p, uint32_t n_k, uint32_t grid_, uint32_t block_)
-        : grid(grid_), block(block_), sk_tiles(p.sk_tiles) {
+        : grid(grid_), block(block_), dp_tiles(p.n_tiles - p.sk_tiles), sk_blocks(p.sk_blocks) {
         units = (uint64_t)p.sk_tiles * n_k;
-        const uint64_t a = share_begin(units, grid, block), b = share_begin(units, grid, block + 1);
+        const uint64_t a = share_begin(block), b = share_begin(block + 1);
         first_tile = (uint32_t)(a / n_k);
         first_k = (uint32_t)(a - (uint64_t)first_tile * n_k);
         last_tile = a < b ? (uint32_t)((b - 1) / n_k) : first_tile;
         last_k = (uint32_t)(b - (uint64_t)last_tile * n_k);
         n_cut = a < b ? last_tile - first_tile + 1 : 0;
-        const uint32_t dp_first = p.sk_tiles + block;
-        n_whole = p.n_tiles > dp_first ? (p.n_tiles - dp_first + grid - 1) / grid : 0;
+        n_whole = dp_tiles > block ? (dp_tiles - block + grid - 1) / grid : 0;
     }
-    __device__ uint32_t count() const { return n_cut + n_whole; }
+    __device__ uint32_t count() const { return n_whole + n_cut; }
     __device__ WorkItem item(uint32_t i, uint32_t n_k) const {
-        if (i < n_cut) {
-            const uint32_t k_begin = i == 0 ? first_k : 0, k_end = i + 1 == n_cut ? last_k : n_k;
-            return {first_tile + i, k_begin, k_end,
-                    k_begin > 0 ? Part::later : k_end < n_k ? Part::first : Part::whole};
-        }
-        return {sk_tiles + block + (i - n_cut) * grid, 0, n_k, Part::whole};
+        if (i < n_whole) return {block + i * grid, 0, n_k, Part::whole};
+        i -= n_whole;
+        const uint32_t k_begin = i == 0 ? first_k : 0, k_end = i + 1 == n_cut ? last_k : n_k;
+        return {dp_tiles + first_tile + i, k_begin, k_end,
+                k_begin > 0 ? Part::later : k_end < n_k ? Part::first : Part::whole};
     }
     // The block holding unit u (the last one whose share begins at or before u).
-    __device__ uint32_t block_of(uint64_t u) const { return (uint32_t)(((u + 1) * grid + units - 1) / units - 1); }
+    __device__ uint32_t block_of(uint64_t u) const {
+        return (uint32_t)(((u + 1) * sk_blocks + units - 1) / units - 1);
+    }
 };
 
 // The stage's two f16 scales of one row (k 0-31 and 32-63 of the stage), or zeros for a row
@@ -351,11 +352,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if (it.part == Part::first) {
             // The later shares of this tile, in block order (fixed: the same bits every run).
-            const uint64_t tile_last = (uint64_t)it.tile * n_k + n_k - 1;
+            const uint64_t tile_last = (uint64_t)(it.tile - work.dp_tiles) * n_k + n_k - 1;
             for (uint32_t from = blockIdx.x + 1; from <= work.block_of(tile_last); ++from) {
-                if (BlockWork::share_begin(work.units, work.grid, from) ==
-                    BlockWork::share_begin(work.units, work.grid, from + 1))
-                    continue;  // an empty share
+                if (work.share_begin(from) == work.share_begin(from + 1)) continue;  // an empty share
                 if (tid == 0) {
                     const uint64_t since = global_ns();
                     while (load_acquire(p.flags + from) == 0) {
@@ -513,6 +512,7 @@ void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, Params p, const 
                           workspace.partial_floats >= (size_t)max_blocks * kRows * kBN;
     const Q8sGemmSchedule sched = prefill_gemm_q8s_schedule(p.n_tiles, p.n_in / kBK, max_blocks, stream_k);
     p.sk_tiles = sched.sk_tiles;
+    p.sk_blocks = sched.sk_blocks;
     p.partials = workspace.partials;
     p.flags = workspace.flags;
     kernel<<<sched.grid, kThreads, kSmemBytes, stream>>>(x_map, w_map, p);
@@ -525,22 +525,27 @@ size_t prefill_gemm_q8s_partial_floats(uint32_t blocks) { return (size_t)blocks 
 
 Q8sGemmSchedule prefill_gemm_q8s_schedule(uint32_t n_tiles, uint32_t n_k, uint32_t max_blocks, bool stream_k) {
     max_blocks = std::max<uint32_t>(max_blocks, 1);
-    if (n_tiles == 0) return {0, 0};
-    if (!stream_k || n_k == 0) return {std::min(n_tiles, max_blocks), 0};
-    if (n_tiles >= max_blocks) {
-        const uint32_t rest = n_tiles % max_blocks;
-        // The partial wave and one whole one cut along k: every block 1-2 tiles' work, at most one
-        // tile's start and one tile's end per block.
-        return {max_blocks, rest == 0 ? 0 : max_blocks + rest};
-    }
-    // Less than a wave: every tile cut, a share at least kMinShare stage steps (the fill of the
-    // ring and the partial's round trip cost about that much).
+    if (n_tiles == 0) return {0, 0, 0};
+    const uint32_t grid = std::min(n_tiles, max_blocks);
+    if (!stream_k || n_k == 0) return {grid, 0, 0};
+    // A share of at least kMinShare stage steps: the ring's fill and the partial's round trip
+    // cost about that much.
     constexpr uint64_t kMinShare = 4;
-    const uint64_t units = (uint64_t)n_tiles * n_k;
-    const uint32_t grid = (uint32_t)std::clamp<uint64_t>(units / kMinShare, n_tiles, max_blocks);
-    return {grid, grid > n_tiles ? n_tiles : 0};
+    if (n_tiles < max_blocks) {
+        // Less than a wave: every tile cut.
+        const uint64_t units = (uint64_t)n_tiles * n_k;
+        const uint32_t blocks = (uint32_t)std::clamp<uint64_t>(units / kMinShare, n_tiles, max_blocks);
+        return blocks > n_tiles ? Q8sGemmSchedule{blocks, n_tiles, blocks} : Q8sGemmSchedule{n_tiles, 0, 0};
+    }
+    // Whole waves of whole tiles, and only the partial wave cut. Cutting a whole wave more (so
+    // that every block's share is 1-2 tiles) was measured slower (session 44: down at 2048 tokens
+    // 386 against 574 TFLOP/s): blocks at different k read all of x (56 MB for down) out of
+    // step, where whole tiles read it in step, a k window at a time, from L2.
+    const uint32_t rest = n_tiles % max_blocks;
+    const uint32_t blocks = (uint32_t)std::min<uint64_t>((uint64_t)rest * n_k / kMinShare, max_blocks);
+    if (rest == 0 || blocks <= rest) return {max_blocks, 0, 0};
+    return {max_blocks, rest, blocks};
 }
-
 
 bool prefill_gemm_q8s_available() {
     static const bool available =

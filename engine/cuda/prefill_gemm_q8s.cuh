@@ -33,9 +33,9 @@ Q8sGemmSplit prefill_gemm_q8s_split(uint32_t n_tokens, uint32_t n_out, uint32_t 
 
 // Where a launch's tiles (128 rows x 128 or 256 tokens) shared between blocks keep their
 // partial sums ("stream-K"). Blocks are persistent, one per SM; when the tiles are not a whole
-// number of waves, the last wave and one full one (or every tile, where there is less than a
-// wave) are cut along k into equal shares of stage steps, one share per block, so every block
-// does the same work. A block that holds the end or middle of a tile writes its partial to
+// number of waves, the partial wave (or every tile, where there is less than a wave) is cut
+// along k into equal shares of stage steps, one share per block, so every block does the same
+// work. A block that holds the end or middle of a tile writes its partial to
 // its slot of `partials` and raises its flag; the block holding the tile's first steps adds the
 // later blocks' partials in block order (the same bits every run on a GPU of the same SM count)
 // and writes the tile. partials: 16-byte aligned, prefill_gemm_q8s_partial_floats(blocks) floats;
@@ -54,11 +54,12 @@ struct GemmWorkspace {
 size_t prefill_gemm_q8s_partial_floats(uint32_t blocks);
 
 // The schedule of a launch of n_tiles tiles of n_k stage steps each on at most max_blocks
-// blocks: grid blocks, of which tiles [0, sk_tiles) are cut along k and the rest are whole,
-// grid apart (n_tiles - sk_tiles is a multiple of grid where sk_tiles > 0). Without stream_k:
-// whole tiles only.
+// blocks: grid blocks; the last sk_tiles tiles cut along k into shares over the first sk_blocks
+// blocks, the tiles before them whole, grid apart (a multiple of grid where sk_tiles > 0).
+// With stream_k, the cut tiles are the partial wave (or every tile, under a wave), each share at
+// least 4 steps. Without: whole tiles only.
 struct Q8sGemmSchedule {
-    uint32_t grid = 0, sk_tiles = 0;
+    uint32_t grid = 0, sk_tiles = 0, sk_blocks = 0;
 };
 Q8sGemmSchedule prefill_gemm_q8s_schedule(uint32_t n_tiles, uint32_t n_k, uint32_t max_blocks, bool stream_k);
 
