@@ -285,15 +285,15 @@ if [ "$hf" = 1 ]; then
   echo
   echo "== prefill A/B, 8k tokens -b 2048 (tok/s)"
   for knob in default SPILLWAY_PREFILL_WGMMA=0 SPILLWAY_WGMMA_SCHEDULE=skew128 SPILLWAY_ATTN_F16_OUT=0 SPILLWAY_PREFILL_FUSED=0 SPILLWAY_ROPE_TABLE=0 \
-              SPILLWAY_PREFILL_GEMM=cublas SPILLWAY_PREFILL_GEMM_MERGE=0 SPILLWAY_PREFILL_GLU=0 \
+              SPILLWAY_PREFILL_GEMM=cublas SPILLWAY_PREFILL_GEMM_MERGE=0 SPILLWAY_PREFILL_GLU=0 SPILLWAY_GEMM_STREAM_K=0 \
               SPILLWAY_PREFILL_OVERLAP=0 SPILLWAY_PREFILL_TILES=greedy SPILLWAY_QKV_POST=block SPILLWAY_RMSNORM_MANY_ROWS=0; do
     if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
     env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 8192 -n 0 -b 2048 -ctk f16 \
       >"$out/prefill-ab.log" 2>&1
     echo "prefill A/B $knob rc=$?: $(grep -E '^\| f16 \| f16 \| pp' "$out/prefill-ab.log" | awk -F'|' '{print $6}') tok/s"
   done
-  # 512-token prompts: the codes GEMM against cuBLAS on tiles, and its split over k (session 43).
-  for knob in default SPILLWAY_PREFILL_GEMM=cublas SPILLWAY_GEMM_SPLIT_K=1; do
+  # 512-token prompts: the codes GEMM against cuBLAS on tiles, and without its stream-K tail (session 44).
+  for knob in default SPILLWAY_PREFILL_GEMM=cublas SPILLWAY_GEMM_STREAM_K=0; do
     if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
     env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 512 -n 0 -r 2 -ctk f16 \
       >"$out/prefill-ab.log" 2>&1
