@@ -532,19 +532,17 @@ Q8sGemmSchedule prefill_gemm_q8s_schedule(uint32_t n_tiles, uint32_t n_k, uint32
     // cost about that much.
     constexpr uint64_t kMinShare = 4;
     if (n_tiles < max_blocks) {
-        // Less than a wave: every tile cut.
+        // Less than a wave: every tile cut (down at 512 tokens, 80 tiles: 474 against 396 TFLOP/s).
         const uint64_t units = (uint64_t)n_tiles * n_k;
         const uint32_t blocks = (uint32_t)std::clamp<uint64_t>(units / kMinShare, n_tiles, max_blocks);
         return blocks > n_tiles ? Q8sGemmSchedule{blocks, n_tiles, blocks} : Q8sGemmSchedule{n_tiles, 0, 0};
     }
-    // Whole waves of whole tiles, and only the partial wave cut. Cutting a whole wave more (so
-    // that every block's share is 1-2 tiles) was measured slower (session 44: down at 2048 tokens
-    // 386 against 574 TFLOP/s): blocks at different k read all of x (56 MB for down) out of
-    // step, where whole tiles read it in step, a k window at a time, from L2.
-    const uint32_t rest = n_tiles % max_blocks;
-    const uint32_t blocks = (uint32_t)std::min<uint64_t>((uint64_t)rest * n_k / kMinShare, max_blocks);
-    if (rest == 0 || blocks <= rest) return {max_blocks, 0, 0};
-    return {max_blocks, rest, blocks};
+    // A wave or more: whole tiles (the launch's width split follows the waves instead). Cutting
+    // the partial wave was measured slower or equal (session 44, H100: down at 2048 tokens 518
+    // against 571 TFLOP/s for whole tiles in the wave-following widths; 8k prefill -1%, 64k
+    // equal), and cutting it and one whole wave slower still (386): blocks at different k read
+    // all of x (56 MB for down) out of step, where whole tiles read it in step from L2.
+    return {grid, 0, 0};
 }
 
 bool prefill_gemm_q8s_available() {
@@ -565,7 +563,7 @@ Q8sGemmSplit prefill_gemm_q8s_split(uint32_t n_tokens, uint32_t n_out, uint32_t 
     // A wave of 128-token tiles takes 2/3 of a wave of 256-token ones, not 1/2: measured per
     // shape at T = 512..4096 (H100, session 43: gate 433 vs 519 TFLOP/s at T = 1024 where both
     // take the same waves); this weighting picks the faster single width in every row measured.
-    if (balanced) {
+    if (balanced && row_blocks * ((n_tokens + 255) / 256) < n_sm) {
         const uint64_t wide = row_blocks * ((n_tokens + 255) / 256) * 3, narrow = row_blocks * ((n_tokens + 127) / 128) * 2;
         return wide <= narrow ? Q8sGemmSplit{n_out, 0} : Q8sGemmSplit{0, n_out};
     }

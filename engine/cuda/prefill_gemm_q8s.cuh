@@ -23,27 +23,28 @@ bool prefill_gemm_q8s_takes(const CudaMatrix& w);
 // How a matrix's rows are covered: the first rows_wide rows in tiles of 128 rows x 256
 // tokens, the other rows_narrow in tiles of 128 x 128 (a second launch). A 128-token tile takes
 // 2/3 of a 256-token one's time (measured). Where the launch is balanced (stream-K, see
-// GemmWorkspace) the waves do not matter: one width, the one with less work. Otherwise chosen
-// from whole waves of tiles on n_sm SMs: one width for all rows, or whole waves of wide tiles
-// and the rest narrow; ties take fewer launches and wider tiles.
+// GemmWorkspace) and the 256-token tiles are under a wave, the waves do not matter: one width,
+// the one with less work. Otherwise chosen from whole waves of tiles on n_sm SMs: one width for
+// all rows, or whole waves of wide tiles and the rest narrow; ties take fewer launches and
+// wider tiles.
 struct Q8sGemmSplit {
     uint32_t rows_wide = 0, rows_narrow = 0;
 };
 Q8sGemmSplit prefill_gemm_q8s_split(uint32_t n_tokens, uint32_t n_out, uint32_t n_sm, bool balanced = false);
 
 // Where a launch's tiles (128 rows x 128 or 256 tokens) shared between blocks keep their
-// partial sums ("stream-K"). Blocks are persistent, one per SM; when the tiles are not a whole
-// number of waves, the partial wave (or every tile, where there is less than a wave) is cut
-// along k into equal shares of stage steps, one share per block, so every block does the same
-// work. A block that holds the end or middle of a tile writes its partial to
-// its slot of `partials` and raises its flag; the block holding the tile's first steps adds the
-// later blocks' partials in block order (the same bits every run on a GPU of the same SM count)
-// and writes the tile. partials: 16-byte aligned, prefill_gemm_q8s_partial_floats(blocks) floats;
-// flags: one per block, zeroed once by the caller, left zero by every launch. Without them
-// (or with room for fewer blocks than the launch runs) the blocks take whole tiles only, the
-// tail wave unbalanced. max_blocks: 0 for
-// one per SM; tests give fewer to reach the mixed schedules on small shapes. A workspace is
-// used by one launch at a time (one stream).
+// partial sums ("stream-K"). Blocks are persistent, one per SM. Where the tiles are fewer than
+// a wave, every tile is cut along k into equal shares of stage steps, one share per block, so
+// every SM has the same work (the 14B's down at 512 tokens: 80 tiles on 132 SMs). A block that
+// holds the end or middle of a tile writes its partial to its slot of `partials` and raises its
+// flag; the block holding the tile's first steps adds the later blocks' partials in block order
+// (the same bits every run on a GPU of the same SM count) and writes the tile. A wave or more
+// takes whole tiles (cutting the tail was measured slower: prefill_gemm_q8s_schedule).
+// partials: 16-byte aligned, prefill_gemm_q8s_partial_floats(blocks) floats; flags: one per
+// block, zeroed once by the caller, left zero by every launch. Without them (or with room for
+// fewer blocks than the launch runs) the blocks take whole tiles only. max_blocks: 0 for one
+// per SM; tests give fewer to reach the cut schedules on small shapes. A workspace is used by
+// one launch at a time (one stream).
 struct GemmWorkspace {
     float* partials = nullptr;
     size_t partial_floats = 0;
@@ -56,8 +57,8 @@ size_t prefill_gemm_q8s_partial_floats(uint32_t blocks);
 // The schedule of a launch of n_tiles tiles of n_k stage steps each on at most max_blocks
 // blocks: grid blocks; the last sk_tiles tiles cut along k into shares over the first sk_blocks
 // blocks, the tiles before them whole, grid apart (a multiple of grid where sk_tiles > 0).
-// With stream_k, the cut tiles are the partial wave (or every tile, under a wave), each share at
-// least 4 steps. Without: whole tiles only.
+// With stream_k, every tile is cut where there are fewer than max_blocks, each share at least
+// 4 steps; otherwise, and without stream_k, whole tiles only.
 struct Q8sGemmSchedule {
     uint32_t grid = 0, sk_tiles = 0, sk_blocks = 0;
 };

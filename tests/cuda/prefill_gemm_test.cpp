@@ -241,8 +241,8 @@ TEST(CudaPrefillGemmQ8s, OutputsOfOneLaunchEqualSeparateLaunches) {
     EXPECT_THROW(prefill_gemm_q8s_cuda(all, x, T, std::span<const GemmOutput>(short_of_rows), false, nullptr), Error);
 }
 
-// Tiles cut along k (stream-K): on a GPU's worth of blocks and on 4, 5 and 7 (4 blocks: one
-// wave whole, 2 tiles cut; 5: 5 whole, 1 cut; 7: all six cut, less than a tile each), against the
+// Tiles cut along k (stream-K): six tiles on a GPU's worth of blocks and on 7, 12 and 40 (shares
+// of 27, 16 and 4-5 steps: a tile in 2, 3 or 7 shares), and whole tiles on 4, against the
 // CPU, y = and y +=; the same bits on a second run; the flags left zero. And the workspace's
 // own errors: partials overlapping the output, unaligned partials.
 TEST(CudaPrefillGemmQ8s, StreamKMatchesCpuAndRepeats) {
@@ -260,7 +260,7 @@ TEST(CudaPrefillGemmQ8s, StreamKMatchesCpuAndRepeats) {
     const CpuProduct cpu = cpu_product(m, 0, n_out, input, T);
     StreamKSpace space;
     const Q8sGemmSplit all_wide{n_out, 0};
-    for (const uint32_t blocks : {0u, 4u, 5u, 7u})
+    for (const uint32_t blocks : {0u, 4u, 7u, 12u, 40u})
         for (const bool add : {false, true}) {
             SCOPED_TRACE(std::to_string(blocks) + " blocks" + (add ? ", y += W x" : ", y = W x"));
             std::vector<float> runs[2];
@@ -314,20 +314,19 @@ TEST(CudaPrefillGemmQ8s, StreamKMatchesCpuAndRepeats) {
     EXPECT_THROW(prefill_gemm_q8s_cuda(w, x, T, y.data(), false, nullptr, all_wide, unaligned), Error);
 }
 
-// Pure: whole waves stay whole tiles, the partial wave (or every tile under a wave) is cut so
-// that every block does the same work to within a share of a few stage steps.
-TEST(CudaPrefillGemmQ8s, ScheduleCutsOnlyTheTail) {
+// Pure: a wave or more stays whole tiles; under a wave every tile is cut so that every block
+// does the same work to within a stage step (or a share of a few, where there are too few steps
+// for every block).
+TEST(CudaPrefillGemmQ8s, ScheduleCutsOnlyUnderAWave) {
     auto expect = [](uint32_t tiles, uint32_t n_k, uint32_t blocks, Q8sGemmSchedule want) {
         const Q8sGemmSchedule s = prefill_gemm_q8s_schedule(tiles, n_k, blocks, true);
         EXPECT_EQ(std::tuple(s.grid, s.sk_tiles, s.sk_blocks), std::tuple(want.grid, want.sk_tiles, want.sk_blocks))
             << tiles << " tiles, " << n_k << " steps, " << blocks << " blocks";
     };
-    expect(1728, 80, 132, {132, 12, 132});  // the 14B's gate|up at 2048 tokens: 13 waves + 12 tiles
-    expect(320, 216, 132, {132, 56, 132});  // down at 2048 tokens: 2 waves + 56
-    expect(264, 80, 132, {132, 0, 0});      // two whole waves
+    expect(1728, 80, 132, {132, 0, 0});     // the 14B's gate|up at 2048 tokens: 13 waves + 12 tiles, whole
+    expect(320, 216, 132, {132, 0, 0});     // down at 2048 tokens: 2 waves + 56, whole
     expect(80, 216, 132, {132, 80, 132});   // down at 512 tokens: 0.6 of a wave, all cut
-    expect(140, 8, 132, {132, 8, 16});      // 64 steps left: 16 shares of 4
-    expect(133, 2, 132, {132, 0, 0});       // 2 steps left: not worth a cut
+    expect(10, 8, 132, {20, 10, 20});       // 80 steps: 20 shares of 4
     expect(4, 2, 132, {4, 0, 0});           // too few steps to share: whole tiles
     expect(6, 32, 7, {7, 6, 7});
     EXPECT_EQ(prefill_gemm_q8s_schedule(1728, 80, 132, false).sk_tiles, 0u);
@@ -363,7 +362,8 @@ TEST(CudaPrefillGemmQ8s, ScheduleCutsOnlyTheTail) {
         // under 4 steps.
         if (s.sk_tiles > 0) ASSERT_LE(most - least, s.sk_blocks == s.grid ? 1u : 8u) << what;
         else if (most - least > n_k) ADD_FAILURE() << what;
-        else if (most != least && tiles > blocks) ASSERT_LT(n_k, 8u) << what;
+        if (tiles >= blocks) ASSERT_EQ(s.sk_tiles, 0u) << what;
+        else if (s.sk_tiles == 0) ASSERT_LT((uint64_t)tiles * n_k / 4, (uint64_t)tiles + 1) << what;
     }
 }
 
@@ -453,9 +453,11 @@ TEST(CudaPrefillGemmQ8s, SplitFollowsWaves) {
     EXPECT_EQ(split(2048, 13824), std::pair(13824u, 0u));
     // Rows that end inside a block: 300 rows = 3 row blocks, one wave either way: narrow.
     EXPECT_EQ(split(300, 300), std::pair(0u, 300u));
-    // Balanced launches (stream-K): the width with less work, whatever the waves.
-    EXPECT_EQ(prefill_gemm_q8s_split(2048, 5120, 132, true).rows_wide, 5120u);
-    EXPECT_EQ(prefill_gemm_q8s_split(2048, 1024, 132, true).rows_wide, 1024u);
+    // Balanced launches (stream-K) under a wave of wide tiles: the width with less work.
+    EXPECT_EQ(prefill_gemm_q8s_split(512, 5120, 132, true).rows_wide, 5120u);
+    EXPECT_EQ(prefill_gemm_q8s_split(2048, 1024, 132, true).rows_wide, 1024u);  // 64 tiles: wide, not narrow
+    EXPECT_EQ(split(2048, 1024), std::pair(0u, 1024u));
+    EXPECT_EQ(prefill_gemm_q8s_split(2048, 5120, 132, true).rows_wide, 33u * 128);  // a wave or more: as above
     EXPECT_EQ(prefill_gemm_q8s_split(100, 5120, 132, true).rows_narrow, 5120u);
     EXPECT_EQ(prefill_gemm_q8s_split(300, 300, 132, true).rows_wide, 300u);  // 6 x 3 = 9 x 2: a tie, wide
 }
