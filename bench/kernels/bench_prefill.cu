@@ -15,7 +15,7 @@
 // Median of a few event-timed repetitions (each is milliseconds long, so event overhead is
 // negligible).
 //
-// Usage: bench_prefill [--only SUBSTRING] [--reps N]
+// Usage: bench_prefill [--only SUBSTRING] [--reps N] [--tokens T (the GEMM rows' chunk length)]
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 
@@ -86,6 +86,8 @@ GgmlType ggml_of(KvType t) { return t == KvType::f16 ? GgmlType::F16 : t == KvTy
 struct Options {
     std::string only;
     int reps = 3;
+    uint32_t tokens = 0;  // the GEMM rows' chunk length only (0: every one)
+    bool runs_tokens(uint32_t T) const { return tokens == 0 || tokens == T; }
 };
 
 double median_ms(const std::function<void()>& run, int reps) {
@@ -458,8 +460,9 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--only") && i + 1 < argc) o.only = argv[++i];
         else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) o.reps = std::max(1, std::atoi(argv[++i]));
+        else if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) o.tokens = (uint32_t)std::atoi(argv[++i]);
         else {
-            std::fprintf(stderr, "usage: bench_prefill [--only SUBSTRING] [--reps N]\n");
+            std::fprintf(stderr, "usage: bench_prefill [--only SUBSTRING] [--reps N] [--tokens T]\n");
             return 2;
         }
     }
@@ -511,8 +514,10 @@ int main(int argc, char** argv) {
         cublasHandle_t cublas = nullptr;
         SPILLWAY_CUDA_CHECK(cublasCreate(&cublas));
         bench_gemm_sequence(o, cublas);
-        for (uint32_t T : {512u, 2048u}) bench_gemm_groups(o, T);
+        for (uint32_t T : {512u, 2048u})
+            if (o.runs_tokens(T)) bench_gemm_groups(o, T);
         for (uint32_t T : {512u, 1024u, 2048u, 4096u}) {
+            if (!o.runs_tokens(T)) continue;
             bench_gemm(o, cublas, 5120, 13824, T);  // gate / up
             bench_gemm(o, cublas, 13824, 5120, T);  // down
             bench_gemm(o, cublas, 5120, 5120, T);   // q / o
