@@ -97,6 +97,33 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const void* tensor_map, i
         : "memory");
 }
 
+// Shared -> global through the TMA engine (bulk-group completion, tracked per issuing thread):
+// the box at (c0, c1) of a 2-D tensor map written from shared memory laid out as the map's
+// box (with its swizzle); elements outside the tensor are not written. The writing threads
+// fence_proxy_async_shared() their writes of src first.
+__device__ __forceinline__ void tma_store_2d(const void* tensor_map, int32_t c0, int32_t c1, const void* src) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(tensor_map)),
+                 "r"(c0), "r"(c1), "r"(shared_addr(src))
+                 : "memory");
+}
+// The same, adding each element to the one in global memory (one f32 add per element, in L2).
+__device__ __forceinline__ void tma_add_2d(const void* tensor_map, int32_t c0, int32_t c1, const void* src) {
+    asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+                     reinterpret_cast<uint64_t>(tensor_map)),
+                 "r"(c0), "r"(c1), "r"(shared_addr(src))
+                 : "memory");
+}
+// Closes this thread's bulk stores issued since the last commit into one group.
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until at most `n` of this thread's newest groups still read their shared memory.
+template <int n>
+__device__ __forceinline__ void bulk_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(n) : "memory");
+}
+// Until every group of this thread is complete (its writes done).
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 #endif
 
 }  // namespace spillway

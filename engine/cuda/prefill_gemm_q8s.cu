@@ -57,19 +57,32 @@ constexpr int kStages = 4;
 constexpr uint32_t kConsumerWarps = 8;
 constexpr int kThreads = (kConsumerWarps + 4) * 32;
 constexpr uint32_t kCodeBytes = kRows * kBK;  // one stage's codes: 128 rows x 64 bytes
-constexpr uint32_t kOutStride = kRows + 4;    // floats per token in the epilogue's tile
-[[maybe_unused]] constexpr uint32_t kEpilogue = 1;             // named barrier of the consumer warps
+[[maybe_unused]] constexpr uint32_t kEpilogue = 1;  // named barrier of the consumer warps
+[[maybe_unused]] constexpr uint32_t kGluPairBarrier = 2;  // + warp % 4: a gate warp and its up warp
+// The epilogue leaves a warp's 16 rows in chunks of 32 tokens, each through a buffer of its own
+// ([token][16 rows] f32, 64-byte swizzle: TMA's layout for the store) and two buffers per warp.
+constexpr uint32_t kOutTokens = 32;
+constexpr uint32_t kWarpRows = 16;
+constexpr uint32_t kOutChunkBytes = kOutTokens * kWarpRows * 4;
 
 template <int kBN>
 struct Layout {
     static constexpr uint32_t kXBytes = kBN * kBK * 2;  // one stage's x: kBN tokens x 64 halves
     [[maybe_unused]] static constexpr uint32_t kXBase = 0;
     static constexpr uint32_t kCodeBase = kStages * kXBytes;
-    static constexpr uint32_t kBarBase = kCodeBase + kStages * kCodeBytes;
+    static constexpr uint32_t kOutBase = kCodeBase + kStages * kCodeBytes;
+    static constexpr uint32_t kBarBase = kOutBase + kConsumerWarps * 2 * kOutChunkBytes;
     static constexpr uint32_t kSmemBytes = kBarBase + 2 * kStages * 8 + 1024;  // + the base's alignment
     static_assert(kSmemBytes <= 227 * 1024, "one block per SM");
-    static_assert(kBN * kOutStride * 4 <= kBarBase, "the epilogue's tile fits in the stages");
+    static_assert(kOutBase % 1024 == 0, "the output buffers sit at whole swizzle patterns");
 };
+
+// Where (row, token) of a warp's output chunk sits in its buffer: 64-byte rows of 16 floats,
+// 16-byte column j at j ^ ((token / 2) % 4) (TMA's 64-byte swizzle, which also spreads a
+// fragment store's 4 tokens over the banks).
+__host__ __device__ constexpr uint32_t out_chunk_offset(uint32_t token, uint32_t row) {
+    return token * 64 + (((row / 4) ^ ((token / 2) % 4)) * 16) + (row % 4) * 4;
+}
 
 // Where a run of the launch's rows goes: rows [begin, end) (launch-relative, multiples of
 // kRows apart from each other's boundaries) into y [n_tokens][stride], row `begin` at column 0.
@@ -78,6 +91,11 @@ struct SegmentOut {
     uint32_t begin, end, stride;
 };
 constexpr int kMaxSegments = 3;  // q | k | v
+// Each segment's y as a tensor map (columns from the segment's row `begin`, n_tokens rows; boxes
+// of 16 x 32) for the epilogue's TMA stores.
+struct OutMaps {
+    CUtensorMap seg[kMaxSegments];
+};
 
 struct Params {
     const uint16_t* scales;  // [n_out][n_in / 32] f16, from the launch's first row
@@ -181,14 +199,13 @@ __device__ __forceinline__ uint64_t global_ns() {
 template <int kBN, bool kGlu = false>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_gemm_q8s_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
-                            Params p) {
+                            const __grid_constant__ OutMaps out_maps, Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using L = Layout<kBN>;
     extern __shared__ uint8_t smem_raw[];
     uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBarBase);
     uint64_t* empty = full + kStages;
-    uint64_t* tile_free = empty + kStages;  // the consumers are done with the epilogue's shared memory
 
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     constexpr uint32_t kBlockRows = kGlu ? kRows / 2 : kRows;  // rows (kGlu: features) per tile
@@ -201,7 +218,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbarrier_init(&full[s], 1);                // the producer's arrival + the stage's bytes
             mbarrier_init(&empty[s], kConsumerWarps);  // one arrival per consumer warp
         }
-        mbarrier_init(tile_free, kConsumerWarps);
         mbarrier_init_fence();
     }
     __syncthreads();
@@ -214,8 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const WorkItem it = work.item(i, n_k);
                 const int32_t t0 = (int32_t)((it.tile % p.token_blocks) * kBN);
                 const int32_t r0 = (int32_t)((it.tile / p.token_blocks) * kBlockRows);
-                // The epilogue stages its output in the ring's memory.
-                if (i > 0) mbarrier_wait_parity(tile_free, (i - 1) & 1);
+                // (The epilogue has buffers of its own: the next item's stages load while it runs.)
                 for (uint32_t kt = it.k_begin; kt < it.k_end; ++kt, ++step) {
                     const uint32_t s = step % kStages, use = step / kStages;
                     if (use > 0) mbarrier_wait_parity(&empty[s], (use - 1) & 1);
@@ -247,7 +262,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint64_t x_desc = wgmma::smem_desc(smem + L::kXBase, 16, 1024);
     constexpr uint32_t kSlotFloats = kRows * kBN;  // a block's partial
 
-    uint32_t step = 0;  // stage steps consumed so far
+    uint32_t step = 0;   // stage steps consumed so far
+    uint32_t chunk = 0;  // output chunks written so far: the warp's buffer
     for (uint32_t item = 0; item < n_items; ++item) {
         const WorkItem it = work.item(item, n_k);
         const uint32_t t0 = (it.tile % p.token_blocks) * kBN, r0 = (it.tile / p.token_blocks) * kBlockRows;
@@ -336,8 +352,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
         if (it.part == Part::later) {
             // The partial, in the fragments' own order (float4 i of thread t at i * 256 + t:
-            // coalesced), for the block that holds the tile's first share. The ring is not touched.
-            if (lane == 0) mbarrier_arrive(tile_free);
+            // coalesced), for the block that holds the tile's first share.
             float4* slot = reinterpret_cast<float4*>(p.partials + (size_t)blockIdx.x * kSlotFloats);
 #pragma unroll
             for (int nb = 0; nb < kBN / 128; ++nb)
@@ -380,98 +395,74 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         }
 
-        // The epilogue goes through shared memory (the stages are free once both warpgroups are
-        // done with the last x tile, and the producer waits for tile_free before loading the next
-        // item): [token][kRows + 4] f32, the padding putting the 4 token columns of a store
-        // instruction in different banks. Then each warp writes whole 512-byte rows of y (one
-        // token's 128 rows) as float4s. Written straight from the fragments, each thread's 4-byte
-        // stores (and, with add_to_y, its loads, which the compiler kept in order behind the
-        // stores) took the wo / down GEMMs to ~2x cuBLAS's time.
-        ws::named_sync(kEpilogue, kConsumerWarps * 32);
-        float* out_tile = reinterpret_cast<float*>(smem);
-#pragma unroll
-        for (int nb = 0; nb < kBN / 128; ++nb)
-#pragma unroll
-            for (int j = 0; j < 16; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float* col = out_tile + (nb * 128 + j * 8 + 2 * c + e) * kOutStride;
-                    col[row_lo] = acc[nb][j][e];
-                    col[row_lo + 8] = acc[nb][j][2 + e];
-                }
-        ws::named_sync(kEpilogue, kConsumerWarps * 32);
+        // The epilogue: each warp leaves its 16 rows x kBN tokens in chunks of 32 tokens, through
+        // two buffers of its own, so that it needs no other warp (kGlu: its partner) and the
+        // producer loads the next item's stages meanwhile. A chunk is one TMA store (y +=: a TMA
+        // add in L2) that runs on while the warp goes on: the y traffic of 132 SMs ending their
+        // tiles together no longer stalls them (the whole-tile epilogue through the ring's memory,
+        // before session 45, took 20-30% of a 2048-token GEMM's time).
         const uint32_t token_stop = min((uint32_t)kBN, p.n_tokens - t0);
-        if constexpr (kGlu) {
-            // Columns 0-63 of a token are its gate values, 64-127 its up values (whole blocks of
-            // features: the host asks for features in multiples of 64). A warp writes a token's
-            // 64 features as one 128-byte row of half2s.
-            for (uint32_t t = warp; t < token_stop; t += kConsumerWarps) {
-                const float* col = out_tile + t * kOutStride;
-                const float2 gv = *reinterpret_cast<const float2*>(col + 2 * lane);
-                const float2 uv = *reinterpret_cast<const float2*>(col + 64 + 2 * lane);
-                *reinterpret_cast<__half2*>(p.act + (size_t)(t0 + t) * p.act_stride + r0 + 2 * lane) =
-                    __floats2half2_rn(silu_times(gv.x, uv.x), silu_times(gv.y, uv.y));
-            }
-        } else {
-            // The tile's output: its segment (a tile never straddles two), from the tile's first row.
-            SegmentOut seg = p.seg[0];
+        const uint32_t warp_row = (warp / 4) * 64 + (warp % 4) * kWarpRows;  // the warp's first tile row
+        uint32_t seg_index = 0;  // the tile's segment (a tile never straddles two)
 #pragma unroll
-            for (int i = 1; i < kMaxSegments; ++i)
-                if (i < (int)p.n_segments && r0 >= p.seg[i].begin) seg = p.seg[i];
-            const bool add = p.add_to_y != 0;
-            float* const y_block = seg.y + (r0 - seg.begin);
-            const uint32_t rows_left = seg.end - r0, y_stride = seg.stride;
-            const bool whole_rows = rows_left >= (uint32_t)kRows && y_stride % 4 == 0;  // (y is 16-byte aligned)
-            constexpr uint32_t kBatch = 4;  // tokens per warp in flight: loads of y before any store
-            for (uint32_t tb = warp * kBatch; tb < token_stop; tb += kConsumerWarps * kBatch) {
-                float4 v[kBatch];
+        for (int i = 1; i < kMaxSegments; ++i)
+            if (i < (int)p.n_segments && r0 >= p.seg[i].begin) seg_index = i;
+        const int32_t seg_col = kGlu ? 0 : (int32_t)(r0 - p.seg[seg_index].begin + warp_row);
 #pragma unroll
-                for (uint32_t i = 0; i < kBatch; ++i)
-                    v[i] = *reinterpret_cast<const float4*>(out_tile + (tb + i) * kOutStride + 4 * lane);
-                if (whole_rows) {
-                    float4* dst[kBatch];
+        for (uint32_t q = 0; q < kBN / kOutTokens; ++q) {
+            if (q * kOutTokens >= token_stop) break;  // (the same for every warp of the tile)
+            uint8_t* const buf = smem + L::kOutBase + (warp * 2 + (chunk & 1)) * kOutChunkBytes;
+            // The store from this buffer two chunks ago has read it.
+            if (lane == 0) bulk_wait_read<1>();
+            __syncwarp();
+            constexpr uint32_t kJPerChunk = kOutTokens / 8;
 #pragma unroll
-                    for (uint32_t i = 0; i < kBatch; ++i)
-                        dst[i] = reinterpret_cast<float4*>(y_block + (size_t)(t0 + tb + i) * y_stride + 4 * lane);
-                    if (add) {
-                        float4 old[kBatch];
+            for (uint32_t jj = 0; jj < kJPerChunk; ++jj)
 #pragma unroll
-                        for (uint32_t i = 0; i < kBatch; ++i)
-                            if (tb + i < token_stop) old[i] = *dst[i];
+                for (uint32_t e = 0; e < 2; ++e) {
+                    const uint32_t nb = q / (128 / kOutTokens), j = (q % (128 / kOutTokens)) * kJPerChunk + jj;
+                    const uint32_t token = jj * 8 + 2 * c + e;
+                    *reinterpret_cast<float*>(buf + out_chunk_offset(token, g)) = acc[nb][j][e];
+                    *reinterpret_cast<float*>(buf + out_chunk_offset(token, g + 8)) = acc[nb][j][2 + e];
+                }
+            if constexpr (kGlu) {
+                // Warp w holds gate rows and warp w + 4 the up rows of the same 16 features: each
+                // writes the SwiGLU of 16 of the chunk's tokens from both buffers, 8 features (16
+                // bytes of f16) per lane. A buffer is written again two chunks on, after the
+                // partner has passed the next chunk's barrier, i.e. is done reading this one.
+                ws::named_sync(kGluPairBarrier + warp % 4, 64);
+                const uint8_t* gate_buf = smem + L::kOutBase + ((warp % 4) * 2 + (chunk & 1)) * kOutChunkBytes;
+                const uint8_t* up_buf = gate_buf + 4 * 2 * kOutChunkBytes;
+                const uint32_t token = (warp / 4) * 16 + lane / 2, row = (lane % 2) * 8;
+                uint32_t packed[4];
 #pragma unroll
-                        for (uint32_t i = 0; i < kBatch; ++i) {
-                            v[i].x += old[i].x;
-                            v[i].y += old[i].y;
-                            v[i].z += old[i].z;
-                            v[i].w += old[i].w;
-                        }
-                    }
-#pragma unroll
-                    for (uint32_t i = 0; i < kBatch; ++i)
-                        if (tb + i < token_stop) *dst[i] = v[i];
-                } else {
-                    // The last row block of a segment whose rows end inside it (or a y row stride
-                    // that is not a multiple of 4, so float4s would be unaligned): element by element.
-#pragma unroll
-                    for (uint32_t i = 0; i < kBatch; ++i) {
-                        if (tb + i >= token_stop) break;
-                        const float vals[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-                        for (uint32_t k = 0; k < 4; ++k) {
-                            const uint32_t r = 4 * lane + k;
-                            if (r >= rows_left) break;
-                            float* dst = y_block + (size_t)(t0 + tb + i) * y_stride + r;
-                            *dst = add ? *dst + vals[k] : vals[k];
-                        }
-                    }
+                for (uint32_t h = 0; h < 4; ++h) {  // 2 features at a time: the accumulators of later chunks are still live
+                    const float2 gv = *reinterpret_cast<const float2*>(gate_buf + out_chunk_offset(token, row + 2 * h));
+                    const float2 uv = *reinterpret_cast<const float2*>(up_buf + out_chunk_offset(token, row + 2 * h));
+                    const __half2 pair = __floats2half2_rn(silu_times(gv.x, uv.x), silu_times(gv.y, uv.y));
+                    packed[h] = *reinterpret_cast<const uint32_t*>(&pair);
+                }
+                if (q * kOutTokens + token < token_stop)
+                    *reinterpret_cast<uint4*>(p.act + (size_t)(t0 + q * kOutTokens + token) * p.act_stride + r0 +
+                                              (warp % 4) * kWarpRows + row) =
+                        make_uint4(packed[0], packed[1], packed[2], packed[3]);
+            } else {
+                // The generic-proxy writes above, before the TMA engine reads them.
+                fence_proxy_async_shared();
+                __syncwarp();
+                if (lane == 0) {
+                    const void* map = &out_maps.seg[seg_index];
+                    const int32_t token0 = (int32_t)(t0 + q * kOutTokens);
+                    if (p.add_to_y) tma_add_2d(map, seg_col, token0, buf);
+                    else tma_store_2d(map, seg_col, token0, buf);
+                    bulk_commit_group();
                 }
             }
+            ++chunk;
         }
-        // The ring's memory goes back to the producer (after the generic-proxy reads and writes
-        // above, before its TMA writes).
-        fence_proxy_async_shared();
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(tile_free);
     }
+    // The last stores have read their buffers (and written y) before the block leaves.
+    if (lane == 0) bulk_wait_all();
 #else
     __trap();  // launched only where prefill_gemm_q8s_available() (sm_90a code present)
 #endif
@@ -489,8 +480,8 @@ uint32_t sm_count() {
 
 // A launch over the tiles of p's rows: persistent blocks, the tail cut along k where the workspace allows.
 template <int kBN, bool kGlu = false>
-void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, Params p, const GemmWorkspace& workspace,
-            cudaStream_t stream) {
+void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const OutMaps& out_maps, Params p,
+            const GemmWorkspace& workspace, cudaStream_t stream) {
     constexpr uint32_t kSmemBytes = Layout<kBN>::kSmemBytes;
     auto* kernel = prefill_gemm_q8s_kernel<kBN, kGlu>;
     static bool configured = false;  // once per instance: opt in to > 48 KB of shared memory
@@ -515,7 +506,7 @@ void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, Params p, const 
     p.sk_blocks = sched.sk_blocks;
     p.partials = workspace.partials;
     p.flags = workspace.flags;
-    kernel<<<sched.grid, kThreads, kSmemBytes, stream>>>(x_map, w_map, p);
+    kernel<<<sched.grid, kThreads, kSmemBytes, stream>>>(x_map, w_map, out_maps, p);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -552,7 +543,8 @@ bool prefill_gemm_q8s_available() {
 }
 
 bool prefill_gemm_q8s_takes(const CudaMatrix& w) {
-    return w.q8_scales != nullptr && w.n_in != 0 && w.n_in % kBK == 0 && w.n_out != 0 &&
+    // n_out % 4: y's rows (of n_out floats) 16-byte strided for the epilogue's TMA stores.
+    return w.q8_scales != nullptr && w.n_in != 0 && w.n_in % kBK == 0 && w.n_out != 0 && w.n_out % 4 == 0 &&
            reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && reinterpret_cast<uintptr_t>(w.q8_scales) % 4 == 0 &&
            prefill_gemm_q8s_available();
 }
@@ -590,6 +582,7 @@ namespace {
 // (`rows` rows) in boxes of 64 k x box_rows; and its parameters but the outputs.
 struct Launch {
     CUtensorMap x_map, w_map;
+    OutMaps out{};  // (unused by the SwiGLU epilogue)
     Params p{};
 };
 Launch launch_for(const CudaMatrix& w, uint32_t row0, uint32_t rows, uint32_t box_rows, const __half* x,
@@ -608,8 +601,8 @@ Launch launch_for(const CudaMatrix& w, uint32_t row0, uint32_t rows, uint32_t bo
 
 template <bool kGlu>
 void launch_width(const Launch& l, uint32_t bn, const GemmWorkspace& workspace, cudaStream_t stream) {
-    if (bn == 128) launch<128, kGlu>(l.x_map, l.w_map, l.p, workspace, stream);
-    else launch<256, kGlu>(l.x_map, l.w_map, l.p, workspace, stream);
+    if (bn == 128) launch<128, kGlu>(l.x_map, l.w_map, l.out, l.p, workspace, stream);
+    else launch<256, kGlu>(l.x_map, l.w_map, l.out, l.p, workspace, stream);
 }
 
 // Whether a launch may cut tiles along k with this workspace (as launch() decides it for wide
@@ -660,7 +653,13 @@ void launch_rows(const CudaMatrix& w, uint32_t row0, uint32_t n_rows, const __ha
     for (const GemmOutput& o : outs) {
         const uint32_t seg_end = seg_begin + o.rows;
         const uint32_t lo = std::max(seg_begin, row0), hi = std::min(seg_end, row0 + n_rows);
-        if (lo < hi) l.p.seg[l.p.n_segments++] = SegmentOut{o.y + (lo - seg_begin), lo - row0, hi - row0, o.y_stride};
+        if (lo < hi) {
+            l.out.seg[l.p.n_segments] =
+                tensor_map_2d(o.y + (lo - seg_begin), CU_TENSOR_MAP_DATA_TYPE_FLOAT32, hi - lo, n_tokens,
+                              (uint64_t)o.y_stride * 4, kWarpRows, kOutTokens, CU_TENSOR_MAP_SWIZZLE_64B,
+                              "prefill GEMM (q8s), y");
+            l.p.seg[l.p.n_segments++] = SegmentOut{o.y + (lo - seg_begin), lo - row0, hi - row0, o.y_stride};
+        }
         seg_begin = seg_end;
     }
     launch_width<false>(l, bn, workspace, stream);
@@ -715,9 +714,10 @@ bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_toke
         fail("prefill_gemm_q8s_cuda: 1 to " + std::to_string(kMaxSegments) + " outputs, got " + std::to_string(outs.size()));
     uint64_t rows = 0;
     for (size_t i = 0; i < outs.size(); ++i) {
-        if (outs[i].rows == 0 || outs[i].y_stride < outs[i].rows || reinterpret_cast<uintptr_t>(outs[i].y) % 16 != 0)
+        if (outs[i].rows == 0 || outs[i].y_stride < outs[i].rows || outs[i].y_stride % 4 != 0 ||
+            reinterpret_cast<uintptr_t>(outs[i].y) % 16 != 0)
             fail("prefill_gemm_q8s_cuda: output " + std::to_string(i) +
-                 " needs rows > 0, a row stride of at least its rows and a 16-byte aligned y");
+                 " needs rows > 0, a row stride of at least its rows and a multiple of 4, and a 16-byte aligned y");
         if (i + 1 < outs.size() && (rows + outs[i].rows) % kRows != 0)
             fail("prefill_gemm_q8s_cuda: outputs must start at multiples of 128 rows");
         rows += outs[i].rows;

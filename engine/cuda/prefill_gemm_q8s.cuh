@@ -17,7 +17,7 @@ namespace spillway {
 bool prefill_gemm_q8s_available();
 
 // Whether prefill_gemm_q8s_cuda takes w (given a 16-byte aligned x): available here, the split
-// layout, n_in a multiple of 64, codes 16-byte and scales 4-byte aligned.
+// layout, n_in a multiple of 64, n_out of 4, codes 16-byte and scales 4-byte aligned.
 bool prefill_gemm_q8s_takes(const CudaMatrix& w);
 
 // How a matrix's rows are covered: the first rows_wide rows in tiles of 128 rows x 256
@@ -80,7 +80,8 @@ constexpr uint32_t kQ8sGemmRowBlock = 128;
 
 // One output of a GEMM whose rows go to several buffers (q | k | v, gate | up: matrices kept
 // back to back whose results the forward keeps apart): the next `rows` rows of w into
-// y [n_tokens][y_stride] (y 16-byte aligned, y_stride >= rows).
+// y [n_tokens][y_stride] (y 16-byte aligned, y_stride >= rows and a multiple of 4: y is written
+// by TMA stores).
 struct GemmOutput {
     float* y = nullptr;
     uint32_t rows = 0, y_stride = 0;

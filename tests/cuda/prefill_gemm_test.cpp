@@ -425,6 +425,16 @@ TEST(CudaPrefillGemmQ8s, DeclinesWhatItDoesNotTake) {
     EXPECT_FALSE(prefill_gemm_q8s_cuda(w, x.data() + 1, 4, y.data(), false, nullptr));  // x 2-byte aligned
     EXPECT_THROW(prefill_gemm_q8s_cuda(w, x.data(), 4, y.data(), false, nullptr, Q8sGemmSplit{64, 64}), Error);
     EXPECT_THROW(prefill_gemm_q8s_cuda(w, x.data(), 4, y.data(), false, nullptr, Q8sGemmSplit{128, 64}), Error);
+    // y rows must be 16-byte strided (TMA stores): rows that are not a multiple of 4 are
+    // declined, an output stride that is not is an error.
+    CudaMatrix ragged = w;
+    ragged.n_out = 126;
+    EXPECT_FALSE(prefill_gemm_q8s_cuda(ragged, x.data(), 4, y.data(), false, nullptr));
+    const GemmOutput odd_stride[1] = {{y.data(), 64, 126}};
+    CudaMatrix half_rows = w;
+    half_rows.n_out = 64;
+    EXPECT_THROW(prefill_gemm_q8s_cuda(half_rows, x.data(), 2, std::span<const GemmOutput>(odd_stride), false, nullptr),
+                 Error);
     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
     const auto untouched = cuda_test::to_host(y);
     size_t written = 0;
