@@ -71,13 +71,6 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
     return policy;
 }
 
-// An L2 policy for data read again soon (a GEMM's activations, read by every row block).
-__device__ __forceinline__ uint64_t l2_evict_last_policy() {
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
-    return policy;
-}
-
 // bytes % 16 == 0, both addresses 16-byte aligned; completes `bytes` transactions on bar.
 __device__ __forceinline__ void bulk_copy_global_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
                                                            uint64_t l2_policy) {
@@ -120,30 +113,6 @@ __device__ __forceinline__ void tma_add_2d(const void* tensor_map, int32_t c0, i
                      reinterpret_cast<uint64_t>(tensor_map)),
                  "r"(c0), "r"(c1), "r"(shared_addr(src))
                  : "memory");
-}
-// tma_load_2d / tma_store_2d / tma_add_2d with an L2 cache policy (l2_evict_*_policy()).
-__device__ __forceinline__ void tma_load_2d_hint(void* dst, const void* tensor_map, int32_t c0, int32_t c1,
-                                                 uint64_t* bar, uint64_t policy) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-        " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(shared_addr(dst)),
-        "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(c0), "r"(c1), "r"(shared_addr(bar)), "l"(policy)
-        : "memory");
-}
-__device__ __forceinline__ void tma_store_2d_hint(const void* tensor_map, int32_t c0, int32_t c1, const void* src,
-                                                  uint64_t policy) {
-    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group.L2::cache_hint [%0, {%1, %2}], [%3], %4;\n" ::"l"(
-                     reinterpret_cast<uint64_t>(tensor_map)),
-                 "r"(c0), "r"(c1), "r"(shared_addr(src)), "l"(policy)
-                 : "memory");
-}
-__device__ __forceinline__ void tma_add_2d_hint(const void* tensor_map, int32_t c0, int32_t c1, const void* src,
-                                                uint64_t policy) {
-    asm volatile(
-        "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group.L2::cache_hint [%0, {%1, %2}], [%3], %4;\n" ::"l"(
-            reinterpret_cast<uint64_t>(tensor_map)),
-        "r"(c0), "r"(c1), "r"(shared_addr(src)), "l"(policy)
-        : "memory");
 }
 // Closes this thread's bulk stores issued since the last commit into one group.
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }

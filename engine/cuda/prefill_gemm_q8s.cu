@@ -113,8 +113,6 @@ struct Params {
     uint32_t token_blocks, n_tiles, sk_tiles, sk_blocks;
     float* partials;
     uint32_t* flags;
-    // Lab (SPILLWAY_GEMM_L2): bit 0, y's stores evict-first in L2; bit 1, x's loads evict-last.
-    uint32_t l2_hints;
 };
 
 // What a block multiplies, in order: tile, stage steps [k_begin, k_end), and what it does with
@@ -238,10 +236,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     if (use > 0) mbarrier_wait_parity(&empty[s], (use - 1) & 1);
                     mbarrier_arrive_expect_tx(&full[s], L::kXBytes + kCodeBytes);
                     const int32_t k = (int32_t)(kt * kBK);
-                    if (p.l2_hints & 2)
-                        tma_load_2d_hint(smem + L::kXBase + s * L::kXBytes, &x_map, k, t0, &full[s], l2_evict_last_policy());
-                    else
-                        tma_load_2d(smem + L::kXBase + s * L::kXBytes, &x_map, k, t0, &full[s]);
+                    tma_load_2d(smem + L::kXBase + s * L::kXBytes, &x_map, k, t0, &full[s]);
                     if constexpr (kGlu) {  // two boxes of 64 rows: the gate rows, then the up rows
                         tma_load_2d(smem + L::kCodeBase + s * kCodeBytes, &w_map, k, r0, &full[s]);
                         tma_load_2d(smem + L::kCodeBase + s * kCodeBytes + kCodeBytes / 2, &w_map, k,
@@ -458,14 +453,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 if (lane == 0) {
                     const void* map = &out_maps.seg[seg_index];
                     const int32_t token0 = (int32_t)(t0 + q * kOutTokens);
-                    if (p.l2_hints & 1) {
-                        if (p.add_to_y) tma_add_2d_hint(map, seg_col, token0, buf, l2_evict_first_policy());
-                        else tma_store_2d_hint(map, seg_col, token0, buf, l2_evict_first_policy());
-                    } else if (p.add_to_y) {
-                        tma_add_2d(map, seg_col, token0, buf);
-                    } else {
-                        tma_store_2d(map, seg_col, token0, buf);
-                    }
+                    if (p.add_to_y) tma_add_2d(map, seg_col, token0, buf);
+                    else tma_store_2d(map, seg_col, token0, buf);
                     bulk_commit_group();
                 }
             }
@@ -517,8 +506,6 @@ void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const OutMaps& o
     p.sk_blocks = sched.sk_blocks;
     p.partials = workspace.partials;
     p.flags = workspace.flags;
-    static const int l2_hints = std::max(lab_knob_choice("SPILLWAY_GEMM_L2", {"none", "y_first", "x_last", "both"}), 0);
-    p.l2_hints = (uint32_t)l2_hints;
     kernel<<<sched.grid, kThreads, kSmemBytes, stream>>>(x_map, w_map, out_maps, p);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
