@@ -169,14 +169,6 @@ struct BlockWork {
     }
 };
 
-// The stage's two f16 scales of one row (k 0-31 and 32-63 of the stage), or zeros for a row
-// past the matrix.
-[[maybe_unused]] __device__ __forceinline__ uint32_t stage_scales(const Params& p, uint32_t row, bool valid,
-                                                                  uint32_t stage) {
-    if (!valid) return 0;
-    return __ldg(reinterpret_cast<const uint32_t*>(p.scales + (size_t)row * (p.n_in / 32) + stage * 2));
-}
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ uint32_t load_acquire(const uint32_t* flag) {
     uint32_t v;
@@ -277,17 +269,24 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t matrix_lo = feature_lo + (kGlu && row_lo >= 64 ? p.glu_up_rows : 0);
         const bool valid_lo = feature_lo < p.n_out, valid_hi = feature_lo + 8 < p.n_out;
         // Scales come from global memory (L2, mostly) two stages ahead of their use.
-        uint32_t scales_lo = stage_scales(p, matrix_lo, valid_lo, k0), scales_hi = stage_scales(p, matrix_lo + 8, valid_hi, k0);
-        uint32_t next_lo = n_kt > 1 ? stage_scales(p, matrix_lo, valid_lo, k0 + 1) : 0;
-        uint32_t next_hi = n_kt > 1 ? stage_scales(p, matrix_lo + 8, valid_hi, k0 + 1) : 0;
+        // A row's scales, one u32 (the stage's two f16) per stage, two stages ahead of their use;
+        // a row past the matrix reads the first row's (its codes arrive as zeros and its sums are
+        // never written), so the loop has no validity test and no address arithmetic but an add.
+        const uint32_t* scale_lo = reinterpret_cast<const uint32_t*>(p.scales) +
+                                   (size_t)(valid_lo ? matrix_lo : 0) * (p.n_in / 64) + k0;
+        const uint32_t* scale_hi = reinterpret_cast<const uint32_t*>(p.scales) +
+                                   (size_t)(valid_hi ? matrix_lo + 8 : 0) * (p.n_in / 64) + k0;
+        uint32_t scales_lo = __ldg(scale_lo), scales_hi = __ldg(scale_hi);
+        uint32_t next_lo = n_kt > 1 ? __ldg(scale_lo + 1) : 0;
+        uint32_t next_hi = n_kt > 1 ? __ldg(scale_hi + 1) : 0;
 
         // Stage kt's codes -> the A fragments of its four k16 steps. wgmma's A layout for a warp's
         // 16 rows: register 0 holds (row g, k 2c, 2c + 1), 1 the same of row g + 8, 2 and 3 those
         // at k + 8.
         auto convert = [&](uint32_t kt, uint32_t (&frag)[4][4]) {
             const uint32_t s = (step + kt) % kStages;
-            const uint32_t after_lo = kt + 2 < n_kt ? stage_scales(p, matrix_lo, valid_lo, k0 + kt + 2) : 0;
-            const uint32_t after_hi = kt + 2 < n_kt ? stage_scales(p, matrix_lo + 8, valid_hi, k0 + kt + 2) : 0;
+            const uint32_t after_lo = kt + 2 < n_kt ? __ldg(scale_lo + kt + 2) : 0;
+            const uint32_t after_hi = kt + 2 < n_kt ? __ldg(scale_hi + kt + 2) : 0;
             mbarrier_wait_parity(&full[s], ((step + kt) / kStages) & 1);
             const uint8_t* codes = smem + L::kCodeBase + s * kCodeBytes;
 #pragma unroll
