@@ -170,6 +170,13 @@ struct BlockWork {
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// A 16-bit shared-memory load at a 32-bit shared address. Volatile: it stays after the mbarrier
+// wait that makes the bytes valid.
+__device__ __forceinline__ uint32_t lds_u16(uint32_t addr) {
+    uint16_t v;
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
+    return v;
+}
 __device__ __forceinline__ uint32_t load_acquire(const uint32_t* flag) {
     uint32_t v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
@@ -254,6 +261,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint64_t x_desc = wgmma::smem_desc(smem + L::kXBase, 16, 1024);
     constexpr uint32_t kSlotFloats = kRows * kBN;  // a block's partial
 
+    const uint32_t k64 = q8_bias_bytes();
+    const uint32_t smem_base = shared_addr(smem);
     uint32_t step = 0;   // stage steps consumed so far
     uint32_t chunk = 0;  // output chunks written so far: the warp's buffer
     for (uint32_t item = 0; item < n_items; ++item) {
@@ -288,22 +297,22 @@ __global__ void __launch_bounds__(kThreads, 1)
             const uint32_t after_lo = kt + 2 < n_kt ? __ldg(scale_lo + kt + 2) : 0;
             const uint32_t after_hi = kt + 2 < n_kt ? __ldg(scale_hi + kt + 2) : 0;
             mbarrier_wait_parity(&full[s], ((step + kt) / kStages) & 1);
-            const uint8_t* codes = smem + L::kCodeBase + s * kCodeBytes;
+            // 32-bit shared addresses: through `smem` (a generic pointer) the loads were generic
+            // LDs with 64-bit address arithmetic.
+            const uint32_t codes = smem_base + L::kCodeBase + s * kCodeBytes;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const uint32_t lo_at = code_lo + ((j ^ swz_lo) * 16) + 2 * c, hi_at = code_hi + ((j ^ swz_hi) * 16) + 2 * c;
                 const uint32_t w_lo =
-                    __byte_perm(*reinterpret_cast<const uint16_t*>(codes + lo_at),
-                                *reinterpret_cast<const uint16_t*>(codes + lo_at + 8), 0x5410) ^ 0x80808080u;
+                    __byte_perm(lds_u16(codes + lo_at), lds_u16(codes + lo_at + 8), 0x5410) ^ 0x80808080u;
                 const uint32_t w_hi =
-                    __byte_perm(*reinterpret_cast<const uint16_t*>(codes + hi_at),
-                                *reinterpret_cast<const uint16_t*>(codes + hi_at + 8), 0x5410) ^ 0x80808080u;
+                    __byte_perm(lds_u16(codes + hi_at), lds_u16(codes + hi_at + 8), 0x5410) ^ 0x80808080u;
                 const __half2 d_lo = __half2half2(__ushort_as_half((unsigned short)(j < 2 ? scales_lo : scales_lo >> 16)));
                 const __half2 d_hi = __half2half2(__ushort_as_half((unsigned short)(j < 2 ? scales_hi : scales_hi >> 16)));
-                frag[j][0] = q8_pair_to_half2(w_lo, 0x4140, d_lo);
-                frag[j][1] = q8_pair_to_half2(w_hi, 0x4140, d_hi);
-                frag[j][2] = q8_pair_to_half2(w_lo, 0x4342, d_lo);
-                frag[j][3] = q8_pair_to_half2(w_hi, 0x4342, d_hi);
+                frag[j][0] = q8_pair_to_half2<0x4140>(w_lo, k64, d_lo);
+                frag[j][1] = q8_pair_to_half2<0x4140>(w_hi, k64, d_hi);
+                frag[j][2] = q8_pair_to_half2<0x4342>(w_lo, k64, d_lo);
+                frag[j][3] = q8_pair_to_half2<0x4342>(w_hi, k64, d_hi);
             }
             scales_lo = next_lo;
             scales_hi = next_hi;

@@ -18,4 +18,22 @@ __device__ __forceinline__ uint32_t q8_pair_to_half2(uint32_t biased, int sel, _
     return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// The same with the 0x64 bytes in a register (`k64` = 0x64646464, from q8_bias_bytes()) and the
+// selector an immediate: SASS's PRMT takes one immediate, and with the constant bytes there the
+// selector had to be copied into a register for every call (the codes GEMM's hot loop).
+template <int kSel>
+__device__ __forceinline__ uint32_t q8_pair_to_half2(uint32_t biased, uint32_t k64, __half2 d) {
+    const __half2 bias = __float2half2_rn(1024.0f + 128.0f);
+    uint32_t a;
+    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(a) : "r"(biased), "r"(k64), "n"(kSel));
+    const __half2 h = __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&a), bias), d);
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+// 0x64646464 as a value the compiler does not fold back into an immediate.
+__device__ __forceinline__ uint32_t q8_bias_bytes() {
+    uint32_t k;
+    asm volatile("mov.b32 %0, 0x64646464;\n" : "=r"(k));
+    return k;
+}
+
 }  // namespace spillway
