@@ -90,6 +90,33 @@ struct Options {
     bool runs_tokens(uint32_t T) const { return tokens == 0 || tokens == T; }
 };
 
+// Keeps every SM busy for about `seconds`: the GPU comes up idle at a few hundred MHz, and a
+// process's first rows ran ~10% slow against the same rows run later (session 45), which biased
+// any A/B whose baseline ran first.
+__global__ void spin_kernel(long long cycles, int* sink) {
+    const long long start = clock64();
+    while (clock64() - start < cycles) {
+    }
+    if (threadIdx.x == 0 && blockIdx.x == 0) *sink = 1;
+}
+void warm_up_clocks(double seconds) {
+    DeviceBuffer<int> sink(1);
+    cudaEvent_t a, b;
+    SPILLWAY_CUDA_CHECK(cudaEventCreate(&a));
+    SPILLWAY_CUDA_CHECK(cudaEventCreate(&b));
+    float ms = 0.0f;
+    for (double spent = 0.0; spent < seconds * 1000.0; spent += ms) {
+        SPILLWAY_CUDA_CHECK(cudaEventRecord(a));
+        spin_kernel<<<1024, 256>>>(20'000'000, sink.data());  // ~10-60 ms by clock
+        SPILLWAY_CUDA_CHECK(cudaGetLastError());
+        SPILLWAY_CUDA_CHECK(cudaEventRecord(b));
+        SPILLWAY_CUDA_CHECK(cudaEventSynchronize(b));
+        SPILLWAY_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+}
+
 double median_ms(const std::function<void()>& run, int reps) {
     run();  // warm-up: module load, shared-memory attributes, cuBLAS heuristics
     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
@@ -476,6 +503,7 @@ int main(int argc, char** argv) {
         SPILLWAY_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
         std::printf("device: %s, %d SMs\n\n| what | shape | ms | TFLOP/s |\n|---|---|---:|---:|\n", prop.name,
                     prop.multiProcessorCount);
+        warm_up_clocks(1.5);
         using K = PrefillAttentionKernel;
         const KvType f16 = KvType::f16, q8 = KvType::q8_0, q4 = KvType::q4_0;
         bench_attention(o, K::simt, f16, f16, 8192, 512);
