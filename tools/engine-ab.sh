@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Interleaved decode A/B of the engine, on the GPU machine. Each side is a spillway binary and
-# optional NAME=VALUE environment (lab knobs); rounds run A, B, A, B, ... so a drift of the
-# card's speed hits both sides; the table gives each side's tok/s per round and B / A of the
-# means per KV tier and depth.
-#   tools/engine-ab.sh [--rounds N] [-d LIST] [-n N] [-ctk LIST] [-ctv LIST] SIDE_A SIDE_B
+# Interleaved A/B of the engine, on the GPU machine. Each side is a spillway binary and
+# optional NAME=VALUE environment (lab knobs). A discarded 8k prefill first (the GPU comes up
+# idle: the first process of a call ran ~10% slow against the same binary later, session 45),
+# then rounds in ABBA order (A B, B A, A B, ...) so that a drift of the card's speed hits both
+# sides; the table gives each side's tok/s per round and B / A of the means per KV tier and test.
+#   tools/engine-ab.sh [--rounds N] [-d LIST] [-n N] [-ctk LIST] [-ctv LIST] [--prefill LIST]
+#                      [--no-warm-up] SIDE_A SIDE_B
 #   SIDE: "BIN [NAME=VALUE ...]" as one argument
+#   --prefill LIST: prefill instead of decode, prompts of N tokens in chunks of B for each N[:B]
+#     in LIST (e.g. 8192:2048,512; -ctk's first tier; -r 2 for prompts up to 2048 tokens)
 # e.g. old binary against new (e.g. built from another commit and carried):
 #   tools/engine-ab.sh -d 16384,32768,65536 .dev/old/spillway build-lead/bin/spillway
 # a lab knob on one binary:
@@ -18,6 +22,8 @@ depths=8192,65536
 n_gen=32
 ctk=f16,q8_0,q4_0
 ctv=""
+prefill=""
+warm_up=1
 sides=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -26,7 +32,9 @@ while [ $# -gt 0 ]; do
     -n) n_gen="$2"; shift 2 ;;
     -ctk) ctk="$2"; shift 2 ;;
     -ctv) ctv="$2"; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --prefill) prefill="$2"; shift 2 ;;
+    --no-warm-up) warm_up=0; shift ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     -*) echo "engine-ab: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) sides+=("$1"); shift ;;
   esac
@@ -47,14 +55,42 @@ done
 out=${OUT:-out}
 mkdir -p "$out"
 
+# One side's bench run into a log: decode at the depths, or each prefill of --prefill.
+run_side() {
+  local log=$1
+  shift
+  local words=("$@")
+  if [ -z "$prefill" ]; then
+    env "${words[@]:1}" "${words[0]}" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n "$n_gen" -d "$depths" \
+      -ctk "$ctk" -ctv "$ctv" >"$log" 2>&1
+    return
+  fi
+  : >"$log"
+  local item n b reps rc=0
+  IFS=',' read -ra items <<<"$prefill"
+  for item in "${items[@]}"; do
+    n=${item%%:*}
+    b=$([[ "$item" == *:* ]] && echo "${item#*:}" || echo 512)
+    reps=$([ "$n" -le 2048 ] && echo 2 || echo 1)
+    env "${words[@]:1}" "${words[0]}" bench --synthetic qwen2.5-14b --wtype q8_0 -p "$n" -n 0 -b "$b" -r "$reps" \
+      -ctk "${ctk%%,*}" >>"$log" 2>&1 || rc=$?
+  done
+  return $rc
+}
+
 status=0
+if [ "$warm_up" = 1 ]; then
+  read -ra words <<<"${sides[0]}"
+  "${words[0]}" bench --synthetic qwen2.5-14b --wtype q8_0 -p 8192 -n 0 -b 2048 -ctk f16 >/dev/null 2>&1
+  echo "warm-up done ($SECONDS s)"
+fi
 for ((r = 1; r <= rounds; ++r)); do
-  for i in 0 1; do
+  order=$([ $((r % 2)) -eq 1 ] && echo "0 1" || echo "1 0")
+  for i in $order; do
     label=$([ $i -eq 0 ] && echo a || echo b)
     read -ra words <<<"${sides[$i]}"
     log="$out/ab-$label-$r.log"
-    env "${words[@]:1}" "${words[0]}" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n "$n_gen" -d "$depths" \
-      -ctk "$ctk" -ctv "$ctv" >"$log" 2>&1
+    run_side "$log" "${words[@]}"
     rc=$?
     echo "round $r side $label rc=$rc ($SECONDS s)"
     [ $rc -eq 0 ] || { status=1; tail -3 "$log"; }
@@ -77,13 +113,13 @@ for r in range(1, rounds + 1):
         devices += [l for l in lines if l.startswith("device:")]
         for line in lines:
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cells) < 5 or not cells[2].startswith("tg"):
+            if len(cells) < 5 or not (cells[2].startswith("tg") or cells[2].startswith("pp")):
                 continue
             try:
                 tok_s = float(cells[4].split()[0])  # "mean" or "mean ± sd" (-r)
             except ValueError:
                 continue
-            key = (f"{cells[0]}/{cells[1]}", cells[3])
+            key = (f"{cells[0]}/{cells[1]}", f"{cells[2]} @ {cells[3]}")
             if key not in rows:
                 rows[key] = {"a": [], "b": []}
                 order.append(key)
@@ -92,7 +128,7 @@ print(f"\nA = {side_a}\nB = {side_b}")
 for d in dict.fromkeys(devices):
     print(d)
 print()
-print("| KV | depth | A tok/s by round | B tok/s by round | B / A |")
+print("| KV | test @ depth | A tok/s by round | B tok/s by round | B / A |")
 print("|---|---:|---|---|---:|")
 for key in order:
     a, b = rows[key]["a"], rows[key]["b"]
