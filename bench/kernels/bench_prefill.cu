@@ -487,7 +487,13 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--only") && i + 1 < argc) o.only = argv[++i];
         else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) o.reps = std::max(1, std::atoi(argv[++i]));
-        else if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) o.tokens = (uint32_t)std::atoi(argv[++i]);
+        else if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) {
+            o.tokens = (uint32_t)std::atoi(argv[++i]);
+            if (o.tokens != 512 && o.tokens != 1024 && o.tokens != 2048 && o.tokens != 4096) {
+                std::fprintf(stderr, "bench_prefill: --tokens takes 512, 1024, 2048 or 4096 (the GEMM rows' chunks)\n");
+                return 2;
+            }
+        }
         else {
             std::fprintf(stderr, "usage: bench_prefill [--only SUBSTRING] [--reps N] [--tokens T]\n");
             return 2;

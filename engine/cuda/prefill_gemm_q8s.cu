@@ -84,15 +84,11 @@ __host__ __device__ constexpr uint32_t out_chunk_offset(uint32_t token, uint32_t
     return token * 64 + (((row / 4) ^ ((token / 2) % 4)) * 16) + (row % 4) * 4;
 }
 
-// Where a run of the launch's rows goes: rows [begin, end) (launch-relative, multiples of
-// kRows apart from each other's boundaries) into y [n_tokens][stride], row `begin` at column 0.
-struct SegmentOut {
-    float* y;
-    uint32_t begin, end, stride;
-};
-constexpr int kMaxSegments = 3;  // q | k | v
-// Each segment's y as a tensor map (columns from the segment's row `begin`, n_tokens rows; boxes
-// of 16 x 32) for the epilogue's TMA stores.
+// The launch's rows go to up to 3 outputs (q | k | v): segment i holds rows from
+// Params::seg_begin[i] (launch-relative, multiples of kRows) to the next segment's, written
+// through the tensor map OutMaps::seg[i] (y from that row on: the segment's rows as columns,
+// n_tokens rows; boxes of 16 x 32), which clips rows and tokens past the output.
+constexpr int kMaxSegments = 3;
 struct OutMaps {
     CUtensorMap seg[kMaxSegments];
 };
@@ -101,7 +97,7 @@ struct Params {
     const uint16_t* scales;  // [n_out][n_in / 32] f16, from the launch's first row
     uint32_t n_tokens, n_out, n_in;  // n_out: this launch's rows (kGlu: its features)
     uint32_t n_segments;
-    SegmentOut seg[kMaxSegments];
+    uint32_t seg_begin[kMaxSegments];
     int add_to_y;
     // kGlu: the up row of feature f is gate row f + glu_up_rows; act [n_tokens][act_stride] f16
     // receives silu(gate) * up from column 0 (the launch's first feature).
@@ -406,16 +402,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         // The epilogue: each warp leaves its 16 rows x kBN tokens in chunks of 32 tokens, through
         // two buffers of its own, so that it needs no other warp (kGlu: its partner) and the
         // producer loads the next item's stages meanwhile. A chunk is one TMA store (y +=: a TMA
-        // add in L2) that runs on while the warp goes on: the y traffic of 132 SMs ending their
-        // tiles together no longer stalls them (the whole-tile epilogue through the ring's memory,
-        // before session 45, took 20-30% of a 2048-token GEMM's time).
+        // add in L2) that runs on while the warp goes on, and the rows and tokens past the output
+        // are clipped by the tensor map. (Against the whole-tile epilogue through the ring's memory
+        // before it: equal at 8k, +3.5% at pp512, session 45; what it saves is instructions.)
         const uint32_t token_stop = min((uint32_t)kBN, p.n_tokens - t0);
         const uint32_t warp_row = (warp / 4) * 64 + (warp % 4) * kWarpRows;  // the warp's first tile row
-        uint32_t seg_index = 0;  // the tile's segment (a tile never straddles two)
+        // The tile's segment (a tile never straddles two) and its first row; chosen in an unrolled
+        // loop, as an index into the parameter array would copy it to the stack.
+        uint32_t seg_index = 0, seg_first = p.seg_begin[0];
 #pragma unroll
         for (int i = 1; i < kMaxSegments; ++i)
-            if (i < (int)p.n_segments && r0 >= p.seg[i].begin) seg_index = i;
-        const int32_t seg_col = kGlu ? 0 : (int32_t)(r0 - p.seg[seg_index].begin + warp_row);
+            if (i < (int)p.n_segments && r0 >= p.seg_begin[i]) {
+                seg_index = i;
+                seg_first = p.seg_begin[i];
+            }
+        const int32_t seg_col = kGlu ? 0 : (int32_t)(r0 - seg_first + warp_row);
 #pragma unroll
         for (uint32_t q = 0; q < kBN / kOutTokens; ++q) {
             if (q * kOutTokens >= token_stop) break;  // (the same for every warp of the tile)
@@ -666,7 +667,7 @@ void launch_rows(const CudaMatrix& w, uint32_t row0, uint32_t n_rows, const __ha
                 tensor_map_2d(o.y + (lo - seg_begin), CU_TENSOR_MAP_DATA_TYPE_FLOAT32, hi - lo, n_tokens,
                               (uint64_t)o.y_stride * 4, kWarpRows, kOutTokens, CU_TENSOR_MAP_SWIZZLE_64B,
                               "prefill GEMM (q8s), y");
-            l.p.seg[l.p.n_segments++] = SegmentOut{o.y + (lo - seg_begin), lo - row0, hi - row0, o.y_stride};
+            l.p.seg_begin[l.p.n_segments++] = lo - row0;
         }
         seg_begin = seg_end;
     }
