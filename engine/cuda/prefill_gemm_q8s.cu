@@ -448,7 +448,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 for (uint32_t h = 0; h < 4; ++h) {  // 2 features at a time: the accumulators of later chunks are still live
                     const float2 gv = *reinterpret_cast<const float2*>(gate_buf + out_chunk_offset(token, row + 2 * h));
                     const float2 uv = *reinterpret_cast<const float2*>(up_buf + out_chunk_offset(token, row + 2 * h));
-                    const __half2 pair = __floats2half2_rn(silu_times(gv.x, uv.x), silu_times(gv.y, uv.y));
+                    const __half2 pair =
+                        __floats2half2_rn(silu_times_f16_out(gv.x, uv.x), silu_times_f16_out(gv.y, uv.y));
                     packed[h] = *reinterpret_cast<const uint32_t*>(&pair);
                 }
                 if (q * kOutTokens + token < token_stop)

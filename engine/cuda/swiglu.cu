@@ -19,7 +19,7 @@ __global__ void swiglu_kernel(const float* gate, const float* up, float* out, si
 
 __global__ void swiglu_f16_kernel(const float* gate, const float* up, __half* out, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __float2half_rn(silu_times(gate[i], up[i]));
+        out[i] = __float2half_rn(silu_times_f16_out(gate[i], up[i]));
 }
 
 // n % 4 == 0, 16-byte aligned inputs: four values per thread, one 8-byte store.
@@ -27,8 +27,8 @@ __global__ void swiglu_f16_vec_kernel(const float4* __restrict__ gate, const flo
                                       uint2* __restrict__ out, size_t n4) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
         const float4 g = gate[i], u = up[i];
-        const __half2 lo = __floats2half2_rn(silu_times(g.x, u.x), silu_times(g.y, u.y));
-        const __half2 hi = __floats2half2_rn(silu_times(g.z, u.z), silu_times(g.w, u.w));
+        const __half2 lo = __floats2half2_rn(silu_times_f16_out(g.x, u.x), silu_times_f16_out(g.y, u.y));
+        const __half2 hi = __floats2half2_rn(silu_times_f16_out(g.z, u.z), silu_times_f16_out(g.w, u.w));
         out[i] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
     }
 }
