@@ -58,12 +58,15 @@ constexpr uint32_t kConsumerWarps = 8;
 constexpr int kThreads = (kConsumerWarps + 4) * 32;
 constexpr uint32_t kCodeBytes = kRows * kBK;  // one stage's codes: 128 rows x 64 bytes
 [[maybe_unused]] constexpr uint32_t kEpilogue = 1;  // named barrier of the consumer warps
-[[maybe_unused]] constexpr uint32_t kGluPairBarrier = 2;  // + warp % 4: a gate warp and its up warp
 // The epilogue leaves a warp's 16 rows in chunks of 32 tokens, each through a buffer of its own
 // ([token][16 rows] f32, 64-byte swizzle: TMA's layout for the store) and two buffers per warp.
 constexpr uint32_t kOutTokens = 32;
 constexpr uint32_t kWarpRows = 16;
 constexpr uint32_t kOutChunkBytes = kOutTokens * kWarpRows * 4;
+// kGlu: a warp holds 8 features' gate and up sums and leaves their SwiGLU as f16, all kBN tokens
+// at once, through one buffer of its own ([token][8 features], 16-byte rows: the TMA box).
+constexpr uint32_t kGluWarpFeatures = 8;
+static_assert(kGluWarpFeatures * 256 * 2 <= 2 * kOutChunkBytes, "the SwiGLU buffer fits the warp's two chunk buffers");
 
 template <int kBN>
 struct Layout {
@@ -99,10 +102,10 @@ struct Params {
     uint32_t n_segments;
     uint32_t seg_begin[kMaxSegments];
     int add_to_y;
-    // kGlu: the up row of feature f is gate row f + glu_up_rows; act [n_tokens][act_stride] f16
-    // receives silu(gate) * up from column 0 (the launch's first feature).
-    uint32_t glu_up_rows, act_stride;
-    __half* act;
+    // kGlu: the up row of feature f is gate row f + glu_up_rows; silu(gate) * up goes out as f16
+    // through OutMaps::seg[0] (act from the launch's first feature, boxes of 8 features x kBN
+    // tokens).
+    uint32_t glu_up_rows;
     // The tiles (row blocks x token blocks, the token block fastest) and the last sk_tiles of
     // them cut along k over the first sk_blocks blocks (prefill_gemm_q8s_schedule); partials /
     // flags as in GemmWorkspace.
@@ -172,6 +175,14 @@ __device__ __forceinline__ uint32_t lds_u16(uint32_t addr) {
     uint16_t v;
     asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
     return v;
+}
+// Four 8 x 8 b16 matrices from their mma fragments (register i: matrix i, the thread's row
+// lane / 4, columns 2 (lane % 4), + 1) to shared memory transposed: row r of the transpose of
+// matrix i, 16 bytes, at the address lane i * 8 + r gives.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
 }
 __device__ __forceinline__ uint32_t load_acquire(const uint32_t* flag) {
     uint32_t v;
@@ -249,11 +260,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     const uint32_t tid = threadIdx.x;  // 0..255: the consumer threads
     const uint32_t g = lane / 4, c = lane % 4;
-    const uint32_t row_lo = (warp / 4) * 64 + (warp % 4) * 16 + g;  // the tile's rows row_lo and row_lo + 8
+    // The tile's rows (in the stage's codes) whose fragments the thread converts: wgmma rows g and
+    // g + 8 of the warp's 16. kGlu: the codes hold 64 gate rows, then the same features' 64 up
+    // rows, and warp w of warpgroup h takes feature f = 32 h + 8 w + g's gate row as its row g
+    // and its up row as row g + 8, so that each thread's accumulators hold the gate and up sums
+    // of the same (feature, token) pairs and the SwiGLU needs no other thread's values.
+    const uint32_t glu_feature = (warp / 4) * 32 + (warp % 4) * kGluWarpFeatures + g;  // (kGlu) in the tile
+    const uint32_t row_lo = kGlu ? glu_feature : (warp / 4) * 64 + (warp % 4) * 16 + g;
+    const uint32_t row_hi = kGlu ? glu_feature + 64 : row_lo + 8;
     // Codes of a row: 64 bytes per stage, the 16-byte chunk j stored at chunk j ^ ((row / 2) % 4)
     // (TMA's 64-byte swizzle), so the 8 rows a load instruction touches fall in distinct banks.
-    const uint32_t code_lo = row_lo * kBK, code_hi = (row_lo + 8) * kBK;
-    const uint32_t swz_lo = (row_lo / 2) % 4, swz_hi = ((row_lo + 8) / 2) % 4;
+    const uint32_t code_lo = row_lo * kBK, code_hi = row_hi * kBK;
+    const uint32_t swz_lo = (row_lo / 2) % 4, swz_hi = (row_hi / 2) % 4;
     const uint64_t x_desc = wgmma::smem_desc(smem + L::kXBase, 16, 1024);
     constexpr uint32_t kSlotFloats = kRows * kBN;  // a block's partial
 
@@ -268,11 +286,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
         float acc[kBN / 128][16][4];  // the first stage's wgmmas overwrite it (scale-d 0)
         uint32_t frag0[4][4], frag1[4][4];  // A fragments of two stages: [k16 step][register]
-        // The matrix rows (from the launch's first) whose scales the thread needs: kGlu's warpgroup 1
-        // holds up rows, glu_up_rows after the gate rows of the same features.
-        const uint32_t feature_lo = kGlu ? r0 + row_lo % 64 : r0 + row_lo;
-        const uint32_t matrix_lo = feature_lo + (kGlu && row_lo >= 64 ? p.glu_up_rows : 0);
-        const bool valid_lo = feature_lo < p.n_out, valid_hi = feature_lo + 8 < p.n_out;
+        // The matrix rows (from the launch's first) whose scales the thread needs: kGlu's up row
+        // of a feature is glu_up_rows after its gate row.
+        const uint32_t feature_lo = r0 + row_lo;
+        const uint32_t matrix_lo = feature_lo, matrix_hi = kGlu ? feature_lo + p.glu_up_rows : feature_lo + 8;
+        const bool valid_lo = feature_lo < p.n_out, valid_hi = kGlu ? valid_lo : feature_lo + 8 < p.n_out;
         // Scales come from global memory (L2, mostly) two stages ahead of their use.
         // A row's scales, one u32 (the stage's two f16) per stage, two stages ahead of their use;
         // a row past the matrix reads the first row's (its codes arrive as zeros and its sums are
@@ -280,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t* scale_lo = reinterpret_cast<const uint32_t*>(p.scales) +
                                    (size_t)(valid_lo ? matrix_lo : 0) * (p.n_in / 64) + k0;
         const uint32_t* scale_hi = reinterpret_cast<const uint32_t*>(p.scales) +
-                                   (size_t)(valid_hi ? matrix_lo + 8 : 0) * (p.n_in / 64) + k0;
+                                   (size_t)(valid_hi ? matrix_hi : 0) * (p.n_in / 64) + k0;
         uint32_t scales_lo = __ldg(scale_lo), scales_hi = __ldg(scale_hi);
         uint32_t next_lo = n_kt > 1 ? __ldg(scale_lo + 1) : 0;
         uint32_t next_hi = n_kt > 1 ? __ldg(scale_hi + 1) : 0;
@@ -399,9 +417,41 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         }
 
+        if constexpr (kGlu) {
+            // The SwiGLU epilogue: the thread's gate and up sums of feature f (tokens 2c, 2c + 1 of
+            // each 8) as one half2, which is the thread's part of an 8 x 8 (feature x token) f16
+            // matrix: stmatrix .trans writes the warp's four such matrices of 32 tokens as 32
+            // rows of its 8 features (16 bytes), one row per token, and one TMA store takes the
+            // buffer's kBN rows to act (clipped to the launch's features and the chunk's tokens).
+            uint8_t* const buf = smem + L::kOutBase + warp * 2 * kOutChunkBytes;
+            if (lane == 0) bulk_wait_read<0>();  // this buffer's store from the previous tile has read it
+            __syncwarp();
+            const uint32_t row_at = shared_addr(buf) + lane * 16;  // stmatrix: lane i * 8 + r gives row r of matrix i
+#pragma unroll
+            for (int nb = 0; nb < kBN / 128; ++nb)
+#pragma unroll
+                for (int j0 = 0; j0 < 16; j0 += 4) {
+                    uint32_t h[4];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const float(&a)[4] = acc[nb][j0 + i];
+                        const __half2 v =
+                            __floats2half2_rn(silu_times_f16_out(a[0], a[2]), silu_times_f16_out(a[1], a[3]));
+                        h[i] = *reinterpret_cast<const uint32_t*>(&v);
+                    }
+                    stmatrix_x4_trans(row_at + (nb * 128 + j0 * 8) * 16, h);
+                }
+            // The generic-proxy writes above, before the TMA engine reads them.
+            fence_proxy_async_shared();
+            __syncwarp();
+            if (lane == 0) {
+                tma_store_2d(&out_maps.seg[0], (int32_t)(r0 + glu_feature - g), (int32_t)t0, buf);
+                bulk_commit_group();
+            }
+            continue;
+        }
         // The epilogue: each warp leaves its 16 rows x kBN tokens in chunks of 32 tokens, through
-        // two buffers of its own, so that it needs no other warp (kGlu: its partner) and the
-        // producer loads the next item's stages meanwhile. A chunk is one TMA store (y +=: a TMA
+        // two buffers of its own, so that it needs no other warp and the producer loads the next item's stages meanwhile. A chunk is one TMA store (y +=: a TMA
         // add in L2) that runs on while the warp goes on, and the rows and tokens past the output
         // are clipped by the tensor map. (Against the whole-tile epilogue through the ring's memory
         // before it: equal at 8k, +3.5% at pp512, session 45; what it saves is instructions.)
@@ -416,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 seg_index = i;
                 seg_first = p.seg_begin[i];
             }
-        const int32_t seg_col = kGlu ? 0 : (int32_t)(r0 - seg_first + warp_row);
+        const int32_t seg_col = (int32_t)(r0 - seg_first + warp_row);
 #pragma unroll
         for (uint32_t q = 0; q < kBN / kOutTokens; ++q) {
             if (q * kOutTokens >= token_stop) break;  // (the same for every warp of the tile)
@@ -434,39 +484,14 @@ __global__ void __launch_bounds__(kThreads, 1)
                     *reinterpret_cast<float*>(buf + out_chunk_offset(token, g)) = acc[nb][j][e];
                     *reinterpret_cast<float*>(buf + out_chunk_offset(token, g + 8)) = acc[nb][j][2 + e];
                 }
-            if constexpr (kGlu) {
-                // Warp w holds gate rows and warp w + 4 the up rows of the same 16 features: each
-                // writes the SwiGLU of 16 of the chunk's tokens from both buffers, 8 features (16
-                // bytes of f16) per lane. A buffer is written again two chunks on, after the
-                // partner has passed the next chunk's barrier, i.e. is done reading this one.
-                ws::named_sync(kGluPairBarrier + warp % 4, 64);
-                const uint8_t* gate_buf = smem + L::kOutBase + ((warp % 4) * 2 + (chunk & 1)) * kOutChunkBytes;
-                const uint8_t* up_buf = gate_buf + 4 * 2 * kOutChunkBytes;
-                const uint32_t token = (warp / 4) * 16 + lane / 2, row = (lane % 2) * 8;
-                uint32_t packed[4];
-#pragma unroll
-                for (uint32_t h = 0; h < 4; ++h) {  // 2 features at a time: the accumulators of later chunks are still live
-                    const float2 gv = *reinterpret_cast<const float2*>(gate_buf + out_chunk_offset(token, row + 2 * h));
-                    const float2 uv = *reinterpret_cast<const float2*>(up_buf + out_chunk_offset(token, row + 2 * h));
-                    const __half2 pair =
-                        __floats2half2_rn(silu_times_f16_out(gv.x, uv.x), silu_times_f16_out(gv.y, uv.y));
-                    packed[h] = *reinterpret_cast<const uint32_t*>(&pair);
-                }
-                if (q * kOutTokens + token < token_stop)
-                    *reinterpret_cast<uint4*>(p.act + (size_t)(t0 + q * kOutTokens + token) * p.act_stride + r0 +
-                                              (warp % 4) * kWarpRows + row) =
-                        make_uint4(packed[0], packed[1], packed[2], packed[3]);
-            } else {
-                // The generic-proxy writes above, before the TMA engine reads them.
-                fence_proxy_async_shared();
-                __syncwarp();
-                if (lane == 0) {
-                    const void* map = &out_maps.seg[seg_index];
-                    const int32_t token0 = (int32_t)(t0 + q * kOutTokens);
-                    if (p.add_to_y) tma_add_2d(map, seg_col, token0, buf);
-                    else tma_store_2d(map, seg_col, token0, buf);
-                    bulk_commit_group();
-                }
+            fence_proxy_async_shared();
+            __syncwarp();
+            if (lane == 0) {
+                const void* map = &out_maps.seg[seg_index];
+                const int32_t token0 = (int32_t)(t0 + q * kOutTokens);
+                if (p.add_to_y) tma_add_2d(map, seg_col, token0, buf);
+                else tma_store_2d(map, seg_col, token0, buf);
+                bulk_commit_group();
             }
             ++chunk;
         }
@@ -592,7 +617,7 @@ namespace {
 // (`rows` rows) in boxes of 64 k x box_rows; and its parameters but the outputs.
 struct Launch {
     CUtensorMap x_map, w_map;
-    OutMaps out{};  // (unused by the SwiGLU epilogue)
+    OutMaps out{};
     Params p{};
 };
 Launch launch_for(const CudaMatrix& w, uint32_t row0, uint32_t rows, uint32_t box_rows, const __half* x,
@@ -685,8 +710,8 @@ void launch_glu_features(const CudaMatrix& gate_up, uint32_t f0, uint32_t n_feat
     // From the launch's first gate row to its last up row, in boxes of 64 rows.
     Launch l = launch_for(gate_up, f0, n_ff + n_features, kRows / 2, x, n_tokens, n_features, bn);
     l.p.glu_up_rows = n_ff;
-    l.p.act = act + f0;
-    l.p.act_stride = n_ff;
+    l.out.seg[0] = tensor_map_2d(act + f0, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, n_features, n_tokens, (uint64_t)n_ff * 2,
+                                 kGluWarpFeatures, bn, CU_TENSOR_MAP_SWIZZLE_NONE, "prefill GEMM (q8s), act");
     launch_width<true>(l, bn, workspace, stream);
 }
 
