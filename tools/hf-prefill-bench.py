@@ -2,7 +2,7 @@
 """Prefill speed of spillway against HF transformers, measured in the same run (issue 5).
 
 Runs on the GPU machine (PyTorch + transformers installed, no network needed):
-    python3 tools/hf-prefill-bench.py [--tokens 8192,65536] [--reps 3] [--reps-short 10] [--batch 2048]
+    python3 tools/hf-prefill-bench.py [--tokens 8192,65536] [--reps 3] [--reps-short 10] [--batch 4096]
         [--spillway build-device/bin/spillway] [--ctk f16] [--skip-hf] [--skip-spillway]
 
 spillway: `spillway bench --synthetic qwen2.5-14b --wtype q8_0 -p N -n 0 -b B --json`, one
@@ -128,7 +128,7 @@ def main():
     ap.add_argument("--reps-short", type=int, default=10,
                     help="--reps for prompts of at most 2048 tokens (a 512-token forward is ~0.04 s: three "
                          "of them varied by 15%% between calls), and spillway's -r there")
-    ap.add_argument("--batch", default="2048", help="spillway's prefill chunk (-b); a list is run for each "
+    ap.add_argument("--batch", default="4096", help="spillway's prefill chunk (-b); a list is run for each "
                     "prompt length up to 16k, the last entry beyond")
     ap.add_argument("--ctk", default="f16", help="spillway's KV cache type (-ctk, V the same)")
     ap.add_argument("--spillway", default="build-device/bin/spillway", help="spillway binary")

@@ -60,8 +60,8 @@ cat "$out/bench-prefill.log"
 
 if [ "$hf" = 1 ]; then
   echo
-  echo "== prefill vs HF transformers (tools/hf-prefill-bench.py --batch 2048)"
-  PYTHONUNBUFFERED=1 python3 tools/hf-prefill-bench.py --spillway "$bin/spillway" --batch 2048 >"$out/hf-prefill.log" 2>&1
+  echo "== prefill vs HF transformers (tools/hf-prefill-bench.py --batch 4096, run's long-prompt chunk)"
+  PYTHONUNBUFFERED=1 python3 tools/hf-prefill-bench.py --spillway "$bin/spillway" --batch 4096 >"$out/hf-prefill.log" 2>&1
   echo "hf-prefill-bench rc=$?"
   cat "$out/hf-prefill.log"
 fi

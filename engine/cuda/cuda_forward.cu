@@ -214,6 +214,15 @@ __half* matmul_glu(CudaForwardState& st, const CudaMatrix& gate, uint32_t total_
     return act;
 }
 
+// Whether a chunk's FFN of layer L goes through matmul_glu (f16 SwiGLU into gate|up's memory,
+// then down from it): the test enqueue_forward makes, also used to size gate|up's memory.
+bool chunk_ffn_takes_glu(const CudaForwardState& st, const CudaLayerWeights& L, uint32_t n_ff) {
+    CudaMatrix gate_up = L.ffn_gate;
+    gate_up.n_out = 2 * n_ff;
+    return st.fused_prefill && L.fused_gate_up && prefill_glu_on() && prefill_gemm_reads_codes(L.ffn_down) &&
+           prefill_gemm_reads_codes(gate_up) && prefill_gemm_q8s_swiglu_takes(gate_up);
+}
+
 // Decode with Q8_0 weights: the matvec (q16x for GGUF layout, q8s for the split layout, whose
 // rows are a subset of q16x's) reads its x as int16 blocks (act_quant.cuh) written by x's
 // producer (rmsnorm, swiglu) or by quantize_act_q16_cuda; other weights read f32 x.
@@ -671,9 +680,13 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         } else {
             // The codes GEMM's SwiGLU epilogue writes down's f16 input into gate's space (the f32
             // gate and up are never written); down then reads it there.
-            glu_act = fused_prefill && L.fused_gate_up && prefill_glu_on() && prefill_gemm_reads_codes(L.ffn_down)
-                          ? matmul_glu(st, L.ffn_gate, 2 * F, T, reinterpret_cast<__half*>(gate))
-                          : nullptr;
+            if (fused_prefill && chunk_ffn_takes_glu(st, L, F)) {
+                glu_act = matmul_glu(st, L.ffn_gate, 2 * F, T, reinterpret_cast<__half*>(gate));
+                if (glu_act == nullptr) fail("forward: the SwiGLU GEMM declined a gate|up it takes");
+            } else if (st.gate_up.size() < 2 * (size_t)T * F) {
+                fail("forward: gate|up's memory was sized for the SwiGLU GEMM, which declined layer " +
+                     std::to_string(il));
+            }
             const GemmOutput gate_up_outs[2] = {{gate, F, F}, {up, F, F}};
             if (glu_act == nullptr &&
                 !(L.fused_gate_up &&
@@ -882,18 +895,31 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     st.qkv = DeviceBuffer<float>(T * (qd + kd + vd));
     st.attn = DeviceBuffer<float>(T * ad);
     st.attn_lse = DeviceBuffer<float>(s.n_head);
-    st.gate_up = DeviceBuffer<float>(2 * T * s.n_ff);
-    // The up half is dead while the codes GEMMs run (they write q|k|v and down's f16 input from
-    // the SwiGLU epilogue sits in the gate half): their tiles cut along k keep partials there.
+    // gate|up's memory: one token's f32 gate and up; a chunk's too where some layer writes them
+    // (no SwiGLU GEMM for it). Where every layer's chunk FFN takes the SwiGLU GEMM, only its f16
+    // output (T n_ff halves, down's input) and, after it, the stream-K partials: a quarter of the
+    // f32 pair plus 17 MiB, so that 4096-token chunks keep the scratch under 5% of a 64k f16 KV
+    // (14B shape: 4096-token chunks 8k +6%, 64k +4.6% against 2048, session 46, H100).
+    const bool chunks_write_f32_gate_up =
+        max_tokens > 1 &&
+        !std::all_of(m.layers.begin(), m.layers.end(), [&](const CudaLayerWeights& L) { return chunk_ffn_takes_glu(st, L, s.n_ff); });
+    const bool stream_k = max_tokens > 1 && !lab_knob("SPILLWAY_GEMM_STREAM_K", "0", "1");
+    const size_t glu_floats = (T * s.n_ff / 2 + 3) / 4 * 4;  // the f16 SwiGLU, 16-byte aligned after it
+    const size_t partial_need = stream_k ? prefill_gemm_q8s_partial_floats(st.sm_count) : 0;
+    st.gate_up = DeviceBuffer<float>(chunks_write_f32_gate_up ? 2 * T * s.n_ff
+                                                              : std::max<size_t>(2 * s.n_ff, glu_floats + partial_need));
+    // The partials' part is dead while the codes GEMMs run (they write q|k|v and down's f16 input
+    // from the SwiGLU epilogue sits in front of it): their tiles cut along k keep partials there.
     // Lab: SPILLWAY_GEMM_STREAM_K=0, whole tiles only (the tail wave unbalanced, as before
     // session 44).
     // Chunks too short for that (under ~300 tokens of the 14B shape) get 128 KiB per SM of their own.
-    if (max_tokens > 1 && !lab_knob("SPILLWAY_GEMM_STREAM_K", "0", "1")) {
+    if (stream_k) {
         st.gemm_flags = DeviceBuffer<uint32_t>(st.sm_count);
         SPILLWAY_CUDA_CHECK(cudaMemset(st.gemm_flags.data(), 0, st.gemm_flags.bytes()));
-        const size_t need = prefill_gemm_q8s_partial_floats(st.sm_count);
-        float* partials = st.gate_up.data() + T * s.n_ff;
-        size_t partial_floats = T * s.n_ff;
+        const size_t need = partial_need;
+        const size_t partials_at = chunks_write_f32_gate_up ? T * s.n_ff : glu_floats;
+        float* partials = st.gate_up.data() + partials_at;
+        size_t partial_floats = st.gate_up.size() - partials_at;
         if (partial_floats < need) {
             st.gemm_partials = DeviceBuffer<float>(need);
             partials = st.gemm_partials.data();

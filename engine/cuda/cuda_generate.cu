@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "engine/cuda/cuda_forward.h"
 #include "engine/cuda/cuda_model.h"
+#include "engine/cuda/prefill_gemm_q8s.cuh"
 
 namespace spillway {
 namespace {
@@ -24,6 +25,8 @@ void require_gpu() {
 }
 
 }  // namespace
+
+uint32_t cuda_long_prompt_chunk() { return prefill_gemm_q8s_available() ? 4096 : 2048; }
 
 CudaGenerateStats generate_cuda(const CpuModel& cpu_model, std::span<const int32_t> prompt, uint32_t n_generate,
                                 const SamplerConfig& sampling, const CudaGenerateOptions& opt,

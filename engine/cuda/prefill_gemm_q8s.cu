@@ -720,9 +720,7 @@ void launch_glu_features(const CudaMatrix& gate_up, uint32_t f0, uint32_t n_feat
 bool prefill_gemm_q8s_swiglu_cuda(const CudaMatrix& gate_up, const __half* x, uint32_t n_tokens, __half* act,
                                   cudaStream_t stream, Q8sGemmSplit split, const GemmWorkspace& workspace) {
     const uint32_t n_ff = gate_up.n_out / 2;
-    if (!prefill_gemm_q8s_takes(gate_up) || reinterpret_cast<uintptr_t>(x) % 16 != 0 || gate_up.n_out % 2 != 0 ||
-        n_ff % 64 != 0)
-        return false;
+    if (!prefill_gemm_q8s_swiglu_takes(gate_up) || reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
     if (reinterpret_cast<uintptr_t>(act) % 16 != 0) fail("prefill_gemm_q8s_swiglu_cuda: act must be 16-byte aligned");
     check_workspace(workspace, act, (size_t)n_tokens * n_ff * sizeof(__half), "prefill_gemm_q8s_swiglu_cuda");
     // A tile is 64 gate rows and their 64 up rows: as much work as 128 rows of the plain kernel,
@@ -733,6 +731,10 @@ bool prefill_gemm_q8s_swiglu_cuda(const CudaMatrix& gate_up, const __half* x, ui
     launch_glu_features(gate_up, 0, features_wide, x, n_tokens, act, 256, workspace, stream);
     launch_glu_features(gate_up, features_wide, n_ff - features_wide, x, n_tokens, act, 128, workspace, stream);
     return true;
+}
+
+bool prefill_gemm_q8s_swiglu_takes(const CudaMatrix& gate_up) {
+    return prefill_gemm_q8s_takes(gate_up) && gate_up.n_out % 2 == 0 && (gate_up.n_out / 2) % 64 == 0;
 }
 
 bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_tokens, float* y, bool add_to_y,

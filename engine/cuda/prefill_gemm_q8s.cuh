@@ -100,5 +100,8 @@ bool prefill_gemm_q8s_cuda(const CudaMatrix& w, const __half* x, uint32_t n_toke
 // False (nothing launched) where prefill_gemm_q8s_cuda would decline, or n_ff % 64 != 0.
 bool prefill_gemm_q8s_swiglu_cuda(const CudaMatrix& gate_up, const __half* x, uint32_t n_tokens, __half* act,
                                   cudaStream_t stream, Q8sGemmSplit split = {}, const GemmWorkspace& ws = {});
+// Whether prefill_gemm_q8s_swiglu_cuda takes gate_up (given a 16-byte aligned x): pure, so that a
+// caller can size its buffers for the path it will take.
+bool prefill_gemm_q8s_swiglu_takes(const CudaMatrix& gate_up);
 
 }  // namespace spillway
