@@ -86,7 +86,8 @@ int cmd_run(int argc, char** argv) {
                 "128");
     args.option({"-c", "--ctx-size"}, "N", "context size in tokens (prompt + generated)", "4096, at most the training context");
     args.option({"-b", "--batch-size"}, "N", "prefill chunk size",
-                "512; with --device cuda 4096 for prompts over 4096 tokens (2048 without the sm_90a GEMMs)");
+                "512; with --device cuda 4096 for prompts over 4096 tokens (2048 where the FFN does not run "
+                "through the Hopper SwiGLU GEMM)");
     args.option({"-ctk", "--cache-type-k"}, "T", "K cache type: f16, q8_0, q4_0", "f16");
     args.option({"-ctv", "--cache-type-v"}, "T", "V cache type: f16, q8_0, q4_0", "f16");
     args.option({"-s", "--seed"}, "S", "sampling seed", "random");
@@ -233,8 +234,8 @@ example: spillway run -m tiny.gguf -p "Once upon a time" -n 64 --temp 0)");
         // Long prompts prefill faster in larger chunks (2048 against 512: 1.4x at 8k, "Run P2-1";
         // 4096 against 2048: +6% at 8k, +4.6% at 64k, session 46, docs/perf-notes.md); the
         // scratch stays inside the planner's compute reserve.
-        const int64_t cuda_batch =
-            args.has("--batch-size") || prompt.size() <= 4096 ? batch : (int64_t)cuda_long_prompt_chunk();
+        // 0: the engine's long-prompt chunk for this model (cuda_long_prompt_chunk).
+        const int64_t cuda_batch = args.has("--batch-size") || prompt.size() <= 4096 ? batch : 0;
         const uint32_t chunk = (uint32_t)std::min<int64_t>(cuda_batch, (int64_t)prompt.size());
         CudaGenerateOptions copt{n_ctx, chunk, k_type, v_type, !json};
         // --resident-cells (tests, experiments) wins over the plan's window.

@@ -215,13 +215,21 @@ __half* matmul_glu(CudaForwardState& st, const CudaMatrix& gate, uint32_t total_
 }
 
 // Whether a chunk's FFN of layer L goes through matmul_glu (f16 SwiGLU into gate|up's memory,
-// then down from it): the test enqueue_forward makes, also used to size gate|up's memory.
-bool chunk_ffn_takes_glu(const CudaForwardState& st, const CudaLayerWeights& L, uint32_t n_ff) {
+// then down from it) in a state with fused_prefill: the test enqueue_forward makes, also used
+// to size gate|up's memory.
+bool chunk_ffn_takes_glu(bool fused_prefill, const CudaLayerWeights& L, uint32_t n_ff) {
     CudaMatrix gate_up = L.ffn_gate;
     gate_up.n_out = 2 * n_ff;
-    return st.fused_prefill && L.fused_gate_up && prefill_glu_on() && prefill_gemm_reads_codes(L.ffn_down) &&
+    return fused_prefill && L.fused_gate_up && prefill_glu_on() && prefill_gemm_reads_codes(L.ffn_down) &&
            prefill_gemm_reads_codes(gate_up) && prefill_gemm_q8s_swiglu_takes(gate_up);
 }
+bool every_chunk_ffn_takes_glu(bool fused_prefill, const CudaModel& m) {
+    return std::all_of(m.layers.begin(), m.layers.end(),
+                       [&](const CudaLayerWeights& L) { return chunk_ffn_takes_glu(fused_prefill, L, m.spec.n_ff); });
+}
+// SPILLWAY_PREFILL_FUSED=0 (lab): f32 producer outputs, a conversion pass, separate bias / RoPE /
+// K/V launches.
+bool prefill_fused_on() { return !lab_knob("SPILLWAY_PREFILL_FUSED", "0", "1"); }
 
 // Decode with Q8_0 weights: the matvec (q16x for GGUF layout, q8s for the split layout, whose
 // rows are a subset of q16x's) reads its x as int16 blocks (act_quant.cuh) written by x's
@@ -680,7 +688,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         } else {
             // The codes GEMM's SwiGLU epilogue writes down's f16 input into gate's space (the f32
             // gate and up are never written); down then reads it there.
-            if (fused_prefill && chunk_ffn_takes_glu(st, L, F)) {
+            if (chunk_ffn_takes_glu(fused_prefill, L, F)) {
                 glu_act = matmul_glu(st, L.ffn_gate, 2 * F, T, reinterpret_cast<__half*>(gate));
                 if (glu_act == nullptr) fail("forward: the SwiGLU GEMM declined a gate|up it takes");
             } else if (st.gate_up.size() < 2 * (size_t)T * F) {
@@ -880,7 +888,7 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     // With the fused prefill a chunk's norms write only the GEMMs' f16 input: f32 normed rows are
     // written for one decode token and the head's rows (the last one unless all logits are
     // wanted). 40 MiB less scratch at 2048-token chunks of the 14B shape.
-    st.fused_prefill = !lab_knob("SPILLWAY_PREFILL_FUSED", "0", "1");
+    st.fused_prefill = prefill_fused_on();
     // Off by default: measured a net loss (session 28: the fused code in the plain instance
     // slowed every GEMV ~2.5%; session 29, as its own instance: norms still 1-2.3% slower than
     // the separate launches; down forming SwiGLU itself is slower still: every block redoes
@@ -900,9 +908,7 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     // output (T n_ff halves, down's input) and, after it, the stream-K partials: a quarter of the
     // f32 pair plus 17 MiB, so that 4096-token chunks keep the scratch under 5% of a 64k f16 KV
     // (14B shape: 4096-token chunks 8k +6%, 64k +4.6% against 2048, session 46, H100).
-    const bool chunks_write_f32_gate_up =
-        max_tokens > 1 &&
-        !std::all_of(m.layers.begin(), m.layers.end(), [&](const CudaLayerWeights& L) { return chunk_ffn_takes_glu(st, L, s.n_ff); });
+    const bool chunks_write_f32_gate_up = max_tokens > 1 && !every_chunk_ffn_takes_glu(st.fused_prefill, m);
     const bool stream_k = max_tokens > 1 && !lab_knob("SPILLWAY_GEMM_STREAM_K", "0", "1");
     const size_t glu_floats = (T * s.n_ff / 2 + 3) / 4 * 4;  // the f16 SwiGLU, 16-byte aligned after it
     const size_t partial_need = stream_k ? prefill_gemm_q8s_partial_floats(st.sm_count) : 0;
@@ -1023,6 +1029,8 @@ bool set_cuda_decode_layer(CudaForwardState& st, const CudaModel& m, bool on) {
     }
     return true;
 }
+
+uint32_t cuda_long_prompt_chunk(const CudaModel& m) { return every_chunk_ffn_takes_glu(prefill_fused_on(), m) ? 4096 : 2048; }
 
 uint64_t cuda_forward_scratch_bytes(const CudaForwardState& st) {
     return st.x.bytes() + st.xn.bytes() + st.proj.bytes() + st.qkv.bytes() + st.attn.bytes() + st.attn_lse.bytes() +

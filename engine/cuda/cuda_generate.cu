@@ -8,7 +8,6 @@
 #include "common/error.h"
 #include "engine/cuda/cuda_forward.h"
 #include "engine/cuda/cuda_model.h"
-#include "engine/cuda/prefill_gemm_q8s.cuh"
 
 namespace spillway {
 namespace {
@@ -26,8 +25,6 @@ void require_gpu() {
 
 }  // namespace
 
-uint32_t cuda_long_prompt_chunk() { return prefill_gemm_q8s_available() ? 4096 : 2048; }
-
 CudaGenerateStats generate_cuda(const CpuModel& cpu_model, std::span<const int32_t> prompt, uint32_t n_generate,
                                 const SamplerConfig& sampling, const CudaGenerateOptions& opt,
                                 const TokenSink& on_token, const LogitsSink& on_logits) {
@@ -41,7 +38,8 @@ CudaGenerateStats generate_cuda(const CpuModel& cpu_model, std::span<const int32
     const uint32_t V = model.spec.n_vocab;
 
     CudaKvCache cache = make_cuda_kv_cache(model, opt.n_ctx, opt.k_type, opt.v_type, opt.resident_cells);
-    const uint32_t chunk = std::max<uint32_t>(1, std::min<uint32_t>(opt.batch, (uint32_t)prompt.size()));
+    const uint32_t batch = opt.batch != 0 ? opt.batch : cuda_long_prompt_chunk(model);
+    const uint32_t chunk = std::max<uint32_t>(1, std::min<uint32_t>(batch, (uint32_t)prompt.size()));
     CudaForwardState st;
     init_cuda_forward_state(st, model, chunk, on_logits != nullptr, opt.n_ctx);
     const bool greedy = sampling.temperature <= 0 && sampling.repeat_penalty == 1.0f;

@@ -16,7 +16,7 @@ namespace spillway {
 
 struct CudaGenerateOptions {
     uint32_t n_ctx = 4096;
-    uint32_t batch = 512;          // prefill chunk
+    uint32_t batch = 512;          // prefill chunk; 0: cuda_long_prompt_chunk for the model (cuda_forward.h)
     KvType k_type = KvType::f16;
     KvType v_type = KvType::f16;
     bool show_progress = true;     // upload progress bar (on a terminal)
@@ -34,13 +34,6 @@ struct CudaGenerateStats {
     uint64_t spilled_bytes = 0;    // KV bytes in the pinned host tail (all layers, K + V)
     uint64_t staging_bytes = 0;    // VRAM of the spill's staging buffers (counts against the budget)
 };
-
-// The prefill chunk for prompts over 4096 tokens when the user gives none: 4096 where the
-// chunk GEMMs read Q8_0 codes (sm_90a kernels on an sm_90 GPU: the FFN's f32 gate and up are
-// never held, so the scratch stays near 120 KB per token of the 14B shape), else 2048.
-// Measured (session 46, H100, 14B shape, f16 KV): 4096 against 2048 +6% at 8k, +4.6% at 64k;
-// 8192 only +2% at 8k. Throws without a GPU.
-uint32_t cuda_long_prompt_chunk();
 
 // Called with each sampled token; return false to stop (end of generation).
 using TokenSink = std::function<bool(int32_t token)>;

@@ -405,14 +405,14 @@ TEST(CudaForward, ScratchIsUnderFivePercentOfTheKvAt64k) {
     }
     // The chunk `run` takes for long prompts: with the SwiGLU GEMM the FFN's f32 gate and up are
     // never held, only its f16 output.
-    const uint32_t chunk = cuda_long_prompt_chunk();
+    const uint32_t chunk = cuda_long_prompt_chunk(m);
     CudaForwardState st;
     init_cuda_forward_state(st, m, chunk, false, n_ctx);
     const double scratch = (double)cuda_forward_scratch_bytes(st), kv = kv_bytes_at(KvType::f16);
     std::printf("  %u-token chunks: scratch %.1f MiB = %.2f%% of the f16 KV (%.0f MiB), %.2f%% of q8_0's\n", chunk,
                 scratch / 1048576, 100 * scratch / kv, kv / 1048576, 100 * scratch / kv_bytes_at(KvType::q8_0));
     EXPECT_LT(scratch, 0.05 * kv);
-    const double ffn_out = prefill_gemm_q8s_available() ? 2.0 * m.spec.n_ff : 2 * 4.0 * m.spec.n_ff;
+    const double ffn_out = chunk == 4096 ? 2.0 * m.spec.n_ff : 2 * 4.0 * m.spec.n_ff;
     EXPECT_GE(scratch, chunk * (m.spec.n_embd * 4.0 + ffn_out)) << "x and the FFN's output at least";
     // A prefill at that chunk over a quantized cache: its f16 pieces live in gate|up's memory
     // (shrunk to fit it) and the scratch stays under 5% of the f16 KV.
