@@ -224,8 +224,9 @@ bool chunk_ffn_takes_glu(bool fused_prefill, const CudaLayerWeights& L, uint32_t
            prefill_gemm_reads_codes(gate_up) && prefill_gemm_q8s_swiglu_takes(gate_up);
 }
 bool every_chunk_ffn_takes_glu(bool fused_prefill, const CudaModel& m) {
-    return std::all_of(m.layers.begin(), m.layers.end(),
-                       [&](const CudaLayerWeights& L) { return chunk_ffn_takes_glu(fused_prefill, L, m.spec.n_ff); });
+    return std::all_of(m.layers.begin(), m.layers.end(), [&](const CudaLayerWeights& L) {
+        return chunk_ffn_takes_glu(fused_prefill, L, m.spec.n_ff);
+    });
 }
 // SPILLWAY_PREFILL_FUSED=0 (lab): f32 producer outputs, a conversion pass, separate bias / RoPE /
 // K/V launches.
@@ -1030,7 +1031,9 @@ bool set_cuda_decode_layer(CudaForwardState& st, const CudaModel& m, bool on) {
     return true;
 }
 
-uint32_t cuda_long_prompt_chunk(const CudaModel& m) { return every_chunk_ffn_takes_glu(prefill_fused_on(), m) ? 4096 : 2048; }
+uint32_t cuda_long_prompt_chunk(const CudaModel& m) {
+    return every_chunk_ffn_takes_glu(prefill_fused_on(), m) ? 4096 : 2048;
+}
 
 uint64_t cuda_forward_scratch_bytes(const CudaForwardState& st) {
     return st.x.bytes() + st.xn.bytes() + st.proj.bytes() + st.qkv.bytes() + st.attn.bytes() + st.attn_lse.bytes() +
