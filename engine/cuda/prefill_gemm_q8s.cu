@@ -451,9 +451,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             continue;
         }
         // The epilogue: each warp leaves its 16 rows x kBN tokens in chunks of 32 tokens, through
-        // two buffers of its own, so that it needs no other warp and the producer loads the next item's stages meanwhile. A chunk is one TMA store (y +=: a TMA
-        // add in L2) that runs on while the warp goes on, and the rows and tokens past the output
-        // are clipped by the tensor map. (Against the whole-tile epilogue through the ring's memory
+        // two buffers of its own, so that it needs no other warp and the producer loads the next
+        // item's stages meanwhile. A chunk is one TMA store (y +=: a TMA add in L2) that runs on
+        // while the warp goes on, and the rows and tokens past the output are clipped by the
+        // tensor map. (Against the whole-tile epilogue through the ring's memory
         // before it: equal at 8k, +3.5% at pp512, session 45; what it saves is instructions.)
         const uint32_t token_stop = min((uint32_t)kBN, p.n_tokens - t0);
         const uint32_t warp_row = (warp / 4) * 64 + (warp % 4) * kWarpRows;  // the warp's first tile row
