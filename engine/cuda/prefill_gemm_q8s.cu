@@ -199,9 +199,10 @@ __device__ __forceinline__ uint64_t global_ns() {
 }
 #endif
 
-// Persistent: each block runs the items of its BlockWork. kGlu: warpgroup 0 multiplies 64 gate
-// rows and warpgroup 1 the 64 up rows of the same features, and the epilogue writes the SwiGLU
-// of the pair as f16 (swiglu_f16_cuda's bits): the FFN's f32 gate and up never reach memory.
+// Persistent: each block runs the items of its BlockWork. kGlu: a tile is 64 features' gate rows
+// and their up rows, each thread multiplies one feature's gate and up row (warpgroup h features
+// 32 h .. 32 h + 31), and the epilogue writes their SwiGLU as f16 (swiglu_f16_cuda's bits): the
+// FFN's f32 gate and up never reach memory.
 template <int kBN, bool kGlu = false>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_gemm_q8s_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
