@@ -234,10 +234,10 @@ example: spillway run -m tiny.gguf -p "Once upon a time" -n 64 --temp 0)");
         // Long prompts prefill faster in larger chunks (2048 against 512: 1.4x at 8k, "Run P2-1";
         // 4096 against 2048: +6% at 8k, +4.6% at 64k, session 46, docs/perf-notes.md); the
         // scratch stays inside the planner's compute reserve.
-        // 0: the engine's long-prompt chunk for this model (cuda_long_prompt_chunk).
-        const int64_t cuda_batch = args.has("--batch-size") || prompt.size() <= 4096 ? batch : 0;
-        const uint32_t chunk = (uint32_t)std::min<int64_t>(cuda_batch, (int64_t)prompt.size());
-        CudaGenerateOptions copt{n_ctx, chunk, k_type, v_type, !json};
+        // 0: the engine's long-prompt chunk for this model (cuda_long_prompt_chunk); generate_cuda
+        // caps the chunk at the prompt.
+        const uint32_t cuda_batch = args.has("--batch-size") || prompt.size() <= 4096 ? (uint32_t)batch : 0;
+        CudaGenerateOptions copt{n_ctx, cuda_batch, k_type, v_type, !json};
         // --resident-cells (tests, experiments) wins over the plan's window.
         copt.resident_cells = (uint32_t)args.get_int("--resident-cells", 1, UINT32_MAX)
                                   .value_or(std::min<uint64_t>(resident_cells, n_ctx));

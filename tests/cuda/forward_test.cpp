@@ -24,7 +24,6 @@
 #include "engine/cuda/cuda_model.h"
 #include "engine/cuda/cuda_prefill.cuh"
 #include "engine/cuda/decode_layer.cuh"
-#include "engine/cuda/prefill_gemm_q8s.cuh"
 #include "model/make_model.h"
 #include "cuda_test_models.h"
 
