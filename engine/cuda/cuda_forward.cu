@@ -232,6 +232,21 @@ bool every_chunk_ffn_takes_glu(bool fused_prefill, const CudaModel& m) {
 // K/V launches.
 bool prefill_fused_on() { return !lab_knob("SPILLWAY_PREFILL_FUSED", "0", "1"); }
 
+// Whether a fused chunk's q|k|v GEMM of layer L does the post-QKV work in its epilogue
+// (prefill_gemm_q8s_qkv_rope_cuda): f16 K and V written straight into a resident cache, NeoX
+// RoPE over whole 128-dim heads (with the forward's rope table). Elsewhere qkv_post_cuda does it
+// (quantized tiers quantize whole 32-value blocks of a token, which the GEMM's threads do not
+// hold). SPILLWAY_PREFILL_QKV_ROPE=0 (lab): always qkv_post_cuda.
+bool chunk_qkv_takes_rope(const CudaModel& m, const CudaLayerWeights& L, KvType k_type, KvType v_type) {
+    static const bool off = lab_knob("SPILLWAY_PREFILL_QKV_ROPE", "0", "1");
+    const ModelSpec& s = m.spec;
+    CudaMatrix wqkv = L.wq;
+    wqkv.n_out = s.n_head * s.head_dim_k + m.n_head_kv * (s.head_dim_k + s.head_dim_v);
+    return !off && L.fused_qkv && k_type == KvType::f16 && v_type == KvType::f16 &&
+           m.rope_dev.neox && m.rope_dev.n_dims == s.head_dim_k && s.head_dim_k == s.head_dim_v &&
+           prefill_gemm_reads_codes(wqkv) && prefill_gemm_q8s_qkv_rope_takes(wqkv, s.n_head, m.n_head_kv, s.head_dim_k);
+}
+
 // Decode with Q8_0 weights: the matvec (q16x for GGUF layout, q8s for the split layout, whose
 // rows are a subset of q16x's) reads its x as int16 blocks (act_quant.cuh) written by x's
 // producer (rmsnorm, swiglu) or by quantize_act_q16_cuda; other weights read f32 x.
@@ -497,6 +512,9 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                   m.rope_dev.n_dims == s.head_dim_k && s.head_dim_k == s.head_dim_v &&
                                   L.wq.q8_scales != nullptr && L.fused_qkv &&
                                   matvec_q8s_qkv_rope_fits(s.n_head, nkv, s.head_dim_k, L.wq.n_in);
+        // A fused chunk over a resident f16 cache: q|k|v's GEMM does the post-QKV work itself.
+        const bool qkv_rope_gemm = fused_prefill && !spilled && rope_table != nullptr &&
+                                   chunk_qkv_takes_rope(m, L, cache.k_type, cache.v_type);
         if (decode_layer && il > 0) {
             // q|k|v came out of the previous layer's kernel.
         } else if (qkv_epilogue) {
@@ -520,6 +538,17 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             matvec_decode(st, L.wq, qd, xn, q);
             matvec_decode(st, L.wk, kd, xn, k);
             matvec_decode(st, L.wv, vd, xn, v, GemvSite::qkv);
+        } else if (qkv_rope_gemm) {
+            CudaMatrix wqkv = L.wq;
+            wqkv.n_out = qd + kd + vd;
+            const QkvRopeChunk out{q,
+                                   reinterpret_cast<__half*>(cache.k[il] + (uint64_t)pos0 * kv_row_bytes(cache.k_type, kd)),
+                                   reinterpret_cast<__half*>(cache.v[il] + (uint64_t)pos0 * kv_row_bytes(cache.v_type, vd)),
+                                   L.bqkv, rope_table, s.n_head, nkv};
+            if (!prefill_gemm_q8s_qkv_rope_cuda(wqkv, st.act_f16.data(), T, out, stream, {},
+                                                st.prefill_gemm.gemm_workspace))
+                fail("enqueue_forward: the q|k|v GEMM declined the bias / RoPE / K/V epilogue it takes");
+            op_times_mark("gemm q|k|v + bias + rope + kv write", stream);
         } else {
             const GemmOutput qkv_outs[3] = {{q, qd, qd}, {k, kd, kd}, {v, vd, vd}};
             if (!(L.fused_qkv && matmul_merged(st, L.wq, qd + kd + vd, xn, T, qkv_outs, "gemm q|k|v", fused_prefill))) {
@@ -530,15 +559,15 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         }
         // Bias, RoPE and the K/V write in one launch (qkv_post.cuh); the spilled path writes K/V
         // itself, so it gets only bias and RoPE.
-        const bool post_fused = !qkv_epilogue && (T == 1 || fused_prefill) && qkv_post_fits(m) && T <= 65535;  // grid.y
+        const bool post_fused = !qkv_epilogue && !qkv_rope_gemm && (T == 1 || fused_prefill) && qkv_post_fits(m) && T <= 65535;  // grid.y
         // One token over a resident range the split kernel takes in several splits (f16 K, 65
         // to 16383 cells): the attention kernel itself does the bias, RoPE and the new cell's
         // K/V write (attention.cuh, AttentionPostQkv).
         const bool post_in_attention = T == 1 && post_fused && !spilled && rope_table != nullptr &&
                                        post_qkv_in_attention() &&
                                        attention_takes_post_qkv(shape, cache.k_type, cache.v_type, pos0 + 1, st.sm_count);
-        if (post_in_attention || qkv_epilogue) {
-            // Nothing here: see the attention call below, or done in the q|k|v GEMV.
+        if (post_in_attention || qkv_epilogue || qkv_rope_gemm) {
+            // Nothing here: see the attention call below, or done in the q|k|v GEMV or GEMM.
         } else if (post_fused) {
             const bool write_kv = !spilled;
             qkv_post_cuda(QkvPostShape{s.n_head, nkv, s.head_dim_k}, m.rope_dev, q, k, v, L.bqkv, T,
@@ -557,7 +586,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         }
         if (T == 1 && !post_fused && !qkv_epilogue) {
             rope_cuda(m.rope_dev, q, 1, s.n_head + nkv, s.head_dim_k, st.positions.data(), stream);  // q and k heads
-        } else if (T > 1 && !post_fused) {
+        } else if (T > 1 && !post_fused && !qkv_rope_gemm) {
             rope_cuda(m.rope_dev, q, T, s.n_head, s.head_dim_k, st.positions.data(), stream);
             rope_cuda(m.rope_dev, k, T, nkv, s.head_dim_k, st.positions.data(), stream);
             op_times_mark("rope", stream);
@@ -601,7 +630,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                    !fused && (!norm_chain || (norm_chain_wo_mode() & 2) != 0));
             if (st.attn_timeline != nullptr) attention_lab_timeline(nullptr);
         } else {
-            if (!post_fused) {
+            if (!post_fused && !qkv_rope_gemm) {
                 kv_write_cuda(cache.k_type, k, cache.k[il], pos0, T, kd, stream);
                 kv_write_cuda(cache.v_type, v, cache.v[il], pos0, T, vd, stream);
                 op_times_mark("kv write", stream);
