@@ -176,10 +176,13 @@ void matmul(CudaForwardState& st, const CudaMatrix& w, const float* x, uint32_t 
 // separate buffers: fewer, fuller waves than one launch per matrix (k and v alone fill 64-128
 // blocks). False, with nothing launched, where the codes GEMM does not take the group.
 // Lab: SPILLWAY_PREFILL_GEMM_MERGE=0, one launch per matrix.
+bool prefill_gemm_merge_on() {
+    static const bool separate = lab_knob("SPILLWAY_PREFILL_GEMM_MERGE", "0", "1");
+    return !separate;
+}
 bool matmul_merged(CudaForwardState& st, const CudaMatrix& first, uint32_t total_rows, const float* x, uint32_t n_tokens,
                    std::span<const GemmOutput> outs, const char* op_label, bool x_is_f16) {
-    static const bool separate = lab_knob("SPILLWAY_PREFILL_GEMM_MERGE", "0", "1");
-    if (separate || n_tokens < 2) return false;
+    if (!prefill_gemm_merge_on() || n_tokens < 2) return false;
     CudaMatrix all = first;
     all.n_out = total_rows;
     if (!prefill_gemm_reads_codes(all)) return false;
@@ -236,13 +239,14 @@ bool prefill_fused_on() { return !lab_knob("SPILLWAY_PREFILL_FUSED", "0", "1"); 
 // (prefill_gemm_q8s_qkv_rope_cuda): f16 K and V written straight into a resident cache, NeoX
 // RoPE over whole 128-dim heads (with the forward's rope table). Elsewhere qkv_post_cuda does it
 // (quantized tiers quantize whole 32-value blocks of a token, which the GEMM's threads do not
-// hold). SPILLWAY_PREFILL_QKV_ROPE=0 (lab): always qkv_post_cuda.
+// hold). SPILLWAY_PREFILL_QKV_ROPE=0 (lab): always qkv_post_cuda; so too with
+// SPILLWAY_PREFILL_GEMM_MERGE=0 (a launch per matrix).
 bool chunk_qkv_takes_rope(const CudaModel& m, const CudaLayerWeights& L, KvType k_type, KvType v_type) {
     static const bool off = lab_knob("SPILLWAY_PREFILL_QKV_ROPE", "0", "1");
     const ModelSpec& s = m.spec;
     CudaMatrix wqkv = L.wq;
     wqkv.n_out = s.n_head * s.head_dim_k + m.n_head_kv * (s.head_dim_k + s.head_dim_v);
-    return !off && L.fused_qkv && k_type == KvType::f16 && v_type == KvType::f16 &&
+    return !off && prefill_gemm_merge_on() && L.fused_qkv && k_type == KvType::f16 && v_type == KvType::f16 &&
            m.rope_dev.neox && m.rope_dev.n_dims == s.head_dim_k && s.head_dim_k == s.head_dim_v &&
            prefill_gemm_reads_codes(wqkv) && prefill_gemm_q8s_qkv_rope_takes(wqkv, s.n_head, m.n_head_kv, s.head_dim_k);
 }
