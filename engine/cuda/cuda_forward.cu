@@ -234,6 +234,10 @@ bool every_chunk_ffn_takes_glu(bool fused_prefill, const CudaModel& m) {
 // SPILLWAY_PREFILL_FUSED=0 (lab): f32 producer outputs, a conversion pass, separate bias / RoPE /
 // K/V launches.
 bool prefill_fused_on() { return !lab_knob("SPILLWAY_PREFILL_FUSED", "0", "1"); }
+// SPILLWAY_PREFILL_GEMM_ADDS=0 (lab): a chunk's wo and down write proj (T rows) and the next
+// RMSNorm adds it to the stream, instead of the GEMMs adding into x (a TMA add in L2 for the
+// codes GEMM, beta = 1 for cuBLAS).
+bool prefill_gemm_adds_on() { return !lab_knob("SPILLWAY_PREFILL_GEMM_ADDS", "0", "1"); }
 
 // Whether a fused chunk's q|k|v GEMM of layer L does the post-QKV work in its epilogue
 // (prefill_gemm_q8s_qkv_rope_cuda): f16 K and V written straight into a resident cache, NeoX
@@ -464,7 +468,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     float* proj = st.proj.data();
     // A chunk's wo and down GEMMs add into x themselves (cuBLAS beta = 1); one token's land in
     // proj, which the next norm adds (or the fused / chained paths handle themselves).
-    const bool gemm_adds = T > 1;
+    const bool gemm_adds = T > 1 && prefill_gemm_adds_on();
     float* const wo_down_out = gemm_adds ? x : proj;
     const float* const norm_add = gemm_adds ? nullptr : proj;
     float* q = st.qkv.data();
@@ -777,7 +781,8 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         op_times_mark("head", stream);
         return;
     }
-    rmsnorm_cuda(x + (size_t)first * E, decode_layer || fused ? nullptr : norm_add, m.output_norm, xn,
+    const float* const head_add = decode_layer || fused || norm_add == nullptr ? nullptr : norm_add + (size_t)first * E;
+    rmsnorm_cuda(x + (size_t)first * E, head_add, m.output_norm, xn,
                  n_out, E, s.norm_eps, stream, takes_q16(m.output, T) ? act_q16(st) : ActQ16{});
     if (takes_q16(m.output, T)) matvec_decode(st, m.output, m.output.n_out, xn, st.logits.data(), GemvSite::head);
     else matmul(st, m.output, xn, n_out, st.logits.data(), "head");
@@ -933,7 +938,7 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     st.xn = DeviceBuffer<float>((st.fused_prefill && !all_logits ? 1 : T) * s.n_embd);
     // One token's wo / down output before its residual add (and the norm chain's hand-over
     // stage); a chunk's wo and down GEMMs add into x themselves.
-    st.proj = DeviceBuffer<float>(s.n_embd);
+    st.proj = DeviceBuffer<float>((prefill_gemm_adds_on() ? 1 : T) * s.n_embd);
     st.qkv = DeviceBuffer<float>(T * (qd + kd + vd));
     st.attn = DeviceBuffer<float>(T * ad);
     st.attn_lse = DeviceBuffer<float>(s.n_head);
