@@ -192,6 +192,24 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t 
                  "r"(r[1]), "r"(r[2]), "r"(r[3])
                  : "memory");
 }
+// A warp's 8 rows (features, head dims) x 128 tokens of one f16 output: value(a) makes the half2
+// of the thread's row for tokens 2c, 2c + 1 of each 8 from that fragment's four accumulators a,
+// which is the thread's part of an 8 x 8 (row x token) matrix; stmatrix .trans writes the four
+// such matrices of each 32 tokens as one 16-byte line per token (the TMA box's layout) from
+// row_at, the buffer + lane * 16 (lane i * 8 + r gives line r of matrix i).
+template <typename Value>
+__device__ __forceinline__ void stmatrix_128_tokens(uint32_t row_at, const float (&acc)[16][4], Value&& value) {
+#pragma unroll
+    for (int j0 = 0; j0 < 16; j0 += 4) {
+        uint32_t h[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const __half2 v = value(acc[j0 + i]);
+            h[i] = *reinterpret_cast<const uint32_t*>(&v);
+        }
+        stmatrix_x4_trans(row_at + j0 * 8 * 16, h);
+    }
+}
 __device__ __forceinline__ uint32_t load_acquire(const uint32_t* flag) {
     uint32_t v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
@@ -287,18 +305,9 @@ __device__ __forceinline__ void rope_epilogue(float (&acc)[kBN / 128][16][4], co
 #pragma unroll
             for (uint32_t half = 0; half < 2; ++half)
                 put_piece(half, nb * 128, [&](uint8_t* b) {
-                    const uint32_t row_at = shared_addr(b) + lane * 16;  // stmatrix: lane i * 8 + r gives row r of matrix i
-#pragma unroll
-                    for (int j0 = 0; j0 < 16; j0 += 4) {
-                        uint32_t h[4];
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            const float(&a)[4] = acc[nb][j0 + i];
-                            const __half2 v = __floats2half2_rn(a[2 * half], a[2 * half + 1]);
-                            h[i] = *reinterpret_cast<const uint32_t*>(&v);
-                        }
-                        stmatrix_x4_trans(row_at + j0 * 8 * 16, h);
-                    }
+                    stmatrix_128_tokens(shared_addr(b) + lane * 16, acc[nb], [&](const float(&a)[4]) {
+                        return __floats2half2_rn(a[2 * half], a[2 * half + 1]);
+                    });
                 });
         }
     } else {
@@ -566,21 +575,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             uint8_t* const buf = smem + L::kOutBase + warp * 2 * kOutChunkBytes;
             if (lane == 0) bulk_wait_read<0>();  // this buffer's store from the previous tile has read it
             __syncwarp();
-            const uint32_t row_at = shared_addr(buf) + lane * 16;  // stmatrix: lane i * 8 + r gives row r of matrix i
 #pragma unroll
             for (int nb = 0; nb < kBN / 128; ++nb)
-#pragma unroll
-                for (int j0 = 0; j0 < 16; j0 += 4) {
-                    uint32_t h[4];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const float(&a)[4] = acc[nb][j0 + i];
-                        const __half2 v =
-                            __floats2half2_rn(silu_times_f16_out(a[0], a[2]), silu_times_f16_out(a[1], a[3]));
-                        h[i] = *reinterpret_cast<const uint32_t*>(&v);
-                    }
-                    stmatrix_x4_trans(row_at + (nb * 128 + j0 * 8) * 16, h);
-                }
+                stmatrix_128_tokens(shared_addr(buf) + (nb * 128 + lane) * 16, acc[nb], [](const float(&a)[4]) {
+                    return __floats2half2_rn(silu_times_f16_out(a[0], a[2]), silu_times_f16_out(a[1], a[3]));
+                });
             // The generic-proxy writes above, before the TMA engine reads them.
             fence_proxy_async_shared();
             __syncwarp();
