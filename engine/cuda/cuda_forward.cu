@@ -243,10 +243,11 @@ bool prefill_gemm_adds_on() { return !lab_knob("SPILLWAY_PREFILL_GEMM_ADDS", "0"
 // (prefill_gemm_q8s_qkv_rope_cuda): f16 K and V written straight into a resident cache, NeoX
 // RoPE over whole 128-dim heads (with the forward's rope table). Elsewhere qkv_post_cuda does it
 // (quantized tiers quantize whole 32-value blocks of a token, which the GEMM's threads do not
-// hold). SPILLWAY_PREFILL_QKV_ROPE=0 (lab): always qkv_post_cuda; so too with
-// SPILLWAY_PREFILL_GEMM_MERGE=0 (a launch per matrix).
+// hold). Opt-in until it has run on a GPU (written in session 47 when no device was lent):
+// SPILLWAY_PREFILL_QKV_ROPE=1 (lab) takes it; never with SPILLWAY_PREFILL_GEMM_MERGE=0 (a
+// launch per matrix).
 bool chunk_qkv_takes_rope(const CudaModel& m, const CudaLayerWeights& L, KvType k_type, KvType v_type) {
-    static const bool off = lab_knob("SPILLWAY_PREFILL_QKV_ROPE", "0", "1");
+    static const bool off = !lab_knob("SPILLWAY_PREFILL_QKV_ROPE", "1", "0");
     const ModelSpec& s = m.spec;
     CudaMatrix wqkv = L.wq;
     wqkv.n_out = s.n_head * s.head_dim_k + m.n_head_kv * (s.head_dim_k + s.head_dim_v);
