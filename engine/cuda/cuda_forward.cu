@@ -176,10 +176,13 @@ void matmul(CudaForwardState& st, const CudaMatrix& w, const float* x, uint32_t 
 // separate buffers: fewer, fuller waves than one launch per matrix (k and v alone fill 64-128
 // blocks). False, with nothing launched, where the codes GEMM does not take the group.
 // Lab: SPILLWAY_PREFILL_GEMM_MERGE=0, one launch per matrix.
+bool prefill_gemm_merge_on() {
+    static const bool separate = lab_knob("SPILLWAY_PREFILL_GEMM_MERGE", "0", "1");
+    return !separate;
+}
 bool matmul_merged(CudaForwardState& st, const CudaMatrix& first, uint32_t total_rows, const float* x, uint32_t n_tokens,
                    std::span<const GemmOutput> outs, const char* op_label, bool x_is_f16) {
-    static const bool separate = lab_knob("SPILLWAY_PREFILL_GEMM_MERGE", "0", "1");
-    if (separate || n_tokens < 2) return false;
+    if (!prefill_gemm_merge_on() || n_tokens < 2) return false;
     CudaMatrix all = first;
     all.n_out = total_rows;
     if (!prefill_gemm_reads_codes(all)) return false;
@@ -231,6 +234,27 @@ bool every_chunk_ffn_takes_glu(bool fused_prefill, const CudaModel& m) {
 // SPILLWAY_PREFILL_FUSED=0 (lab): f32 producer outputs, a conversion pass, separate bias / RoPE /
 // K/V launches.
 bool prefill_fused_on() { return !lab_knob("SPILLWAY_PREFILL_FUSED", "0", "1"); }
+// SPILLWAY_PREFILL_GEMM_ADDS=0 (lab): a chunk's wo and down write proj (T rows) and the next
+// RMSNorm adds it to the stream, instead of the GEMMs adding into x (a TMA add in L2 for the
+// codes GEMM, beta = 1 for cuBLAS).
+bool prefill_gemm_adds_on() { return !lab_knob("SPILLWAY_PREFILL_GEMM_ADDS", "0", "1"); }
+
+// Whether a fused chunk's q|k|v GEMM of layer L does the post-QKV work in its epilogue
+// (prefill_gemm_q8s_qkv_rope_cuda): f16 K and V written straight into a resident cache, NeoX
+// RoPE over whole 128-dim heads (with the forward's rope table). Elsewhere qkv_post_cuda does it
+// (quantized tiers quantize whole 32-value blocks of a token, which the GEMM's threads do not
+// hold). Opt-in until it has run on a GPU (written in session 47 when no device was lent):
+// SPILLWAY_PREFILL_QKV_ROPE=1 (lab) takes it; never with SPILLWAY_PREFILL_GEMM_MERGE=0 (a
+// launch per matrix).
+bool chunk_qkv_takes_rope(const CudaModel& m, const CudaLayerWeights& L, KvType k_type, KvType v_type) {
+    static const bool off = !lab_knob("SPILLWAY_PREFILL_QKV_ROPE", "1", "0");
+    const ModelSpec& s = m.spec;
+    CudaMatrix wqkv = L.wq;
+    wqkv.n_out = s.n_head * s.head_dim_k + m.n_head_kv * (s.head_dim_k + s.head_dim_v);
+    return !off && prefill_gemm_merge_on() && L.fused_qkv && k_type == KvType::f16 && v_type == KvType::f16 &&
+           m.rope_dev.neox && m.rope_dev.n_dims == s.head_dim_k && s.head_dim_k == s.head_dim_v &&
+           prefill_gemm_reads_codes(wqkv) && prefill_gemm_q8s_qkv_rope_takes(wqkv, s.n_head, m.n_head_kv, s.head_dim_k);
+}
 
 // Decode with Q8_0 weights: the matvec (q16x for GGUF layout, q8s for the split layout, whose
 // rows are a subset of q16x's) reads its x as int16 blocks (act_quant.cuh) written by x's
@@ -445,7 +469,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
     float* proj = st.proj.data();
     // A chunk's wo and down GEMMs add into x themselves (cuBLAS beta = 1); one token's land in
     // proj, which the next norm adds (or the fused / chained paths handle themselves).
-    const bool gemm_adds = T > 1;
+    const bool gemm_adds = T > 1 && prefill_gemm_adds_on();
     float* const wo_down_out = gemm_adds ? x : proj;
     const float* const norm_add = gemm_adds ? nullptr : proj;
     float* q = st.qkv.data();
@@ -497,6 +521,9 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                   m.rope_dev.n_dims == s.head_dim_k && s.head_dim_k == s.head_dim_v &&
                                   L.wq.q8_scales != nullptr && L.fused_qkv &&
                                   matvec_q8s_qkv_rope_fits(s.n_head, nkv, s.head_dim_k, L.wq.n_in);
+        // A fused chunk over a resident f16 cache: q|k|v's GEMM does the post-QKV work itself.
+        const bool qkv_rope_gemm = fused_prefill && !spilled && rope_table != nullptr &&
+                                   chunk_qkv_takes_rope(m, L, cache.k_type, cache.v_type);
         if (decode_layer && il > 0) {
             // q|k|v came out of the previous layer's kernel.
         } else if (qkv_epilogue) {
@@ -520,6 +547,17 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             matvec_decode(st, L.wq, qd, xn, q);
             matvec_decode(st, L.wk, kd, xn, k);
             matvec_decode(st, L.wv, vd, xn, v, GemvSite::qkv);
+        } else if (qkv_rope_gemm) {
+            CudaMatrix wqkv = L.wq;
+            wqkv.n_out = qd + kd + vd;
+            const QkvRopeChunk out{q,
+                                   reinterpret_cast<__half*>(cache.k[il] + (uint64_t)pos0 * kv_row_bytes(cache.k_type, kd)),
+                                   reinterpret_cast<__half*>(cache.v[il] + (uint64_t)pos0 * kv_row_bytes(cache.v_type, vd)),
+                                   L.bqkv, rope_table, s.n_head, nkv};
+            if (!prefill_gemm_q8s_qkv_rope_cuda(wqkv, st.act_f16.data(), T, out, stream, {},
+                                                st.prefill_gemm.gemm_workspace))
+                fail("enqueue_forward: the q|k|v GEMM declined the bias / RoPE / K/V epilogue it takes");
+            op_times_mark("gemm q|k|v + bias + rope + kv write", stream);
         } else {
             const GemmOutput qkv_outs[3] = {{q, qd, qd}, {k, kd, kd}, {v, vd, vd}};
             if (!(L.fused_qkv && matmul_merged(st, L.wq, qd + kd + vd, xn, T, qkv_outs, "gemm q|k|v", fused_prefill))) {
@@ -530,15 +568,15 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         }
         // Bias, RoPE and the K/V write in one launch (qkv_post.cuh); the spilled path writes K/V
         // itself, so it gets only bias and RoPE.
-        const bool post_fused = !qkv_epilogue && (T == 1 || fused_prefill) && qkv_post_fits(m) && T <= 65535;  // grid.y
+        const bool post_fused = !qkv_epilogue && !qkv_rope_gemm && (T == 1 || fused_prefill) && qkv_post_fits(m) && T <= 65535;  // grid.y
         // One token over a resident range the split kernel takes in several splits (f16 K, 65
         // to 16383 cells): the attention kernel itself does the bias, RoPE and the new cell's
         // K/V write (attention.cuh, AttentionPostQkv).
         const bool post_in_attention = T == 1 && post_fused && !spilled && rope_table != nullptr &&
                                        post_qkv_in_attention() &&
                                        attention_takes_post_qkv(shape, cache.k_type, cache.v_type, pos0 + 1, st.sm_count);
-        if (post_in_attention || qkv_epilogue) {
-            // Nothing here: see the attention call below, or done in the q|k|v GEMV.
+        if (post_in_attention || qkv_epilogue || qkv_rope_gemm) {
+            // Nothing here: see the attention call below, or done in the q|k|v GEMV or GEMM.
         } else if (post_fused) {
             const bool write_kv = !spilled;
             qkv_post_cuda(QkvPostShape{s.n_head, nkv, s.head_dim_k}, m.rope_dev, q, k, v, L.bqkv, T,
@@ -557,7 +595,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         }
         if (T == 1 && !post_fused && !qkv_epilogue) {
             rope_cuda(m.rope_dev, q, 1, s.n_head + nkv, s.head_dim_k, st.positions.data(), stream);  // q and k heads
-        } else if (T > 1 && !post_fused) {
+        } else if (T > 1 && !post_fused && !qkv_rope_gemm) {
             rope_cuda(m.rope_dev, q, T, s.n_head, s.head_dim_k, st.positions.data(), stream);
             rope_cuda(m.rope_dev, k, T, nkv, s.head_dim_k, st.positions.data(), stream);
             op_times_mark("rope", stream);
@@ -601,7 +639,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                    !fused && (!norm_chain || (norm_chain_wo_mode() & 2) != 0));
             if (st.attn_timeline != nullptr) attention_lab_timeline(nullptr);
         } else {
-            if (!post_fused) {
+            if (!post_fused && !qkv_rope_gemm) {
                 kv_write_cuda(cache.k_type, k, cache.k[il], pos0, T, kd, stream);
                 kv_write_cuda(cache.v_type, v, cache.v[il], pos0, T, vd, stream);
                 op_times_mark("kv write", stream);
@@ -744,7 +782,8 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         op_times_mark("head", stream);
         return;
     }
-    rmsnorm_cuda(x + (size_t)first * E, decode_layer || fused ? nullptr : norm_add, m.output_norm, xn,
+    const float* const head_add = decode_layer || fused || norm_add == nullptr ? nullptr : norm_add + (size_t)first * E;
+    rmsnorm_cuda(x + (size_t)first * E, head_add, m.output_norm, xn,
                  n_out, E, s.norm_eps, stream, takes_q16(m.output, T) ? act_q16(st) : ActQ16{});
     if (takes_q16(m.output, T)) matvec_decode(st, m.output, m.output.n_out, xn, st.logits.data(), GemvSite::head);
     else matmul(st, m.output, xn, n_out, st.logits.data(), "head");
@@ -900,7 +939,7 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     st.xn = DeviceBuffer<float>((st.fused_prefill && !all_logits ? 1 : T) * s.n_embd);
     // One token's wo / down output before its residual add (and the norm chain's hand-over
     // stage); a chunk's wo and down GEMMs add into x themselves.
-    st.proj = DeviceBuffer<float>(s.n_embd);
+    st.proj = DeviceBuffer<float>((prefill_gemm_adds_on() ? 1 : T) * s.n_embd);
     st.qkv = DeviceBuffer<float>(T * (qd + kd + vd));
     st.attn = DeviceBuffer<float>(T * ad);
     st.attn_lse = DeviceBuffer<float>(s.n_head);

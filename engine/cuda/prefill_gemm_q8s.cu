@@ -37,6 +37,7 @@
 #include "engine/cuda/hopper_support.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/q8_half_device.cuh"
+#include "engine/cuda/rope_device.cuh"
 #include "engine/cuda/tensor_map.cuh"
 #include "engine/cuda/warp_specialized_device.cuh"
 #include "engine/cuda/wgmma_device.cuh"
@@ -104,8 +105,15 @@ struct Params {
     int add_to_y;
     // kGlu: the up row of feature f is gate row f + glu_up_rows; silu(gate) * up goes out as f16
     // through OutMaps::seg[0] (act from the launch's first feature, boxes of 8 features x kBN
-    // tokens).
+    // tokens). kRope: 64, a head's second half (the thread's second row).
     uint32_t glu_up_rows;
+    // kRope (tiles of one 128-row head): bias from the launch's first row (or null), RoPE on the
+    // rows before rope_end (launch-relative: q and k) with rope_cs [n_tokens][64] (cos, sin);
+    // segment i is f16 (boxes of 8 rows x 128 tokens) where bit i of seg_f16 is set, else f32
+    // (boxes of 8 rows x 64 tokens).
+    const float* bias;
+    const float2* rope_cs;
+    uint32_t rope_end, seg_f16;
     // The tiles (row blocks x token blocks, the token block fastest) and the last sk_tiles of
     // them cut along k over the first sk_blocks blocks (prefill_gemm_q8s_schedule); partials /
     // flags as in GemmWorkspace.
@@ -184,6 +192,24 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t 
                  "r"(r[1]), "r"(r[2]), "r"(r[3])
                  : "memory");
 }
+// A warp's 8 rows (features, head dims) x 128 tokens of one f16 output: value(a) makes the half2
+// of the thread's row for tokens 2c, 2c + 1 of each 8 from that fragment's four accumulators a,
+// which is the thread's part of an 8 x 8 (row x token) matrix; stmatrix .trans writes the four
+// such matrices of each 32 tokens as one 16-byte line per token (the TMA box's layout) from
+// row_at, the buffer + lane * 16 (lane i * 8 + r gives line r of matrix i).
+template <typename Value>
+__device__ __forceinline__ void stmatrix_128_tokens(uint32_t row_at, const float (&acc)[16][4], Value&& value) {
+#pragma unroll
+    for (int j0 = 0; j0 < 16; j0 += 4) {
+        uint32_t h[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const __half2 v = value(acc[j0 + i]);
+            h[i] = *reinterpret_cast<const uint32_t*>(&v);
+        }
+        stmatrix_x4_trans(row_at + j0 * 8 * 16, h);
+    }
+}
 __device__ __forceinline__ uint32_t load_acquire(const uint32_t* flag) {
     uint32_t v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
@@ -197,17 +223,133 @@ __device__ __forceinline__ uint64_t global_ns() {
     asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
     return t;
 }
+
+// The output segment of the tile from launch row r0 (a tile never straddles two) and the
+// segment's first row; chosen in an unrolled loop, as an index into the parameter array would
+// copy it to the stack.
+struct TileSegment {
+    uint32_t index, first;
+};
+__device__ __forceinline__ TileSegment tile_segment(const Params& p, uint32_t r0) {
+    TileSegment seg{0, p.seg_begin[0]};
+#pragma unroll
+    for (int i = 1; i < kMaxSegments; ++i)
+        if (i < (int)p.n_segments && r0 >= p.seg_begin[i]) seg = TileSegment{(uint32_t)i, p.seg_begin[i]};
+    return seg;
+}
+
+// kRope's epilogue for a warp: its accumulators hold head dims d = f and d + 64 (f = feature,
+// the thread's, 8 per warp) of tokens t0 + 8 j + 2 c (+ 1) per 128-token half nb. Bias and NeoX
+// RoPE in f32 with qkv_post_cuda's operations (rope_pair_value: the same bits), then out in
+// pieces of 2 KiB, each one TMA store from the warp's two buffers in turn (buf, the first;
+// chunk counts the warp's pieces): q as f32, 64 tokens x 8 dims; k and v as f16 cache rows,
+// 128 tokens x 8 dims (stmatrix .trans, as the SwiGLU epilogue); the f dims, then the f + 64.
+template <int kBN>
+__device__ __forceinline__ void rope_epilogue(float (&acc)[kBN / 128][16][4], const Params& p, const OutMaps& out_maps,
+                                              uint8_t* buf, uint32_t& chunk, uint32_t t0, uint32_t r0,
+                                              uint32_t feature, uint32_t lane) {
+    const uint32_t g = lane / 4, c = lane % 4;
+    const TileSegment seg = tile_segment(p, r0);
+    const bool rotate = r0 < p.rope_end, as_f16 = ((p.seg_f16 >> seg.index) & 1) != 0;
+    const bool biased = p.bias != nullptr;
+    const float bias_lo = biased ? __ldg(p.bias + r0 + feature) : 0.0f;
+    const float bias_hi = biased ? __ldg(p.bias + r0 + feature + 64) : 0.0f;
+    // Tokens [64 u, 64 u + 64) of the tile, done just before their first piece goes out (all at
+    // once, the angles' loads were hoisted together and the wide instance spilled).
+    const auto finish_tokens = [&](uint32_t u) {
+#pragma unroll
+        for (uint32_t jj = 0; jj < 8; ++jj)
+#pragma unroll
+            for (uint32_t e = 0; e < 2; ++e) {
+                float(&a)[4] = acc[u / 2 % (kBN / 128)][(u % 2) * 8 + jj];
+                float lo = a[e], hi = a[2 + e];
+                if (biased) {
+                    lo += bias_lo;
+                    hi += bias_hi;
+                }
+                if (rotate) {
+                    // A token past the chunk reads the last one's angles (its values are clipped).
+                    const uint32_t token = min(t0 + u * 64 + jj * 8 + 2 * c + e, p.n_tokens - 1);
+                    const float2 cs = __ldg(p.rope_cs + (size_t)token * 64 + feature);
+                    const float rotated_lo = rope_pair_value(lo, hi, cs.x, cs.y, true);
+                    hi = rope_pair_value(lo, hi, cs.x, cs.y, false);
+                    lo = rotated_lo;
+                }
+                a[e] = lo;
+                a[2 + e] = hi;
+            }
+    };
+    const uint32_t token_stop = min((uint32_t)kBN, p.n_tokens - t0);
+    const int32_t col = (int32_t)(r0 - seg.first + feature - g);  // the warp's first dim, in the segment
+    const void* map = &out_maps.seg[seg.index];
+    // One piece: written by `write` into the warp's next buffer, then one TMA store.
+    const auto put_piece = [&](uint32_t half, uint32_t token0, auto&& write) {
+        uint8_t* const b = buf + (chunk & 1) * kOutChunkBytes;
+        if (lane == 0) bulk_wait_read<1>();  // the store from this buffer two pieces ago has read it
+        __syncwarp();
+        write(b);
+        fence_proxy_async_shared();  // the generic-proxy writes, before the TMA engine reads them
+        __syncwarp();
+        if (lane == 0) {
+            tma_store_2d(map, col + (int32_t)(half * 64), (int32_t)(t0 + token0), b);
+            bulk_commit_group();
+        }
+        ++chunk;
+    };
+    if (as_f16) {
+#pragma unroll
+        for (uint32_t nb = 0; nb < kBN / 128; ++nb) {
+            if (nb * 128 >= token_stop) break;  // (uniform in the tile)
+            finish_tokens(2 * nb);
+            finish_tokens(2 * nb + 1);
+#pragma unroll
+            for (uint32_t half = 0; half < 2; ++half)
+                put_piece(half, nb * 128, [&](uint8_t* b) {
+                    stmatrix_128_tokens(shared_addr(b) + lane * 16, acc[nb], [&](const float(&a)[4]) {
+                        return __floats2half2_rn(a[2 * half], a[2 * half + 1]);
+                    });
+                });
+        }
+    } else {
+#pragma unroll
+        for (uint32_t u = 0; u < kBN / 64; ++u) {
+            if (u * 64 >= token_stop) break;
+            finish_tokens(u);
+#pragma unroll
+            for (uint32_t half = 0; half < 2; ++half)
+                put_piece(half, u * 64, [&](uint8_t* b) {
+                    // [64 tokens][8 dims], 32-byte rows (two-way bank conflicts: 16 stores a piece).
+#pragma unroll
+                    for (uint32_t jj = 0; jj < 8; ++jj)
+#pragma unroll
+                        for (uint32_t e = 0; e < 2; ++e)
+                            *reinterpret_cast<float*>(b + (jj * 8 + 2 * c + e) * 32 + g * 4) =
+                                acc[u / 2][(u % 2) * 8 + jj][2 * half + e];
+                });
+        }
+    }
+}
 #endif
+
+// What a tile's epilogue does with its sums.
+enum class Epi {
+    plain,     // y = (or +=) the sums, f32, into the row's output segment
+    glu,       // SwiGLU of a feature's gate and up sums, f16
+    qkv_rope,  // bias, NeoX RoPE of q and k heads, q as f32, k and v as f16 cache rows
+};
 
 // Persistent: each block runs the items of its BlockWork. kGlu: a tile is 64 features' gate rows
 // and their up rows, each thread multiplies one feature's gate and up row (warpgroup h features
 // 32 h .. 32 h + 31), and the epilogue writes their SwiGLU as f16 (swiglu_f16_cuda's bits): the
-// FFN's f32 gate and up never reach memory.
-template <int kBN, bool kGlu = false>
+// FFN's f32 gate and up never reach memory. kRope: a tile is one 128-row head, each thread
+// multiplies its rows d and d + 64 (a NeoX RoPE pair) the same way, and the epilogue does
+// qkv_post_cuda's work on them (its bits): the f32 k and v never reach memory.
+template <int kBN, Epi kEpi = Epi::plain>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_gemm_q8s_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w_map,
                             const __grid_constant__ OutMaps out_maps, Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr bool kGlu = kEpi == Epi::glu, kRope = kEpi == Epi::qkv_rope;
     using L = Layout<kBN>;
     extern __shared__ uint8_t smem_raw[];
     uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -265,10 +407,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     // g + 8 of the warp's 16. kGlu: the codes hold 64 gate rows, then the same features' 64 up
     // rows, and warp w of warpgroup h takes feature f = 32 h + 8 w + g's gate row as its row g
     // and its up row as row g + 8, so that each thread's accumulators hold the gate and up sums
-    // of the same (feature, token) pairs and the SwiGLU needs no other thread's values.
-    const uint32_t glu_feature = (warp / 4) * 32 + (warp % 4) * kGluWarpFeatures + g;  // (kGlu) in the tile
-    const uint32_t row_lo = kGlu ? glu_feature : (warp / 4) * 64 + (warp % 4) * 16 + g;
-    const uint32_t row_hi = kGlu ? glu_feature + 64 : row_lo + 8;
+    // of the same (feature, token) pairs and the SwiGLU needs no other thread's values. kRope:
+    // the same rows of the head's 128 (dims f and f + 64), for the same reason.
+    const uint32_t glu_feature = (warp / 4) * 32 + (warp % 4) * kGluWarpFeatures + g;  // (kGlu, kRope) in the tile
+    const uint32_t row_lo = kGlu || kRope ? glu_feature : (warp / 4) * 64 + (warp % 4) * 16 + g;
+    const uint32_t row_hi = kGlu || kRope ? glu_feature + 64 : row_lo + 8;
     // Codes of a row: 64 bytes per stage, the 16-byte chunk j stored at chunk j ^ ((row / 2) % 4)
     // (TMA's 64-byte swizzle), so the 8 rows a load instruction touches fall in distinct banks.
     const uint32_t code_lo = row_lo * kBK, code_hi = row_hi * kBK;
@@ -290,8 +433,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         // The matrix rows (from the launch's first) whose scales the thread needs: kGlu's up row
         // of a feature is glu_up_rows after its gate row.
         const uint32_t feature_lo = r0 + row_lo;
-        const uint32_t matrix_lo = feature_lo, matrix_hi = kGlu ? feature_lo + p.glu_up_rows : feature_lo + 8;
-        const bool valid_lo = feature_lo < p.n_out, valid_hi = kGlu ? valid_lo : feature_lo + 8 < p.n_out;
+        const uint32_t matrix_lo = feature_lo, matrix_hi = kGlu || kRope ? feature_lo + p.glu_up_rows : feature_lo + 8;
+        const bool valid_lo = feature_lo < p.n_out, valid_hi = kGlu ? valid_lo : matrix_hi < p.n_out;
         // Scales come from global memory (L2, mostly) two stages ahead of their use.
         // A row's scales, one u32 (the stage's two f16) per stage, two stages ahead of their use;
         // a row past the matrix reads the first row's (its codes arrive as zeros and its sums are
@@ -418,6 +561,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         }
 
+        if constexpr (kRope) {
+            rope_epilogue<kBN>(acc, p, out_maps, smem + L::kOutBase + warp * 2 * kOutChunkBytes, chunk, t0, r0,
+                               glu_feature, lane);
+            continue;
+        }
         if constexpr (kGlu) {
             // The SwiGLU epilogue: the thread's gate and up sums of feature f (tokens 2c, 2c + 1 of
             // each 8) as one half2, which is the thread's part of an 8 x 8 (feature x token) f16
@@ -427,21 +575,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             uint8_t* const buf = smem + L::kOutBase + warp * 2 * kOutChunkBytes;
             if (lane == 0) bulk_wait_read<0>();  // this buffer's store from the previous tile has read it
             __syncwarp();
-            const uint32_t row_at = shared_addr(buf) + lane * 16;  // stmatrix: lane i * 8 + r gives row r of matrix i
 #pragma unroll
             for (int nb = 0; nb < kBN / 128; ++nb)
-#pragma unroll
-                for (int j0 = 0; j0 < 16; j0 += 4) {
-                    uint32_t h[4];
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const float(&a)[4] = acc[nb][j0 + i];
-                        const __half2 v =
-                            __floats2half2_rn(silu_times_f16_out(a[0], a[2]), silu_times_f16_out(a[1], a[3]));
-                        h[i] = *reinterpret_cast<const uint32_t*>(&v);
-                    }
-                    stmatrix_x4_trans(row_at + (nb * 128 + j0 * 8) * 16, h);
-                }
+                stmatrix_128_tokens(shared_addr(buf) + (nb * 128 + lane) * 16, acc[nb], [](const float(&a)[4]) {
+                    return __floats2half2_rn(silu_times_f16_out(a[0], a[2]), silu_times_f16_out(a[1], a[3]));
+                });
             // The generic-proxy writes above, before the TMA engine reads them.
             fence_proxy_async_shared();
             __syncwarp();
@@ -459,16 +597,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         // before it: equal at 8k, +3.5% at pp512, session 45; what it saves is instructions.)
         const uint32_t token_stop = min((uint32_t)kBN, p.n_tokens - t0);
         const uint32_t warp_row = (warp / 4) * 64 + (warp % 4) * kWarpRows;  // the warp's first tile row
-        // The tile's segment (a tile never straddles two) and its first row; chosen in an unrolled
-        // loop, as an index into the parameter array would copy it to the stack.
-        uint32_t seg_index = 0, seg_first = p.seg_begin[0];
-#pragma unroll
-        for (int i = 1; i < kMaxSegments; ++i)
-            if (i < (int)p.n_segments && r0 >= p.seg_begin[i]) {
-                seg_index = i;
-                seg_first = p.seg_begin[i];
-            }
-        const int32_t seg_col = (int32_t)(r0 - seg_first + warp_row);
+        const TileSegment seg = tile_segment(p, r0);
+        const int32_t seg_col = (int32_t)(r0 - seg.first + warp_row);
 #pragma unroll
         for (uint32_t q = 0; q < kBN / kOutTokens; ++q) {
             if (q * kOutTokens >= token_stop) break;  // (the same for every warp of the tile)
@@ -489,7 +619,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             fence_proxy_async_shared();
             __syncwarp();
             if (lane == 0) {
-                const void* map = &out_maps.seg[seg_index];
+                const void* map = &out_maps.seg[seg.index];
                 const int32_t token0 = (int32_t)(t0 + q * kOutTokens);
                 if (p.add_to_y) tma_add_2d(map, seg_col, token0, buf);
                 else tma_store_2d(map, seg_col, token0, buf);
@@ -516,11 +646,12 @@ uint32_t sm_count() {
 }
 
 // A launch over the tiles of p's rows: persistent blocks, the tail cut along k where the workspace allows.
-template <int kBN, bool kGlu = false>
+template <int kBN, Epi kEpi = Epi::plain>
 void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const OutMaps& out_maps, Params p,
             const GemmWorkspace& workspace, cudaStream_t stream) {
+    constexpr bool kGlu = kEpi == Epi::glu;
     constexpr uint32_t kSmemBytes = Layout<kBN>::kSmemBytes;
-    auto* kernel = prefill_gemm_q8s_kernel<kBN, kGlu>;
+    auto* kernel = prefill_gemm_q8s_kernel<kBN, kEpi>;
     static bool configured = false;  // once per instance: opt in to > 48 KB of shared memory
     if (!configured) {
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
@@ -636,10 +767,10 @@ Launch launch_for(const CudaMatrix& w, uint32_t row0, uint32_t rows, uint32_t bo
     return l;
 }
 
-template <bool kGlu>
+template <Epi kEpi>
 void launch_width(const Launch& l, uint32_t bn, const GemmWorkspace& workspace, cudaStream_t stream) {
-    if (bn == 128) launch<128, kGlu>(l.x_map, l.w_map, l.out, l.p, workspace, stream);
-    else launch<256, kGlu>(l.x_map, l.w_map, l.out, l.p, workspace, stream);
+    if (bn == 128) launch<128, kEpi>(l.x_map, l.w_map, l.out, l.p, workspace, stream);
+    else launch<256, kEpi>(l.x_map, l.w_map, l.out, l.p, workspace, stream);
 }
 
 // Whether a launch may cut tiles along k with this workspace (as launch() decides it for wide
@@ -699,7 +830,7 @@ void launch_rows(const CudaMatrix& w, uint32_t row0, uint32_t n_rows, const __ha
         }
         seg_begin = seg_end;
     }
-    launch_width<false>(l, bn, workspace, stream);
+    launch_width<Epi::plain>(l, bn, workspace, stream);
 }
 
 // Features [f0, f0 + n_features) of gate_up's n_ff (gate rows f, up rows n_ff + f), their
@@ -714,7 +845,46 @@ void launch_glu_features(const CudaMatrix& gate_up, uint32_t f0, uint32_t n_feat
     l.p.glu_up_rows = n_ff;
     l.out.seg[0] = tensor_map_2d(act + f0, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, n_features, n_tokens, (uint64_t)n_ff * 2,
                                  kGluWarpFeatures, bn, CU_TENSOR_MAP_SWIZZLE_NONE, "prefill GEMM (q8s), act");
-    launch_width<true>(l, bn, workspace, stream);
+    launch_width<Epi::glu>(l, bn, workspace, stream);
+}
+
+// Rows [row0, row0 + n_rows) of q|k|v (whole heads), in tiles of bn tokens, with the post-QKV
+// work in the epilogue: each row into its output (q f32, k and v f16), tensor maps in the
+// epilogue's pieces.
+void launch_qkv_rope_rows(const CudaMatrix& w, uint32_t row0, uint32_t n_rows, const __half* x, uint32_t n_tokens,
+                          const QkvRopeChunk& o, uint32_t bn, const GemmWorkspace& workspace, cudaStream_t stream) {
+    if (n_rows == 0) return;
+    Launch l = launch_for(w, row0, n_rows, kRows, x, n_tokens, n_rows, bn);
+    l.p.glu_up_rows = kRows / 2;
+    l.p.bias = o.bias != nullptr ? o.bias + row0 : nullptr;
+    l.p.rope_cs = o.rope_table;
+    const uint32_t qd = o.n_head * kRows, kd = o.n_head_kv * kRows;
+    l.p.rope_end = qd + kd > row0 ? qd + kd - row0 : 0;
+    struct Segment {
+        void* y;
+        uint32_t rows;
+        bool f16;
+    };
+    const Segment segments[3] = {{o.q, qd, false}, {o.k, kd, true}, {o.v, kd, true}};
+    uint32_t seg_begin = 0;
+    for (const Segment& sg : segments) {
+        const uint32_t seg_end = seg_begin + sg.rows;
+        const uint32_t lo = std::max(seg_begin, row0), hi = std::min(seg_end, row0 + n_rows);
+        if (lo < hi) {
+            const uint32_t i = l.p.n_segments++;
+            l.out.seg[i] = sg.f16 ? tensor_map_2d(static_cast<__half*>(sg.y) + (lo - seg_begin),
+                                                  CU_TENSOR_MAP_DATA_TYPE_FLOAT16, hi - lo, n_tokens, (uint64_t)sg.rows * 2,
+                                                  kGluWarpFeatures, 128, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                                  "prefill GEMM (q8s), k / v rows")
+                                  : tensor_map_2d(static_cast<float*>(sg.y) + (lo - seg_begin),
+                                                  CU_TENSOR_MAP_DATA_TYPE_FLOAT32, hi - lo, n_tokens, (uint64_t)sg.rows * 4,
+                                                  kGluWarpFeatures, 64, CU_TENSOR_MAP_SWIZZLE_NONE, "prefill GEMM (q8s), q");
+            l.p.seg_begin[i] = lo - row0;
+            if (sg.f16) l.p.seg_f16 |= 1u << i;
+        }
+        seg_begin = seg_end;
+    }
+    launch_width<Epi::qkv_rope>(l, bn, workspace, stream);
 }
 
 }  // namespace
@@ -732,6 +902,34 @@ bool prefill_gemm_q8s_swiglu_cuda(const CudaMatrix& gate_up, const __half* x, ui
     const uint32_t features_wide = split.rows_wide / 2;
     launch_glu_features(gate_up, 0, features_wide, x, n_tokens, act, 256, workspace, stream);
     launch_glu_features(gate_up, features_wide, n_ff - features_wide, x, n_tokens, act, 128, workspace, stream);
+    return true;
+}
+
+bool prefill_gemm_q8s_qkv_rope_takes(const CudaMatrix& wqkv, uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim) {
+    return head_dim == kRows && n_head > 0 && n_head_kv > 0 &&
+           (uint64_t)wqkv.n_out == ((uint64_t)n_head + 2ull * n_head_kv) * kRows && prefill_gemm_q8s_takes(wqkv);
+}
+
+bool prefill_gemm_q8s_qkv_rope_cuda(const CudaMatrix& wqkv, const __half* x, uint32_t n_tokens, const QkvRopeChunk& out,
+                                    cudaStream_t stream, Q8sGemmSplit split, const GemmWorkspace& workspace) {
+    const char* who = "prefill_gemm_q8s_qkv_rope_cuda";
+    if (!prefill_gemm_q8s_qkv_rope_takes(wqkv, out.n_head, out.n_head_kv, kRows) ||
+        reinterpret_cast<uintptr_t>(x) % 16 != 0)
+        return false;
+    if (out.q == nullptr || out.k == nullptr || out.v == nullptr || out.rope_table == nullptr)
+        fail(std::string(who) + ": needs q, k, v and the rope table");
+    if (reinterpret_cast<uintptr_t>(out.q) % 16 != 0 || reinterpret_cast<uintptr_t>(out.k) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(out.v) % 16 != 0 || reinterpret_cast<uintptr_t>(out.rope_table) % 8 != 0)
+        fail(std::string(who) + ": q, k and v must be 16-byte aligned, the rope table 8-byte");
+    const size_t qd = (size_t)out.n_head * kRows, kd = (size_t)out.n_head_kv * kRows;
+    check_workspace(workspace, out.q, n_tokens * qd * sizeof(float), who);
+    check_workspace(workspace, out.k, n_tokens * kd * sizeof(__half), who);
+    check_workspace(workspace, out.v, n_tokens * kd * sizeof(__half), who);
+    // Whole heads in each launch: the wide rows are a multiple of 128 (whole_blocks).
+    split = split_to_run(split, wqkv.n_out, n_tokens, true, balances(workspace), who);
+    if (n_tokens == 0) return true;
+    launch_qkv_rope_rows(wqkv, 0, split.rows_wide, x, n_tokens, out, 256, workspace, stream);
+    launch_qkv_rope_rows(wqkv, split.rows_wide, split.rows_narrow, x, n_tokens, out, 128, workspace, stream);
     return true;
 }
 

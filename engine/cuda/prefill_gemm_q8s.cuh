@@ -104,4 +104,23 @@ bool prefill_gemm_q8s_swiglu_cuda(const CudaMatrix& gate_up, const __half* x, ui
 // caller can size its buffers for the path it will take.
 bool prefill_gemm_q8s_swiglu_takes(const CudaMatrix& gate_up);
 
+// The chunk's q|k|v product with the post-QKV work in its epilogue: bias, NeoX RoPE of the q and
+// k heads, q out as f32, k and v straight into an f16 cache; the f32 k and v are never written.
+// The bits of prefill_gemm_q8s_cuda into q | k | v followed by qkv_post_cuda with the rope table.
+struct QkvRopeChunk {
+    float* q = nullptr;                  // [n_tokens][n_head * 128], rotated
+    __half* k = nullptr;                 // the chunk's first cell's K row of an f16 cache: [n_tokens][n_head_kv * 128]
+    __half* v = nullptr;                 // and its V row
+    const float* bias = nullptr;         // q|k|v biases back to back, or null
+    const float2* rope_table = nullptr;  // [n_tokens][64] (cos, sin): rope_table_cuda's, RoPE over whole heads
+    uint32_t n_head = 0, n_head_kv = 0;
+};
+// Whether prefill_gemm_q8s_qkv_rope_cuda takes wqkv (given a 16-byte aligned x): a tile is one
+// head, so head_dim must be 128, and wqkv's rows are q | k | v of those heads.
+bool prefill_gemm_q8s_qkv_rope_takes(const CudaMatrix& wqkv, uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim);
+// False (nothing launched) where it does not take wqkv or x is not 16-byte aligned; an error for
+// missing or unaligned outputs. split: as for prefill_gemm_q8s_cuda, rows_wide a multiple of 128.
+bool prefill_gemm_q8s_qkv_rope_cuda(const CudaMatrix& wqkv, const __half* x, uint32_t n_tokens, const QkvRopeChunk& out,
+                                    cudaStream_t stream, Q8sGemmSplit split = {}, const GemmWorkspace& ws = {});
+
 }  // namespace spillway

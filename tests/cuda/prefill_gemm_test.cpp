@@ -17,8 +17,11 @@
 #include "common/error.h"
 #include "common/fp16.h"
 #include "cuda_test_util.h"
+#include "engine/cpu/rope.h"
 #include "engine/cuda/matvec_q8s.cuh"
 #include "engine/cuda/prefill_gemm_q8s.cuh"
+#include "engine/cuda/qkv_post.cuh"
+#include "engine/cuda/rope.cuh"
 #include "engine/cuda/swiglu.cuh"
 #include "gguf/quants.h"
 
@@ -404,6 +407,114 @@ TEST(CudaPrefillGemmQ8s, SwigluEpilogueEqualsSeparateSwiglu) {
     const SplitMatrix odd = random_split_matrix(rng, n_in, 2 * 96);
     DeviceBuffer<__half> act((size_t)T * 96);
     EXPECT_FALSE(prefill_gemm_q8s_swiglu_cuda(odd.view(), x, T, act.data(), nullptr));
+}
+
+// q|k|v with bias, NeoX RoPE and the f16 K/V write in the epilogue against the GEMM into f32 q |
+// k | v followed by qkv_post_cuda (the path it replaces): the same bits in q and in the cache
+// rows, every split, with and without bias, whole tiles and tiles cut along k; the cells before
+// and after the chunk untouched. And what it declines.
+TEST(CudaPrefillGemmQ8s, QkvRopeEpilogueEqualsGemmThenPost) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    if (!prefill_gemm_q8s_available()) GTEST_SKIP() << "needs an sm_90 GPU and an sm_90a build";
+    const uint32_t seed = cuda_test::fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const uint32_t n_head = 3, n_head_kv = 2, hd = 128, n_in = 640, T = 300, first_cell = 41;
+    const uint32_t qd = n_head * hd, kd = n_head_kv * hd, n_out = qd + 2 * kd, n_cells = first_cell + T + 7;
+    const SplitMatrix m = random_split_matrix(rng, n_in, n_out);
+    const CudaMatrix wqkv = m.view();
+    const F16Input input = random_f16_input(rng, (size_t)T * n_in);
+    const __half* x = input.data();
+    const auto bias = cuda_test::to_device(cuda_test::random_floats(rng, n_out, 0.5f));
+    // Qwen2's RoPE (NeoX over the whole head), positions of a chunk deep into a long prompt.
+    RopeSpec spec;
+    spec.type = RopeType::neox;
+    spec.freq_base = 1000000.0f;
+    spec.n_dims = hd;
+    const RopeTables tables = make_rope_tables(spec, hd);
+    const auto inv_freq = cuda_test::to_device(tables.inv_freq);
+    const auto ramp_mix = cuda_test::to_device(tables.ramp_mix);
+    RopeDeviceTables rope;
+    rope.neox = true;
+    rope.n_dims = hd;
+    rope.inv_freq = inv_freq.data();
+    rope.ramp_mix = ramp_mix.data();
+    rope.freq_scale = tables.freq_scale;
+    rope.mscale = tables.mscale;
+    std::vector<int32_t> positions(T);
+    for (uint32_t t = 0; t < T; ++t) positions[t] = (int32_t)(70000 + first_cell + t);
+    const auto d_positions = cuda_test::to_device(positions);
+    DeviceBuffer<float2> table((size_t)T * hd / 2);
+    rope_table_cuda(rope, d_positions.data(), T, table.data(), nullptr);
+    const StreamKSpace stream_k;
+
+    for (const bool with_bias : {true, false}) {
+        // The path it replaces: f32 q | k | v, then bias + RoPE + the K/V write.
+        DeviceBuffer<float> q_want((size_t)T * qd), k_f32((size_t)T * kd), v_f32((size_t)T * kd);
+        DeviceBuffer<uint16_t> k_want((size_t)n_cells * kd), v_want((size_t)n_cells * kd);
+        cuda_test::poison(k_want);
+        cuda_test::poison(v_want);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const GemmOutput outs[3] = {{q_want.data(), qd, qd}, {k_f32.data(), kd, kd}, {v_f32.data(), kd, kd}};
+        ASSERT_TRUE(prefill_gemm_q8s_cuda(wqkv, x, T, std::span<const GemmOutput>(outs), false, nullptr));
+        qkv_post_cuda(QkvPostShape{n_head, n_head_kv, hd}, rope, q_want.data(), k_f32.data(), v_f32.data(),
+                      with_bias ? bias.data() : nullptr, T, d_positions.data(), KvType::f16,
+                      reinterpret_cast<uint8_t*>(k_want.data()), KvType::f16, reinterpret_cast<uint8_t*>(v_want.data()),
+                      first_cell, nullptr, table.data());
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto q_ref = cuda_test::to_host(q_want);
+        const auto k_ref = cuda_test::to_host(k_want), v_ref = cuda_test::to_host(v_want);
+        struct Run {
+            Q8sGemmSplit split;
+            uint32_t max_blocks;  // 0: whole tiles only (no workspace)
+        };
+        for (const Run run : {Run{{}, 0}, Run{{0, n_out}, 0}, Run{{256, n_out - 256}, 0}, Run{{n_out, 0}, 0},
+                              Run{{n_out, 0}, 40}, Run{{0, n_out}, 60}}) {
+            SCOPED_TRACE("bias " + std::to_string(with_bias) + " split " + std::to_string(run.split.rows_wide) + " + " +
+                         std::to_string(run.split.rows_narrow) + " blocks " + std::to_string(run.max_blocks));
+            DeviceBuffer<float> q((size_t)T * qd);
+            DeviceBuffer<uint16_t> kc((size_t)n_cells * kd), vc((size_t)n_cells * kd);
+            cuda_test::poison(q);
+            cuda_test::poison(kc);
+            cuda_test::poison(vc);
+            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+            const QkvRopeChunk out{q.data(), reinterpret_cast<__half*>(kc.data() + (size_t)first_cell * kd),
+                                   reinterpret_cast<__half*>(vc.data() + (size_t)first_cell * kd),
+                                   with_bias ? bias.data() : nullptr, table.data(), n_head, n_head_kv};
+            ASSERT_TRUE(prefill_gemm_q8s_qkv_rope_cuda(wqkv, x, T, out, nullptr, run.split,
+                                                       run.max_blocks ? stream_k.view(run.max_blocks) : GemmWorkspace{}));
+            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+            const auto q_got = cuda_test::to_host(q);
+            const auto k_got = cuda_test::to_host(kc), v_got = cuda_test::to_host(vc);
+            size_t q_differ = 0, k_differ = 0, v_differ = 0;
+            for (size_t i = 0; i < q_got.size(); ++i) q_differ += std::memcmp(&q_got[i], &q_ref[i], 4) != 0;
+            // Every cell, the ones outside the chunk included (still the same poison).
+            for (size_t i = 0; i < k_got.size(); ++i) k_differ += k_got[i] != k_ref[i];
+            for (size_t i = 0; i < v_got.size(); ++i) v_differ += v_got[i] != v_ref[i];
+            EXPECT_EQ(q_differ, 0u) << "of " << q_got.size();
+            EXPECT_EQ(k_differ, 0u) << "of " << k_got.size();
+            EXPECT_EQ(v_differ, 0u) << "of " << v_got.size();
+            EXPECT_EQ(stream_k.flags_raised(), 0u);
+        }
+    }
+    // Declined, nothing launched: heads of 64 dims, rows that are not q | k | v of the heads given.
+    DeviceBuffer<float> q((size_t)T * qd);
+    DeviceBuffer<uint16_t> kc((size_t)T * kd), vc((size_t)T * kd);
+    const QkvRopeChunk out{q.data(), reinterpret_cast<__half*>(kc.data()), reinterpret_cast<__half*>(vc.data()), nullptr,
+                           table.data(), n_head, n_head_kv};
+    EXPECT_FALSE(prefill_gemm_q8s_qkv_rope_takes(wqkv, 2 * n_head, 2 * n_head_kv, 64));
+    EXPECT_FALSE(prefill_gemm_q8s_qkv_rope_takes(wqkv, n_head + 1, n_head_kv, hd));
+    QkvRopeChunk other_heads = out;
+    other_heads.n_head_kv = 1;
+    EXPECT_FALSE(prefill_gemm_q8s_qkv_rope_cuda(wqkv, x, T, other_heads, nullptr));
+    // Missing or unaligned outputs are errors, not a silent fallback.
+    QkvRopeChunk no_table = out;
+    no_table.rope_table = nullptr;
+    EXPECT_THROW(prefill_gemm_q8s_qkv_rope_cuda(wqkv, x, T, no_table, nullptr), Error);
+    QkvRopeChunk unaligned = out;
+    unaligned.k = reinterpret_cast<__half*>(kc.data() + 1);
+    EXPECT_THROW(prefill_gemm_q8s_qkv_rope_cuda(wqkv, x, T, unaligned, nullptr), Error);
+    EXPECT_THROW(prefill_gemm_q8s_qkv_rope_cuda(wqkv, x, T, out, nullptr, Q8sGemmSplit{64, n_out - 64}), Error);
 }
 
 // Where it does not apply, it launches nothing and says so: the GGUF layout, rows that are not
