@@ -448,30 +448,35 @@ TEST(CudaPrefillGemmQ8s, QkvRopeEpilogueEqualsGemmThenPost) {
     rope_table_cuda(rope, d_positions.data(), T, table.data(), nullptr);
     const StreamKSpace stream_k;
 
-    for (const bool with_bias : {true, false}) {
-        // The path it replaces: f32 q | k | v, then bias + RoPE + the K/V write.
-        DeviceBuffer<float> q_want((size_t)T * qd), k_f32((size_t)T * kd), v_f32((size_t)T * kd);
-        DeviceBuffer<uint16_t> k_want((size_t)n_cells * kd), v_want((size_t)n_cells * kd);
-        cuda_test::poison(k_want);
-        cuda_test::poison(v_want);
-        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-        const GemmOutput outs[3] = {{q_want.data(), qd, qd}, {k_f32.data(), kd, kd}, {v_f32.data(), kd, kd}};
-        ASSERT_TRUE(prefill_gemm_q8s_cuda(wqkv, x, T, std::span<const GemmOutput>(outs), false, nullptr));
-        qkv_post_cuda(QkvPostShape{n_head, n_head_kv, hd}, rope, q_want.data(), k_f32.data(), v_f32.data(),
-                      with_bias ? bias.data() : nullptr, T, d_positions.data(), KvType::f16,
-                      reinterpret_cast<uint8_t*>(k_want.data()), KvType::f16, reinterpret_cast<uint8_t*>(v_want.data()),
-                      first_cell, nullptr, table.data());
-        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto q_ref = cuda_test::to_host(q_want);
-        const auto k_ref = cuda_test::to_host(k_want), v_ref = cuda_test::to_host(v_want);
-        struct Run {
-            Q8sGemmSplit split;
-            uint32_t max_blocks;  // 0: whole tiles only (no workspace)
-        };
+    struct Run {
+        Q8sGemmSplit split;
+        uint32_t max_blocks;  // 0: whole tiles only (no workspace)
+    };
+    for (const bool with_bias : {true, false})
         for (const Run run : {Run{{}, 0}, Run{{0, n_out}, 0}, Run{{256, n_out - 256}, 0}, Run{{n_out, 0}, 0},
                               Run{{n_out, 0}, 40}, Run{{0, n_out}, 60}}) {
             SCOPED_TRACE("bias " + std::to_string(with_bias) + " split " + std::to_string(run.split.rows_wide) + " + " +
                          std::to_string(run.split.rows_narrow) + " blocks " + std::to_string(run.max_blocks));
+            const GemmWorkspace workspace = run.max_blocks ? stream_k.view(run.max_blocks) : GemmWorkspace{};
+            // The path it replaces: f32 q | k | v, then bias + RoPE + the K/V write. With the same
+            // split and workspace: tiles cut along k add their shares in another order than whole
+            // tiles do, the same order in both kernels.
+            DeviceBuffer<float> q_want((size_t)T * qd), k_f32((size_t)T * kd), v_f32((size_t)T * kd);
+            DeviceBuffer<uint16_t> k_want((size_t)n_cells * kd), v_want((size_t)n_cells * kd);
+            cuda_test::poison(k_want);
+            cuda_test::poison(v_want);
+            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+            const GemmOutput outs[3] = {{q_want.data(), qd, qd}, {k_f32.data(), kd, kd}, {v_f32.data(), kd, kd}};
+            ASSERT_TRUE(prefill_gemm_q8s_cuda(wqkv, x, T, std::span<const GemmOutput>(outs), false, nullptr, run.split,
+                                              workspace));
+            qkv_post_cuda(QkvPostShape{n_head, n_head_kv, hd}, rope, q_want.data(), k_f32.data(), v_f32.data(),
+                          with_bias ? bias.data() : nullptr, T, d_positions.data(), KvType::f16,
+                          reinterpret_cast<uint8_t*>(k_want.data()), KvType::f16,
+                          reinterpret_cast<uint8_t*>(v_want.data()), first_cell, nullptr, table.data());
+            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+            const auto q_ref = cuda_test::to_host(q_want);
+            const auto k_ref = cuda_test::to_host(k_want), v_ref = cuda_test::to_host(v_want);
+
             DeviceBuffer<float> q((size_t)T * qd);
             DeviceBuffer<uint16_t> kc((size_t)n_cells * kd), vc((size_t)n_cells * kd);
             cuda_test::poison(q);
@@ -481,8 +486,7 @@ TEST(CudaPrefillGemmQ8s, QkvRopeEpilogueEqualsGemmThenPost) {
             const QkvRopeChunk out{q.data(), reinterpret_cast<__half*>(kc.data() + (size_t)first_cell * kd),
                                    reinterpret_cast<__half*>(vc.data() + (size_t)first_cell * kd),
                                    with_bias ? bias.data() : nullptr, table.data(), n_head, n_head_kv};
-            ASSERT_TRUE(prefill_gemm_q8s_qkv_rope_cuda(wqkv, x, T, out, nullptr, run.split,
-                                                       run.max_blocks ? stream_k.view(run.max_blocks) : GemmWorkspace{}));
+            ASSERT_TRUE(prefill_gemm_q8s_qkv_rope_cuda(wqkv, x, T, out, nullptr, run.split, workspace));
             SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
             const auto q_got = cuda_test::to_host(q);
             const auto k_got = cuda_test::to_host(kc), v_got = cuda_test::to_host(vc);
@@ -496,7 +500,7 @@ TEST(CudaPrefillGemmQ8s, QkvRopeEpilogueEqualsGemmThenPost) {
             EXPECT_EQ(v_differ, 0u) << "of " << v_got.size();
             EXPECT_EQ(stream_k.flags_raised(), 0u);
         }
-    }
+
     // Declined, nothing launched: heads of 64 dims, rows that are not q | k | v of the heads given.
     DeviceBuffer<float> q((size_t)T * qd);
     DeviceBuffer<uint16_t> kc((size_t)T * kd), vc((size_t)T * kd);
