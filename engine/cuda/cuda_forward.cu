@@ -247,11 +247,11 @@ bool prefill_gemm_adds_on() { return !lab_knob("SPILLWAY_PREFILL_GEMM_ADDS", "0"
 // SPILLWAY_PREFILL_QKV_ROPE=1 (lab) takes it; never with SPILLWAY_PREFILL_GEMM_MERGE=0 (a
 // launch per matrix).
 bool chunk_qkv_takes_rope(const CudaModel& m, const CudaLayerWeights& L, KvType k_type, KvType v_type) {
-    static const bool off = !lab_knob("SPILLWAY_PREFILL_QKV_ROPE", "1", "0");
+    static const bool opted_in = lab_knob("SPILLWAY_PREFILL_QKV_ROPE", "1", "0");
     const ModelSpec& s = m.spec;
     CudaMatrix wqkv = L.wq;
     wqkv.n_out = s.n_head * s.head_dim_k + m.n_head_kv * (s.head_dim_k + s.head_dim_v);
-    return !off && prefill_gemm_merge_on() && L.fused_qkv && k_type == KvType::f16 && v_type == KvType::f16 &&
+    return opted_in && prefill_gemm_merge_on() && L.fused_qkv && k_type == KvType::f16 && v_type == KvType::f16 &&
            m.rope_dev.neox && m.rope_dev.n_dims == s.head_dim_k && s.head_dim_k == s.head_dim_v &&
            prefill_gemm_reads_codes(wqkv) && prefill_gemm_q8s_qkv_rope_takes(wqkv, s.n_head, m.n_head_kv, s.head_dim_k);
 }
@@ -568,7 +568,8 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         }
         // Bias, RoPE and the K/V write in one launch (qkv_post.cuh); the spilled path writes K/V
         // itself, so it gets only bias and RoPE.
-        const bool post_fused = !qkv_epilogue && !qkv_rope_gemm && (T == 1 || fused_prefill) && qkv_post_fits(m) && T <= 65535;  // grid.y
+        const bool post_fused = !qkv_epilogue && !qkv_rope_gemm && (T == 1 || fused_prefill) && qkv_post_fits(m) &&
+                                T <= 65535;  // grid.y
         // One token over a resident range the split kernel takes in several splits (f16 K, 65
         // to 16383 cells): the attention kernel itself does the bias, RoPE and the new cell's
         // K/V write (attention.cuh, AttentionPostQkv).

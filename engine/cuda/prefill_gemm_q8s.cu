@@ -261,7 +261,7 @@ __device__ __forceinline__ void rope_epilogue(float (&acc)[kBN / 128][16][4], co
         for (uint32_t jj = 0; jj < 8; ++jj)
 #pragma unroll
             for (uint32_t e = 0; e < 2; ++e) {
-                float(&a)[4] = acc[u / 2 % (kBN / 128)][(u % 2) * 8 + jj];
+                float(&a)[4] = acc[u / 2][(u % 2) * 8 + jj];
                 float lo = a[e], hi = a[2 + e];
                 if (biased) {
                     lo += bias_lo;
@@ -809,6 +809,18 @@ void check_workspace(const GemmWorkspace& workspace, const void* out, size_t out
         fail(std::string(who) + ": the workspace's partials overlap an output");
 }
 
+// The output segment of rows [seg_begin, seg_begin + rows) (of the whole matrix), where the
+// launch's rows [row0, row0 + n_rows) meet it: its tensor map, make_map(offset, n) for its n
+// rows from the segment's row `offset` on, and its first launch-relative row. Whether it did.
+template <typename MakeMap>
+bool add_segment(Launch& l, uint32_t row0, uint32_t n_rows, uint32_t seg_begin, uint32_t rows, MakeMap&& make_map) {
+    const uint32_t lo = std::max(seg_begin, row0), hi = std::min(seg_begin + rows, row0 + n_rows);
+    if (lo >= hi) return false;
+    l.out.seg[l.p.n_segments] = make_map(lo - seg_begin, hi - lo);
+    l.p.seg_begin[l.p.n_segments++] = lo - row0;
+    return true;
+}
+
 // Rows [row0, row0 + n_rows) of w, in tiles of bn tokens, each row into its output segment.
 void launch_rows(const CudaMatrix& w, uint32_t row0, uint32_t n_rows, const __half* x, uint32_t n_tokens,
                  std::span<const GemmOutput> outs, bool add_to_y, uint32_t bn, const GemmWorkspace& workspace,
@@ -816,19 +828,13 @@ void launch_rows(const CudaMatrix& w, uint32_t row0, uint32_t n_rows, const __ha
     if (n_rows == 0) return;
     Launch l = launch_for(w, row0, n_rows, kRows, x, n_tokens, n_rows, bn);
     l.p.add_to_y = add_to_y ? 1 : 0;
-    // The segments this launch's rows meet, in launch-relative rows.
     uint32_t seg_begin = 0;
     for (const GemmOutput& o : outs) {
-        const uint32_t seg_end = seg_begin + o.rows;
-        const uint32_t lo = std::max(seg_begin, row0), hi = std::min(seg_end, row0 + n_rows);
-        if (lo < hi) {
-            l.out.seg[l.p.n_segments] =
-                tensor_map_2d(o.y + (lo - seg_begin), CU_TENSOR_MAP_DATA_TYPE_FLOAT32, hi - lo, n_tokens,
-                              (uint64_t)o.y_stride * 4, kWarpRows, kOutTokens, CU_TENSOR_MAP_SWIZZLE_64B,
-                              "prefill GEMM (q8s), y");
-            l.p.seg_begin[l.p.n_segments++] = lo - row0;
-        }
-        seg_begin = seg_end;
+        add_segment(l, row0, n_rows, seg_begin, o.rows, [&](uint32_t offset, uint32_t n) {
+            return tensor_map_2d(o.y + offset, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, n, n_tokens, (uint64_t)o.y_stride * 4,
+                                 kWarpRows, kOutTokens, CU_TENSOR_MAP_SWIZZLE_64B, "prefill GEMM (q8s), y");
+        });
+        seg_begin += o.rows;
     }
     launch_width<Epi::plain>(l, bn, workspace, stream);
 }
@@ -868,21 +874,17 @@ void launch_qkv_rope_rows(const CudaMatrix& w, uint32_t row0, uint32_t n_rows, c
     const Segment segments[3] = {{o.q, qd, false}, {o.k, kd, true}, {o.v, kd, true}};
     uint32_t seg_begin = 0;
     for (const Segment& sg : segments) {
-        const uint32_t seg_end = seg_begin + sg.rows;
-        const uint32_t lo = std::max(seg_begin, row0), hi = std::min(seg_end, row0 + n_rows);
-        if (lo < hi) {
-            const uint32_t i = l.p.n_segments++;
-            l.out.seg[i] = sg.f16 ? tensor_map_2d(static_cast<__half*>(sg.y) + (lo - seg_begin),
-                                                  CU_TENSOR_MAP_DATA_TYPE_FLOAT16, hi - lo, n_tokens, (uint64_t)sg.rows * 2,
-                                                  kGluWarpFeatures, 128, CU_TENSOR_MAP_SWIZZLE_NONE,
-                                                  "prefill GEMM (q8s), k / v rows")
-                                  : tensor_map_2d(static_cast<float*>(sg.y) + (lo - seg_begin),
-                                                  CU_TENSOR_MAP_DATA_TYPE_FLOAT32, hi - lo, n_tokens, (uint64_t)sg.rows * 4,
-                                                  kGluWarpFeatures, 64, CU_TENSOR_MAP_SWIZZLE_NONE, "prefill GEMM (q8s), q");
-            l.p.seg_begin[i] = lo - row0;
-            if (sg.f16) l.p.seg_f16 |= 1u << i;
-        }
-        seg_begin = seg_end;
+        const uint32_t index = l.p.n_segments;
+        const bool added = add_segment(l, row0, n_rows, seg_begin, sg.rows, [&](uint32_t offset, uint32_t n) {
+            return sg.f16 ? tensor_map_2d(static_cast<__half*>(sg.y) + offset, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, n,
+                                          n_tokens, (uint64_t)sg.rows * 2, kGluWarpFeatures, 128,
+                                          CU_TENSOR_MAP_SWIZZLE_NONE, "prefill GEMM (q8s), k / v rows")
+                          : tensor_map_2d(static_cast<float*>(sg.y) + offset, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, n,
+                                          n_tokens, (uint64_t)sg.rows * 4, kGluWarpFeatures, 64,
+                                          CU_TENSOR_MAP_SWIZZLE_NONE, "prefill GEMM (q8s), q");
+        });
+        if (added && sg.f16) l.p.seg_f16 |= 1u << index;
+        seg_begin += sg.rows;
     }
     launch_width<Epi::qkv_rope>(l, bn, workspace, stream);
 }
