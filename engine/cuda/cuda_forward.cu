@@ -243,15 +243,15 @@ bool prefill_gemm_adds_on() { return !lab_knob("SPILLWAY_PREFILL_GEMM_ADDS", "0"
 // (prefill_gemm_q8s_qkv_rope_cuda): f16 K and V written straight into a resident cache, NeoX
 // RoPE over whole 128-dim heads (with the forward's rope table). Elsewhere qkv_post_cuda does it
 // (quantized tiers quantize whole 32-value blocks of a token, which the GEMM's threads do not
-// hold). Opt-in until it has run on a GPU (written in session 47 when no device was lent):
-// SPILLWAY_PREFILL_QKV_ROPE=1 (lab) takes it; never with SPILLWAY_PREFILL_GEMM_MERGE=0 (a
-// launch per matrix).
+// hold). Session 49, H100, ABBA at -b 4096 against the separate launch: 8k +2.1%, 64k +0.5%.
+// SPILLWAY_PREFILL_QKV_ROPE=0 (lab) restores the launch; never with SPILLWAY_PREFILL_GEMM_MERGE=0
+// (a launch per matrix).
 bool chunk_qkv_takes_rope(const CudaModel& m, const CudaLayerWeights& L, KvType k_type, KvType v_type) {
-    static const bool opted_in = lab_knob("SPILLWAY_PREFILL_QKV_ROPE", "1", "0");
+    static const bool off = lab_knob("SPILLWAY_PREFILL_QKV_ROPE", "0", "1");
     const ModelSpec& s = m.spec;
     CudaMatrix wqkv = L.wq;
     wqkv.n_out = s.n_head * s.head_dim_k + m.n_head_kv * (s.head_dim_k + s.head_dim_v);
-    return opted_in && prefill_gemm_merge_on() && L.fused_qkv && k_type == KvType::f16 && v_type == KvType::f16 &&
+    return !off && prefill_gemm_merge_on() && L.fused_qkv && k_type == KvType::f16 && v_type == KvType::f16 &&
            m.rope_dev.neox && m.rope_dev.n_dims == s.head_dim_k && s.head_dim_k == s.head_dim_v &&
            prefill_gemm_reads_codes(wqkv) && prefill_gemm_q8s_qkv_rope_takes(wqkv, s.n_head, m.n_head_kv, s.head_dim_k);
 }
@@ -1119,24 +1119,22 @@ static void reserve_prefill_kv_f16(const CudaModel& m, const CudaKvCache& cache,
     uint32_t piece = std::max(st.prefill_kv_f16.piece_cells, std::min(full, std::max(cache.n_ctx, 1u)));
     const bool k_quant = cache.k_type != KvType::f16, v_quant = cache.v_type != KvType::f16;
     // The FFN's gate|up rows are dead from the down projection of one layer to the gate / up
-    // projections of the next, so attention can keep its pieces and partials there (stream
-    // order: nothing else touches them meanwhile). 2048-token chunks of the 14B shape: 216 MiB
-    // of gate|up hold the 64 MiB of pieces and 41 MiB of partials, and a quantized cache's
-    // prefill needs no scratch of its own. Pieces shrink (to >= 1024 cells) to fit; a state
-    // too small for that gets buffers of its own.
+    // projections of the next, so attention can keep its partials and pieces there (stream
+    // order: nothing else touches them meanwhile). Where the SwiGLU GEMM runs, gate|up holds
+    // only its f16 output (4096-token chunks of the 14B shape: 108 MiB), which takes the
+    // partials (81 MiB) but pieces of only ~3.3k cells instead of 16k: five times the pieces
+    // and merges cost a 64k prefill over a q8_0 cache 2.6% (session 49, H100). So the pieces
+    // go there only at their full length (or the cache's), else into 64 MiB of their own.
     const size_t merge_floats = (size_t)st.max_tokens * s.n_head * (s.head_dim_v + 2);
     const size_t halves_per_cell = (k_quant ? k_values : 0) + (v_quant ? v_values : 0);
-    const size_t avail_bytes = st.gate_up.bytes() > 4 * merge_floats + 256 ? st.gate_up.bytes() - 4 * merge_floats - 256 : 0;
+    const bool partials_alias = st.gate_up.bytes() > 4 * merge_floats + 256;
+    const size_t avail_bytes = partials_alias ? st.gate_up.bytes() - 4 * merge_floats - 256 : 0;
     const uint64_t fit = avail_bytes / (2 * halves_per_cell) / 128 * 128;
-    const uint32_t aliased_piece = (uint32_t)std::min<uint64_t>(piece, fit);
-    if (aliased_piece >= std::min<uint32_t>(piece, 1024)) {
-        piece = aliased_piece;
-        // Layout inside gate|up: partial out, partial lse, running lse (floats), then the K and
-        // V pieces (16-byte aligned halves).
-        float* base = st.gate_up.data();
-        float* piece_out = base;
-        float* piece_lse = piece_out + (size_t)st.max_tokens * s.n_head * s.head_dim_v;
-        float* lse = piece_lse + (size_t)st.max_tokens * s.n_head;
+    // Partial out, partial lse, running lse (floats), then the K and V pieces (16-byte aligned).
+    float* const piece_out = st.gate_up.data();
+    float* const piece_lse = piece_out + (size_t)st.max_tokens * s.n_head * s.head_dim_v;
+    float* const lse = piece_lse + (size_t)st.max_tokens * s.n_head;
+    if (fit >= piece) {
         const uintptr_t halves_at = (reinterpret_cast<uintptr_t>(lse + (size_t)st.max_tokens * s.n_head) + 15) & ~uintptr_t(15);
         __half* k = reinterpret_cast<__half*>(halves_at);
         __half* v = k + (k_quant ? (size_t)piece * k_values : 0);
@@ -1148,6 +1146,15 @@ static void reserve_prefill_kv_f16(const CudaModel& m, const CudaKvCache& cache,
         st.prefill_k_f16 = DeviceBuffer<__half>((size_t)piece * k_values);
     if (v_quant && st.prefill_v_f16.size() < (size_t)piece * v_values)
         st.prefill_v_f16 = DeviceBuffer<__half>((size_t)piece * v_values);
+    if (partials_alias) {
+        st.prefill_kv_f16 = PrefillKvF16Scratch{k_quant ? st.prefill_k_f16.data() : nullptr,
+                                                v_quant ? st.prefill_v_f16.data() : nullptr,
+                                                piece,
+                                                piece_out,
+                                                piece_lse,
+                                                lse};
+        return;
+    }
     if (cache.n_ctx > piece && st.prefill_lse.size() == 0) {
         st.prefill_piece_out = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head * s.head_dim_v);
         st.prefill_piece_lse = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head);

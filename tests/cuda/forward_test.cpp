@@ -413,8 +413,9 @@ TEST(CudaForward, ScratchIsUnderFivePercentOfTheKvAt64k) {
     EXPECT_LT(scratch, 0.05 * kv);
     const double ffn_out = chunk == 4096 ? 2.0 * m.spec.n_ff : 2 * 4.0 * m.spec.n_ff;
     EXPECT_GE(scratch, chunk * (m.spec.n_embd * 4.0 + ffn_out)) << "x and the FFN's output at least";
-    // A prefill at that chunk over a quantized cache: its f16 pieces live in gate|up's memory
-    // (shrunk to fit it) and the scratch stays under 5% of the f16 KV.
+    // A prefill at that chunk over a quantized cache: its partials live in gate|up's memory, its
+    // f16 pieces (too long for what is left there) in their own, and the scratch stays under 5%
+    // of the f16 KV.
     CudaKvCache cache = make_cuda_kv_cache(m, 2 * chunk, KvType::q8_0, KvType::q8_0);
     const std::vector<int32_t> prompt = random_tokens(rng, 2 * chunk, m.spec.n_vocab);
     forward_cuda_tokens(m, cache, st, prompt.data(), chunk, 0);
