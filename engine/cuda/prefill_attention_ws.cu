@@ -76,8 +76,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint64_t* empty_v = empty_k + kStages;
 
     const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const uint32_t kv_head = blockIdx.y;
-    const uint32_t row_block = p.n_row_blocks - 1 - blockIdx.x;  // the longest rows start first
+    // The longest rows start first. Blocks are dealt in x-fastest order, so with x over row
+    // blocks every KV head's longest rows wait for all row blocks of the heads before it (a
+    // causal chunk's last head starts its longest blocks near the end); with x over the heads
+    // (heads_fastest) the whole grid goes longest first.
+    const uint32_t kv_head = p.heads_fastest ? blockIdx.x : blockIdx.y;
+    const uint32_t row_block = p.n_row_blocks - 1 - (p.heads_fastest ? blockIdx.y : blockIdx.x);
     const RowBlockSpan span = row_block_span<kRows>(p, row_block);
     const uint32_t n_tiles = span.cell_stop > p.cell_begin ? (span.cell_stop - p.cell_begin + kTile - 1) / kTile : 0;
 
@@ -232,7 +236,8 @@ void launch(const CUtensorMap& k_map, const CUtensorMap& v_map, const Params& p,
         SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemBytes));
         configured = true;
     }
-    kernel<<<dim3(p.n_row_blocks, n_head_kv), kThreads, kSmemBytes, stream>>>(k_map, v_map, p);
+    const dim3 grid = p.heads_fastest ? dim3(n_head_kv, p.n_row_blocks) : dim3(p.n_row_blocks, n_head_kv);
+    kernel<<<grid, kThreads, kSmemBytes, stream>>>(k_map, v_map, p);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -250,6 +255,11 @@ bool prefill_attention_ws_launch(const Params& p_in, uint32_t n_head_kv, cudaStr
         return false;
     Params p = p_in;
     p.n_row_blocks = (p.n_rows + kRows - 1) / kRows;
+    // Lab: SPILLWAY_WS_ORDER=heads deals the blocks longest rows first across all KV heads
+    // (default: head by head, each longest first).
+    static const bool heads_first = lab_knob("SPILLWAY_WS_ORDER", "heads", "rows");
+    p.heads_fastest = heads_first ? 1 : 0;
+    if (p.n_row_blocks > 65535 && heads_first) return false;  // gridDim.y's limit
     const CUtensorMap k_map = operand_map(p.k, n_head_kv, n_cells, p.k_row);
     const CUtensorMap v_map = operand_map(p.v, n_head_kv, n_cells, p.v_row);
     // Lab: SPILLWAY_WS_STAGES=3 (a third K and V stage), SPILLWAY_WS_PINGPONG=0 (the two

@@ -25,6 +25,7 @@ struct Params {
     uint32_t n_head, n_group, n_tokens, n_rows, n_row_blocks;  // n_row_blocks: set by the launcher
     uint32_t pos0, cell_begin, cell_end;
     uint32_t n_split;  // CTAs (one thread-block cluster) sharing a row block's cells; set by the launcher
+    uint32_t heads_fastest;  // (ws kernel) blockIdx.x is the KV head, blockIdx.y the row block; set by the launcher
     float q_scale;     // scale * log2(e): scores come out in base 2
     float* out;
     float* lse;
