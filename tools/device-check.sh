@@ -85,9 +85,14 @@ if [ -z "$bench_only" ] && [ "$engine_only" = 0 ]; then
   # The forward suite once more under each lab decode variant that changes the engine's path
   # (session 32): logits against the CPU engine and greedy tokens, as for the default.
   # SPILLWAY_ATTN_MERGE=warp (session 37: the lab's warp merge) runs the attention suite too.
-  for knob in SPILLWAY_HANDOVER=fence SPILLWAY_CHAIN_WO=4 SPILLWAY_QKV_EPILOGUE=1 SPILLWAY_ATTN_MERGE=warp; do
+  # SPILLWAY_PREFILL_QKV_ROPE=0 (session 49): the q|k|v GEMM's plain output and the post-QKV
+  # launch, the path before the RoPE epilogue; SPILLWAY_WS_ORDER=heads (lab): the prefill
+  # attention's grid dealt longest rows first over all heads, with the prefill suites too.
+  for knob in SPILLWAY_HANDOVER=fence SPILLWAY_CHAIN_WO=4 SPILLWAY_QKV_EPILOGUE=1 SPILLWAY_ATTN_MERGE=warp \
+      SPILLWAY_PREFILL_QKV_ROPE=0 SPILLWAY_WS_ORDER=heads; do
     suites='CudaForward.*'
     [ "$knob" = SPILLWAY_ATTN_MERGE=warp ] && suites='CudaForward.*:CudaAttention.*'
+    [ "$knob" = SPILLWAY_WS_ORDER=heads ] && suites='CudaForward.*:CudaPrefillAttention.*:CudaPrefill.CausalAttention*'
     env "$knob" "$bin/test_cuda" --gtest_filter="$suites" >"$out/ctest-${knob//=/-}.log" 2>&1
     echo "$suites with $knob rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/ctest-${knob//=/-}.log" | head -2 | tr '\n' ' ')"
   done
