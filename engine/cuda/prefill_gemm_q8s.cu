@@ -103,6 +103,9 @@ struct Params {
     uint32_t n_segments;
     uint32_t seg_begin[kMaxSegments];
     int add_to_y;
+    // Lab (SPILLWAY_GEMM_LAB_EPILOGUE): 1 skips the plain epilogue's TMA stores, 2 the whole plain
+    // epilogue (wrong output: timing only, to see what the epilogue costs the tensor cores).
+    uint32_t lab_epilogue;
     // kGlu: the up row of feature f is gate row f + glu_up_rows; silu(gate) * up goes out as f16
     // through OutMaps::seg[0] (act from the launch's first feature, boxes of 8 features x kBN
     // tokens). kRope: 64, a head's second half (the thread's second row).
@@ -595,6 +598,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // while the warp goes on, and the rows and tokens past the output are clipped by the
         // tensor map. (Against the whole-tile epilogue through the ring's memory
         // before it: equal at 8k, +3.5% at pp512, session 45; what it saves is instructions.)
+        if (p.lab_epilogue == 2) continue;
         const uint32_t token_stop = min((uint32_t)kBN, p.n_tokens - t0);
         const uint32_t warp_row = (warp / 4) * 64 + (warp % 4) * kWarpRows;  // the warp's first tile row
         const TileSegment seg = tile_segment(p, r0);
@@ -618,7 +622,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
             fence_proxy_async_shared();
             __syncwarp();
-            if (lane == 0) {
+            if (lane == 0 && p.lab_epilogue == 0) {
                 const void* map = &out_maps.seg[seg.index];
                 const int32_t token0 = (int32_t)(t0 + q * kOutTokens);
                 if (p.add_to_y) tma_add_2d(map, seg_col, token0, buf);
@@ -659,6 +663,8 @@ void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const OutMaps& o
     }
     constexpr uint32_t kBlockRows = kGlu ? kRows / 2 : kRows;
     p.token_blocks = (p.n_tokens + kBN - 1) / kBN;
+    static const uint32_t lab_epilogue = lab_knob_uint("SPILLWAY_GEMM_LAB_EPILOGUE", 0, 2);
+    p.lab_epilogue = lab_epilogue;
     const uint64_t tiles = (uint64_t)p.token_blocks * ((p.n_out + kBlockRows - 1) / kBlockRows);
     if (tiles > UINT32_MAX) fail("prefill GEMM (q8s): too many tiles");
     p.n_tiles = (uint32_t)tiles;
