@@ -1146,25 +1146,18 @@ static void reserve_prefill_kv_f16(const CudaModel& m, const CudaKvCache& cache,
         st.prefill_k_f16 = DeviceBuffer<__half>((size_t)piece * k_values);
     if (v_quant && st.prefill_v_f16.size() < (size_t)piece * v_values)
         st.prefill_v_f16 = DeviceBuffer<__half>((size_t)piece * v_values);
-    if (partials_alias) {
-        st.prefill_kv_f16 = PrefillKvF16Scratch{k_quant ? st.prefill_k_f16.data() : nullptr,
-                                                v_quant ? st.prefill_v_f16.data() : nullptr,
-                                                piece,
-                                                piece_out,
-                                                piece_lse,
-                                                lse};
-        return;
-    }
-    if (cache.n_ctx > piece && st.prefill_lse.size() == 0) {
+    if (!partials_alias && cache.n_ctx > piece && st.prefill_lse.size() == 0) {
         st.prefill_piece_out = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head * s.head_dim_v);
         st.prefill_piece_lse = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head);
         st.prefill_lse = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head);
     }
     auto data_or_null = [](auto& b) { return b.size() ? b.data() : nullptr; };
-    st.prefill_kv_f16 = PrefillKvF16Scratch{data_or_null(st.prefill_k_f16),     data_or_null(st.prefill_v_f16),
+    st.prefill_kv_f16 = PrefillKvF16Scratch{data_or_null(st.prefill_k_f16),
+                                            data_or_null(st.prefill_v_f16),
                                             piece,
-                                            data_or_null(st.prefill_piece_out), data_or_null(st.prefill_piece_lse),
-                                            data_or_null(st.prefill_lse)};
+                                            partials_alias ? piece_out : data_or_null(st.prefill_piece_out),
+                                            partials_alias ? piece_lse : data_or_null(st.prefill_piece_lse),
+                                            partials_alias ? lse : data_or_null(st.prefill_lse)};
 }
 
 void forward_cuda(const CudaModel& m, CudaKvCache& cache, CudaForwardState& st, uint32_t n_tokens, uint32_t pos0) {
