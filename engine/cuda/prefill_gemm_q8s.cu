@@ -106,6 +106,10 @@ struct Params {
     // Lab (SPILLWAY_GEMM_LAB_EPILOGUE): 1 skips the plain epilogue's TMA stores, 2 the whole plain
     // epilogue (wrong output: timing only, to see what the epilogue costs the tensor cores).
     uint32_t lab_epilogue;
+    // Lab (SPILLWAY_GEMM_Y_PREFETCH): y += W x only; this many stage loads before a written tile's
+    // last, the producer asks the tile's y into L2, so that the epilogue's TMA adds (every SM's at
+    // about the same moment) find their lines there instead of reading HBM. 0: off.
+    uint32_t y_prefetch;
     // kGlu: the up row of feature f is gate row f + glu_up_rows; silu(gate) * up goes out as f16
     // through OutMaps::seg[0] (act from the launch's first feature, boxes of 8 features x kBN
     // tokens). kRope: 64, a head's second half (the thread's second row).
@@ -383,7 +387,21 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const int32_t t0 = (int32_t)((it.tile % p.token_blocks) * kBN);
                 const int32_t r0 = (int32_t)((it.tile / p.token_blocks) * kBlockRows);
                 // (The epilogue has buffers of its own: the next item's stages load while it runs.)
+                // y_prefetch: the stage at which y's tile is asked for (none for a later share,
+                // which writes a partial, not y).
+                uint32_t prefetch_at = UINT32_MAX;
+                if constexpr (kEpi == Epi::plain)
+                    if (p.y_prefetch != 0 && p.add_to_y && it.part != Part::later)
+                        prefetch_at = it.k_end - min(p.y_prefetch, it.k_end - it.k_begin);
                 for (uint32_t kt = it.k_begin; kt < it.k_end; ++kt, ++step) {
+                    if (kt == prefetch_at) {
+                        const TileSegment seg = tile_segment(p, (uint32_t)r0);
+                        const void* map = &out_maps.seg[seg.index];
+                        const int32_t col = r0 - (int32_t)seg.first;
+                        for (uint32_t rows = 0; rows < kBlockRows; rows += kWarpRows)
+                            for (uint32_t tokens = 0; tokens < (uint32_t)kBN; tokens += kOutTokens)
+                                tma_prefetch_l2_2d(map, col + (int32_t)rows, t0 + (int32_t)tokens);
+                    }
                     const uint32_t s = step % kStages, use = step / kStages;
                     if (use > 0) mbarrier_wait_parity(&empty[s], (use - 1) & 1);
                     mbarrier_arrive_expect_tx(&full[s], L::kXBytes + kCodeBytes);
@@ -665,6 +683,8 @@ void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const OutMaps& o
     p.token_blocks = (p.n_tokens + kBN - 1) / kBN;
     static const uint32_t lab_epilogue = lab_knob_uint("SPILLWAY_GEMM_LAB_EPILOGUE", 0, 2);
     p.lab_epilogue = lab_epilogue;
+    static const uint32_t y_prefetch = lab_knob_uint("SPILLWAY_GEMM_Y_PREFETCH", 0, 1024);
+    p.y_prefetch = y_prefetch;
     const uint64_t tiles = (uint64_t)p.token_blocks * ((p.n_out + kBlockRows - 1) / kBlockRows);
     if (tiles > UINT32_MAX) fail("prefill GEMM (q8s): too many tiles");
     p.n_tiles = (uint32_t)tiles;
