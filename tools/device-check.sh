@@ -88,12 +88,9 @@ if [ -z "$bench_only" ] && [ "$engine_only" = 0 ]; then
   # SPILLWAY_PREFILL_QKV_ROPE=0 (session 49): the q|k|v GEMM's plain output and the post-QKV
   # launch, the path before the RoPE epilogue; SPILLWAY_WS_ORDER=heads (lab): the prefill
   # attention's grid dealt longest rows first over all heads, with the prefill suites too.
-  # SPILLWAY_GEMM_Y_PREFETCH=16 (session 50, lab): y's tiles asked into L2 before the codes GEMM's
-  # TMA adds, with the GEMM suite (the values must not change).
   for knob in SPILLWAY_HANDOVER=fence SPILLWAY_CHAIN_WO=4 SPILLWAY_QKV_EPILOGUE=1 SPILLWAY_ATTN_MERGE=warp \
-      SPILLWAY_PREFILL_QKV_ROPE=0 SPILLWAY_WS_ORDER=heads SPILLWAY_GEMM_Y_PREFETCH=16; do
+      SPILLWAY_PREFILL_QKV_ROPE=0 SPILLWAY_WS_ORDER=heads; do
     suites='CudaForward.*'
-    [ "$knob" = SPILLWAY_GEMM_Y_PREFETCH=16 ] && suites='CudaForward.*:CudaPrefillGemmQ8s.*'
     [ "$knob" = SPILLWAY_ATTN_MERGE=warp ] && suites='CudaForward.*:CudaAttention.*'
     [ "$knob" = SPILLWAY_WS_ORDER=heads ] && suites='CudaForward.*:CudaPrefillAttention.*:CudaPrefill.CausalAttention*'
     env "$knob" "$bin/test_cuda" --gtest_filter="$suites" >"$out/ctest-${knob//=/-}.log" 2>&1

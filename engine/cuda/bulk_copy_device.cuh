@@ -114,14 +114,6 @@ __device__ __forceinline__ void tma_add_2d(const void* tensor_map, int32_t c0, i
                  "r"(c0), "r"(c1), "r"(shared_addr(src))
                  : "memory");
 }
-// The box at (c0, c1) of a 2-D tensor map asked into L2 (no completion to wait for; elements
-// outside the tensor are skipped): a later TMA add to it then finds its lines there.
-__device__ __forceinline__ void tma_prefetch_l2_2d(const void* tensor_map, int32_t c0, int32_t c1) {
-    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(
-                     reinterpret_cast<uint64_t>(tensor_map)),
-                 "r"(c0), "r"(c1)
-                 : "memory");
-}
 // Closes this thread's bulk stores issued since the last commit into one group.
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Until at most `n` of this thread's newest groups still read their shared memory.

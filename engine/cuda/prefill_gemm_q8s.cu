@@ -103,13 +103,6 @@ struct Params {
     uint32_t n_segments;
     uint32_t seg_begin[kMaxSegments];
     int add_to_y;
-    // Lab (SPILLWAY_GEMM_LAB_EPILOGUE): 1 skips the plain epilogue's TMA stores, 2 the whole plain
-    // epilogue (wrong output: timing only, to see what the epilogue costs the tensor cores).
-    uint32_t lab_epilogue;
-    // Lab (SPILLWAY_GEMM_Y_PREFETCH): y += W x only; this many stage loads before a written tile's
-    // last, the producer asks the tile's y into L2, so that the epilogue's TMA adds (every SM's at
-    // about the same moment) find their lines there instead of reading HBM. 0: off.
-    uint32_t y_prefetch;
     // kGlu: the up row of feature f is gate row f + glu_up_rows; silu(gate) * up goes out as f16
     // through OutMaps::seg[0] (act from the launch's first feature, boxes of 8 features x kBN
     // tokens). kRope: 64, a head's second half (the thread's second row).
@@ -387,21 +380,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const int32_t t0 = (int32_t)((it.tile % p.token_blocks) * kBN);
                 const int32_t r0 = (int32_t)((it.tile / p.token_blocks) * kBlockRows);
                 // (The epilogue has buffers of its own: the next item's stages load while it runs.)
-                // y_prefetch: the stage at which y's tile is asked for (none for a later share,
-                // which writes a partial, not y).
-                uint32_t prefetch_at = UINT32_MAX;
-                if constexpr (kEpi == Epi::plain)
-                    if (p.y_prefetch != 0 && p.add_to_y && it.part != Part::later)
-                        prefetch_at = it.k_end - min(p.y_prefetch, it.k_end - it.k_begin);
                 for (uint32_t kt = it.k_begin; kt < it.k_end; ++kt, ++step) {
-                    if (kt == prefetch_at) {
-                        const TileSegment seg = tile_segment(p, (uint32_t)r0);
-                        const void* map = &out_maps.seg[seg.index];
-                        const int32_t col = r0 - (int32_t)seg.first;
-                        for (uint32_t rows = 0; rows < kBlockRows; rows += kWarpRows)
-                            for (uint32_t tokens = 0; tokens < (uint32_t)kBN; tokens += kOutTokens)
-                                tma_prefetch_l2_2d(map, col + (int32_t)rows, t0 + (int32_t)tokens);
-                    }
                     const uint32_t s = step % kStages, use = step / kStages;
                     if (use > 0) mbarrier_wait_parity(&empty[s], (use - 1) & 1);
                     mbarrier_arrive_expect_tx(&full[s], L::kXBytes + kCodeBytes);
@@ -616,7 +595,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         // while the warp goes on, and the rows and tokens past the output are clipped by the
         // tensor map. (Against the whole-tile epilogue through the ring's memory
         // before it: equal at 8k, +3.5% at pp512, session 45; what it saves is instructions.)
-        if (p.lab_epilogue == 2) continue;
         const uint32_t token_stop = min((uint32_t)kBN, p.n_tokens - t0);
         const uint32_t warp_row = (warp / 4) * 64 + (warp % 4) * kWarpRows;  // the warp's first tile row
         const TileSegment seg = tile_segment(p, r0);
@@ -640,7 +618,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 }
             fence_proxy_async_shared();
             __syncwarp();
-            if (lane == 0 && p.lab_epilogue == 0) {
+            if (lane == 0) {
                 const void* map = &out_maps.seg[seg.index];
                 const int32_t token0 = (int32_t)(t0 + q * kOutTokens);
                 if (p.add_to_y) tma_add_2d(map, seg_col, token0, buf);
@@ -681,10 +659,6 @@ void launch(const CUtensorMap& x_map, const CUtensorMap& w_map, const OutMaps& o
     }
     constexpr uint32_t kBlockRows = kGlu ? kRows / 2 : kRows;
     p.token_blocks = (p.n_tokens + kBN - 1) / kBN;
-    static const uint32_t lab_epilogue = lab_knob_uint("SPILLWAY_GEMM_LAB_EPILOGUE", 0, 2);
-    p.lab_epilogue = lab_epilogue;
-    static const uint32_t y_prefetch = lab_knob_uint("SPILLWAY_GEMM_Y_PREFETCH", 0, 1024);
-    p.y_prefetch = y_prefetch;
     const uint64_t tiles = (uint64_t)p.token_blocks * ((p.n_out + kBlockRows - 1) / kBlockRows);
     if (tiles > UINT32_MAX) fail("prefill GEMM (q8s): too many tiles");
     p.n_tiles = (uint32_t)tiles;
