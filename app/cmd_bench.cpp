@@ -285,6 +285,7 @@ int cmd_bench(int argc, char** argv) {
                               {"vram_bytes", {{"weights", r.vram_weights}, {"scratch", r.vram_scratch},
                                               {"graphs", r.vram_graphs}}},
                               {"rows", rows}};
+        for (const auto& [name, bytes] : r.vram_scratch_parts) out["vram_bytes"]["scratch_parts"][name] = bytes;
         if (plan)
             out["plan"] = {{"tier", kv_tier_name(plan->tier)},
                            {"reason", plan->reason},

@@ -293,6 +293,7 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
     }
     report.vram_graphs = st.graph_bytes;
     report.vram_scratch = cuda_forward_scratch_bytes(st);  // after the runs: includes the spill scratch
+    for (const ScratchPart& part : cuda_forward_scratch_parts(st)) report.vram_scratch_parts.emplace_back(part.name, part.bytes);
     return report;
 }
 

@@ -62,6 +62,7 @@ struct CudaBenchReport {
     std::string model;                // file path or "synthetic PRESET (TYPE)"
     double hbm_gb_s = 0;              // measured streaming read
     uint64_t vram_weights = 0, vram_scratch = 0, vram_graphs = 0;
+    std::vector<std::pair<std::string, uint64_t>> vram_scratch_parts;  // by buffer, summing to vram_scratch
     uint64_t kv_cells = 0;            // cache size in cells (max depth + n_gen + 1)
     double h2d_gb_s = 0;              // pinned host->device copy bandwidth, measured when spilling
     std::vector<CudaBenchRow> rows;

@@ -1075,18 +1075,58 @@ uint32_t cuda_long_prompt_chunk(const CudaModel& m) {
     return every_chunk_ffn_takes_glu(prefill_fused_on(), m) ? 4096 : 2048;
 }
 
+std::vector<ScratchPart> cuda_forward_scratch_parts(const CudaForwardState& st) {
+    std::vector<ScratchPart> all = {
+            {"x", st.x.bytes()},
+            {"xn", st.xn.bytes()},
+            {"proj", st.proj.bytes()},
+            {"qkv", st.qkv.bytes()},
+            {"attn", st.attn.bytes()},
+            {"attn_lse", st.attn_lse.bytes()},
+            {"gate_up", st.gate_up.bytes()},
+            {"logits", st.logits.bytes()},
+            {"attn_workspace", st.attn_workspace.bytes()},
+            {"act_f16", st.act_f16.bytes()},
+            {"w_f16", st.w_f16.bytes()},
+            {"w_f16_next", st.w_f16_next.bytes()},
+            {"tokens", st.tokens.bytes()},
+            {"positions", st.positions.bytes()},
+            {"rope_cs", st.rope_cs.bytes()},
+            {"next_token", st.next_token.bytes()},
+            {"act_q16", st.act_q16.bytes()},
+            {"gemm_flags", st.gemm_flags.bytes()},
+            {"gemm_partials", st.gemm_partials.bytes()},
+            {"act_q16_scale", st.act_q16_scale.bytes()},
+            {"spill_lse", st.spill_lse.bytes()},
+            {"spill_tail_out", st.spill_tail_out.bytes()},
+            {"spill_tail_lse", st.spill_tail_lse.bytes()},
+            {"spill_chunk_out", st.spill_chunk_out.bytes()},
+            {"spill_chunk_lse", st.spill_chunk_lse.bytes()},
+            {"spill_workspace", st.spill_workspace.bytes()},
+            {"prefill_k_f16", st.prefill_k_f16.bytes()},
+            {"prefill_v_f16", st.prefill_v_f16.bytes()},
+            {"prefill_piece_out", st.prefill_piece_out.bytes()},
+            {"prefill_piece_lse", st.prefill_piece_lse.bytes()},
+            {"prefill_lse", st.prefill_lse.bytes()},
+            {"decode_scratch", st.decode_scratch.bytes()},
+            {"glu_q16", st.glu_q16.bytes()},
+            {"glu_q16_scale", st.glu_q16_scale.bytes()},
+            {"glu_arrivals", st.glu_arrivals.bytes()},
+            {"norm_q16", st.norm_q16.bytes()},
+            {"norm_q16_scale", st.norm_q16_scale.bytes()},
+            {"norm_arrivals", st.norm_arrivals.bytes()},
+            {"norm_partials[0]", st.norm_partials[0].bytes()},
+            {"norm_partials[1]", st.norm_partials[1].bytes()},
+            {"qkv_kv_stage", st.qkv_kv_stage.bytes()},
+            {"qkv_kv_arrivals", st.qkv_kv_arrivals.bytes()}};
+    std::erase_if(all, [](const ScratchPart& part) { return part.bytes == 0; });
+    return all;
+}
+
 uint64_t cuda_forward_scratch_bytes(const CudaForwardState& st) {
-    return st.x.bytes() + st.xn.bytes() + st.proj.bytes() + st.qkv.bytes() + st.attn.bytes() + st.attn_lse.bytes() +
-           st.gate_up.bytes() + st.logits.bytes() + st.attn_workspace.bytes() + st.act_f16.bytes() + st.w_f16.bytes() +
-           st.w_f16_next.bytes() + st.tokens.bytes() + st.positions.bytes() + st.rope_cs.bytes() +
-           st.next_token.bytes() + st.act_q16.bytes() + st.gemm_flags.bytes() + st.gemm_partials.bytes() +
-           st.act_q16_scale.bytes() + st.spill_lse.bytes() + st.spill_tail_out.bytes() + st.spill_tail_lse.bytes() +
-           st.spill_chunk_out.bytes() + st.spill_chunk_lse.bytes() + st.spill_workspace.bytes() +
-           st.prefill_k_f16.bytes() + st.prefill_v_f16.bytes() + st.prefill_piece_out.bytes() +
-           st.prefill_piece_lse.bytes() + st.prefill_lse.bytes() + st.decode_scratch.bytes() + st.glu_q16.bytes() +
-           st.glu_q16_scale.bytes() + st.glu_arrivals.bytes() + st.norm_q16.bytes() + st.norm_q16_scale.bytes() +
-           st.norm_arrivals.bytes() + st.norm_partials[0].bytes() + st.norm_partials[1].bytes() +
-           st.qkv_kv_stage.bytes() + st.qkv_kv_arrivals.bytes();
+    uint64_t sum = 0;
+    for (const ScratchPart& part : cuda_forward_scratch_parts(st)) sum += part.bytes;
+    return sum;
 }
 
 // Spill scratch is allocated on the first forward over a spilled cache: an unspilled engine

@@ -171,7 +171,13 @@ bool decode_fusion_fits(const CudaModel& model);
 // shape), else 2048 (the f32 gate and up are held: ~230 KB per token). Measured (session 46,
 // H100, 14B shape, f16 KV): 4096 against 2048 +6.3% at 8k, +4.6% at 64k; 8192 +1.9% at 8k.
 uint32_t cuda_long_prompt_chunk(const CudaModel& model);
-// Scratch bytes the state holds (everything except the graphs).
+// Scratch bytes the state holds (everything except the graphs), and the same by buffer (the
+// ones holding memory, named as in CudaForwardState) for `bench --json`'s breakdown.
+struct ScratchPart {
+    const char* name;
+    uint64_t bytes;
+};
+std::vector<ScratchPart> cuda_forward_scratch_parts(const CudaForwardState& state);
 uint64_t cuda_forward_scratch_bytes(const CudaForwardState& state);
 
 // Enqueues the forward of tokens (device array state.tokens, already written) at positions
