@@ -147,6 +147,10 @@ if [ -z "$bench_only" ]; then
       -ctk f16,q8_0,q4_0 -ctv f16,q8_0,q4_0 >"$out/engine-bench.log" 2>&1
     echo "engine bench rc=$?"
     cat "$out/engine-bench.log"
+    # An 8k prefill with the card's power and SM clock beside it (session 50: the prefill runs at
+    # the 700 W cap, ~1.4 of 1.98 GHz on an H100).
+    tools/power-trace.sh -- "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 8192 -b 4096 -n 0 -ctk f16 \
+      2>&1 | grep -E "^\| f16|power-trace"
     # The same decode without the per-step graph: what the graph saves in launch gaps.
     "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 64 -d 0 -ctk f16 --no-graph \
       >"$out/engine-bench-nograph.log" 2>&1
