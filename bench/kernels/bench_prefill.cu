@@ -24,12 +24,14 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "bench/kernels/gpu_energy.h"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cuda_prefill.cuh"
 #include "engine/cuda/matvec_q8s.cuh"
@@ -117,13 +119,34 @@ void warm_up_clocks(double seconds) {
     cudaEventDestroy(b);
 }
 
-double median_ms(const std::function<void()>& run, int reps) {
+// The GPU's energy counter (NVML, when the driver's library is there): a row's joules per run,
+// mean power and the SM clock at its end, beside its time. The counter ticks every few ms, so
+// the energy columns mean something only over runs totalling a second or so (`--reps`).
+int current_device() {
+    int dev = 0;
+    SPILLWAY_CUDA_CHECK(cudaGetDevice(&dev));
+    return dev;
+}
+const GpuEnergy& gpu_energy() {
+    static const GpuEnergy energy(current_device());
+    return energy;
+}
+
+struct Timed {
+    double ms = 0;                      // median over the runs
+    std::optional<double> joules;       // per run, over all of them
+    std::optional<double> watts;        // mean over the runs
+    std::optional<unsigned> sm_mhz;     // at the end
+};
+
+Timed median_ms(const std::function<void()>& run, int reps) {
     run();  // warm-up: module load, shared-memory attributes, cuBLAS heuristics
     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
     cudaEvent_t a, b;
     SPILLWAY_CUDA_CHECK(cudaEventCreate(&a));
     SPILLWAY_CUDA_CHECK(cudaEventCreate(&b));
     std::vector<float> ms(reps);
+    const std::optional<double> joules_before = gpu_energy().joules();
     for (int r = 0; r < reps; ++r) {
         SPILLWAY_CUDA_CHECK(cudaEventRecord(a));
         run();
@@ -131,10 +154,20 @@ double median_ms(const std::function<void()>& run, int reps) {
         SPILLWAY_CUDA_CHECK(cudaEventSynchronize(b));
         SPILLWAY_CUDA_CHECK(cudaEventElapsedTime(&ms[r], a, b));
     }
+    Timed t;
+    t.sm_mhz = gpu_energy().sm_clock_mhz();
+    const std::optional<double> joules_after = gpu_energy().joules();
+    double total_ms = 0;
+    for (float m : ms) total_ms += m;
+    if (joules_before && joules_after && *joules_after > *joules_before && total_ms > 0) {
+        t.joules = (*joules_after - *joules_before) / reps;
+        t.watts = (*joules_after - *joules_before) / (total_ms * 1e-3);
+    }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
     std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
-    return ms[reps / 2];
+    t.ms = ms[reps / 2];
+    return t;
 }
 
 int sm_count() {
@@ -144,8 +177,16 @@ int sm_count() {
     return sms;
 }
 
-void row(const std::string& what, const std::string& shape, double flops, double ms) {
-    std::printf("| %s | %s | %.3f | %.1f |\n", what.c_str(), shape.c_str(), ms, flops / (ms * 1e9));
+// A row: time and TFLOP/s, then the energy columns (TFLOP per kJ = GFLOP per J; "-" without
+// NVML's counter).
+void row(const std::string& what, const std::string& shape, double flops, const Timed& t) {
+    std::printf("| %s | %s | %.3f | %.1f |", what.c_str(), shape.c_str(), t.ms, flops / (t.ms * 1e9));
+    if (t.joules && t.watts)
+        std::printf(" %.3f | %.0f | %.0f |", *t.joules, *t.watts, flops / (*t.joules * 1e9));
+    else
+        std::printf(" - | - | - |");
+    if (t.sm_mhz) std::printf(" %u |\n", *t.sm_mhz);
+    else std::printf(" - |\n");
     std::fflush(stdout);
 }
 
@@ -163,13 +204,13 @@ void time_prompt_attention(const Options& o, const std::string& name, const std:
     DeviceBuffer<float> q((size_t)chunk * 40 * 128), out((size_t)chunk * 40 * 128);
     fill_f32_kernel<<<1024, 256>>>(q.data(), q.size(), 13);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
-    const double ms = median_ms([&] {
+    const Timed timed = median_ms([&] {
         for (uint32_t pos0 = 0; pos0 < n_prompt; pos0 += chunk)
             attend(s, q.data(), k.data(), v.data(), pos0, std::min(chunk, n_prompt - pos0), out.data());
     }, o.reps);
     // Query token p sees p + 1 cells: sum = n (n + 1) / 2 per query head.
     const double flops = 4.0 * 128 * 40 * ((double)n_prompt * (n_prompt + 1) / 2);
-    row(name, std::to_string(n_prompt / 1024) + "k prompt, chunk " + std::to_string(chunk) + shape_note, flops, ms);
+    row(name, std::to_string(n_prompt / 1024) + "k prompt, chunk " + std::to_string(chunk) + shape_note, flops, timed);
 }
 
 // One kernel on the cells as they are in the cache.
@@ -296,7 +337,7 @@ void bench_gemm(const Options& o, cublasHandle_t cublas, uint32_t n_in, uint32_t
     const double dq_ms = median_ms([&] {
         for (uint32_t r0 = 0; r0 < n_out; r0 += rows)
             dequantize_rows_f16_cuda(q8, r0, std::min(rows, n_out - r0), tile.data(), nullptr);
-    }, o.reps);
+    }, o.reps).ms;
     std::printf("| dequant q8_0 -> f16 alone | %ux%u | %.3f | (%.0f GB/s read+write) |\n", n_out, n_in, dq_ms,
                 (double)(q8_row + f16_row) * n_out / (dq_ms * 1e6));
 }
@@ -426,7 +467,7 @@ void bench_small_ops(const Options& o) {
     auto timed = [&](const std::string& what, double bytes, const std::function<void()>& run) {
         const std::string name = "small op " + what;
         if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
-        const double ms = median_ms(run, 20);
+        const double ms = median_ms(run, 20).ms;
         std::printf("| %s | T %u | %.1f us | %.0f GB/s |\n", name.c_str(), T, ms * 1000.0, bytes / (ms * 1e6));
         std::fflush(stdout);
     };
@@ -507,7 +548,7 @@ int main(int argc, char** argv) {
         }
         cudaDeviceProp prop{};
         SPILLWAY_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-        std::printf("device: %s, %d SMs\n\n| what | shape | ms | TFLOP/s |\n|---|---|---:|---:|\n", prop.name,
+        std::printf("device: %s, %d SMs\n\n| what | shape | ms | TFLOP/s | J / run | W | GFLOP/J | SM MHz at end |\n|---|---|---:|---:|---:|---:|---:|---:|\n", prop.name,
                     prop.multiProcessorCount);
         warm_up_clocks(1.5);
         using K = PrefillAttentionKernel;
