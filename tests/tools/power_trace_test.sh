@@ -11,7 +11,7 @@ cat >"$fake/nvidia-smi" <<'SMI'
 case "$*" in
   *power.limit*) echo "700.00" ;;
   *) printf '71.0, 1980, 0x0000000000000000\n690.5, 1410, 0x0000000000000004\n697.0, 1380, 0x0000000000000005\n450.0, 1980, 0x0000000000000000\n'
-     sleep 30 ;;
+     exec sleep 30 ;;
 esac
 SMI
 chmod +x "$fake/nvidia-smi"
