@@ -15,7 +15,7 @@
 // Median of a few event-timed repetitions (each is milliseconds long, so event overhead is
 // negligible).
 //
-// Usage: bench_prefill [--only SUBSTRING] [--reps N] [--tokens T (the GEMM rows' chunk length)]
+// Usage: bench_prefill [--only SUBSTRING] [--reps N] [--tokens T (the GEMM rows' chunk length)] [--energy-ms MS]
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 
@@ -120,8 +120,9 @@ void warm_up_clocks(double seconds) {
 }
 
 // The GPU's energy counter (NVML, when the driver's library is there): a row's joules per run,
-// mean power and the SM clock at its end, beside its time. The counter ticks every few ms, so
-// the energy columns mean something only over runs totalling a second or so (`--reps`).
+// mean power and SM clock, beside its time. They come from a window of back-to-back runs after the
+// timed ones (`--energy-ms`, default 1500; 0: no energy columns), read between two steps of the
+// counter (EnergyWindow, gpu_energy.h).
 int current_device() {
     int dev = 0;
     SPILLWAY_CUDA_CHECK(cudaGetDevice(&dev));
@@ -131,12 +132,13 @@ const GpuEnergy& gpu_energy() {
     static const GpuEnergy energy(current_device());
     return energy;
 }
+int g_energy_ms = 1500;
 
 struct Timed {
-    double ms = 0;                      // median over the runs
-    std::optional<double> joules;       // per run, over all of them
-    std::optional<double> watts;        // mean over the runs
-    std::optional<unsigned> sm_mhz;     // at the end
+    double ms = 0;                      // median over the timed runs
+    std::optional<double> joules;       // per run, in the energy window
+    std::optional<double> watts;        // mean over the energy window
+    std::optional<unsigned> sm_mhz;     // mean over the energy window
 };
 
 Timed median_ms(const std::function<void()>& run, int reps) {
@@ -146,7 +148,6 @@ Timed median_ms(const std::function<void()>& run, int reps) {
     SPILLWAY_CUDA_CHECK(cudaEventCreate(&a));
     SPILLWAY_CUDA_CHECK(cudaEventCreate(&b));
     std::vector<float> ms(reps);
-    const std::optional<double> joules_before = gpu_energy().joules();
     for (int r = 0; r < reps; ++r) {
         SPILLWAY_CUDA_CHECK(cudaEventRecord(a));
         run();
@@ -155,18 +156,25 @@ Timed median_ms(const std::function<void()>& run, int reps) {
         SPILLWAY_CUDA_CHECK(cudaEventElapsedTime(&ms[r], a, b));
     }
     Timed t;
-    t.sm_mhz = gpu_energy().sm_clock_mhz();
-    const std::optional<double> joules_after = gpu_energy().joules();
-    double total_ms = 0;
-    for (float m : ms) total_ms += m;
-    if (joules_before && joules_after && *joules_after > *joules_before && total_ms > 0) {
-        t.joules = (*joules_after - *joules_before) / reps;
-        t.watts = (*joules_after - *joules_before) / (total_ms * 1e-3);
+    std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
+    t.ms = ms[reps / 2];
+    if (g_energy_ms > 0 && gpu_energy().joules() && t.ms > 0) {
+        const int n = std::max(1, (int)std::ceil(g_energy_ms / t.ms));
+        EnergyWindow window(gpu_energy());
+        SPILLWAY_CUDA_CHECK(cudaEventRecord(a));
+        for (int r = 0; r < n; ++r) run();
+        SPILLWAY_CUDA_CHECK(cudaEventRecord(b));
+        SPILLWAY_CUDA_CHECK(cudaEventSynchronize(b));
+        float window_ms = 0;
+        SPILLWAY_CUDA_CHECK(cudaEventElapsedTime(&window_ms, a, b));
+        if (const auto reading = window.finish()) {
+            t.watts = reading->watts;
+            t.joules = reading->watts * (window_ms * 1e-3 / n);
+            t.sm_mhz = reading->sm_mhz;
+        }
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
-    std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
-    t.ms = ms[reps / 2];
     return t;
 }
 
@@ -528,6 +536,7 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--only") && i + 1 < argc) o.only = argv[++i];
         else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) o.reps = std::max(1, std::atoi(argv[++i]));
+        else if (!std::strcmp(argv[i], "--energy-ms") && i + 1 < argc) g_energy_ms = std::max(0, std::atoi(argv[++i]));
         else if (!std::strcmp(argv[i], "--tokens") && i + 1 < argc) {
             o.tokens = (uint32_t)std::atoi(argv[++i]);
             if (o.tokens != 512 && o.tokens != 1024 && o.tokens != 2048 && o.tokens != 4096) {
@@ -536,7 +545,7 @@ int main(int argc, char** argv) {
             }
         }
         else {
-            std::fprintf(stderr, "usage: bench_prefill [--only SUBSTRING] [--reps N] [--tokens T]\n");
+            std::fprintf(stderr, "usage: bench_prefill [--only SUBSTRING] [--reps N] [--tokens T] [--energy-ms MS]\n");
             return 2;
         }
     }
@@ -548,7 +557,7 @@ int main(int argc, char** argv) {
         }
         cudaDeviceProp prop{};
         SPILLWAY_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-        std::printf("device: %s, %d SMs\n\n| what | shape | ms | TFLOP/s | J / run | W | GFLOP/J | SM MHz at end |\n|---|---|---:|---:|---:|---:|---:|---:|\n", prop.name,
+        std::printf("device: %s, %d SMs\n\n| what | shape | ms | TFLOP/s | J / run | W | GFLOP/J | SM MHz |\n|---|---|---:|---:|---:|---:|---:|---:|\n", prop.name,
                     prop.multiProcessorCount);
         warm_up_clocks(1.5);
         using K = PrefillAttentionKernel;
