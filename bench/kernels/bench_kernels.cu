@@ -862,7 +862,6 @@ void bench_attention(Report& r, const Options& o, KvType kt, KvType vt, uint32_t
     DeviceBuffer<float> q(40 * 128), out(40 * 128), lse(40);
     fill_f32<<<64, 256>>>(q.data(), q.size(), 9);
     DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
-    SPILLWAY_CUDA_CHECK(cudaMemset(ws.data(), 0, ws.bytes()));  // the persistent blocks' counters
     const double us = median_us([&](cudaStream_t st, int i) {
         if (kernel)
             attention_partial_cuda_with(*kernel, s, q.data(), kt, k[i % n_sets].data(), vt, v[i % n_sets].data(),

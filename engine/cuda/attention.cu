@@ -1021,9 +1021,7 @@ size_t attention_workspace_bytes(const AttentionShape& shape, uint32_t n_cells, 
             for (KvType vt : {KvType::f16, KvType::q8_0, KvType::q4_0})
                 splits = std::max(splits, attention_mma::plan(kt, vt, shape.n_head_kv, n_cells, sm_count).n_splits);
     if (splits <= 1) return 0;
-    // The partials, then the persistent blocks' counters in the workspace's last bytes (where no
-    // launch's partials reach, whatever its split count).
-    return (size_t)splits * shape.n_head * (shape.head_dim_v + 1) * sizeof(float) + attention_mma::kSplitCounterBytes;
+    return (size_t)splits * shape.n_head * (shape.head_dim_v + 1) * sizeof(float);
 }
 
 // SPILLWAY_ATTN_FINISH=kernels (lab): a single split's int16 output written by a quantize
@@ -1123,23 +1121,16 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     }
     p.n_splits = plan.n_splits;
     uint64_t* const merge_timeline =
-        mma && lab_timeline != nullptr && plan.blocks_per_head == 0
+        mma && lab_timeline != nullptr
             ? lab_timeline + (size_t)shape.n_head_kv * plan.n_splits * kAttentionTimelineWarpsPerBlock * kAttentionTimelineSlots
             : nullptr;
-    if (mma && plan.blocks_per_head > 0) {
-        // Persistent blocks (lab): their counters at the workspace's end; no timeline (its
-        // stamps are per block and split).
-        p.split_counters = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(workspace) + workspace_bytes -
-                                                       attention_mma::kSplitCounterBytes);
-    } else if (mma) {
-        p.timeline = lab_timeline;
-    }
+    if (mma) p.timeline = lab_timeline;
     if (plan.n_splits == 1 && out_q16 && attention_finish_fused() && shape.head_dim_v % 32 == 0) {
         p.out_q = out_q16.q;
         p.out_d = out_q16.d;
     }
     if (mma) {
-        attention_mma::launch(k_type, v_type, p, shape.n_head_kv, plan, stream);
+        attention_mma::launch(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream);
     } else if (int_dot) {
         if (k_type == KvType::q8_0) dispatch_int_dot_v<KvType::q8_0>(v_type, p, shape.n_head_kv, plan.n_splits, stream);
         else dispatch_int_dot_v<KvType::q4_0>(v_type, p, shape.n_head_kv, plan.n_splits, stream);

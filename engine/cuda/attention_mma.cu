@@ -34,7 +34,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -635,7 +634,7 @@ __device__ __forceinline__ void pv_quantized_block(const uint8_t* sv, const uint
 // every cell of this head has the same lead: copy addresses and shared-memory offsets are the
 // same in every step and are computed once (the launch picks it; SPILLWAY_ATTN_FAST_COPY=0
 // never does).
-template <KvType KT, KvType VT, bool kUniform, bool kPersistent = false>
+template <KvType KT, KvType VT, bool kUniform>
 __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) attention_mma_kernel(Params p) {
     using L = Layout<KT, VT>;
     // Only with uniform rows (whole 16-byte chunks), which lds_code_word's alignment needs; the
@@ -646,8 +645,7 @@ __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) atten
     const uint32_t g = lane / 4, t = lane % 4;  // MMA group (row / n column) and thread in group
     uint8_t* ring = smem + warp * L::warp_bytes;
 
-    const uint32_t kv_head = blockIdx.x;
-    uint32_t split = blockIdx.y;  // persistent blocks: the first of this block's splits
+    const uint32_t kv_head = blockIdx.x, split = blockIdx.y;
     uint32_t cell_begin = split * p.cells_per_split;
     uint32_t cell_end = min(p.n_cells, cell_begin + p.cells_per_split);
     if (p.splits_lo != 0) {  // whole waves (Plan): this head's steps dealt to its splits
@@ -666,7 +664,7 @@ __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) atten
             return;
         }
     }
-    uint32_t n_chunks = (cell_end - cell_begin + kStep - 1) / kStep;
+    const uint32_t n_chunks = (cell_end - cell_begin + kStep - 1) / kStep;
     const uint32_t ng = p.n_group;
     const uint64_t k_head_off = (uint64_t)kv_head * L::kSliceK, v_head_off = (uint64_t)kv_head * L::kSliceV;
     // A cell's window lead is (cell * row_bytes + head_off) mod 16: only the low bits matter.
@@ -798,21 +796,16 @@ __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) atten
     }
     timeline_stamp(p, 2);
 
-    // q4_0 V's exponent bytes (low nibbles, high nibbles), kept in registers for one-LOP3 codes.
-    uint32_t q4_magic[2];
-    asm volatile("mov.b32 %0, 0x64006400;\n" : "=r"(q4_magic[0]));
-    asm volatile("mov.b32 %0, 0x54005400;\n" : "=r"(q4_magic[1]));
-    __shared__ uint32_t next_split;  // persistent blocks: the claim for the next split
-    // (The loop below is one pass unless kPersistent: the default instances' code and registers
-    // stay as they were; a loop in them made ptxas spill in 14 of 18.)
-
-  for (;;) {  // persistent blocks: one pass per split (else exactly one)
     // Per head 2t and 2t+1 (columns of S^T and O^T): running max and this lane's share of
     // the sum; acc[mt] = O^T rows (dims) 16g + 2mt (regs 0, 1) and 16g + 2mt + 1 (2, 3).
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     float acc[8][4];
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
+    // q4_0 V's exponent bytes (low nibbles, high nibbles), kept in registers for one-LOP3 codes.
+    uint32_t q4_magic[2];
+    asm volatile("mov.b32 %0, 0x64006400;\n" : "=r"(q4_magic[0]));
+    asm volatile("mov.b32 %0, 0x54005400;\n" : "=r"(q4_magic[1]));
 
     for (uint32_t i = 0; warp + kWarps * i < n_chunks; ++i) {
         issue(i + L::kStages - 1);
@@ -962,11 +955,6 @@ __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) atten
         l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 16);
     }
     __syncthreads();  // every warp is done with its ring
-    // Persistent blocks claim their next split when all their warps are done (the order of the
-    // claims, never a split's result, depends on timing); the round trip runs beside the merge.
-    // (After this barrier: every thread has read the previous claim.)
-    if constexpr (kPersistent)
-        if (tid == 0) next_split = atomicAdd(p.split_counters + kv_head, 1u) + gridDim.y;
     timeline_stamp(p, 5);
     {
         float* mw = reinterpret_cast<float*>(ring);
@@ -1008,22 +996,6 @@ __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) atten
         if (d == 0) p.part_lse[(size_t)split * p.n_head + head] = (m + log2f(l)) / kLog2e;
     }
     timeline_stamp(p, 6);
-    if constexpr (!kPersistent) break;
-    __syncthreads();  // the merge area (the rings) read, next_split written
-    const uint32_t next = next_split;
-    if (next >= p.n_splits) {
-        // Every block claims once past the end, so the head's claims number its splits: the
-        // one that drew the last value is the last claim of the launch, and rearms the counter.
-        if (tid == 0 && next - gridDim.y == p.n_splits - 1) p.split_counters[kv_head] = 0;
-        break;
-    }
-    split = next;
-    cell_begin = split * p.cells_per_split;
-    cell_end = min(p.n_cells, cell_begin + p.cells_per_split);
-    n_chunks = (cell_end - cell_begin + kStep - 1) / kStep;
-#pragma unroll
-    for (int s = 0; s < L::kStages - 1; ++s) issue(s);
-  }
     attention_finish_single_split<kD>(p, kv_head);
 }
 
@@ -1052,32 +1024,10 @@ uint32_t planned_blocks_per_sm(uint32_t n_cells) {
     return (uint32_t)Layout<KT, VT>::blocks_per_sm;
 }
 
-// SPILLWAY_ATTN_PERSISTENT=N (lab, N >= 2): N splits per resident block, claimed at run time by
-// one wave of blocks (Params::split_counters): a slow SM then runs fewer of them. Why: at 64k
-// the last warp ends 7-14 us after the mean one (SMs stream at speeds ~13% apart, sessions 19,
-// 40), while every split in the plan above is the same length. 0 or 1: off.
-std::atomic<int> persistent_splits_override{-1};  // set_persistent_splits (tests)
-uint32_t lab_persistent_splits() {
-    static const uint32_t n = lab_knob_uint("SPILLWAY_ATTN_PERSISTENT", 0, 16);
-    const int forced = persistent_splits_override.load(std::memory_order_relaxed);
-    return forced >= 0 ? (uint32_t)forced : n;
-}
-
 template <KvType KT, KvType VT>
 Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     if (n_cells == 0) return {0, 0};
     const uint32_t per_sm = lab_blocks_per_sm() > 0 ? lab_blocks_per_sm() : planned_blocks_per_sm<KT, VT>(n_cells);
-    // Persistent blocks: equal uniform pairs (rows of whole 16-byte chunks) only.
-    const bool uniform_rows = n_head_kv * slice_bytes(KT, kD) % 16 == 0 && n_head_kv * slice_bytes(VT, kD) % 16 == 0;
-    if (lab_persistent_splits() >= 2 && KT == VT && uniform_rows && n_head_kv <= kSplitCounterBytes / sizeof(uint32_t)) {
-        const uint32_t blocks_per_head = std::max(1u, per_sm * std::max(1u, sm_count) / n_head_kv);
-        const uint32_t min_cells = kStep * kWarps;  // a step per warp
-        const uint32_t splits = std::min(lab_persistent_splits() * blocks_per_head, (n_cells + min_cells - 1) / min_cells);
-        const uint32_t per = ((n_cells + splits - 1) / splits + kStep - 1) / kStep * kStep;
-        Plan pl{(n_cells + per - 1) / per, per};
-        if (pl.n_splits > blocks_per_head) pl.blocks_per_head = blocks_per_head;
-        return pl;
-    }
     if (lab_whole_waves()) {
         // The per-SM timeline (session 19) showed 392 or 512 blocks on 396 or 528 slots; filling
         // them exactly moved the engine by under 1% (SM speed, not placement, sets the tail).
@@ -1096,15 +1046,15 @@ Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     return {(n_cells + per - 1) / per, per};
 }
 
-template <KvType KT, KvType VT, bool kUniform, bool kPersistent = false>
+template <KvType KT, KvType VT, bool kUniform>
 void configure_once() {
     static const bool configured = [] {
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform, kPersistent>,
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  (int)Layout<KT, VT>::total));
         // All of the unified L1/shared memory as shared: the split count assumes
         // Layout::blocks_per_sm blocks fit at once (a smaller carveout makes a second wave).
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform, kPersistent>,
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform>,
                                                  cudaFuncAttributePreferredSharedMemoryCarveout,
                                                  (int)cudaSharedmemCarveoutMaxShared));
         return true;
@@ -1121,27 +1071,13 @@ uint32_t lab_q_load() {
 }
 
 template <KvType KT, KvType VT>
-void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, uint32_t blocks_per_head,
-                cudaStream_t stream) {
+void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
     constexpr size_t smem = Layout<KT, VT>::total;
     // SPILLWAY_ATTN_FAST_COPY=0 (lab): every step through the generic per-cell copy.
     static const bool fast_copy = !lab_knob("SPILLWAY_ATTN_FAST_COPY", "0", "1");
     Params p = params;
     p.q_load = reinterpret_cast<uintptr_t>(p.q) % 16 == 0 ? lab_q_load() : 0;
-    const dim3 grid(n_head_kv, p.split_counters != nullptr ? std::min(n_splits, blocks_per_head) : n_splits);
-    if (p.split_counters != nullptr) {
-        // Persistent blocks: equal uniform pairs only (the plan offers them nothing else).
-        if constexpr (KT == VT) {
-            if (p.k_row_bytes % 16 != 0 || p.v_row_bytes % 16 != 0)
-                fail("attention_mma: persistent blocks need rows of whole 16-byte chunks");
-            configure_once<KT, VT, true, true>();
-            launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, true, true>, grid,
-                            dim3(kThreads), smem, stream, p);
-            SPILLWAY_CUDA_CHECK(cudaGetLastError());
-            return;
-        }
-        fail("attention_mma: persistent blocks for equal K / V types only");
-    }
+    const dim3 grid(n_head_kv, n_splits);
     if (fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0) {
         configure_once<KT, VT, true>();
         launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, true>, grid, dim3(kThreads),
@@ -1177,19 +1113,13 @@ uint32_t resident_blocks_per_sm(KvType k_type, KvType v_type) {
     return with_types(k_type, v_type, [&]<KvType KT, KvType VT>() { return (uint32_t)Layout<KT, VT>::blocks_per_sm; });
 }
 
-void set_persistent_splits(int n) { persistent_splits_override.store(n, std::memory_order_relaxed); }
-
 Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     return with_types(k_type, v_type, [&]<KvType KT, KvType VT>() { return plan_for<KT, VT>(n_head_kv, n_cells, sm_count); });
 }
 
-void launch(KvType k_type, KvType v_type, const Params& p, uint32_t n_head_kv, const Plan& plan,
+void launch(KvType k_type, KvType v_type, const Params& p, uint32_t n_head_kv, uint32_t n_splits,
             cudaStream_t stream) {
-    if ((p.split_counters != nullptr) != (plan.blocks_per_head > 0))
-        fail("attention_mma::launch: persistent blocks need their counters, and counters a persistent plan");
-    with_types(k_type, v_type, [&]<KvType KT, KvType VT>() {
-        launch_for<KT, VT>(p, n_head_kv, plan.n_splits, plan.blocks_per_head, stream);
-    });
+    with_types(k_type, v_type, [&]<KvType KT, KvType VT>() { launch_for<KT, VT>(p, n_head_kv, n_splits, stream); });
 }
 
 }  // namespace spillway::attention_mma

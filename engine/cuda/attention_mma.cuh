@@ -60,12 +60,6 @@ struct Params {
     uint32_t splits_lo;
     uint32_t splits_hi;
     uint32_t hi_heads;
-    // Persistent blocks (lab, SPILLWAY_ATTN_PERSISTENT=N; Plan::blocks_per_head): nullptr, or
-    // one counter per KV head, zero before the launch and left zero after it. Block (h, b) runs
-    // split b of head h, then claims the head's further splits from counter h (split = claim +
-    // gridDim.y) until they run out. A split's partial depends only on its cells, never on
-    // the block that ran it.
-    uint32_t* split_counters;
 };
 
 // Stamps per warp of the lab timeline: [0] entry, [1] after the dependency wait, [2] Q in
@@ -85,29 +79,17 @@ struct Plan {
     uint32_t splits_lo = 0;
     uint32_t splits_hi = 0;
     uint32_t hi_heads = 0;
-    // Persistent blocks (lab): blocks per KV head launched (grid.y), fewer than the splits,
-    // which they claim at run time. 0: one block per split (the default).
-    uint32_t blocks_per_head = 0;
 };
-
-// Bytes at the end of a split workspace that hold the persistent blocks' counters (one per KV
-// head, up to 64): zero them once when the workspace is allocated.
-constexpr size_t kSplitCounterBytes = 256;
 
 // Blocks of this pair's kernel resident on one SM (shared memory and launch bounds: 4, or 5
 // for q8_0 / q8_0).
 uint32_t resident_blocks_per_sm(KvType k_type, KvType v_type);
 
-// Tests: persistent blocks with n splits per resident block (as SPILLWAY_ATTN_PERSISTENT=n),
-// or -1 to go back to the knob. The workspace size follows it: set it before sizing one.
-void set_persistent_splits(int n);
-
 // Splits for n_cells: one wave of blocks (at most resident_blocks_per_sm per SM).
 Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count);
 
-// Grid (n_head_kv, plan.n_splits), or (n_head_kv, plan.blocks_per_head) persistent blocks with
-// p.split_counters set; every CUDA return code checked.
-void launch(KvType k_type, KvType v_type, const Params& p, uint32_t n_head_kv, const Plan& plan,
+// Grid (n_head_kv, n_splits); every CUDA return code checked.
+void launch(KvType k_type, KvType v_type, const Params& p, uint32_t n_head_kv, uint32_t n_splits,
             cudaStream_t stream);
 
 }  // namespace spillway::attention_mma

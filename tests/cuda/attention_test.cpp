@@ -8,7 +8,6 @@
 #include "engine/cuda/attention_mma.cuh"
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 
 #include "act_q16_ref.h"
@@ -81,7 +80,6 @@ GpuPartial run_gpu(const AttentionShape& s, const std::vector<float>& q, KvType 
     poison(d_od);
     const uint32_t sms = sm_count();
     DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
-    SPILLWAY_CUDA_CHECK(cudaMemset(ws.data(), 0, ws.bytes()));  // the persistent blocks' counters
     const ActQ16 out_q16{d_oq.data(), d_od.data()};
     if (kernel)
         attention_partial_cuda_with(*kernel, s, d_q.data(), kt, d_k.data(), vt, d_v.data(), n_cells, d_out.data(),
@@ -198,62 +196,6 @@ TEST(CudaAttention, MmaKernelMatchesCpu) {
 // both hold NaN. The result must match the CPU on the final bytes for every split kernel.
 // Negative control: claiming the new cell settled lets the attention read it before the
 // producer wrote it, which must show (so the test sees the ordering it checks).
-// Persistent blocks (lab, SPILLWAY_ATTN_PERSISTENT): the equal pairs against the CPU at lengths
-// where the blocks claim splits; three launches on one workspace give the same bits (a split's
-// partial does not depend on the block that ran it) and leave the counters zero for the next.
-TEST(CudaAttention, PersistentBlocksMatchCpuAndRearm) {
-    SPILLWAY_SKIP_WITHOUT_GPU();
-    struct Reset {
-        ~Reset() { attention_mma::set_persistent_splits(-1); }
-    } reset;
-    const AttentionShape s = make_shape(40, 8, 128);
-    const uint32_t sms = sm_count();
-    for (int per_block : {2, 3}) {
-        attention_mma::set_persistent_splits(per_block);
-        for (KvType t : kTypes)
-            for (uint32_t n_cells : {20000u, 65536u}) {
-                const attention_mma::Plan plan = attention_mma::plan(t, t, s.n_head_kv, n_cells, sms);
-                ASSERT_GT(plan.blocks_per_head, 0u) << kv_type_name(t) << " " << n_cells;
-                ASSERT_GT(plan.n_splits, plan.blocks_per_head);
-                ASSERT_EQ(attention_default_kernel(s, t, t, n_cells), AttentionKernel::mma);
-                if (n_cells == 20000) check_attention(s, t, t, n_cells);
-                const uint32_t seed = fresh_seed();
-                SCOPED_TRACE(std::string(kv_type_name(t)) + " cells " + std::to_string(n_cells) + " per block " +
-                             std::to_string(per_block) + " seed " + std::to_string(seed));
-                std::mt19937 rng(seed);
-                const auto q = random_floats(rng, (size_t)s.n_head * s.head_dim_k, 2.5f);
-                const KvCells cells = random_cells(rng, s, t, t, n_cells);
-                auto d_q = to_device(q);
-                auto d_k = to_device(cells.k);
-                auto d_v = to_device(cells.v);
-                const size_t n_out = (size_t)s.n_head * s.head_dim_v;
-                DeviceBuffer<uint8_t> ws(attention_workspace_bytes(s, n_cells, sms));
-                SPILLWAY_CUDA_CHECK(cudaMemset(ws.data(), 0, ws.bytes()));
-                std::vector<float> first_out, first_lse;
-                for (int launch = 0; launch < 3; ++launch) {
-                    DeviceBuffer<float> d_out(n_out), d_lse(s.n_head);
-                    poison(d_out);
-                    poison(d_lse);
-                    attention_partial_cuda(s, d_q.data(), t, d_k.data(), t, d_v.data(), n_cells, d_out.data(),
-                                           d_lse.data(), ws.data(), ws.bytes(), sms, nullptr);
-                    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-                    const auto out = to_host(d_out), lse = to_host(d_lse);
-                    EXPECT_EQ(count_nan(out), 0u);
-                    if (launch == 0) {
-                        first_out = out, first_lse = lse;
-                    } else {
-                        EXPECT_EQ(std::memcmp(out.data(), first_out.data(), n_out * sizeof(float)), 0) << "launch " << launch;
-                        EXPECT_EQ(std::memcmp(lse.data(), first_lse.data(), s.n_head * sizeof(float)), 0);
-                    }
-                    std::vector<uint32_t> counters(attention_mma::kSplitCounterBytes / 4);
-                    SPILLWAY_CUDA_CHECK(cudaMemcpy(counters.data(), ws.data() + ws.bytes() - attention_mma::kSplitCounterBytes,
-                                                   attention_mma::kSplitCounterBytes, cudaMemcpyDeviceToHost));
-                    EXPECT_EQ(*std::max_element(counters.begin(), counters.end()), 0u) << "counters left armed";
-                }
-            }
-    }
-}
-
 TEST(CudaAttention, ProgrammaticLaunchReadsTheNewCellAfterItsProducer) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     if (!pdl_site_on(PdlSite::attention)) GTEST_SKIP() << "attention not launched programmatically here";
@@ -291,7 +233,6 @@ TEST(CudaAttention, ProgrammaticLaunchReadsTheNewCellAfterItsProducer) {
                     poison(d_out);
                     poison(d_lse);
                     DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
-                    SPILLWAY_CUDA_CHECK(cudaMemset(ws.data(), 0, ws.bytes()));
                     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
                     const CopyRegion regions[] = {{d_q_final.data(), d_q.data(), q.size() * sizeof(float)},
                                                   {d_new_k.data(), d_k.data() + last, row},
@@ -355,7 +296,6 @@ TEST(CudaAttention, PostQkvInsideTheKernelEqualsItsOwnLaunch) {
                                   to_device(cells.v),
                                   DeviceBuffer<uint8_t>(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms))),
                                   DeviceBuffer<int16_t>(n_out)};
-                            SPILLWAY_CUDA_CHECK(cudaMemset(r.ws.data(), 0, r.ws.bytes()));
                             SPILLWAY_CUDA_CHECK(cudaMemset(r.kc.data() + k_row * (n_cells - 1), 0xff, k_row));
                             SPILLWAY_CUDA_CHECK(cudaMemset(r.vc.data() + v_row * (n_cells - 1), 0xff, v_row));
                             poison(r.out);
