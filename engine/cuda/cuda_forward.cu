@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "engine/cuda/act_quant.cuh"
+#include "engine/cuda/argmax.cuh"
 #include "engine/cuda/attention.cuh"
 #include "engine/cuda/cuda_prefill.cuh"
 #include "engine/cuda/kv_write.cuh"
@@ -71,40 +72,6 @@ __global__ void add_bias_kernel(float* y, const float* bias, uint32_t n, uint32_
     const size_t total = (size_t)n * n_tokens;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
         y[i] += bias[i % n];
-}
-
-// Index of the largest logit, the first on ties (engine/cpu/sampler.h's argmax); NaN never wins.
-constexpr int kArgmaxThreads = 1024;
-__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, uint32_t n, int32_t* out) {
-    __shared__ float best_v[kArgmaxThreads];
-    __shared__ int32_t best_i[kArgmaxThreads];
-    float bv = -INFINITY;
-    int32_t bi = -1;
-    for (uint32_t i = threadIdx.x; i < n; i += kArgmaxThreads) {
-        const float raw = logits[i];
-        const float v = raw != raw ? -INFINITY : raw;
-        if (bi < 0 || v > bv) {  // strictly greater: a thread's indices ascend, so ties keep the first
-            bv = v;
-            bi = (int32_t)i;
-        }
-    }
-    best_v[threadIdx.x] = bv;
-    best_i[threadIdx.x] = bi;
-    __syncthreads();
-    for (int stride = kArgmaxThreads / 2; stride > 0; stride >>= 1) {
-        if ((int)threadIdx.x < stride) {
-            const float ov = best_v[threadIdx.x + stride];
-            const int32_t oi = best_i[threadIdx.x + stride];
-            const float mv = best_v[threadIdx.x];
-            const int32_t mi = best_i[threadIdx.x];
-            if (oi >= 0 && (mi < 0 || ov > mv || (ov == mv && oi < mi))) {
-                best_v[threadIdx.x] = ov;
-                best_i[threadIdx.x] = oi;
-            }
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) out[0] = max(best_i[0], 0);
 }
 
 __device__ __forceinline__ uint64_t mix64(uint64_t x) {
@@ -576,7 +543,11 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         const bool post_in_attention = T == 1 && post_fused && !spilled && rope_table != nullptr &&
                                        post_qkv_in_attention() &&
                                        attention_takes_post_qkv(shape, cache.k_type, cache.v_type, pos0 + 1, st.sm_count);
-        if (post_in_attention || qkv_epilogue || qkv_rope_gemm) {
+        // SPILLWAY_LAB_SKIP_DECODE_ATTENTION=1 (lab, wrong output: a timing bound): a resident
+        // decode step runs no post-QKV and no attention; wo reads the previous step's input.
+        static const bool skip_decode_attention = lab_knob("SPILLWAY_LAB_SKIP_DECODE_ATTENTION", "1", "0");
+        const bool skip_attention = skip_decode_attention && T == 1 && !spilled;
+        if (post_in_attention || qkv_epilogue || qkv_rope_gemm || skip_attention) {
             // Nothing here: see the attention call below, or done in the q|k|v GEMV or GEMM.
         } else if (post_fused) {
             const bool write_kv = !spilled;
@@ -612,6 +583,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                       st.spill_workspace.size(), st.sm_count};
             spill_layer_attention(*cache.spill, spill_cursor, args, stream);
             op_times_mark("attention (spilled)", stream);
+        } else if (skip_attention) {
         } else if (T == 1) {
             if (!post_fused && !qkv_epilogue) {
                 kv_write_cuda(cache.k_type, k, cache.k[il], pos0, T, kd, stream);
@@ -792,9 +764,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
 }
 
 void enqueue_argmax(CudaForwardState& st, uint32_t n_vocab, uint32_t row) {
-    argmax_kernel<<<1, kArgmaxThreads, 0, st.stream>>>(st.logits.data() + (size_t)row * n_vocab, n_vocab,
-                                                       st.next_token.data());
-    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    argmax_cuda(st.logits.data() + (size_t)row * n_vocab, n_vocab, st.next_token.data(), st.argmax, st.stream);
     SPILLWAY_CUDA_CHECK(cudaMemcpyAsync(st.host_token.data(), st.next_token.data(), sizeof(int32_t),
                                         cudaMemcpyDeviceToHost, st.stream));
 }
@@ -1017,6 +987,7 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     if (qkv_post_fits(m) && !lab_knob("SPILLWAY_ROPE_TABLE", "0", "1"))
         st.rope_cs = DeviceBuffer<float2>(T * (m.rope_dev.n_dims / 2));
     st.next_token = DeviceBuffer<int32_t>(1);
+    st.argmax = make_argmax_scratch();
     // SPILLWAY_GLU_EPILOGUE=0 (lab): SwiGLU as a launch of its own between gate|up and down.
     static const bool glu_epilogue_off = lab_knob("SPILLWAY_GLU_EPILOGUE", "0", "1");
     if (!glu_epilogue_off && std::any_of(m.layers.begin(), m.layers.end(),
@@ -1093,6 +1064,7 @@ std::vector<ScratchPart> cuda_forward_scratch_parts(const CudaForwardState& st) 
             {"positions", st.positions.bytes()},
             {"rope_cs", st.rope_cs.bytes()},
             {"next_token", st.next_token.bytes()},
+            {"argmax", st.argmax.values.bytes() + st.argmax.indices.bytes() + st.argmax.arrivals.bytes()},
             {"act_q16", st.act_q16.bytes()},
             {"gemm_flags", st.gemm_flags.bytes()},
             {"gemm_partials", st.gemm_partials.bytes()},

@@ -24,6 +24,7 @@
 #include <memory>
 #include <vector>
 
+#include "engine/cuda/argmax.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/cuda_model.h"
 #include "engine/cuda/cuda_prefill.cuh"
@@ -90,6 +91,7 @@ struct CudaForwardState {
     bool decode_fusion = false;
     bool fused_swiglu = false;
     DeviceBuffer<int32_t> next_token;       // greedy argmax output (input of the next step)
+    ArgmaxScratch argmax;                   // argmax_cuda's per-block candidates and arrival count
     // Decode: the input of a Q8_0 matvec quantized to int16 blocks by its producer (act_quant.cuh):
     // [widest matvec input] values and one scale per 32.
     DeviceBuffer<int16_t> act_q16;

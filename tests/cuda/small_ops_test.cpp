@@ -4,11 +4,14 @@
 // CPU codec writes (same IEEE operations in the same order).
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "act_q16_ref.h"
 #include "common/fp16.h"
 #include "cuda_test_util.h"
 #include "engine/cuda/act_quant.cuh"
+#include "engine/cuda/argmax.cuh"
+#include "engine/cpu/sampler.h"
 #include "engine/cpu/rmsnorm.h"
 #include "engine/cpu/rope.h"
 #include "engine/cpu/swiglu.h"
@@ -22,6 +25,62 @@ namespace spillway {
 namespace {
 
 using namespace cuda_test;
+
+// Greedy sampling: the first index of the largest value, NaN as -inf, 0 when nothing is finite
+// or above -inf. The reference is written out here (the CPU sampler's argmax keeps a NaN at index
+// 0); on NaN-free inputs it must also equal the CPU sampler's. One scratch serves every launch,
+// so each launch also checks that the previous one rearmed the arrival count.
+TEST(CudaSmallOps, ArgmaxFirstIndexOfTheLargestNanNeverWins) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    const uint32_t seed = fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    const ArgmaxScratch scratch = make_argmax_scratch();
+    DeviceBuffer<int32_t> d_out(1);
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    auto reference = [](const std::vector<float>& v) {
+        int32_t best = -1;
+        for (size_t i = 0; i < v.size(); ++i) {
+            const float x = std::isnan(v[i]) ? -std::numeric_limits<float>::infinity() : v[i];
+            const float b = best < 0 ? 0.0f : (std::isnan(v[best]) ? -std::numeric_limits<float>::infinity() : v[best]);
+            if (best < 0 || x > b) best = (int32_t)i;
+        }
+        return std::max(best, 0);
+    };
+    auto check = [&](const std::vector<float>& v, const std::string& what) {
+        auto d_v = to_device(v);
+        const int32_t poisoned = -7;
+        SPILLWAY_CUDA_CHECK(cudaMemcpy(d_out.data(), &poisoned, sizeof poisoned, cudaMemcpyHostToDevice));
+        argmax_cuda(d_v.data(), (uint32_t)v.size(), d_out.data(), scratch, nullptr);
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        const int32_t got = to_host(d_out)[0];
+        EXPECT_EQ(got, reference(v)) << what << ", n " << v.size();
+        if (std::none_of(v.begin(), v.end(), [](float x) { return std::isnan(x); }))
+            EXPECT_EQ(got, argmax(v.data(), (uint32_t)v.size())) << what << " (CPU sampler), n " << v.size();
+    };
+    // 152064: the 14B vocabulary; 2.5M: more than one span per block (512 blocks x 4096).
+    for (uint32_t n : {1u, 5u, 255u, 4096u, 4097u, 152064u, 2500001u}) {
+        auto v = random_floats(rng, n, 8.0f);
+        check(v, "random");
+        // Ties: the maximum at three places, far apart (other blocks), the first must win.
+        const float top = 100.0f;
+        std::uniform_int_distribution<uint32_t> at(0, n - 1);
+        std::vector<uint32_t> places{at(rng), at(rng), at(rng)};
+        for (uint32_t p : places) v[p] = top;
+        check(v, "ties");
+        // NaN everywhere near and above the maximum's place never wins, nor a NaN at index 0.
+        for (uint32_t i = 0; i < n; i += 97) v[i] = nan;
+        v[0] = nan;
+        check(v, "NaN");
+        std::vector<float> all_nan(n, nan), all_minus_inf(n, -inf);
+        check(all_nan, "all NaN");
+        check(all_minus_inf, "all -inf");
+        all_minus_inf[n - 1] = -1e30f;
+        check(all_minus_inf, "one finite value last");
+        all_minus_inf[n / 2] = inf;
+        check(all_minus_inf, "+inf");
+    }
+}
 
 TEST(CudaSmallOps, RmsNormWithAndWithoutResidualAdd) {
     SPILLWAY_SKIP_WITHOUT_GPU();
