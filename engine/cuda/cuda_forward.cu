@@ -14,6 +14,7 @@
 #include "engine/cuda/act_quant.cuh"
 #include "engine/cuda/argmax.cuh"
 #include "engine/cuda/attention.cuh"
+#include "engine/cuda/attention_short.cuh"
 #include "engine/cuda/cuda_prefill.cuh"
 #include "engine/cuda/kv_write.cuh"
 #include "engine/cuda/lab_knob.h"
@@ -276,6 +277,11 @@ uint32_t qkv_post_token_blocks() {
 
 // SPILLWAY_POST_QKV=kernel (lab): bias + RoPE + K/V write in their own launch at every
 // depth, as before session 17 (A/B in one binary).
+bool short_attention_on() {
+    static const bool on = !lab_knob("SPILLWAY_SHORT_ATTENTION", "0", "1");
+    return on;
+}
+
 bool post_qkv_in_attention() {
     static const bool in_attention = !lab_knob("SPILLWAY_POST_QKV", "kernel", "attention");
     return in_attention;
@@ -543,11 +549,16 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
         const bool post_in_attention = T == 1 && post_fused && !spilled && rope_table != nullptr &&
                                        post_qkv_in_attention() &&
                                        attention_takes_post_qkv(shape, cache.k_type, cache.v_type, pos0 + 1, st.sm_count);
+        // One token over a short resident range (<= kShortAttentionMaxCells cells): one kernel does
+        // the post-QKV work and the attention (attention_short.cuh). SPILLWAY_SHORT_ATTENTION=0
+        // (lab): qkv_post and the split kernel, as before session 51.
+        const bool short_attention = T == 1 && post_fused && !spilled && rope_table != nullptr &&
+                                     short_attention_on() && attention_short_fits(shape, pos0 + 1);
         // SPILLWAY_LAB_SKIP_DECODE_ATTENTION=1 (lab, wrong output: a timing bound): a resident
         // decode step runs no post-QKV and no attention; wo reads the previous step's input.
         static const bool skip_decode_attention = lab_knob("SPILLWAY_LAB_SKIP_DECODE_ATTENTION", "1", "0");
         const bool skip_attention = skip_decode_attention && T == 1 && !spilled;
-        if (post_in_attention || qkv_epilogue || qkv_rope_gemm || skip_attention) {
+        if (post_in_attention || qkv_epilogue || qkv_rope_gemm || skip_attention || short_attention) {
             // Nothing here: see the attention call below, or done in the q|k|v GEMV or GEMM.
         } else if (post_fused) {
             const bool write_kv = !spilled;
@@ -584,6 +595,14 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             spill_layer_attention(*cache.spill, spill_cursor, args, stream);
             op_times_mark("attention (spilled)", stream);
         } else if (skip_attention) {
+        } else if (short_attention) {
+            ShortAttentionArgs a;
+            a.q = q, a.k = k, a.v = v, a.bias = L.bqkv;
+            a.rope_table = rope_table, a.rope_dims = m.rope_dev.n_dims, a.rope_neox = m.rope_dev.neox;
+            a.k_cache = cache.k[il], a.v_cache = cache.v[il], a.n_cells = pos0 + 1;
+            a.out = st.attn.data(), a.lse = st.attn_lse.data();
+            if (takes_q16(L.wo, T) && !separate_attention_quant()) a.out_q16 = act_q16(st);
+            attention_short_cuda(shape, cache.k_type, cache.v_type, a, stream, /*programmatic=*/true);
         } else if (T == 1) {
             if (!post_fused && !qkv_epilogue) {
                 kv_write_cuda(cache.k_type, k, cache.k[il], pos0, T, kd, stream);

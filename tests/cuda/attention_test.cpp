@@ -6,6 +6,7 @@
 // not part of the error).
 #include "engine/cuda/attention.cuh"
 #include "engine/cuda/attention_mma.cuh"
+#include "engine/cuda/attention_short.cuh"
 
 #include <algorithm>
 #include <limits>
@@ -338,6 +339,101 @@ TEST(CudaAttention, PostQkvInsideTheKernelEqualsItsOwnLaunch) {
                         EXPECT_EQ(to_host(b.q), q) << "raw q changed: the kernel must only read it";
                     }
     }
+}
+
+// The short-context kernel (attention_short.cuh) against the launches it replaces: the new
+// cell's cache bytes equal qkv_post_cuda's; the output and lse match the CPU attention over the
+// cache qkv_post wrote, with the q it rotated (kOutTolerance / kLseTolerance); the int16 copy
+// is the host twin's quantization of the kernel's own f32 output. Every tier pair, GQA groups
+// of 5, 7 and 1, NeoX over the whole head and over its first 64 dims, adjacent pairs, with and
+// without biases, 1 .. 128 cells; the settled cells stay as they were.
+TEST(CudaAttention, ShortContextKernelMatchesPostQkvAndCpu) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    struct RopeCase {
+        bool neox;
+        uint32_t n_dims;
+    };
+    for (const AttentionShape& s : {make_shape(40, 8, 128), make_shape(28, 4, 128), make_shape(8, 8, 128)}) {
+        const uint32_t D = s.head_dim_k, qd = s.n_head * D, kd = s.n_head_kv * D;
+        for (const RopeCase rc : {RopeCase{true, 128}, RopeCase{true, 64}, RopeCase{false, 128}}) {
+            if (s.n_head != 40 && !(rc.neox && rc.n_dims == 128)) continue;
+            const NeoxDeviceRope rope(D, rc.neox, rc.n_dims);
+            const RopeDeviceTables& dt = rope.tables;
+            for (KvType kt : kTypes)
+                for (KvType vt : kTypes)
+                    for (uint32_t n_cells : {1u, 2u, 17u, 64u, 100u, 128u})
+                        for (const bool with_bias : {true, false}) {
+                            if (!with_bias && n_cells != 17) continue;
+                            if (s.n_head != 40 && kt != vt) continue;
+                            const uint32_t seed = fresh_seed();
+                            SCOPED_TRACE(std::string("K ") + kv_type_name(kt) + " V " + kv_type_name(vt) + " heads " +
+                                         std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) + " rope " +
+                                         (rc.neox ? "neox " : "normal ") + std::to_string(rc.n_dims) + " cells " +
+                                         std::to_string(n_cells) + (with_bias ? " bias" : "") + " seed " +
+                                         std::to_string(seed));
+                            ASSERT_TRUE(attention_short_fits(s, n_cells));
+                            std::mt19937 rng(seed);
+                            const auto q = random_floats(rng, qd, 2.5f), k = random_floats(rng, kd),
+                                       v = random_floats(rng, kd);
+                            const auto bias = random_floats(rng, qd + 2 * kd, 0.5f);
+                            const KvCells cells = random_cells(rng, s, kt, vt, n_cells);
+                            const std::vector<int32_t> position{(int32_t)(n_cells - 1)};
+                            auto d_pos = to_device(position);
+                            DeviceBuffer<float2> table(D / 2);
+                            rope_table_cuda(dt, d_pos.data(), 1, table.data(), nullptr);
+                            auto d_bias = to_device(bias);
+                            const float* bias_ptr = with_bias ? d_bias.data() : nullptr;
+                            const size_t k_row = kv_row_bytes(kt, kd), v_row = kv_row_bytes(vt, kd);
+                            const size_t n_out = (size_t)s.n_head * D;
+                            // Reference: qkv_post on copies (its q, and the cache it writes).
+                            auto rq = to_device(q), rk = to_device(k), rv = to_device(v);
+                            auto rkc = to_device(cells.k), rvc = to_device(cells.v);
+                            qkv_post_cuda(QkvPostShape{s.n_head, s.n_head_kv, D}, dt, rq.data(), rk.data(), rv.data(),
+                                          bias_ptr, 1, d_pos.data(), kt, rkc.data(), vt, rvc.data(), n_cells - 1,
+                                          nullptr, table.data());
+                            // The kernel: the new cell's bytes poisoned first (NaN scales / values).
+                            auto dq = to_device(q), dk = to_device(k), dv = to_device(v);
+                            auto kc = to_device(cells.k), vc = to_device(cells.v);
+                            SPILLWAY_CUDA_CHECK(cudaMemset(kc.data() + k_row * (n_cells - 1), 0xff, k_row));
+                            SPILLWAY_CUDA_CHECK(cudaMemset(vc.data() + v_row * (n_cells - 1), 0xff, v_row));
+                            DeviceBuffer<float> out(n_out), lse(s.n_head), od(n_out / 32);
+                            DeviceBuffer<int16_t> oq(n_out);
+                            poison(out);
+                            poison(lse);
+                            poison(oq);
+                            poison(od);
+                            ShortAttentionArgs a;
+                            a.q = dq.data(), a.k = dk.data(), a.v = dv.data(), a.bias = bias_ptr;
+                            a.rope_table = table.data(), a.rope_dims = dt.n_dims, a.rope_neox = dt.neox;
+                            a.k_cache = kc.data(), a.v_cache = vc.data(), a.n_cells = n_cells;
+                            a.out = out.data(), a.lse = lse.data(), a.out_q16 = ActQ16{oq.data(), od.data()};
+                            attention_short_cuda(s, kt, vt, a, nullptr);
+                            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+                            const auto got_kc = to_host(kc), got_vc = to_host(vc);
+                            EXPECT_EQ(got_kc, to_host(rkc)) << "K cache bytes";
+                            EXPECT_EQ(got_vc, to_host(rvc)) << "V cache bytes";
+                            EXPECT_EQ(to_host(dq), q) << "raw q changed: the kernel must only read it";
+                            // CPU attention over the reference cache, with the rotated q.
+                            const auto q_rot = to_host(rq);
+                            std::vector<float> ref_out(n_out), ref_lse(s.n_head);
+                            const auto ref_kc = to_host(rkc), ref_vc = to_host(rvc);
+                            attention_partial_cpu(s, q_rot.data(), kt, ref_kc.data(), vt, ref_vc.data(), n_cells,
+                                                  ref_out.data(), ref_lse.data());
+                            const GpuPartial got{to_host(out), to_host(lse)};
+                            expect_close(got, ref_out, ref_lse);
+                            const HostActQ16 want = quantize_act_q16_host(got.out);
+                            EXPECT_EQ(to_host(oq), want.q) << "int16 output";
+                            const auto got_d = to_host(od);
+                            size_t bad_d = 0;
+                            for (size_t b = 0; b < want.d.size(); ++b) bad_d += !(got_d[b] == want.d[b]);
+                            EXPECT_EQ(bad_d, 0u) << "int16 output scales";
+                        }
+        }
+    }
+    // Outside what it takes: refused in words.
+    EXPECT_FALSE(attention_short_fits(make_shape(40, 8, 128), 0));
+    EXPECT_FALSE(attention_short_fits(make_shape(40, 8, 128), kShortAttentionMaxCells + 1));
+    EXPECT_FALSE(attention_short_fits(make_shape(14, 2, 64), 10));
 }
 
 TEST(CudaAttention, DefaultKernelChoice) {

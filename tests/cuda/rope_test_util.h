@@ -13,16 +13,17 @@ struct NeoxDeviceRope {
     DeviceBuffer<double> inv_freq;
     DeviceBuffer<float> ramp_mix;
     RopeDeviceTables tables;
-    // Rotation over the whole head (n_dims = head_dim), Qwen2's base.
-    explicit NeoxDeviceRope(uint32_t head_dim) {
+    // Rotation over the whole head (n_dims = head_dim) or its first n_dims, Qwen2's base; neox
+    // false: the normal (adjacent pairs) rotation.
+    explicit NeoxDeviceRope(uint32_t head_dim, bool neox = true, uint32_t n_dims = 0) {
         RopeSpec spec;
-        spec.type = RopeType::neox;
+        spec.type = neox ? RopeType::neox : RopeType::normal;
         spec.freq_base = 1000000.0f;
-        spec.n_dims = head_dim;
+        spec.n_dims = n_dims != 0 ? n_dims : head_dim;
         const RopeTables host = make_rope_tables(spec, head_dim);
         inv_freq = to_device(host.inv_freq);
         ramp_mix = to_device(host.ramp_mix);
-        tables.neox = true;
+        tables.neox = neox;
         tables.n_dims = host.n_dims;
         tables.inv_freq = inv_freq.data();
         tables.ramp_mix = ramp_mix.data();
