@@ -5,8 +5,10 @@
 // single-tile path: eight barriers, a tile through shared memory, a quantize pass) cost ~6.5 us
 // per layer of the f16 decode step and ~9.4 us with q8_0 KV (H100, session 51: tg64 from depth
 // 0 ran 5.9% / 8.5% faster with neither launch at all), on bytes that take well under a
-// microsecond. Here one block per query head copies the settled cells before the dependency
-// wait, builds its q and the new cell in registers, and does both products on CUDA cores.
+// microsecond. Here one block of 512 threads per query head copies the settled cells before the
+// dependency wait (f16 V into registers), builds its q and the new cell, and does both products
+// on CUDA cores. Measured in the engine (H100, tg128 from depth 0, the old launches -> this):
+// f16 176.9 -> 182.5 tok/s (+3.2%), q8_0 174.8 -> 179.2 (+2.5%), q4_0 176.3 -> 176.8 (+0.3%).
 #include <cuda_runtime.h>
 
 #include <cstdint>
