@@ -987,6 +987,7 @@ uint32_t attention_mma_min_cells(KvType k_type, KvType v_type) {
     static const uint32_t forced = lab_knob_uint("SPILLWAY_ATTN_MMA_MIN_CELLS", 0, 1u << 30);
     if (forced != 0) return forced;
     if (k_type == KvType::f16) return v_type == KvType::f16 ? kAttentionMmaMinCells : kAttentionMmaMinCellsF16KQuantizedV;
+    if (v_type == k_type) return kAttentionMmaMinCellsEqualQuantized;
     if (v_type == KvType::q4_0) return kAttentionMmaMinCellsQ4V;
     return v_type == KvType::q8_0 ? kAttentionMmaMinCellsQ8V : kAttentionMmaMinCellsQuantizedKF16V;
 }

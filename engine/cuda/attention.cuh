@@ -100,6 +100,12 @@ constexpr uint32_t kAttentionMmaMinCells = 16384;
 constexpr uint32_t kAttentionMmaMinCellsQuantizedKF16V = 12288;
 constexpr uint32_t kAttentionMmaMinCellsQ8V = 6144;
 constexpr uint32_t kAttentionMmaMinCellsQ4V = 2048;
+// Equal quantized K and V (q8_0 / q8_0, q4_0 / q4_0) from 1024 cells: session 51 (H100, tg64,
+// the mma kernel from 129 cells against the thresholds above, two interleaved rounds): q8_0 /
+// q8_0 +1.15% at 1024 cells and +0.58% at 4096, q4_0 / q4_0 +1.6% at 1024, equal from 8192 /
+// 4096. The mixed pairs were not measured and keep the thresholds above; f16 K lost 2-4% at
+// 1024-12288 and keeps its own.
+constexpr uint32_t kAttentionMmaMinCellsEqualQuantized = 1024;
 // f16 K with quantized V from 8192 (tok/s at 8192 / 12288, tensor_core -> mma: f16 / q4_0 179.1 /
 // 170.7 -> 180.6 / 177.0; f16 / q8_0 179.5 / 170.0 -> 178.1 / 173.1, one threshold for both).
 constexpr uint32_t kAttentionMmaMinCellsF16KQuantizedV = 8192;

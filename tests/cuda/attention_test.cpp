@@ -443,13 +443,15 @@ TEST(CudaAttention, DefaultKernelChoice) {
     EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::q8_0), AttentionKernel::mma);
     EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::f16, 65536), AttentionKernel::mma);
     // Short ranges keep the kernels measured faster there.
-    EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::q8_0, 4096), AttentionKernel::int_dot);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::q8_0, 1000), AttentionKernel::int_dot);
     EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::f16, 8192), AttentionKernel::tensor_core);
-    EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::q8_0, kAttentionMmaMinCellsQ8V), AttentionKernel::mma);
-    EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::q8_0, kAttentionMmaMinCellsQ8V - 1), AttentionKernel::int_dot);
-    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q4_0, kAttentionMmaMinCellsQ4V), AttentionKernel::mma);
+    for (KvType t : {KvType::q8_0, KvType::q4_0}) {
+        EXPECT_EQ(attention_default_kernel(s, t, t, kAttentionMmaMinCellsEqualQuantized), AttentionKernel::mma);
+        EXPECT_EQ(attention_default_kernel(s, t, t, kAttentionMmaMinCellsEqualQuantized - 1), AttentionKernel::int_dot);
+    }
     EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::q4_0, kAttentionMmaMinCellsQ4V), AttentionKernel::mma);
-    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q4_0, kAttentionMmaMinCellsQ4V - 1), AttentionKernel::int_dot);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::q4_0, kAttentionMmaMinCellsQ4V - 1), AttentionKernel::int_dot);
+    EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q8_0, kAttentionMmaMinCellsQ8V), AttentionKernel::mma);
     EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q8_0, kAttentionMmaMinCellsQ4V), AttentionKernel::int_dot);
     EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::f16, kAttentionMmaMinCellsQ8V), AttentionKernel::int_dot);
     EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::f16, kAttentionMmaMinCellsQuantizedKF16V), AttentionKernel::mma);
