@@ -50,6 +50,31 @@ KvCells random_cells(std::mt19937& rng, const AttentionShape& s, KvType kt, KvTy
     return cells;
 }
 
+// One token's raw q|k|v projections and q|k|v biases (host, and the biases on the device),
+// the cells of earlier steps, and the RoPE table at its position (n_cells - 1): the inputs of
+// the post-QKV tests.
+struct PostQkvInputs {
+    std::vector<float> q, k, v;
+    KvCells cells;
+    DeviceBuffer<int32_t> position;
+    DeviceBuffer<float> bias;
+    DeviceBuffer<float2> table;
+};
+PostQkvInputs post_qkv_inputs(std::mt19937& rng, const AttentionShape& s, KvType kt, KvType vt, uint32_t n_cells,
+                              const RopeDeviceTables& rope) {
+    const uint32_t qd = s.n_head * s.head_dim_k, kd = s.n_head_kv * s.head_dim_k;
+    PostQkvInputs in;
+    in.q = random_floats(rng, qd, 2.5f);
+    in.k = random_floats(rng, kd);
+    in.v = random_floats(rng, kd);
+    in.bias = to_device(random_floats(rng, qd + 2 * kd, 0.5f));
+    in.cells = random_cells(rng, s, kt, vt, n_cells);
+    in.position = to_device(std::vector<int32_t>{(int32_t)(n_cells - 1)});
+    in.table = DeviceBuffer<float2>(s.head_dim_k / 2);
+    rope_table_cuda(rope, in.position.data(), 1, in.table.data(), nullptr);
+    return in;
+}
+
 int sm_count() {
     int n = 0;
     SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0));
@@ -276,14 +301,9 @@ TEST(CudaAttention, PostQkvInsideTheKernelEqualsItsOwnLaunch) {
                                      std::to_string(D) + " cells " + std::to_string(n_cells) +
                                      (with_bias ? " bias" : "") + " seed " + std::to_string(seed));
                         std::mt19937 rng(seed);
-                        const auto q = random_floats(rng, qd, 2.5f), k = random_floats(rng, kd), v = random_floats(rng, kd);
-                        const auto bias = random_floats(rng, qd + 2 * kd, 0.5f);
-                        const KvCells cells = random_cells(rng, s, kt, vt, n_cells);
-                        const std::vector<int32_t> position{(int32_t)(n_cells - 1)};
-                        auto d_pos = to_device(position);
-                        DeviceBuffer<float2> table(D / 2);
-                        rope_table_cuda(dt, d_pos.data(), 1, table.data(), nullptr);
-                        auto d_bias = to_device(bias);
+                        PostQkvInputs in = post_qkv_inputs(rng, s, kt, vt, n_cells, dt);
+                        const auto &q = in.q, &k = in.k, &v = in.v;
+                        const KvCells& cells = in.cells;
                         const size_t k_row = kv_row_bytes(kt, kd), v_row = kv_row_bytes(vt, kd);
                         const size_t n_out = (size_t)s.n_head * s.head_dim_v;
                         struct Run {
@@ -306,16 +326,16 @@ TEST(CudaAttention, PostQkvInsideTheKernelEqualsItsOwnLaunch) {
                             return r;
                         };
                         Run a = make_run(), b = make_run();
-                        const float* bias_ptr = with_bias ? d_bias.data() : nullptr;
+                        const float* bias_ptr = with_bias ? in.bias.data() : nullptr;
                         qkv_post_cuda(QkvPostShape{s.n_head, s.n_head_kv, D}, dt, a.q.data(), a.k.data(), a.v.data(),
-                                      bias_ptr, 1, d_pos.data(), kt, a.kc.data(), vt, a.vc.data(), n_cells - 1, nullptr,
-                                      table.data());
+                                      bias_ptr, 1, in.position.data(), kt, a.kc.data(), vt, a.vc.data(), n_cells - 1, nullptr,
+                                      in.table.data());
                         attention_partial_cuda_with(AttentionKernel::tensor_core, s, a.q.data(), kt, a.kc.data(), vt,
                                                     a.vc.data(), n_cells, a.out.data(), a.lse.data(), a.ws.data(),
                                                     a.ws.bytes(), sms, nullptr, ActQ16{a.oq.data(), a.od.data()},
                                                     n_cells - 1);
                         AttentionPostQkv post;
-                        post.rope_table = table.data();
+                        post.rope_table = in.table.data();
                         post.rope_dims = D;
                         post.rope_neox = true;
                         post.bias = bias_ptr;
@@ -373,24 +393,18 @@ TEST(CudaAttention, ShortContextKernelMatchesPostQkvAndCpu) {
                                          std::to_string(seed));
                             ASSERT_TRUE(attention_short_fits(s, n_cells));
                             std::mt19937 rng(seed);
-                            const auto q = random_floats(rng, qd, 2.5f), k = random_floats(rng, kd),
-                                       v = random_floats(rng, kd);
-                            const auto bias = random_floats(rng, qd + 2 * kd, 0.5f);
-                            const KvCells cells = random_cells(rng, s, kt, vt, n_cells);
-                            const std::vector<int32_t> position{(int32_t)(n_cells - 1)};
-                            auto d_pos = to_device(position);
-                            DeviceBuffer<float2> table(D / 2);
-                            rope_table_cuda(dt, d_pos.data(), 1, table.data(), nullptr);
-                            auto d_bias = to_device(bias);
-                            const float* bias_ptr = with_bias ? d_bias.data() : nullptr;
+                            PostQkvInputs in = post_qkv_inputs(rng, s, kt, vt, n_cells, dt);
+                            const auto &q = in.q, &k = in.k, &v = in.v;
+                            const KvCells& cells = in.cells;
+                            const float* bias_ptr = with_bias ? in.bias.data() : nullptr;
                             const size_t k_row = kv_row_bytes(kt, kd), v_row = kv_row_bytes(vt, kd);
                             const size_t n_out = (size_t)s.n_head * D;
                             // Reference: qkv_post on copies (its q, and the cache it writes).
                             auto rq = to_device(q), rk = to_device(k), rv = to_device(v);
                             auto rkc = to_device(cells.k), rvc = to_device(cells.v);
                             qkv_post_cuda(QkvPostShape{s.n_head, s.n_head_kv, D}, dt, rq.data(), rk.data(), rv.data(),
-                                          bias_ptr, 1, d_pos.data(), kt, rkc.data(), vt, rvc.data(), n_cells - 1,
-                                          nullptr, table.data());
+                                          bias_ptr, 1, in.position.data(), kt, rkc.data(), vt, rvc.data(), n_cells - 1,
+                                          nullptr, in.table.data());
                             // The kernel: the new cell's bytes poisoned first (NaN scales / values).
                             auto dq = to_device(q), dk = to_device(k), dv = to_device(v);
                             auto kc = to_device(cells.k), vc = to_device(cells.v);
@@ -404,7 +418,7 @@ TEST(CudaAttention, ShortContextKernelMatchesPostQkvAndCpu) {
                             poison(od);
                             ShortAttentionArgs a;
                             a.q = dq.data(), a.k = dk.data(), a.v = dv.data(), a.bias = bias_ptr;
-                            a.rope_table = table.data(), a.rope_dims = dt.n_dims, a.rope_neox = dt.neox;
+                            a.rope_table = in.table.data(), a.rope_dims = dt.n_dims, a.rope_neox = dt.neox;
                             a.k_cache = kc.data(), a.v_cache = vc.data(), a.n_cells = n_cells;
                             a.out = out.data(), a.lse = lse.data(), a.out_q16 = ActQ16{oq.data(), od.data()};
                             attention_short_cuda(s, kt, vt, a, nullptr);
