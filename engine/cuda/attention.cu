@@ -338,13 +338,16 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const float
                                                                      uint32_t n_splits, uint32_t n_head,
                                                                      uint32_t head_dim, float* out, float* lse,
                                                                      int16_t* out_q, float* out_d,
-                                                                     uint64_t* timeline) {
+                                                                     uint64_t* timeline, uint32_t release_late) {
     // timeline (lab, attention_lab_timeline): this block's 3 stamps, or nullptr.
     if (timeline != nullptr && threadIdx.x == 0) timeline[(size_t)blockIdx.x * kAttentionTimelineSlots] = global_timer_ns();
     // Programmatic launch (pdl_launch.cuh): the partials are visible after the wait; then
-    // the output projection's matvec may launch and fetch its first weights.
+    // the output projection's matvec may launch and fetch its first weights. release_late (lab,
+    // SPILLWAY_MERGE_RELEASE=late): only before the outputs, so that the GEMV's warps do not
+    // share the SMs with this kernel's chains of round trips (session 51's short-context
+    // attention lost 11% with 128 threads released early, gained with 512).
     pdl_wait_for_producer();
-    pdl_release_dependents();
+    if (release_late == 0) pdl_release_dependents();
     if (timeline != nullptr && threadIdx.x == 0) timeline[(size_t)blockIdx.x * kAttentionTimelineSlots + 1] = global_timer_ns();
     __shared__ float weight[kMergeMaxSplits];
     __shared__ float reduce[kMergeThreads / 32];
@@ -406,6 +409,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const float
     }
     group_sum[tid] = sum;
     __syncthreads();
+    if (release_late != 0) pdl_release_dependents();
     if (timeline != nullptr && threadIdx.x == 0) timeline[(size_t)blockIdx.x * kAttentionTimelineSlots + 4] = global_timer_ns();
     if (g == 0) {  // whole warps: head_dim is 64 or 128
         float total = 0.0f;
@@ -1025,6 +1029,14 @@ size_t attention_workspace_bytes(const AttentionShape& shape, uint32_t n_cells, 
     return (size_t)splits * shape.n_head * (shape.head_dim_v + 1) * sizeof(float);
 }
 
+// SPILLWAY_MERGE_RELEASE=late (lab): the block merge releases the GEMV behind it only before
+// its outputs (merge_splits_kernel). Not yet measured (written in session 51 after its device
+// time ran out).
+bool merge_release_late() {
+    static const bool late = lab_knob("SPILLWAY_MERGE_RELEASE", "late", "early");
+    return late;
+}
+
 // SPILLWAY_ATTN_FINISH=kernels (lab): a single split's int16 output written by a quantize
 // launch of its own, as before session 17 (A/B in one binary).
 bool attention_finish_fused() {
@@ -1153,7 +1165,8 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
             launch_with_pdl(merge_pdl, merge_splits_kernel, dim3(shape.n_head),
                             dim3(kMergeThreads / shape.head_dim_v * shape.head_dim_v), 0, stream,
                             (const float*)p.part_out, (const float*)p.part_lse, plan.n_splits, shape.n_head,
-                            shape.head_dim_v, out, lse, out_q16.q, out_q16.d, merge_timeline);
+                            shape.head_dim_v, out, lse, out_q16.q, out_q16.d, merge_timeline,
+                            merge_release_late() ? 1u : 0u);
         SPILLWAY_CUDA_CHECK(cudaGetLastError());
     } else if (out_q16 && p.out_q == nullptr) {
         quantize_act_q16_cuda(out, n_values, 1, out_q16, stream);
