@@ -82,9 +82,9 @@ __device__ __forceinline__ float one_value(const uint8_t* slice, uint32_t e) {
     }
 }
 
+// The block's maximum, to every thread (block_sum's shape; kv_warp_max inside each warp).
 __device__ __forceinline__ float block_max(float m, float* warp_vals) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    m = kv_warp_max(m);
     __syncthreads();  // warp_vals' previous readers are done
     if (threadIdx.x % 32 == 0) warp_vals[threadIdx.x / 32] = m;
     __syncthreads();

@@ -275,13 +275,15 @@ uint32_t qkv_post_token_blocks() {
     return n;
 }
 
-// SPILLWAY_POST_QKV=kernel (lab): bias + RoPE + K/V write in their own launch at every
-// depth, as before session 17 (A/B in one binary).
+// SPILLWAY_SHORT_ATTENTION=0 (lab): up to 128 cells, qkv_post and the split kernel instead of
+// the short-context kernel (attention_short.cuh), as before session 51.
 bool short_attention_on() {
     static const bool on = !lab_knob("SPILLWAY_SHORT_ATTENTION", "0", "1");
     return on;
 }
 
+// SPILLWAY_POST_QKV=kernel (lab): bias + RoPE + K/V write in their own launch at every
+// depth, as before session 17 (A/B in one binary).
 bool post_qkv_in_attention() {
     static const bool in_attention = !lab_knob("SPILLWAY_POST_QKV", "kernel", "attention");
     return in_attention;
@@ -595,6 +597,7 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
             spill_layer_attention(*cache.spill, spill_cursor, args, stream);
             op_times_mark("attention (spilled)", stream);
         } else if (skip_attention) {
+            // (lab bound: nothing; wo reads the previous step's attention output)
         } else if (short_attention) {
             ShortAttentionArgs a;
             a.q = q, a.k = k, a.v = v, a.bias = L.bqkv;
