@@ -338,16 +338,15 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const float
                                                                      uint32_t n_splits, uint32_t n_head,
                                                                      uint32_t head_dim, float* out, float* lse,
                                                                      int16_t* out_q, float* out_d,
-                                                                     uint64_t* timeline, uint32_t release_late) {
+                                                                     uint64_t* timeline) {
     // timeline (lab, attention_lab_timeline): this block's 3 stamps, or nullptr.
     if (timeline != nullptr && threadIdx.x == 0) timeline[(size_t)blockIdx.x * kAttentionTimelineSlots] = global_timer_ns();
     // Programmatic launch (pdl_launch.cuh): the partials are visible after the wait; then
-    // the output projection's matvec may launch and fetch its first weights. release_late (lab,
-    // SPILLWAY_MERGE_RELEASE=late): only before the outputs, so that the GEMV's warps do not
-    // share the SMs with this kernel's chains of round trips (session 51's short-context
-    // attention lost 11% with 128 threads released early, gained with 512).
+    // the output projection's matvec may launch and fetch its first weights. (Releasing it only
+    // before the outputs, so that the GEMV's warps would not share the SMs with this kernel's
+    // chains, lost 1.2-1.9% on every tier at 8k-64k: session 52, H100.)
     pdl_wait_for_producer();
-    if (release_late == 0) pdl_release_dependents();
+    pdl_release_dependents();
     if (timeline != nullptr && threadIdx.x == 0) timeline[(size_t)blockIdx.x * kAttentionTimelineSlots + 1] = global_timer_ns();
     __shared__ float weight[kMergeMaxSplits];
     __shared__ float reduce[kMergeThreads / 32];
@@ -409,7 +408,6 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const float
     }
     group_sum[tid] = sum;
     __syncthreads();
-    if (release_late != 0) pdl_release_dependents();
     if (timeline != nullptr && threadIdx.x == 0) timeline[(size_t)blockIdx.x * kAttentionTimelineSlots + 4] = global_timer_ns();
     if (g == 0) {  // whole warps: head_dim is 64 or 128
         float total = 0.0f;
@@ -533,7 +531,8 @@ SplitPlan plan_splits(const AttentionShape& shape, uint32_t n_cells, uint32_t sm
     const uint32_t n_tiles = (n_cells + kTile - 1) / kTile;
     // About two blocks per multiprocessor in total: one or two waves of long-running blocks.
     // (Session 17, 14B shape, engine at 8k: 1 / 2 / 3 / 4 / 6 blocks per SM gave 179.4 / 183.6 /
-    // 173.5 / 177.3 / 177.1 tok/s.)
+    // 173.5 / 177.3 / 177.1 tok/s. Session 52, H100, tg48, against 2: 1 and 3 equal at 2048
+    // cells, -5.2% and -4.9% at 8192.)
     const uint32_t wanted = std::max(1u, (2 * std::max(1u, sm_count) + shape.n_head_kv - 1) / shape.n_head_kv);
     const uint32_t splits = std::min(wanted, n_tiles);
     const uint32_t cells_per_split = (n_tiles + splits - 1) / splits * kTile;
@@ -1029,12 +1028,15 @@ size_t attention_workspace_bytes(const AttentionShape& shape, uint32_t n_cells, 
     return (size_t)splits * shape.n_head * (shape.head_dim_v + 1) * sizeof(float);
 }
 
-// SPILLWAY_MERGE_RELEASE=late (lab): the block merge releases the GEMV behind it only before
-// its outputs (merge_splits_kernel). Not yet measured (written in session 51 after its device
-// time ran out).
-bool merge_release_late() {
-    static const bool late = lab_knob("SPILLWAY_MERGE_RELEASE", "late", "early");
-    return late;
+// SPILLWAY_LAB_SKIP_MERGE=1 (lab, wrong output: a timing bound): no split merge launch; the
+// output projection reads whatever its input buffer holds. What folding the merge into the
+// attention kernels could buy at most: session 52 (H100, tg48): f16 +2.8% at 8192 cells and
+// +0.7% at 32768, q8_0 +1.3% / +1.4%. (A fold that lost: the split kernel's splits of a KV head
+// as one thread-block cluster merging in distributed shared memory, branch `split-cluster`:
+// 16 splits instead of 33 packed two blocks per SM on half the SMs, -6.7% at 8192.)
+bool lab_skip_merge() {
+    static const bool skip = lab_knob("SPILLWAY_LAB_SKIP_MERGE", "1", "0");
+    return skip;
 }
 
 // SPILLWAY_ATTN_FINISH=kernels (lab): a single split's int16 output written by a quantize
@@ -1150,6 +1152,7 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     } else if (shape.head_dim_k == 64) dispatch_k<64>(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream);
     else dispatch_k<128>(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    if (plan.n_splits > 1 && lab_skip_merge()) return;
     if (plan.n_splits > 1) {
         if (plan.n_splits > kMergeMaxSplits) fail("attention_partial_cuda: more splits than the merge kernel holds");
         if (kMergeThreads % shape.head_dim_v != 0) fail("attention_partial_cuda: head dim must divide 512");
@@ -1165,8 +1168,7 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
             launch_with_pdl(merge_pdl, merge_splits_kernel, dim3(shape.n_head),
                             dim3(kMergeThreads / shape.head_dim_v * shape.head_dim_v), 0, stream,
                             (const float*)p.part_out, (const float*)p.part_lse, plan.n_splits, shape.n_head,
-                            shape.head_dim_v, out, lse, out_q16.q, out_q16.d, merge_timeline,
-                            merge_release_late() ? 1u : 0u);
+                            shape.head_dim_v, out, lse, out_q16.q, out_q16.d, merge_timeline);
         SPILLWAY_CUDA_CHECK(cudaGetLastError());
     } else if (out_q16 && p.out_q == nullptr) {
         quantize_act_q16_cuda(out, n_values, 1, out_q16, stream);

@@ -289,7 +289,7 @@ TEST(CudaAttention, PostQkvInsideTheKernelEqualsItsOwnLaunch) {
     const uint32_t sms = sm_count();
     for (const AttentionShape& s : {make_shape(40, 8, 128), make_shape(4, 2, 64)}) {
         const uint32_t D = s.head_dim_k, qd = s.n_head * D, kd = s.n_head_kv * D;
-        const NeoxDeviceRope rope(D);
+        const TestDeviceRope rope(D);
         const RopeDeviceTables& dt = rope.tables;
         for (KvType kt : kTypes)
             for (KvType vt : kTypes)
@@ -377,7 +377,7 @@ TEST(CudaAttention, ShortContextKernelMatchesPostQkvAndCpu) {
         const uint32_t D = s.head_dim_k, qd = s.n_head * D, kd = s.n_head_kv * D;
         for (const RopeCase rc : {RopeCase{true, 128}, RopeCase{true, 64}, RopeCase{false, 128}}) {
             if (s.n_head != 40 && !(rc.neox && rc.n_dims == 128)) continue;
-            const NeoxDeviceRope rope(D, rc.neox, rc.n_dims);
+            const TestDeviceRope rope(D, rc.neox, rc.n_dims);
             const RopeDeviceTables& dt = rope.tables;
             for (KvType kt : kTypes)
                 for (KvType vt : kTypes)

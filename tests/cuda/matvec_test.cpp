@@ -959,7 +959,7 @@ TEST(CudaMatvec, QkvRopeEpilogueEqualsNormedThenPost) {
         auto d_partials = to_device(partials);
         const NormedX normed{d_partials.data(), (uint32_t)partials.size(), 1e-6f};
         auto d_bias = to_device(random_floats(rng, rows, 0.5f));
-        const NeoxDeviceRope rope(D);
+        const TestDeviceRope rope(D);
         const uint32_t n_cells = 16, cell = std::uniform_int_distribution<uint32_t>(0, n_cells - 1)(rng);
         auto d_pos = to_device(std::vector<int32_t>{(int32_t)(1000 + 37 * cell)});
         DeviceBuffer<float2> table(D / 2);

@@ -1,5 +1,5 @@
 #pragma once
-// NeoX RoPE tables of one head size on the device (the engine's RopeDeviceTables), for the
+// RoPE tables of one head size on the device (the engine's RopeDeviceTables; NeoX by default), for the
 // GPU tests that rotate heads: the decode attention's post-QKV work, the q|k|v epilogue.
 #include <cstdint>
 
@@ -9,13 +9,13 @@
 
 namespace spillway::cuda_test {
 
-struct NeoxDeviceRope {
+struct TestDeviceRope {
     DeviceBuffer<double> inv_freq;
     DeviceBuffer<float> ramp_mix;
     RopeDeviceTables tables;
     // Rotation over the whole head (n_dims = head_dim) or its first n_dims, Qwen2's base; neox
     // false: the normal (adjacent pairs) rotation.
-    explicit NeoxDeviceRope(uint32_t head_dim, bool neox = true, uint32_t n_dims = 0) {
+    explicit TestDeviceRope(uint32_t head_dim, bool neox = true, uint32_t n_dims = 0) {
         RopeSpec spec;
         spec.type = neox ? RopeType::neox : RopeType::normal;
         spec.freq_base = 1000000.0f;
