@@ -1032,7 +1032,7 @@ size_t attention_workspace_bytes(const AttentionShape& shape, uint32_t n_cells, 
 // output projection reads whatever its input buffer holds. What folding the merge into the
 // attention kernels could buy at most: session 52 (H100, tg48): f16 +2.8% at 8192 cells and
 // +0.7% at 32768, q8_0 +1.3% / +1.4%. (A fold that lost: the split kernel's splits of a KV head
-// as one thread-block cluster merging in distributed shared memory, branch `split-cluster`:
+// as one thread-block cluster merging in distributed shared memory (described in perf-notes, session 52):
 // 16 splits instead of 33 packed two blocks per SM on half the SMs, -6.7% at 8192.)
 bool lab_skip_merge() {
     static const bool skip = lab_knob("SPILLWAY_LAB_SKIP_MERGE", "1", "0");
