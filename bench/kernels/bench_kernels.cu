@@ -862,6 +862,7 @@ void bench_attention(Report& r, const Options& o, KvType kt, KvType vt, uint32_t
     DeviceBuffer<float> q(40 * 128), out(40 * 128), lse(40);
     fill_f32<<<64, 256>>>(q.data(), q.size(), 9);
     DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
+    SPILLWAY_CUDA_CHECK(cudaMemset(ws.data(), 0, ws.bytes()));  // the tail merge's counters (lab)
     const double us = median_us([&](cudaStream_t st, int i) {
         if (kernel)
             attention_partial_cuda_with(*kernel, s, q.data(), kt, k[i % n_sets].data(), vt, v[i % n_sets].data(),
@@ -907,6 +908,7 @@ void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n
     DeviceBuffer<float> q(40 * 128), out(40 * 128), lse(40);
     fill_f32<<<64, 256>>>(q.data(), q.size(), 9);
     DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
+    SPILLWAY_CUDA_CHECK(cudaMemset(ws.data(), 0, ws.bytes()));  // the tail merge's counters (lab)
     const uint32_t splits = attention_split_count(AttentionKernel::mma, s, kt, vt, n_cells, sms);
     const size_t warps = (size_t)8 * splits * kAttentionTimelineWarpsPerBlock, merges = splits > 1 ? 40 : 0;
     const size_t slots = (warps + merges) * kAttentionTimelineSlots;

@@ -60,6 +60,12 @@ struct Params {
     uint32_t splits_lo;
     uint32_t splits_hi;
     uint32_t hi_heads;
+    // Tail merge (lab, the tensor_core kernel's tail instances; attention_tail_merge_device.cuh):
+    // one arrival counter per KV head (zero before the launch, left zero), and the merged
+    // output and lse; out_q / out_d, if set, take its int16 copy. nullptr: a merge launch.
+    uint32_t* tail_counters;
+    float* tail_out;
+    float* tail_lse;
 };
 
 // Stamps per warp of the lab timeline: [0] entry, [1] after the dependency wait, [2] Q in
