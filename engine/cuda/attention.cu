@@ -1189,7 +1189,8 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
                             attention_tail_merge_applies(kernel, shape, k_type, n_cells, sm_count);
     if (tail_merge) {
         const size_t words = workspace_bytes / sizeof(uint32_t);
-        if ((size_t)plan.n_splits * n_values * sizeof(float) + (size_t)plan.n_splits * shape.n_head * sizeof(float) >
+        if (words < shape.n_head_kv ||
+            (size_t)plan.n_splits * n_values * sizeof(float) + (size_t)plan.n_splits * shape.n_head * sizeof(float) >
             (words - shape.n_head_kv) * sizeof(uint32_t))
             fail("attention_partial_cuda: workspace too small for the tail merge's counters");
         p.tail_counters = static_cast<uint32_t*>(workspace) + (words - shape.n_head_kv);
