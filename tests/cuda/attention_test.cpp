@@ -87,6 +87,20 @@ struct GpuPartial {
     std::vector<float> out, lse;
 };
 
+// One attention call's outputs on the device: out and lse, and the int16 copy of out with its
+// scales, all poisoned, so that a value the kernel does not write shows.
+struct PoisonedOutputs {
+    DeviceBuffer<float> out, lse, od;
+    DeviceBuffer<int16_t> oq;
+    PoisonedOutputs(size_t n_out, uint32_t n_head) : out(n_out), lse(n_head), od(n_out / 32), oq(n_out) {
+        poison(out);
+        poison(lse);
+        poison(oq);
+        poison(od);
+    }
+    ActQ16 q16() { return ActQ16{oq.data(), od.data()}; }
+};
+
 // kernel == nullptr: attention_partial_cuda's own choice (attention_default_kernel).
 GpuPartial run_gpu(const AttentionShape& s, const std::vector<float>& q, KvType kt, const uint8_t* k,
                    KvType vt, const uint8_t* v, uint32_t n_cells, uint32_t n_k_bytes, uint32_t n_v_bytes,
@@ -96,32 +110,25 @@ GpuPartial run_gpu(const AttentionShape& s, const std::vector<float>& q, KvType 
     if (n_k_bytes) SPILLWAY_CUDA_CHECK(cudaMemcpy(d_k.data(), k, n_k_bytes, cudaMemcpyHostToDevice));
     if (n_v_bytes) SPILLWAY_CUDA_CHECK(cudaMemcpy(d_v.data(), v, n_v_bytes, cudaMemcpyHostToDevice));
     const size_t n_out = (size_t)s.n_head * s.head_dim_v;
-    DeviceBuffer<float> d_out(n_out), d_lse(s.n_head);
     // The output quantized for the Q8_0 output projection, asked for in every run: written by
     // the split merge (several splits), the attention kernel itself (one split) or the
     // quantize kernel (no cells).
-    DeviceBuffer<int16_t> d_oq(n_out);
-    DeviceBuffer<float> d_od(n_out / 32);
-    poison(d_out);
-    poison(d_lse);
-    poison(d_oq);
-    poison(d_od);
+    PoisonedOutputs o(n_out, s.n_head);
     const uint32_t sms = sm_count();
     DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
     SPILLWAY_CUDA_CHECK(cudaMemset(ws.data(), 0, ws.bytes()));  // SPILLWAY_SPLIT_TAIL_MERGE=1: its counters
-    const ActQ16 out_q16{d_oq.data(), d_od.data()};
     if (kernel)
-        attention_partial_cuda_with(*kernel, s, d_q.data(), kt, d_k.data(), vt, d_v.data(), n_cells, d_out.data(),
-                                    d_lse.data(), ws.data(), ws.bytes(), sms, nullptr, out_q16);
+        attention_partial_cuda_with(*kernel, s, d_q.data(), kt, d_k.data(), vt, d_v.data(), n_cells, o.out.data(),
+                                    o.lse.data(), ws.data(), ws.bytes(), sms, nullptr, o.q16());
     else
-        attention_partial_cuda(s, d_q.data(), kt, d_k.data(), vt, d_v.data(), n_cells, d_out.data(), d_lse.data(),
-                               ws.data(), ws.bytes(), sms, nullptr, out_q16);
+        attention_partial_cuda(s, d_q.data(), kt, d_k.data(), vt, d_v.data(), n_cells, o.out.data(), o.lse.data(),
+                               ws.data(), ws.bytes(), sms, nullptr, o.q16());
     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-    GpuPartial result{to_host(d_out), to_host(d_lse)};
+    GpuPartial result{to_host(o.out), to_host(o.lse)};
     // Bit for bit the host twin's quantization of the GPU's own f32 output.
     const HostActQ16 want = quantize_act_q16_host(result.out);
-    const std::vector<int16_t> got_q = to_host(d_oq);
-    const std::vector<float> got_d = to_host(d_od);
+    const std::vector<int16_t> got_q = to_host(o.oq);
+    const std::vector<float> got_d = to_host(o.od);
     size_t bad = 0;
     for (size_t i = 0; i < n_out; ++i) bad += got_q[i] != want.q[i];
     for (size_t b = 0; b < n_out / 32; ++b) bad += !(got_d[b] == want.d[b]);
@@ -318,17 +325,12 @@ TEST(CudaAttention, SplitTailMergeEqualsMergeLaunch) {
                     std::vector<int16_t> q;
                 };
                 auto run = [&](AttentionMerge merge) {
-                    DeviceBuffer<float> d_out(n_out), d_lse(s.n_head), d_od(n_out / 32);
-                    DeviceBuffer<int16_t> d_oq(n_out);
-                    poison(d_out);
-                    poison(d_lse);
-                    poison(d_oq);
-                    poison(d_od);
+                    PoisonedOutputs o(n_out, s.n_head);
                     attention_partial_cuda_with(kernel, s, d_q.data(), KvType::f16, d_k.data(), vt, d_v.data(), n_cells,
-                                                d_out.data(), d_lse.data(), ws.data(), ws.bytes(), sms, nullptr,
-                                                ActQ16{d_oq.data(), d_od.data()}, 0, nullptr, true, merge);
+                                                o.out.data(), o.lse.data(), ws.data(), ws.bytes(), sms, nullptr, o.q16(),
+                                                0, nullptr, true, merge);
                     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-                    return Run{to_host(d_out), to_host(d_lse), to_host(d_od), to_host(d_oq)};
+                    return Run{to_host(o.out), to_host(o.lse), to_host(o.od), to_host(o.oq)};
                 };
                 SPILLWAY_CUDA_CHECK(cudaMemset(ws.data(), 0xff, ws_bytes));
                 const Run launched = run(AttentionMerge::launch);
@@ -506,17 +508,12 @@ TEST(CudaAttention, ShortContextKernelMatchesPostQkvAndCpu) {
                             auto kc = to_device(cells.k), vc = to_device(cells.v);
                             SPILLWAY_CUDA_CHECK(cudaMemset(kc.data() + k_row * (n_cells - 1), 0xff, k_row));
                             SPILLWAY_CUDA_CHECK(cudaMemset(vc.data() + v_row * (n_cells - 1), 0xff, v_row));
-                            DeviceBuffer<float> out(n_out), lse(s.n_head), od(n_out / 32);
-                            DeviceBuffer<int16_t> oq(n_out);
-                            poison(out);
-                            poison(lse);
-                            poison(oq);
-                            poison(od);
+                            PoisonedOutputs o(n_out, s.n_head);
                             ShortAttentionArgs a;
                             a.q = dq.data(), a.k = dk.data(), a.v = dv.data(), a.bias = bias_ptr;
                             a.rope_table = in.table.data(), a.rope_dims = dt.n_dims, a.rope_neox = dt.neox;
                             a.k_cache = kc.data(), a.v_cache = vc.data(), a.n_cells = n_cells;
-                            a.out = out.data(), a.lse = lse.data(), a.out_q16 = ActQ16{oq.data(), od.data()};
+                            a.out = o.out.data(), a.lse = o.lse.data(), a.out_q16 = o.q16();
                             attention_short_cuda(s, kt, vt, a, nullptr);
                             SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
                             const auto got_kc = to_host(kc), got_vc = to_host(vc);
@@ -529,11 +526,11 @@ TEST(CudaAttention, ShortContextKernelMatchesPostQkvAndCpu) {
                             const auto ref_kc = to_host(rkc), ref_vc = to_host(rvc);
                             attention_partial_cpu(s, q_rot.data(), kt, ref_kc.data(), vt, ref_vc.data(), n_cells,
                                                   ref_out.data(), ref_lse.data());
-                            const GpuPartial got{to_host(out), to_host(lse)};
+                            const GpuPartial got{to_host(o.out), to_host(o.lse)};
                             expect_close(got, ref_out, ref_lse);
                             const HostActQ16 want = quantize_act_q16_host(got.out);
-                            EXPECT_EQ(to_host(oq), want.q) << "int16 output";
-                            const auto got_d = to_host(od);
+                            EXPECT_EQ(to_host(o.oq), want.q) << "int16 output";
+                            const auto got_d = to_host(o.od);
                             size_t bad_d = 0;
                             for (size_t b = 0; b < want.d.size(); ++b) bad_d += !(got_d[b] == want.d[b]);
                             EXPECT_EQ(bad_d, 0u) << "int16 output scales";
