@@ -20,6 +20,8 @@
 // (CudaAttention.SplitTailMergeEqualsMergeLaunch).
 #include <cuda_runtime.h>
 
+#include <cuda/atomic>
+
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -58,16 +60,14 @@ __device__ void attention_tail_merge(const attention_mma::Params& p, uint32_t kv
 
     __syncthreads();  // every store of this block's partial has been issued
     if (tid == 0) {
-        // The fence orders the whole block's partial stores (seen by this thread through the
-        // barrier) before the ticket; the last block's fence after its ticket orders the reads
-        // below after every other block's fenced stores (the grid-sync pattern).
-        __threadfence();
-        const uint32_t ticket = atomicAdd(p.tail_counters + kv_head, 1u);
-        last_block = ticket == n - 1;
-        if (last_block) {
-            p.tail_counters[kv_head] = 0;
-            __threadfence();
-        }
+        // One acq_rel ticket (the engine's lean hand-over, matvec_q8s.cu: 0.2-0.8% faster than
+        // a grid barrier's two fences): its release is cumulative over the block barrier's
+        // stores, its acquire orders the last block's reads below (after the next barrier)
+        // after every other block's stores. The reset has nothing waiting for it: the next use
+        // of the counter is a later launch.
+        cuda::atomic_ref<uint32_t, cuda::thread_scope_device> arrivals(p.tail_counters[kv_head]);
+        last_block = arrivals.fetch_add(1u, cuda::memory_order_acq_rel) == n - 1;
+        if (last_block) arrivals.store(0u, cuda::memory_order_relaxed);
     }
     __syncthreads();
     if (!last_block) return;
