@@ -29,6 +29,7 @@
 #include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/attention_mma.cuh"
 #include "engine/cuda/kv_tile.cuh"
+#include "engine/cuda/pdl_launch.cuh"
 
 namespace spillway {
 
@@ -70,7 +71,9 @@ __device__ void attention_tail_merge(const attention_mma::Params& p, uint32_t kv
         if (last_block) arrivals.store(0u, cuda::memory_order_relaxed);
     }
     __syncthreads();
-    if (!last_block) return;
+    if (!last_block) return;  // its exit counts as its release of the kernel behind (wo)
+    // The merge kernel's release point: wo may launch and fetch its first weights now.
+    pdl_release_dependents();
 
     // Every partial of this KV head's query heads, in one batch of 16-byte copies through L2
     // (cp.async.cg: coherent with the other SMs' stores; L1 may hold stale lines of these
