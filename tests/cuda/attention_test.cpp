@@ -269,6 +269,7 @@ TEST(CudaAttention, ProgrammaticLaunchReadsTheNewCellAfterItsProducer) {
                     poison(d_out);
                     poison(d_lse);
                     DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
+                    SPILLWAY_CUDA_CHECK(cudaMemset(ws.data(), 0, ws.bytes()));  // the tail merge's counters (lab)
                     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
                     const CopyRegion regions[] = {{d_q_final.data(), d_q.data(), q.size() * sizeof(float)},
                                                   {d_new_k.data(), d_k.data() + last, row},
@@ -417,6 +418,7 @@ TEST(CudaAttention, PostQkvInsideTheKernelEqualsItsOwnLaunch) {
                                   DeviceBuffer<int16_t>(n_out)};
                             SPILLWAY_CUDA_CHECK(cudaMemset(r.kc.data() + k_row * (n_cells - 1), 0xff, k_row));
                             SPILLWAY_CUDA_CHECK(cudaMemset(r.vc.data() + v_row * (n_cells - 1), 0xff, v_row));
+                            SPILLWAY_CUDA_CHECK(cudaMemset(r.ws.data(), 0, r.ws.bytes()));  // the tail merge's counters (lab)
                             poison(r.out);
                             poison(r.lse);
                             poison(r.oq);
