@@ -96,7 +96,7 @@ if [ -z "$bench_only" ] && [ "$engine_only" = 0 ]; then
     suites='CudaForward.*'
     [ "$knob" = SPILLWAY_ATTN_MERGE=warp ] && suites='CudaForward.*:CudaAttention.*'
     [ "$knob" = SPILLWAY_WS_ORDER=heads ] && suites='CudaForward.*:CudaPrefillAttention.*:CudaPrefill.CausalAttention*'
-    [ "$knob" = SPILLWAY_SPLIT_TAIL_MERGE=1 ] && suites='CudaForward.*:CudaSpill.*'
+    [ "$knob" = SPILLWAY_SPLIT_TAIL_MERGE=1 ] && suites='CudaForward.*:CudaSpill.*:CudaAttention.*'
     env "$knob" "$bin/test_cuda" --gtest_filter="$suites" >"$out/ctest-${knob//=/-}.log" 2>&1
     echo "$suites with $knob rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/ctest-${knob//=/-}.log" | head -2 | tr '\n' ' ')"
   done
