@@ -12,6 +12,7 @@
 
 #include "app/args.h"
 #include "app/commands.h"
+#include "app/env_record.h"
 #include "app/plan_args.h"
 #include "common/error.h"
 #include "probe/device_probe.h"
@@ -176,6 +177,9 @@ int cmd_bench(int argc, char** argv) {
     // and a run with nothing to measure are reported as such on every machine, not as a missing
     // GPU or after a 14B model has been built on it. (An unknown preset fails with the list.)
     if (n_prompt == 0 && n_gen == 0) fail("-p 0 and -n 0 leave nothing to measure");
+    // Recorded with the results, and said before any GPU work when one is a timing bound.
+    const std::vector<EnvSetting> env_settings = spillway_env_settings();
+    const bool timing_bound = warn_timing_bounds(env_settings, "bench") > 0;
     if (n_gen == 0 && std::any_of(spill_mib.begin(), spill_mib.end(), [](uint64_t m) { return m > 0; }))
         fail("--spill measures decode; -n must be > 0");
 #ifdef SPILLWAY_HAVE_CUDA
@@ -224,7 +228,7 @@ int cmd_bench(int argc, char** argv) {
     }
 
 #ifndef SPILLWAY_HAVE_CUDA
-    (void)bench_depths, (void)bench_spill, (void)pairs, (void)wtype, (void)depths, (void)n_prompt, (void)n_gen, (void)batch, (void)seed, (void)json, (void)no_graph, (void)repetitions,
+    (void)bench_depths, (void)bench_spill, (void)pairs, (void)timing_bound, (void)wtype, (void)depths, (void)n_prompt, (void)n_gen, (void)batch, (void)seed, (void)json, (void)no_graph, (void)repetitions,
         (void)spill_mib;
     fail("bench measures the CUDA engine, and this build has none (configure with -DSPILLWAY_CUDA=ON on a machine with nvcc)");
 #else
@@ -285,6 +289,9 @@ int cmd_bench(int argc, char** argv) {
                               {"vram_bytes", {{"weights", r.vram_weights}, {"scratch", r.vram_scratch},
                                               {"graphs", r.vram_graphs}}},
                               {"rows", rows}};
+        out["env"] = nlohmann::json::object();
+        for (const EnvSetting& e : env_settings) out["env"][e.name] = e.value;
+        out["timing_bound"] = timing_bound;
         for (const auto& [name, bytes] : r.vram_scratch_parts) out["vram_bytes"]["scratch_parts"][name] = bytes;
         if (plan)
             out["plan"] = {{"tier", kv_tier_name(plan->tier)},
@@ -302,8 +309,10 @@ int cmd_bench(int argc, char** argv) {
     }
     std::printf("device: %s, HBM read %.0f GB/s (measured now)\nmodel: %s; decode %s\n", r.device.c_str(),
                 r.hbm_gb_s, r.model.c_str(), no_graph ? "with direct launches" : "as one CUDA graph per step");
-    std::printf("VRAM: weights %.0f MiB, scratch %.1f MiB, graphs %.1f MiB, KV per tier below (%llu cells)\n\n",
+    std::printf("VRAM: weights %.0f MiB, scratch %.1f MiB, graphs %.1f MiB, KV per tier below (%llu cells)\n",
                 mib(r.vram_weights), mib(r.vram_scratch), mib(r.vram_graphs), (unsigned long long)r.kv_cells);
+    std::printf("env: %s%s\n\n", env_settings_text(env_settings).c_str(),
+                timing_bound ? " (a TIMING BOUND is on: wrong output on purpose, not the engine's speed)" : "");
     std::printf("| ctk | ctv | test | depth | tok/s | ms/tok | GB/s | %% roofline | capture us | KV MiB |\n");
     std::printf("|-----|-----|------|------:|------:|-------:|-----:|-----------:|-----------:|-------:|\n");
     for (const CudaBenchRow& row : r.rows) {

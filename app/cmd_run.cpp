@@ -15,6 +15,7 @@
 
 #include "app/args.h"
 #include "app/commands.h"
+#include "app/env_record.h"
 #include "app/plan_args.h"
 #include "probe/device_probe.h"
 #ifdef SPILLWAY_HAVE_CUDA
@@ -121,6 +122,7 @@ example: spillway run -m tiny.gguf -p "Once upon a time" -n 64 --temp 0)");
 
     const std::string device = args.get_or("--device", "cpu");
     if (device == "cuda") {
+        warn_timing_bounds(spillway_env_settings(), "run");  // the CPU engine reads no lab knob
 #ifndef SPILLWAY_HAVE_CUDA
         fail("--device cuda: this build has no CUDA engine (configure with -DSPILLWAY_CUDA=ON on a machine with nvcc)");
 #endif
