@@ -104,6 +104,7 @@ out, rounds, side_a, side_b = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.ar
 rows = {}  # (ctk/ctv, depth) -> {"a": [...], "b": [...]}
 order = []
 devices = []  # the bench's "device: NAME, HBM read N GB/s" line of every run
+envs = {"a": [], "b": []}  # its "env: ..." line (the SPILLWAY_* settings): the knob reached the side
 for r in range(1, rounds + 1):
     for label in "ab":
         try:
@@ -111,6 +112,7 @@ for r in range(1, rounds + 1):
         except OSError:
             continue
         devices += [l for l in lines if l.startswith("device:")]
+        envs[label] += [l for l in lines if l.startswith("env:")]
         for line in lines:
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if len(cells) < 5 or not (cells[2].startswith("tg") or cells[2].startswith("pp")):
@@ -127,6 +129,9 @@ for r in range(1, rounds + 1):
 print(f"\nA = {side_a}\nB = {side_b}")
 for d in dict.fromkeys(devices):
     print(d)
+for label in "ab":
+    for e in dict.fromkeys(envs[label]):
+        print(f"{label.upper()} {e}")
 print()
 print("| KV | test @ depth | A tok/s by round | B tok/s by round | B / A |")
 print("|---|---:|---|---|---:|")
