@@ -1191,12 +1191,9 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     const bool tail_merge = (merge == AttentionMerge::tail || (merge == AttentionMerge::from_env && tail_merge_from_env())) &&
                             attention_tail_merge_applies(kernel, shape, k_type, n_cells, sm_count);
     if (tail_merge) {
-        const size_t words = workspace_bytes / sizeof(uint32_t);
-        if (words < shape.n_head_kv ||
-            (size_t)plan.n_splits * n_values * sizeof(float) + (size_t)plan.n_splits * shape.n_head * sizeof(float) >
-            (words - shape.n_head_kv) * sizeof(uint32_t))
-            fail("attention_partial_cuda: workspace too small for the tail merge's counters");
-        p.tail_counters = static_cast<uint32_t*>(workspace) + (words - shape.n_head_kv);
+        // The counters are the buffer's last words: `needed` (checked above) counts them past
+        // every kernel's partials, so they never overlap this launch's.
+        p.tail_counters = static_cast<uint32_t*>(workspace) + (workspace_bytes / sizeof(uint32_t) - shape.n_head_kv);
         p.tail_out = out;
         p.tail_lse = lse;
         p.out_q = out_q16.q;

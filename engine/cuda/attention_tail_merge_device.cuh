@@ -8,7 +8,7 @@
 // returns. Here the hop is one ticket per block and the last block's merge.
 // Why it lost before (session 19): that last block read 5 heads x 66 splits of partials with
 // 128 threads in ~40 dependent rounds of L2 loads. Here it copies every partial of its KV head
-// into shared memory with cp.async in one batch (84 KB at 8192 cells: a bandwidth cost of
+// into shared memory with cp.async in one batch (80 KB at 8192 cells: a bandwidth cost of
 // ~0.5 us on one SM, not round trips) while one warp per query head turns the lse values into
 // weights, then sums from shared memory. Only where the split kernel runs (f16 K below 16384
 // cells, where the bound is largest); the mma kernel's 64k ranges have twice the splits.
