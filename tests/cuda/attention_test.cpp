@@ -294,8 +294,10 @@ TEST(CudaAttention, ProgrammaticLaunchReadsTheNewCellAfterItsProducer) {
 // merge launch on the same inputs: output, lse and the int16 copy bit-identical (the tail
 // repeats the merge kernel's rounding), for f16 K with every V tier, 2 to 33 splits, 1 / 5 / 7
 // query heads per KV head; close to the CPU reference; a second launch on the same workspace
-// equal again (the counters reset themselves) and the counters zero afterwards. The workspace
-// starts poisoned except its counters, and every output starts poisoned.
+// equal again (the counters reset themselves) and the counters zero afterwards; with one
+// counter preset off zero, that KV head left unmerged (so the tail kernel, not a fallback to
+// the launch, produced the bits). The workspace starts poisoned except its counters, and every
+// output starts poisoned.
 TEST(CudaAttention, SplitTailMergeEqualsMergeLaunch) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     const uint32_t sms = sm_count();
@@ -349,6 +351,25 @@ TEST(CudaAttention, SplitTailMergeEqualsMergeLaunch) {
                     SPILLWAY_CUDA_CHECK(cudaMemcpy(counters.data(), ws.data() + counters_at, counters.size() * 4,
                                                    cudaMemcpyDeviceToHost));
                     EXPECT_EQ(counters, std::vector<uint32_t>(s.n_head_kv, 0u)) << "arrival counters left set";
+                }
+                if (attention_tail_merge_applies(kernel, s, KvType::f16, n_cells, sms)) {
+                    // The tail kernel ran (not the launch): with KV head 0's counter at 1000 no
+                    // block of that head is last, so its query heads keep their poison while
+                    // every other head is merged, and the counter has counted every split.
+                    SCOPED_TRACE("KV head 0's counter preset to 1000");
+                    const uint32_t preset = 1000;
+                    SPILLWAY_CUDA_CHECK(cudaMemcpy(ws.data() + counters_at, &preset, 4, cudaMemcpyHostToDevice));
+                    const Run held = run(AttentionMerge::tail);
+                    const size_t head0 = (size_t)(s.n_head / s.n_head_kv) * s.head_dim_v;
+                    const std::vector<float> held_head0(held.out.begin(), held.out.begin() + head0);
+                    const std::vector<float> held_rest(held.out.begin() + head0, held.out.end());
+                    EXPECT_EQ(count_nan(held_head0), head0) << "KV head 0 was merged without its last block";
+                    EXPECT_EQ(0, std::memcmp(held_rest.data(), launched.out.data() + head0, (n_out - head0) * 4))
+                        << "the other KV heads' output bits";
+                    uint32_t counted = 0;
+                    SPILLWAY_CUDA_CHECK(cudaMemcpy(&counted, ws.data() + counters_at, 4, cudaMemcpyDeviceToHost));
+                    EXPECT_EQ(counted, preset + attention_split_count(kernel, s, KvType::f16, vt, n_cells, sms));
+                    SPILLWAY_CUDA_CHECK(cudaMemset(ws.data() + counters_at, 0, 4));
                 }
                 std::vector<float> out(n_out), lse(s.n_head);
                 attention_partial_cpu(s, q.data(), KvType::f16, cells.k.data(), vt, cells.v.data(), n_cells, out.data(),
