@@ -43,6 +43,12 @@ namespace {
 
 // attention_lab_timeline's buffer (benchmarks only).
 uint64_t* lab_timeline = nullptr;
+// attention_lab_l2_prefetch's ranges (lab).
+struct LabL2Prefetch {
+    const uint8_t* base[2] = {nullptr, nullptr};
+    uint64_t lines[2] = {0, 0};
+    uint32_t permille = UINT32_MAX;
+} lab_l2_prefetch;
 
 using kv_tile::align128;
 using kv_tile::cp_async;
@@ -1184,6 +1190,11 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
             ? lab_timeline + (size_t)shape.n_head_kv * plan.n_splits * kAttentionTimelineWarpsPerBlock * kAttentionTimelineSlots
             : nullptr;
     if (mma) p.timeline = lab_timeline;
+    p.l2_prefetch_permille = UINT32_MAX;
+    if (mma && lab_l2_prefetch.permille <= 1000) {
+        for (int r = 0; r < 2; ++r) p.l2_prefetch[r] = lab_l2_prefetch.base[r], p.l2_prefetch_lines[r] = lab_l2_prefetch.lines[r];
+        p.l2_prefetch_permille = lab_l2_prefetch.permille;
+    }
     if (plan.n_splits == 1 && out_q16 && attention_finish_fused() && shape.head_dim_v % 32 == 0) {
         p.out_q = out_q16.q;
         p.out_d = out_q16.d;
@@ -1232,6 +1243,13 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
 
 static_assert(kAttentionTimelineSlots == attention_mma::kTimelineSlots, "one timeline layout");
 void attention_lab_timeline(uint64_t* stamps) { lab_timeline = stamps; }
+
+void attention_lab_l2_prefetch(uint32_t permille, const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+    // Whole lines inside each range: a line past its end could belong to no allocation.
+    lab_l2_prefetch.base[0] = static_cast<const uint8_t*>(a), lab_l2_prefetch.lines[0] = a ? a_bytes / 128 : 0;
+    lab_l2_prefetch.base[1] = static_cast<const uint8_t*>(b), lab_l2_prefetch.lines[1] = b ? b_bytes / 128 : 0;
+    lab_l2_prefetch.permille = permille;
+}
 
 void attention_merge_cuda(uint32_t n_head, uint32_t head_dim_v, float* out_a, float* lse_a,
                           const float* out_b, const float* lse_b, cudaStream_t stream) {

@@ -215,6 +215,18 @@ __device__ __forceinline__ void timeline_stamp(const Params& p, uint32_t slot, u
     p.timeline[w * kTimelineSlots + slot] = time ? global_timer_ns() : value;
 }
 
+// Lab (Params::l2_prefetch): this warp's share of the two ranges asked into L2, evict_last,
+// 32 consecutive lines per warp instruction. Why: the quantized loops leave HBM idle a
+// quarter of the time (latency-bound), and wo's weights (28 MB on the 14B shape) fit in L2.
+__device__ __forceinline__ void l2_prefetch_share(const Params& p) {
+    const uint64_t warps = (uint64_t)gridDim.x * gridDim.y * kWarps;
+    const uint64_t w = ((uint64_t)blockIdx.y * gridDim.x + blockIdx.x) * kWarps + threadIdx.x / 32;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+        for (uint64_t line = w * 32 + threadIdx.x % 32; line < p.l2_prefetch_lines[r]; line += warps * 32)
+            asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(p.l2_prefetch[r] + line * 128));
+}
+
 // N words from byte offset off (2-byte aligned) of a 16-byte-aligned shared-memory stage
 // (funnel shifts realign them). The misalignment comes from off alone, so when off is the
 // same in every step (rows of whole 16-byte chunks) the compiler computes it once.
@@ -634,7 +646,9 @@ __device__ __forceinline__ void pv_quantized_block(const uint8_t* sv, const uint
 // every cell of this head has the same lead: copy addresses and shared-memory offsets are the
 // same in every step and are computed once (the launch picks it; SPILLWAY_ATTN_FAST_COPY=0
 // never does).
-template <KvType KT, KvType VT, bool kUniform>
+// kPrefetch (lab, Params::l2_prefetch): an instance of its own, so that the default ones keep
+// their registers (in every instance the in-loop prefetch moved ptxas's spills).
+template <KvType KT, KvType VT, bool kUniform, bool kPrefetch = false>
 __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) attention_mma_kernel(Params p) {
     using L = Layout<KT, VT>;
     // Only with uniform rows (whole 16-byte chunks), which lds_code_word's alignment needs; the
@@ -808,6 +822,12 @@ __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) atten
     asm volatile("mov.b32 %0, 0x54005400;\n" : "=r"(q4_magic[1]));
 
     for (uint32_t i = 0; warp + kWarps * i < n_chunks; ++i) {
+        // Lab L2 prefetch: once per warp, in the step whose chunk is among the kWarps from
+        // permille / 1000 of the split's chunks on (recomputed from the constant parameters
+        // each step: a value kept across the loop made ptxas spill).
+        if constexpr (kPrefetch)
+            if (warp + kWarps * i - (uint32_t)((uint64_t)n_chunks * p.l2_prefetch_permille / 1000) < (uint32_t)kWarps)
+                l2_prefetch_share(p);
         issue(i + L::kStages - 1);
         cp_async_wait<L::kStages - 1>();
         __syncwarp();
@@ -1046,15 +1066,15 @@ Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     return {(n_cells + per - 1) / per, per};
 }
 
-template <KvType KT, KvType VT, bool kUniform>
+template <KvType KT, KvType VT, bool kUniform, bool kPrefetch = false>
 void configure_once() {
     static const bool configured = [] {
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform>,
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform, kPrefetch>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  (int)Layout<KT, VT>::total));
         // All of the unified L1/shared memory as shared: the split count assumes
         // Layout::blocks_per_sm blocks fit at once (a smaller carveout makes a second wave).
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform>,
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform, kPrefetch>,
                                                  cudaFuncAttributePreferredSharedMemoryCarveout,
                                                  (int)cudaSharedmemCarveoutMaxShared));
         return true;
@@ -1079,6 +1099,15 @@ void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cud
     p.q_load = reinterpret_cast<uintptr_t>(p.q) % 16 == 0 ? lab_q_load() : 0;
     const dim3 grid(n_head_kv, n_splits);
     if (fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0) {
+        if constexpr (KT == VT) {
+            if (p.l2_prefetch_permille <= 1000) {  // lab: equal pairs only
+                configure_once<KT, VT, true, true>();
+                launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, true, true>, grid,
+                                dim3(kThreads), smem, stream, p);
+                SPILLWAY_CUDA_CHECK(cudaGetLastError());
+                return;
+            }
+        }
         configure_once<KT, VT, true>();
         launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, true>, grid, dim3(kThreads),
                         smem, stream, p);

@@ -66,6 +66,12 @@ struct Params {
     uint32_t* tail_counters;
     float* tail_out;
     float* tail_lse;
+    // L2 prefetch (lab, attention_lab_l2_prefetch; the mma kernel only): two byte ranges
+    // (128-byte lines) the next kernel reads, asked into L2 with evict_last by every warp when
+    // it is l2_prefetch_permille / 1000 of the way through its steps. permille > 1000: none.
+    const uint8_t* l2_prefetch[2];
+    uint64_t l2_prefetch_lines[2];
+    uint32_t l2_prefetch_permille;
 };
 
 // Stamps per warp of the lab timeline: [0] entry, [1] after the dependency wait, [2] Q in
