@@ -842,14 +842,12 @@ void bench_decode_layer(Report& r, const Options& o) {
 
 // kernel == nullptr: attention_partial_cuda's default choice; otherwise that kernel, named.
 void bench_attention(Report& r, const Options& o, KvType kt, KvType vt, uint32_t n_cells, int sms,
-                     const AttentionKernel* kernel = nullptr, const char* prefix = "attention ",
-                     AttentionMerge merge = AttentionMerge::from_env) {
+                     const AttentionKernel* kernel = nullptr, const char* prefix = "attention ") {
     const std::string name = std::string(prefix) + kv_type_name(kt) + "/" + kv_type_name(vt) +
                              (kernel ? (*kernel == AttentionKernel::int_dot ? " int_dot"
                                         : *kernel == AttentionKernel::mma   ? " mma"
                                                                             : " tensor_core")
-                                     : "") +
-                             (merge == AttentionMerge::tail ? " tail merge" : merge == AttentionMerge::launch ? " merge launch" : "");
+                                     : "");
     if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
     const AttentionShape s{40, 8, 128, 128, 1.0f / std::sqrt(128.0f)};
     const size_t k_bytes = kv_row_bytes(kt, 8 * 128) * n_cells, v_bytes = kv_row_bytes(vt, 8 * 128) * n_cells;
@@ -864,12 +862,10 @@ void bench_attention(Report& r, const Options& o, KvType kt, KvType vt, uint32_t
     DeviceBuffer<float> q(40 * 128), out(40 * 128), lse(40);
     fill_f32<<<64, 256>>>(q.data(), q.size(), 9);
     DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
-    SPILLWAY_CUDA_CHECK(cudaMemset(ws.data(), 0, ws.bytes()));  // the tail merge's counters (lab)
     const double us = median_us([&](cudaStream_t st, int i) {
         if (kernel)
             attention_partial_cuda_with(*kernel, s, q.data(), kt, k[i % n_sets].data(), vt, v[i % n_sets].data(),
-                                        n_cells, out.data(), lse.data(), ws.data(), ws.bytes(), sms, st, {}, 0,
-                                        nullptr, true, merge);
+                                        n_cells, out.data(), lse.data(), ws.data(), ws.bytes(), sms, st);
         else
             attention_partial_cuda(s, q.data(), kt, k[i % n_sets].data(), vt, v[i % n_sets].data(), n_cells,
                                    out.data(), lse.data(), ws.data(), ws.bytes(), sms, st);
@@ -911,7 +907,6 @@ void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n
     DeviceBuffer<float> q(40 * 128), out(40 * 128), lse(40);
     fill_f32<<<64, 256>>>(q.data(), q.size(), 9);
     DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
-    SPILLWAY_CUDA_CHECK(cudaMemset(ws.data(), 0, ws.bytes()));  // the tail merge's counters (lab)
     const uint32_t splits = attention_split_count(AttentionKernel::mma, s, kt, vt, n_cells, sms);
     const size_t warps = (size_t)8 * splits * kAttentionTimelineWarpsPerBlock, merges = splits > 1 ? 40 : 0;
     const size_t slots = (warps + merges) * kAttentionTimelineSlots;
@@ -1372,14 +1367,6 @@ int main(int argc, char** argv) {
             }
         for (AttentionKernel k : {AttentionKernel::int_dot, AttentionKernel::mma})
             bench_attention(r, o, KvType::q8_0, KvType::q4_0, 65536, prop.multiProcessorCount, &k);
-        // The split merge as a launch and by the split kernel's last block per KV head (lab,
-        // session 53), f16 K where the split kernel serves it.
-        {
-            const AttentionKernel k = AttentionKernel::tensor_core;
-            for (uint32_t cells : {2048u, 8192u, 12288u})
-                for (AttentionMerge m : {AttentionMerge::launch, AttentionMerge::tail})
-                    bench_attention(r, o, KvType::f16, KvType::f16, cells, prop.multiProcessorCount, &k, "attention ", m);
-        }
         bench_small_ops(r, o);
         bench_sm_speed(o, prop.multiProcessorCount);
         bench_stream_shapes(r, o, prop.multiProcessorCount);

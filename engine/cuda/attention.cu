@@ -29,7 +29,6 @@
 #include "common/error.h"
 #include "engine/cuda/act_quant_device.cuh"
 #include "engine/cuda/attention_finish_device.cuh"
-#include "engine/cuda/attention_tail_merge_device.cuh"
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/global_timer_device.cuh"
 #include "engine/cuda/kv_tile.cuh"
@@ -109,9 +108,7 @@ __device__ __forceinline__ uint4 dequant8(const uint8_t* slice, int j) {
     else return kv_tile::dequant8_quantized<T>(slice, j);
 }
 
-// kTailMerge: the last block of each KV head merges the splits (attention_tail_merge); its
-// own instances, so that the default ones keep their registers.
-template <int D, KvType KT, KvType VT, bool kTailMerge = false>
+template <int D, KvType KT, KvType VT>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p) {
     using namespace nvcuda;
     using L = SmemLayout<D, KT, VT>;
@@ -161,10 +158,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p
     if (settled)
         for (int s = 0; s < L::kStages - 1; ++s) issue_tile(s);
     pdl_wait_for_producer();
-    // With the tail merge the kernel behind is wo, which releases gate|up at its entry: both
-    // waiting beside the attention lost up to 16% (session 31, merge programmatic), so only
-    // each KV head's last block releases them, where the merge kernel did (after its wait).
-    if constexpr (!kTailMerge) pdl_release_dependents();
+    pdl_release_dependents();
     const bool post_qkv = p.rope_table != nullptr;  // q is raw; see Params
     const uint32_t qd = p.n_head * D, kd = gridDim.x * D;
     if (post_qkv && cell_begin <= p.new_cell && p.new_cell < cell_end) {
@@ -332,8 +326,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p
             if (d == 0) p.part_lse[(size_t)split * p.n_head + head] = (run_max[g] + log2f(run_sum[g])) / kLog2e;
         }
     }
-    if constexpr (kTailMerge) attention_tail_merge<D>(p, kv_head, smem);
-    else attention_finish_single_split<D>(p, kv_head);
+    attention_finish_single_split<D>(p, kv_head);
 }
 
 // out[head] = softmax-weighted sum of the split partials; block = one head. The split
@@ -344,8 +337,8 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p
 // dependent chain, and the group sums are added in a fixed order (deterministic).
 // Measured (bench_kernels, one layer of the 14B shape): 8k cells f16 19.0 -> 18.3 us, q4_0
 // 22.6 -> 21.4; 64k q8_0 69.6 -> 67.2, q4_0 60.0 -> 57.8 (two runs of one session).
-// (kMergeThreads and kMergeMaxSplits: attention_tail_merge_device.cuh, which repeats this
-// kernel's rounding.)
+constexpr uint32_t kMergeMaxSplits = 1024;
+constexpr uint32_t kMergeThreads = 512;
 constexpr uint32_t kMergeEarly = 24;  // partials per thread loaded with the lse values (66 splits at 4 groups: 17)
 __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const float* part_out, const float* part_lse,
                                                                      uint32_t n_splits, uint32_t n_head,
@@ -409,17 +402,15 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const float
     sum_w = 0.0f;
     for (uint32_t w = 0; w < n_warps; ++w) sum_w += reduce[w];
     float sum = 0.0f;
-    // Splits in increasing order, as before: the same rounding. The multiply-adds are fused
-    // explicitly (as nvcc contracts them) so that attention_tail_merge repeats them exactly.
-    if (m != -INFINITY) {
+    if (m != -INFINITY) {  // splits in increasing order, as before: the same rounding
 #pragma unroll
         for (uint32_t k = 0; k < kMergeEarly; ++k) {
             const uint32_t s = g + k * groups;
-            if (s < n_splits) sum = __fmaf_rn(weight[s], early[k], sum);
+            if (s < n_splits) sum += weight[s] * early[k];
         }
 #pragma unroll 8
         for (uint32_t s = g + kMergeEarly * groups; s < n_splits; s += groups)
-            sum = __fmaf_rn(weight[s], part_out[((size_t)s * n_head + head) * head_dim + d], sum);
+            sum += weight[s] * part_out[((size_t)s * n_head + head) * head_dim + d];
     }
     group_sum[tid] = sum;
     __syncthreads();
@@ -554,33 +545,17 @@ SplitPlan plan_splits(const AttentionShape& shape, uint32_t n_cells, uint32_t sm
     return {(n_cells + cells_per_split - 1) / cells_per_split, cells_per_split};
 }
 
-// The tail merge's instances (attention_tail_merge): f16 K, head dim 128, where the split
-// kernel serves the long ranges (below kAttentionMmaMinCells).
-constexpr int kTailMergeHeadDim = 128;
-// Shared memory per block that keeps two blocks on an SM (228 KB, 1 KB reserved per block).
-constexpr size_t kTailMergeMaxSmem = 112 * 1024;
-
-template <int D, KvType KT, KvType VT, bool kTailMerge>
-void launch_split_instance(const SplitParams& p, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
-    constexpr size_t layout = SmemLayout<D, KT, VT>::total;
-    const size_t smem = kTailMerge ? std::max(layout, tail_merge_smem_bytes(n_splits, p.n_group, D)) : layout;
-    constexpr size_t most = kTailMerge && kTailMergeMaxSmem > layout ? kTailMergeMaxSmem : layout;
+template <int D, KvType KT, KvType VT>
+void launch_split(const SplitParams& p, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
+    constexpr size_t smem = SmemLayout<D, KT, VT>::total;
     static const bool configured = [] {
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<D, KT, VT, kTailMerge>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<D, KT, VT>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         return true;
     }();
     (void)configured;
-    launch_with_pdl(pdl_site_on(PdlSite::attention), attention_split_kernel<D, KT, VT, kTailMerge>,
-                    dim3(n_head_kv, n_splits), dim3(kThreads), smem, stream, p);
-}
-
-template <int D, KvType KT, KvType VT>
-void launch_split(const SplitParams& p, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
-    if constexpr (D == kTailMergeHeadDim && KT == KvType::f16)
-        if (p.tail_counters != nullptr) return launch_split_instance<D, KT, VT, true>(p, n_head_kv, n_splits, stream);
-    if (p.tail_counters != nullptr) fail("attention: no tail-merge instance for this head dim / K type");
-    launch_split_instance<D, KT, VT, false>(p, n_head_kv, n_splits, stream);
+    launch_with_pdl(pdl_site_on(PdlSite::attention), attention_split_kernel<D, KT, VT>, dim3(n_head_kv, n_splits),
+                    dim3(kThreads), smem, stream, p);
 }
 
 template <int D, KvType KT>
@@ -1056,25 +1031,7 @@ size_t attention_workspace_bytes(const AttentionShape& shape, uint32_t n_cells, 
             for (KvType vt : {KvType::f16, KvType::q8_0, KvType::q4_0})
                 splits = std::max(splits, attention_mma::plan(kt, vt, shape.n_head_kv, n_cells, sm_count).n_splits);
     if (splits <= 1) return 0;
-    // The partials, then room for the tail merge's counters (the buffer's last words).
-    return (size_t)splits * shape.n_head * (shape.head_dim_v + 1) * sizeof(float) +
-           (size_t)(shape.n_head_kv + 3) / 4 * 16;
-}
-
-// SPILLWAY_SPLIT_TAIL_MERGE=1 (lab): AttentionMerge::tail wherever it applies.
-bool tail_merge_from_env() {
-    static const bool tail = lab_knob("SPILLWAY_SPLIT_TAIL_MERGE", "1", "0");
-    return tail;
-}
-
-bool attention_tail_merge_applies(AttentionKernel kernel, const AttentionShape& shape, KvType k_type,
-                                  uint32_t n_cells, uint32_t sm_count) {
-    if (kernel != AttentionKernel::tensor_core || k_type != KvType::f16 || !attention_supports(shape) ||
-        shape.head_dim_k != (uint32_t)kTailMergeHeadDim || n_cells == 0)
-        return false;
-    const uint32_t n_splits = plan_splits(shape, n_cells, sm_count).n_splits;
-    return n_splits > 1 && n_splits <= kMergeMaxSplits &&
-           tail_merge_smem_bytes(n_splits, shape.n_head / shape.n_head_kv, shape.head_dim_v) <= kTailMergeMaxSmem;
+    return (size_t)splits * shape.n_head * (shape.head_dim_v + 1) * sizeof(float);
 }
 
 // SPILLWAY_LAB_SKIP_MERGE=1 (lab, wrong output: a timing bound): no split merge launch; the
@@ -1110,18 +1067,17 @@ void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType 
                             const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                             uint32_t n_cells, float* out, float* lse, void* workspace,
                             size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16,
-                            uint32_t settled_cells, const AttentionPostQkv* post, bool merge_programmatic,
-                            AttentionMerge merge) {
+                            uint32_t settled_cells, const AttentionPostQkv* post, bool merge_programmatic) {
     attention_partial_cuda_with(attention_default_kernel(shape, k_type, v_type, n_cells), shape, q, k_type, k_cells, v_type,
                                 v_cells, n_cells, out, lse, workspace, workspace_bytes, sm_count, stream, out_q16,
-                                settled_cells, post, merge_programmatic, merge);
+                                settled_cells, post, merge_programmatic);
 }
 
 void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& shape, const float* q,
                                  KvType k_type, const uint8_t* k_cells, KvType v_type, const uint8_t* v_cells,
                                  uint32_t n_cells, float* out, float* lse, void* workspace, size_t workspace_bytes,
                                  uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16, uint32_t settled_cells,
-                                 const AttentionPostQkv* post, bool merge_programmatic, AttentionMerge merge) {
+                                 const AttentionPostQkv* post, bool merge_programmatic) {
     if (out_q16 && (!out_q16.d || reinterpret_cast<uintptr_t>(out_q16.q) % 16 != 0))
         fail("attention_partial_cuda: the quantized output needs q (16-byte aligned) and d");
     if (!attention_kernel_supports(kernel, shape, k_type, v_type))
@@ -1199,17 +1155,6 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
         p.out_q = out_q16.q;
         p.out_d = out_q16.d;
     }
-    const bool tail_merge = (merge == AttentionMerge::tail || (merge == AttentionMerge::from_env && tail_merge_from_env())) &&
-                            attention_tail_merge_applies(kernel, shape, k_type, n_cells, sm_count);
-    if (tail_merge) {
-        // The counters are the buffer's last words: `needed` (checked above) counts them past
-        // every kernel's partials, so they never overlap this launch's.
-        p.tail_counters = static_cast<uint32_t*>(workspace) + (workspace_bytes / sizeof(uint32_t) - shape.n_head_kv);
-        p.tail_out = out;
-        p.tail_lse = lse;
-        p.out_q = out_q16.q;
-        p.out_d = out_q16.d;
-    }
     if (mma) {
         attention_mma::launch(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream);
     } else if (int_dot) {
@@ -1218,7 +1163,7 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
     } else if (shape.head_dim_k == 64) dispatch_k<64>(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream);
     else dispatch_k<128>(k_type, v_type, p, shape.n_head_kv, plan.n_splits, stream);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
-    if (plan.n_splits > 1 && (tail_merge || lab_skip_merge())) return;
+    if (plan.n_splits > 1 && lab_skip_merge()) return;
     if (plan.n_splits > 1) {
         if (plan.n_splits > kMergeMaxSplits) fail("attention_partial_cuda: more splits than the merge kernel holds");
         if (kMergeThreads % shape.head_dim_v != 0) fail("attention_partial_cuda: head dim must divide 512");

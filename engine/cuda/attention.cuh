@@ -62,13 +62,6 @@ struct AttentionPostQkv {
 };
 bool attention_takes_post_qkv(const AttentionShape& shape, KvType k_type, KvType v_type, uint32_t n_cells,
                               uint32_t sm_count);
-// Where a range of several splits is merged. launch: a merge kernel after the attention kernel
-// (the default). tail: the last block of each KV head merges at the end of the split kernel,
-// bit-identical to the launch (lab; only where attention_tail_merge_applies, elsewhere the
-// launch). Its arrival counters are the workspace's last n_head_kv 32-bit words: zero them
-// once (cudaMemset) before the first tail launch on a workspace; every launch leaves them
-// zero. from_env: tail if SPILLWAY_SPLIT_TAIL_MERGE=1.
-enum class AttentionMerge { from_env, launch, tail };
 // merge_programmatic = false: the split merge is an ordinary launch whatever SPILLWAY_PDL_SMALL
 // says (the fused decode, whose wo GEMV lets gate|up launch at its entry: with both early,
 // q8_0 KV at 8k ran 180 instead of 191.5 tok/s; docs/perf-notes.md, session 28).
@@ -77,7 +70,7 @@ void attention_partial_cuda(const AttentionShape& shape, const float* q, KvType 
                             uint32_t n_cells, float* out, float* lse, void* workspace,
                             size_t workspace_bytes, uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16 = {},
                             uint32_t settled_cells = 0, const AttentionPostQkv* post = nullptr,
-                            bool merge_programmatic = true, AttentionMerge merge = AttentionMerge::from_env);
+                            bool merge_programmatic = true);
 
 // Which split kernel attention_partial_cuda runs. tensor_core: the f16 wmma kernel that
 // dequantizes K/V to f16 tiles (every type pair, head dim 64/128, <= 16 query heads per KV
@@ -133,11 +126,7 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
                                  uint32_t n_cells, float* out, float* lse, void* workspace, size_t workspace_bytes,
                                  uint32_t sm_count, cudaStream_t stream, ActQ16 out_q16 = {},
                                  uint32_t settled_cells = 0, const AttentionPostQkv* post = nullptr,
-                                 bool merge_programmatic = true, AttentionMerge merge = AttentionMerge::from_env);
-// The tail merge serves this range: the tensor_core kernel with several splits, f16 K, head dim
-// 128, the partials of a KV head fitting the shared memory of two blocks per SM.
-bool attention_tail_merge_applies(AttentionKernel kernel, const AttentionShape& shape, KvType k_type,
-                                  uint32_t n_cells, uint32_t sm_count);
+                                 bool merge_programmatic = true);
 
 // Lab (benchmarks only, not thread-safe): while set, the mma kernel's warps and the split
 // merge's blocks write globaltimer stamps here. Warp w of block (kv_head, split) at

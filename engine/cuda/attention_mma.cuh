@@ -60,12 +60,6 @@ struct Params {
     uint32_t splits_lo;
     uint32_t splits_hi;
     uint32_t hi_heads;
-    // Tail merge (lab, the tensor_core kernel's tail instances; attention_tail_merge_device.cuh):
-    // one arrival counter per KV head (zero before the launch, left zero), and the merged
-    // output and lse; out_q / out_d, if set, take its int16 copy. nullptr: a merge launch.
-    uint32_t* tail_counters;
-    float* tail_out;
-    float* tail_lse;
     // L2 prefetch (lab, attention_lab_l2_prefetch; the mma kernel only): two byte ranges
     // (128-byte lines) the next kernel reads, asked into L2 with evict_last by every warp when
     // it is l2_prefetch_permille / 1000 of the way through its steps. permille > 1000: none.

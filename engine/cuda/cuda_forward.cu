@@ -986,8 +986,6 @@ void init_cuda_forward_state(CudaForwardState& st, const CudaModel& m, uint32_t 
     const size_t ws = std::max(attention_workspace_bytes(shape, n_ctx, st.sm_count),
                                attention_workspace_bytes(shape, 1u << 30, st.sm_count));
     st.attn_workspace = DeviceBuffer<uint8_t>(std::max<size_t>(256, ws));
-    // Zero: its last words are the tail merge's arrival counters (attention.cuh, AttentionMerge).
-    SPILLWAY_CUDA_CHECK(cudaMemset(st.attn_workspace.data(), 0, st.attn_workspace.bytes()));
     if (max_tokens > 1) {
         st.act_f16 = DeviceBuffer<__half>(T * std::max({(size_t)s.n_embd, (size_t)s.n_ff, ad}));
         st.prefill_gemm.greedy_tiles = lab_knob("SPILLWAY_PREFILL_TILES", "greedy", "balanced");
@@ -1149,7 +1147,6 @@ static void reserve_spill_scratch(const CudaModel& m, const CudaKvCache& cache, 
     st.spill_chunk_lse = DeviceBuffer<float>((size_t)st.max_tokens * s.n_head);
     // A chunk never has more cells than the context the state was made for.
     st.spill_workspace = DeviceBuffer<uint8_t>(st.attn_workspace.size());
-    SPILLWAY_CUDA_CHECK(cudaMemset(st.spill_workspace.data(), 0, st.spill_workspace.bytes()));  // as attn_workspace
 }
 
 // The f16 pieces of a prefill over a quantized cache, reserved on a prefill forward (never

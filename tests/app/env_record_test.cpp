@@ -20,15 +20,15 @@ TEST(EnvRecord, KeepsSpillwaySettingsSortedAndSkipsTheRest) {
                          "SPILLWAY_EMPTY=",
                          "SPILLWAYX=1",
                          "HOME=/root",
-                         "SPILLWAY_SPLIT_TAIL_MERGE=1",
+                         "SPILLWAY_SHORT_ATTENTION=0",
                          nullptr};
     const std::vector<EnvSetting> got = spillway_env_settings(env);
     ASSERT_EQ(got.size(), 3u);
     EXPECT_EQ(got[0].name, "SPILLWAY_ATTN_MERGE");
     EXPECT_EQ(got[0].value, "warp");
     EXPECT_EQ(got[1].name, "SPILLWAY_LAB_SKIP_MERGE");
-    EXPECT_EQ(got[2].name, "SPILLWAY_SPLIT_TAIL_MERGE");
-    EXPECT_EQ(env_settings_text(got), "SPILLWAY_ATTN_MERGE=warp, SPILLWAY_LAB_SKIP_MERGE=1, SPILLWAY_SPLIT_TAIL_MERGE=1");
+    EXPECT_EQ(got[2].name, "SPILLWAY_SHORT_ATTENTION");
+    EXPECT_EQ(env_settings_text(got), "SPILLWAY_ATTN_MERGE=warp, SPILLWAY_LAB_SKIP_MERGE=1, SPILLWAY_SHORT_ATTENTION=0");
     EXPECT_EQ(env_settings_text({}), "none");
     const char* none[] = {nullptr};
     EXPECT_TRUE(spillway_env_settings(none).empty());
@@ -44,7 +44,7 @@ TEST(EnvRecord, NamesTheTimingBounds) {
     EXPECT_TRUE(is_timing_bound({"SPILLWAY_SHORT_ATTENTION_LAB", "empty"}));
     EXPECT_TRUE(is_timing_bound({"SPILLWAY_SHORT_ATTENTION_LAB", "kvheads"}));
     EXPECT_FALSE(is_timing_bound({"SPILLWAY_SHORT_ATTENTION_LAB", "late"}));
-    EXPECT_FALSE(is_timing_bound({"SPILLWAY_SPLIT_TAIL_MERGE", "1"}));
+    EXPECT_FALSE(is_timing_bound({"SPILLWAY_LAB_L2_PREFETCH", "500"}));  // a lab, not a bound
 }
 
 // `run --device cuda` and `bench` say so on stderr before any GPU work (so on any machine: the

@@ -9,11 +9,9 @@
 #include "engine/cuda/attention_short.cuh"
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 
 #include "act_q16_ref.h"
-#include "common/error.h"
 #include "cuda_test_util.h"
 #include "engine/cpu/rope.h"
 #include "engine/cuda/pdl_launch.cuh"
@@ -116,7 +114,7 @@ GpuPartial run_gpu(const AttentionShape& s, const std::vector<float>& q, KvType 
     PoisonedOutputs o(n_out, s.n_head);
     const uint32_t sms = sm_count();
     DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
-    SPILLWAY_CUDA_CHECK(cudaMemset(ws.data(), 0, ws.bytes()));  // SPILLWAY_SPLIT_TAIL_MERGE=1: its counters
+    SPILLWAY_CUDA_CHECK(cudaMemset(ws.data(), 0, ws.bytes()));
     if (kernel)
         attention_partial_cuda_with(*kernel, s, d_q.data(), kt, d_k.data(), vt, d_v.data(), n_cells, o.out.data(),
                                     o.lse.data(), ws.data(), ws.bytes(), sms, nullptr, o.q16());
@@ -269,7 +267,6 @@ TEST(CudaAttention, ProgrammaticLaunchReadsTheNewCellAfterItsProducer) {
                     poison(d_out);
                     poison(d_lse);
                     DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
-                    SPILLWAY_CUDA_CHECK(cudaMemset(ws.data(), 0, ws.bytes()));  // the tail merge's counters (lab)
                     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
                     const CopyRegion regions[] = {{d_q_final.data(), d_q.data(), q.size() * sizeof(float)},
                                                   {d_new_k.data(), d_k.data() + last, row},
@@ -288,115 +285,6 @@ TEST(CudaAttention, ProgrammaticLaunchReadsTheNewCellAfterItsProducer) {
         }
     }
     SPILLWAY_CUDA_CHECK(cudaStreamDestroy(stream));
-}
-
-// The split merge by the last block of each KV head (AttentionMerge::tail, lab) against the
-// merge launch on the same inputs: output, lse and the int16 copy bit-identical (the tail
-// repeats the merge kernel's rounding), for f16 K with every V tier, 2 to 33 splits, 1 / 5 / 7
-// query heads per KV head; close to the CPU reference; a second launch on the same workspace
-// equal again (the counters reset themselves) and the counters zero afterwards; with one
-// counter preset off zero, that KV head left unmerged (so the tail kernel, not a fallback to
-// the launch, produced the bits). The workspace starts poisoned except its counters, and every
-// output starts poisoned.
-TEST(CudaAttention, SplitTailMergeEqualsMergeLaunch) {
-    SPILLWAY_SKIP_WITHOUT_GPU();
-    const uint32_t sms = sm_count();
-    const AttentionKernel kernel = AttentionKernel::tensor_core;
-    uint32_t applied = 0;
-    for (const AttentionShape& s : {make_shape(40, 8, 128), make_shape(28, 4, 128), make_shape(8, 8, 128)}) {
-        for (KvType vt : {KvType::f16, KvType::q8_0, KvType::q4_0}) {
-            for (uint32_t n_cells : {100u, 1000u, 8192u, 16000u}) {
-                const uint32_t seed = fresh_seed();
-                SCOPED_TRACE(std::string("heads ") + std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) +
-                             " f16/" + kv_type_name(vt) + " cells " + std::to_string(n_cells) + " seed " +
-                             std::to_string(seed));
-                // Where the tail does not fit (7 heads x 64 splits), the request falls back to
-                // the launch: the same checks hold.
-                applied += attention_tail_merge_applies(kernel, s, KvType::f16, n_cells, sms);
-                ASSERT_GT(attention_split_count(kernel, s, KvType::f16, vt, n_cells, sms), 1u);
-                std::mt19937 rng(seed);
-                const auto q = random_floats(rng, (size_t)s.n_head * s.head_dim_k, 2.5f);
-                const KvCells cells = random_cells(rng, s, KvType::f16, vt, n_cells);
-                auto d_q = to_device(q);
-                auto d_k = to_device(cells.k), d_v = to_device(cells.v);
-                const size_t n_out = (size_t)s.n_head * s.head_dim_v;
-                const size_t ws_bytes = attention_workspace_bytes(s, n_cells, sms);
-                DeviceBuffer<uint8_t> ws(ws_bytes);
-                const size_t counters_at = (ws_bytes / 4 - s.n_head_kv) * 4;
-                struct Run {
-                    std::vector<float> out, lse, d;
-                    std::vector<int16_t> q;
-                };
-                auto run = [&](AttentionMerge merge) {
-                    PoisonedOutputs o(n_out, s.n_head);
-                    attention_partial_cuda_with(kernel, s, d_q.data(), KvType::f16, d_k.data(), vt, d_v.data(), n_cells,
-                                                o.out.data(), o.lse.data(), ws.data(), ws.bytes(), sms, nullptr, o.q16(),
-                                                0, nullptr, true, merge);
-                    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-                    return Run{to_host(o.out), to_host(o.lse), to_host(o.od), to_host(o.oq)};
-                };
-                SPILLWAY_CUDA_CHECK(cudaMemset(ws.data(), 0xff, ws_bytes));
-                const Run launched = run(AttentionMerge::launch);
-                SPILLWAY_CUDA_CHECK(cudaMemset(ws.data(), 0xff, ws_bytes));
-                SPILLWAY_CUDA_CHECK(cudaMemset(ws.data() + counters_at, 0, (size_t)s.n_head_kv * 4));
-                for (int round = 0; round < 2; ++round) {
-                    SCOPED_TRACE("tail merge, launch " + std::to_string(round + 1));
-                    const Run tail = run(AttentionMerge::tail);
-                    EXPECT_EQ(count_nan(tail.out), 0u);
-                    EXPECT_EQ(0, std::memcmp(tail.out.data(), launched.out.data(), n_out * 4)) << "output bits";
-                    EXPECT_EQ(0, std::memcmp(tail.lse.data(), launched.lse.data(), s.n_head * 4)) << "lse bits";
-                    EXPECT_TRUE(tail.q == launched.q) << "int16 output";
-                    EXPECT_EQ(0, std::memcmp(tail.d.data(), launched.d.data(), tail.d.size() * 4)) << "int16 scales";
-                    std::vector<uint32_t> counters(s.n_head_kv, 1u);
-                    SPILLWAY_CUDA_CHECK(cudaMemcpy(counters.data(), ws.data() + counters_at, counters.size() * 4,
-                                                   cudaMemcpyDeviceToHost));
-                    EXPECT_EQ(counters, std::vector<uint32_t>(s.n_head_kv, 0u)) << "arrival counters left set";
-                }
-                if (attention_tail_merge_applies(kernel, s, KvType::f16, n_cells, sms)) {
-                    // The tail kernel ran (not the launch): with KV head 0's counter at 1000 no
-                    // block of that head is last, so its query heads keep their poison while
-                    // every other head is merged, and the counter has counted every split.
-                    SCOPED_TRACE("KV head 0's counter preset to 1000");
-                    const uint32_t preset = 1000;
-                    SPILLWAY_CUDA_CHECK(cudaMemcpy(ws.data() + counters_at, &preset, 4, cudaMemcpyHostToDevice));
-                    const Run held = run(AttentionMerge::tail);
-                    const size_t head0 = (size_t)(s.n_head / s.n_head_kv) * s.head_dim_v;
-                    const std::vector<float> held_head0(held.out.begin(), held.out.begin() + head0);
-                    const std::vector<float> held_rest(held.out.begin() + head0, held.out.end());
-                    EXPECT_EQ(count_nan(held_head0), head0) << "KV head 0 was merged without its last block";
-                    EXPECT_EQ(0, std::memcmp(held_rest.data(), launched.out.data() + head0, (n_out - head0) * 4))
-                        << "the other KV heads' output bits";
-                    uint32_t counted = 0;
-                    SPILLWAY_CUDA_CHECK(cudaMemcpy(&counted, ws.data() + counters_at, 4, cudaMemcpyDeviceToHost));
-                    EXPECT_EQ(counted, preset + attention_split_count(kernel, s, KvType::f16, vt, n_cells, sms));
-                    SPILLWAY_CUDA_CHECK(cudaMemset(ws.data() + counters_at, 0, 4));
-                }
-                std::vector<float> out(n_out), lse(s.n_head);
-                attention_partial_cpu(s, q.data(), KvType::f16, cells.k.data(), vt, cells.v.data(), n_cells, out.data(),
-                                      lse.data());
-                expect_close(GpuPartial{launched.out, launched.lse}, out, lse);
-            }
-        }
-        // A workspace without room for the counters is refused, not overrun.
-        const uint32_t n_cells = 1000;
-        const size_t partials = (size_t)attention_split_count(kernel, s, KvType::f16, KvType::f16, n_cells, sms) *
-                                s.n_head * (s.head_dim_v + 1) * 4;
-        DeviceBuffer<uint8_t> small(partials);
-        DeviceBuffer<float> d_q(s.n_head * s.head_dim_k), d_out(s.n_head * s.head_dim_v), d_lse(s.n_head);
-        DeviceBuffer<uint8_t> d_k(kv_row_bytes(KvType::f16, s.n_head_kv * s.head_dim_k) * n_cells);
-        EXPECT_THROW(attention_partial_cuda_with(kernel, s, d_q.data(), KvType::f16, d_k.data(), KvType::f16, d_k.data(),
-                                                 n_cells, d_out.data(), d_lse.data(), small.data(), small.bytes(), sms,
-                                                 nullptr, {}, 0, nullptr, true, AttentionMerge::tail),
-                     Error);
-    }
-    // Every case of the 14B and the one-head shapes (132 SMs: 33 splits of 5 heads, 84 KB),
-    // two of the 7B shape's.
-    EXPECT_GE(applied, 4u * 3 * 2 + 2 * 3);
-    // Where it does not apply: quantized K, head dim 64, one split.
-    EXPECT_FALSE(attention_tail_merge_applies(AttentionKernel::tensor_core, make_shape(40, 8, 128), KvType::q8_0, 8192, sms));
-    EXPECT_FALSE(attention_tail_merge_applies(AttentionKernel::tensor_core, make_shape(4, 2, 64), KvType::f16, 8192, sms));
-    EXPECT_FALSE(attention_tail_merge_applies(AttentionKernel::tensor_core, make_shape(40, 8, 128), KvType::f16, 64, sms));
-    EXPECT_FALSE(attention_tail_merge_applies(AttentionKernel::mma, make_shape(40, 8, 128), KvType::f16, 32768, sms));
 }
 
 // The decode step's post-QKV work inside the attention kernel (AttentionPostQkv) against its
@@ -439,7 +327,6 @@ TEST(CudaAttention, PostQkvInsideTheKernelEqualsItsOwnLaunch) {
                                   DeviceBuffer<int16_t>(n_out)};
                             SPILLWAY_CUDA_CHECK(cudaMemset(r.kc.data() + k_row * (n_cells - 1), 0xff, k_row));
                             SPILLWAY_CUDA_CHECK(cudaMemset(r.vc.data() + v_row * (n_cells - 1), 0xff, v_row));
-                            SPILLWAY_CUDA_CHECK(cudaMemset(r.ws.data(), 0, r.ws.bytes()));  // the tail merge's counters (lab)
                             poison(r.out);
                             poison(r.lse);
                             poison(r.oq);
