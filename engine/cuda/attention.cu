@@ -32,6 +32,7 @@
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/global_timer_device.cuh"
 #include "engine/cuda/kv_tile.cuh"
+#include "engine/cuda/l2_prefetch_device.cuh"
 #include "engine/cuda/kv_write_device.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
@@ -42,6 +43,11 @@ namespace {
 
 // attention_lab_timeline's buffer (benchmarks only).
 uint64_t* lab_timeline = nullptr;
+// SPILLWAY_LAB_L2_PREFETCH_HINT=normal (lab): the L2 prefetch at normal priority, not evict_last.
+bool lab_l2_prefetch_normal() {
+    static const bool normal = lab_knob("SPILLWAY_LAB_L2_PREFETCH_HINT", "normal", "evict_last");
+    return normal;
+}
 // attention_lab_l2_prefetch's ranges (lab).
 struct LabL2Prefetch {
     const uint8_t* base[2] = {nullptr, nullptr};
@@ -108,7 +114,8 @@ __device__ __forceinline__ uint4 dequant8(const uint8_t* slice, int j) {
     else return kv_tile::dequant8_quantized<T>(slice, j);
 }
 
-template <int D, KvType KT, KvType VT>
+// kPrefetch (lab, Params::l2_prefetch): an instance of its own (f16 K and V, head dim 128).
+template <int D, KvType KT, KvType VT, bool kPrefetch = false>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p) {
     using namespace nvcuda;
     using L = SmemLayout<D, KT, VT>;
@@ -205,6 +212,8 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p
     for (int j = 0; j < kAccPerThread; ++j) acc[j] = 0.0f;
 
     for (uint32_t tile = 0; tile < n_tiles; ++tile) {
+        if constexpr (kPrefetch)
+            if (l2_prefetch_now(tile, n_tiles, p.l2_prefetch_permille, 1)) l2_prefetch_share(p, kWarps);
         issue_tile(tile + L::kStages - 1);
         cp_async_wait<L::kStages - 1>();
         __syncthreads();
@@ -545,17 +554,24 @@ SplitPlan plan_splits(const AttentionShape& shape, uint32_t n_cells, uint32_t sm
     return {(n_cells + cells_per_split - 1) / cells_per_split, cells_per_split};
 }
 
-template <int D, KvType KT, KvType VT>
-void launch_split(const SplitParams& p, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
+template <int D, KvType KT, KvType VT, bool kPrefetch>
+void launch_split_instance(const SplitParams& p, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
     constexpr size_t smem = SmemLayout<D, KT, VT>::total;
     static const bool configured = [] {
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<D, KT, VT>,
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<D, KT, VT, kPrefetch>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         return true;
     }();
     (void)configured;
-    launch_with_pdl(pdl_site_on(PdlSite::attention), attention_split_kernel<D, KT, VT>, dim3(n_head_kv, n_splits),
-                    dim3(kThreads), smem, stream, p);
+    launch_with_pdl(pdl_site_on(PdlSite::attention), attention_split_kernel<D, KT, VT, kPrefetch>,
+                    dim3(n_head_kv, n_splits), dim3(kThreads), smem, stream, p);
+}
+
+template <int D, KvType KT, KvType VT>
+void launch_split(const SplitParams& p, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
+    if constexpr (D == 128 && KT == KvType::f16 && VT == KvType::f16)
+        if (p.l2_prefetch_permille <= 1000) return launch_split_instance<D, KT, VT, true>(p, n_head_kv, n_splits, stream);
+    launch_split_instance<D, KT, VT, false>(p, n_head_kv, n_splits, stream);
 }
 
 template <int D, KvType KT>
@@ -1147,9 +1163,10 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
             : nullptr;
     if (mma) p.timeline = lab_timeline;
     p.l2_prefetch_permille = UINT32_MAX;
-    if (mma && lab_l2_prefetch.permille <= 1000) {
+    if ((mma || kernel == AttentionKernel::tensor_core) && lab_l2_prefetch.permille <= 1000) {
         for (int r = 0; r < 2; ++r) p.l2_prefetch[r] = lab_l2_prefetch.base[r], p.l2_prefetch_lines[r] = lab_l2_prefetch.lines[r];
         p.l2_prefetch_permille = lab_l2_prefetch.permille;
+        p.l2_prefetch_normal = lab_l2_prefetch_normal() ? 1 : 0;
     }
     if (plan.n_splits == 1 && out_q16 && attention_finish_fused() && shape.head_dim_v % 32 == 0) {
         p.out_q = out_q16.q;

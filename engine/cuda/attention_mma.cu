@@ -42,6 +42,7 @@
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/global_timer_device.cuh"
 #include "engine/cuda/kv_tile.cuh"
+#include "engine/cuda/l2_prefetch_device.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
 
@@ -213,18 +214,6 @@ __device__ __forceinline__ void timeline_stamp(const Params& p, uint32_t slot, u
     if (p.timeline == nullptr || threadIdx.x % 32 != 0) return;
     const size_t w = ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * kWarps + threadIdx.x / 32;
     p.timeline[w * kTimelineSlots + slot] = time ? global_timer_ns() : value;
-}
-
-// Lab (Params::l2_prefetch): this warp's share of the two ranges asked into L2, evict_last,
-// 32 consecutive lines per warp instruction. Why: the quantized loops leave HBM idle a
-// quarter of the time (latency-bound), and wo's weights (28 MB on the 14B shape) fit in L2.
-__device__ __forceinline__ void l2_prefetch_share(const Params& p) {
-    const uint64_t warps = (uint64_t)gridDim.x * gridDim.y * kWarps;
-    const uint64_t w = ((uint64_t)blockIdx.y * gridDim.x + blockIdx.x) * kWarps + threadIdx.x / 32;
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-        for (uint64_t line = w * 32 + threadIdx.x % 32; line < p.l2_prefetch_lines[r]; line += warps * 32)
-            asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(p.l2_prefetch[r] + line * 128));
 }
 
 // N words from byte offset off (2-byte aligned) of a 16-byte-aligned shared-memory stage
@@ -822,12 +811,9 @@ __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) atten
     asm volatile("mov.b32 %0, 0x54005400;\n" : "=r"(q4_magic[1]));
 
     for (uint32_t i = 0; warp + kWarps * i < n_chunks; ++i) {
-        // Lab L2 prefetch: once per warp, in the step whose chunk is among the kWarps from
-        // permille / 1000 of the split's chunks on (recomputed from the constant parameters
-        // each step: a value kept across the loop made ptxas spill).
+        // Lab L2 prefetch (the quantized loops leave a quarter to half of HBM idle): once per warp.
         if constexpr (kPrefetch)
-            if (warp + kWarps * i - (uint32_t)((uint64_t)n_chunks * p.l2_prefetch_permille / 1000) < (uint32_t)kWarps)
-                l2_prefetch_share(p);
+            if (l2_prefetch_now(warp + kWarps * i, n_chunks, p.l2_prefetch_permille, kWarps)) l2_prefetch_share(p, kWarps);
         issue(i + L::kStages - 1);
         cp_async_wait<L::kStages - 1>();
         __syncwarp();
