@@ -89,10 +89,9 @@ if [ -z "$bench_only" ] && [ "$engine_only" = 0 ]; then
   # launch, the path before the RoPE epilogue; SPILLWAY_WS_ORDER=heads (lab): the prefill
   # attention's grid dealt longest rows first over all heads, with the prefill suites too.
   # SPILLWAY_SHORT_ATTENTION=0 (session 51): qkv_post and the split kernel up to 128 cells, the
-  # path before the short-context kernel. SPILLWAY_LAB_L2_PREFETCH=500 (session 54, lab): the decode
-  # attention's instances that prefetch wo into L2.
+  # path before the short-context kernel.
   for knob in SPILLWAY_HANDOVER=fence SPILLWAY_CHAIN_WO=4 SPILLWAY_QKV_EPILOGUE=1 SPILLWAY_ATTN_MERGE=warp \
-      SPILLWAY_PREFILL_QKV_ROPE=0 SPILLWAY_WS_ORDER=heads SPILLWAY_SHORT_ATTENTION=0 SPILLWAY_LAB_L2_PREFETCH=500; do
+      SPILLWAY_PREFILL_QKV_ROPE=0 SPILLWAY_WS_ORDER=heads SPILLWAY_SHORT_ATTENTION=0; do
     suites='CudaForward.*'
     [ "$knob" = SPILLWAY_ATTN_MERGE=warp ] && suites='CudaForward.*:CudaAttention.*'
     [ "$knob" = SPILLWAY_WS_ORDER=heads ] && suites='CudaForward.*:CudaPrefillAttention.*:CudaPrefill.CausalAttention*'
@@ -175,9 +174,8 @@ if [ -z "$bench_only" ]; then
     # releasing at entry); SPILLWAY_QKV_EPILOGUE=1: bias, RoPE and the K / V write in q|k|v's
     # epilogue. Session 51: SPILLWAY_SHORT_ATTENTION=0 (the launches before the short-context
     # kernel, depth 0 only: it takes <= 128 cells). Session 52: SPILLWAY_LAB_SKIP_MERGE=1 (wrong
-    # output: the merge hop's bound). Session 54: SPILLWAY_LAB_L2_PREFETCH=500 (lab, the decode
-    # attention asks wo's weights into L2 halfway through its steps).
-    for knob in default SPILLWAY_SHORT_ATTENTION=0 SPILLWAY_LAB_SKIP_MERGE=1 SPILLWAY_LAB_L2_PREFETCH=500 SPILLWAY_Q16X_SPLIT=pairs SPILLWAY_ATTENTION_QUANT=separate SPILLWAY_DECODE_LAYER=1 SPILLWAY_PDL_SMALL=0 \
+    # output: the merge hop's bound).
+    for knob in default SPILLWAY_SHORT_ATTENTION=0 SPILLWAY_LAB_SKIP_MERGE=1 SPILLWAY_Q16X_SPLIT=pairs SPILLWAY_ATTENTION_QUANT=separate SPILLWAY_DECODE_LAYER=1 SPILLWAY_PDL_SMALL=0 \
         SPILLWAY_Q16X_RELEASE=0 SPILLWAY_ATTN_FINISH=kernels SPILLWAY_Q16X_KERNEL=smem4 SPILLWAY_POST_QKV=kernel \
         SPILLWAY_GLU_EPILOGUE=0 SPILLWAY_NORM_CHAIN=0 SPILLWAY_HANDOVER=fence \
         SPILLWAY_HANDOVER=skip SPILLWAY_CHAIN_WO=4 SPILLWAY_CHAIN_WO=6 SPILLWAY_QKV_EPILOGUE=1; do

@@ -32,7 +32,6 @@
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/global_timer_device.cuh"
 #include "engine/cuda/kv_tile.cuh"
-#include "engine/cuda/l2_prefetch_device.cuh"
 #include "engine/cuda/kv_write_device.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
@@ -43,17 +42,6 @@ namespace {
 
 // attention_lab_timeline's buffer (benchmarks only).
 uint64_t* lab_timeline = nullptr;
-// SPILLWAY_LAB_L2_PREFETCH_HINT=normal (lab): the L2 prefetch at normal priority, not evict_last.
-bool lab_l2_prefetch_normal() {
-    static const bool normal = lab_knob("SPILLWAY_LAB_L2_PREFETCH_HINT", "normal", "evict_last");
-    return normal;
-}
-// attention_lab_l2_prefetch's ranges (lab).
-struct LabL2Prefetch {
-    const uint8_t* base[2] = {nullptr, nullptr};
-    uint64_t lines[2] = {0, 0};
-    uint32_t permille = UINT32_MAX;
-} lab_l2_prefetch;
 
 using kv_tile::align128;
 using kv_tile::cp_async;
@@ -114,8 +102,7 @@ __device__ __forceinline__ uint4 dequant8(const uint8_t* slice, int j) {
     else return kv_tile::dequant8_quantized<T>(slice, j);
 }
 
-// kPrefetch (lab, Params::l2_prefetch): an instance of its own (f16 K and V, head dim 128).
-template <int D, KvType KT, KvType VT, bool kPrefetch = false>
+template <int D, KvType KT, KvType VT>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p) {
     using namespace nvcuda;
     using L = SmemLayout<D, KT, VT>;
@@ -212,8 +199,6 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(SplitParams p
     for (int j = 0; j < kAccPerThread; ++j) acc[j] = 0.0f;
 
     for (uint32_t tile = 0; tile < n_tiles; ++tile) {
-        if constexpr (kPrefetch)
-            if (l2_prefetch_now(tile, n_tiles, p.l2_prefetch_permille, 1)) l2_prefetch_share(p, kWarps);
         issue_tile(tile + L::kStages - 1);
         cp_async_wait<L::kStages - 1>();
         __syncthreads();
@@ -554,24 +539,17 @@ SplitPlan plan_splits(const AttentionShape& shape, uint32_t n_cells, uint32_t sm
     return {(n_cells + cells_per_split - 1) / cells_per_split, cells_per_split};
 }
 
-template <int D, KvType KT, KvType VT, bool kPrefetch>
-void launch_split_instance(const SplitParams& p, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
+template <int D, KvType KT, KvType VT>
+void launch_split(const SplitParams& p, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
     constexpr size_t smem = SmemLayout<D, KT, VT>::total;
     static const bool configured = [] {
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<D, KT, VT, kPrefetch>,
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<D, KT, VT>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         return true;
     }();
     (void)configured;
-    launch_with_pdl(pdl_site_on(PdlSite::attention), attention_split_kernel<D, KT, VT, kPrefetch>,
-                    dim3(n_head_kv, n_splits), dim3(kThreads), smem, stream, p);
-}
-
-template <int D, KvType KT, KvType VT>
-void launch_split(const SplitParams& p, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
-    if constexpr (D == 128 && KT == KvType::f16 && VT == KvType::f16)
-        if (p.l2_prefetch_permille <= 1000) return launch_split_instance<D, KT, VT, true>(p, n_head_kv, n_splits, stream);
-    launch_split_instance<D, KT, VT, false>(p, n_head_kv, n_splits, stream);
+    launch_with_pdl(pdl_site_on(PdlSite::attention), attention_split_kernel<D, KT, VT>, dim3(n_head_kv, n_splits),
+                    dim3(kThreads), smem, stream, p);
 }
 
 template <int D, KvType KT>
@@ -1162,12 +1140,6 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
             ? lab_timeline + (size_t)shape.n_head_kv * plan.n_splits * kAttentionTimelineWarpsPerBlock * kAttentionTimelineSlots
             : nullptr;
     if (mma) p.timeline = lab_timeline;
-    p.l2_prefetch_permille = UINT32_MAX;
-    if ((mma || kernel == AttentionKernel::tensor_core) && lab_l2_prefetch.permille <= 1000) {
-        for (int r = 0; r < 2; ++r) p.l2_prefetch[r] = lab_l2_prefetch.base[r], p.l2_prefetch_lines[r] = lab_l2_prefetch.lines[r];
-        p.l2_prefetch_permille = lab_l2_prefetch.permille;
-        p.l2_prefetch_normal = lab_l2_prefetch_normal() ? 1 : 0;
-    }
     if (plan.n_splits == 1 && out_q16 && attention_finish_fused() && shape.head_dim_v % 32 == 0) {
         p.out_q = out_q16.q;
         p.out_d = out_q16.d;
@@ -1205,13 +1177,6 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
 
 static_assert(kAttentionTimelineSlots == attention_mma::kTimelineSlots, "one timeline layout");
 void attention_lab_timeline(uint64_t* stamps) { lab_timeline = stamps; }
-
-void attention_lab_l2_prefetch(uint32_t permille, const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-    // Whole lines inside each range: a line past its end could belong to no allocation.
-    lab_l2_prefetch.base[0] = static_cast<const uint8_t*>(a), lab_l2_prefetch.lines[0] = a ? a_bytes / 128 : 0;
-    lab_l2_prefetch.base[1] = static_cast<const uint8_t*>(b), lab_l2_prefetch.lines[1] = b ? b_bytes / 128 : 0;
-    lab_l2_prefetch.permille = permille;
-}
 
 void attention_merge_cuda(uint32_t n_head, uint32_t head_dim_v, float* out_a, float* lse_a,
                           const float* out_b, const float* lse_b, cudaStream_t stream) {

@@ -137,12 +137,6 @@ void attention_partial_cuda_with(AttentionKernel kernel, const AttentionShape& s
 constexpr uint32_t kAttentionTimelineSlots = 10;
 constexpr uint32_t kAttentionTimelineWarpsPerBlock = 4;
 void attention_lab_timeline(uint64_t* stamps);
-// Lab (benchmarks only, not thread-safe): while permille <= 1000, every launch of the mma kernel
-// (equal K/V tiers) or the split kernel (f16 K and V, head dim 128) asks
-// the whole 128-byte lines of [a, a + a_bytes) and [b, b + b_bytes) into L2 (evict_last), each
-// warp its share once it is permille / 1000 of the way through its steps (SPILLWAY_LAB_L2_PREFETCH:
-// the decode's wo weights during the attention before it). permille > 1000: off (the default).
-void attention_lab_l2_prefetch(uint32_t permille, const void* a, size_t a_bytes, const void* b, size_t b_bytes);
 
 // a := merge(a, b), in place, as attention_merge_cpu.
 void attention_merge_cuda(uint32_t n_head, uint32_t head_dim_v, float* out_a, float* lse_a,

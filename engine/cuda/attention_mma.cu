@@ -42,7 +42,6 @@
 #include "engine/cuda/cuda_check.h"
 #include "engine/cuda/global_timer_device.cuh"
 #include "engine/cuda/kv_tile.cuh"
-#include "engine/cuda/l2_prefetch_device.cuh"
 #include "engine/cuda/lab_knob.h"
 #include "engine/cuda/pdl_launch.cuh"
 
@@ -635,9 +634,7 @@ __device__ __forceinline__ void pv_quantized_block(const uint8_t* sv, const uint
 // every cell of this head has the same lead: copy addresses and shared-memory offsets are the
 // same in every step and are computed once (the launch picks it; SPILLWAY_ATTN_FAST_COPY=0
 // never does).
-// kPrefetch (lab, Params::l2_prefetch): an instance of its own, so that the default ones keep
-// their registers (in every instance the in-loop prefetch moved ptxas's spills).
-template <KvType KT, KvType VT, bool kUniform, bool kPrefetch = false>
+template <KvType KT, KvType VT, bool kUniform>
 __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) attention_mma_kernel(Params p) {
     using L = Layout<KT, VT>;
     // Only with uniform rows (whole 16-byte chunks), which lds_code_word's alignment needs; the
@@ -811,9 +808,6 @@ __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) atten
     asm volatile("mov.b32 %0, 0x54005400;\n" : "=r"(q4_magic[1]));
 
     for (uint32_t i = 0; warp + kWarps * i < n_chunks; ++i) {
-        // Lab L2 prefetch (the quantized loops leave a quarter to half of HBM idle): once per warp.
-        if constexpr (kPrefetch)
-            if (l2_prefetch_now(warp + kWarps * i, n_chunks, p.l2_prefetch_permille, kWarps)) l2_prefetch_share(p, kWarps);
         issue(i + L::kStages - 1);
         cp_async_wait<L::kStages - 1>();
         __syncwarp();
@@ -1052,15 +1046,15 @@ Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     return {(n_cells + per - 1) / per, per};
 }
 
-template <KvType KT, KvType VT, bool kUniform, bool kPrefetch = false>
+template <KvType KT, KvType VT, bool kUniform>
 void configure_once() {
     static const bool configured = [] {
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform, kPrefetch>,
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  (int)Layout<KT, VT>::total));
         // All of the unified L1/shared memory as shared: the split count assumes
         // Layout::blocks_per_sm blocks fit at once (a smaller carveout makes a second wave).
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform, kPrefetch>,
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<KT, VT, kUniform>,
                                                  cudaFuncAttributePreferredSharedMemoryCarveout,
                                                  (int)cudaSharedmemCarveoutMaxShared));
         return true;
@@ -1085,15 +1079,6 @@ void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cud
     p.q_load = reinterpret_cast<uintptr_t>(p.q) % 16 == 0 ? lab_q_load() : 0;
     const dim3 grid(n_head_kv, n_splits);
     if (fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0) {
-        if constexpr (KT == VT) {
-            if (p.l2_prefetch_permille <= 1000) {  // lab: equal pairs only
-                configure_once<KT, VT, true, true>();
-                launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, true, true>, grid,
-                                dim3(kThreads), smem, stream, p);
-                SPILLWAY_CUDA_CHECK(cudaGetLastError());
-                return;
-            }
-        }
         configure_once<KT, VT, true>();
         launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, true>, grid, dim3(kThreads),
                         smem, stream, p);

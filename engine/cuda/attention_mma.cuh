@@ -60,13 +60,6 @@ struct Params {
     uint32_t splits_lo;
     uint32_t splits_hi;
     uint32_t hi_heads;
-    // L2 prefetch (lab, attention_lab_l2_prefetch; the mma kernel and the f16 split kernel): two byte ranges
-    // (128-byte lines) the next kernel reads, asked into L2 with evict_last by every warp when
-    // it is l2_prefetch_permille / 1000 of the way through its steps. permille > 1000: none.
-    const uint8_t* l2_prefetch[2];
-    uint64_t l2_prefetch_lines[2];
-    uint32_t l2_prefetch_permille;
-    uint32_t l2_prefetch_normal;  // 1: normal L2 priority instead of evict_last
 };
 
 // Stamps per warp of the lab timeline: [0] entry, [1] after the dependency wait, [2] Q in

@@ -294,14 +294,6 @@ bool qkv_epilogue_on() {
     return on;
 }
 
-// SPILLWAY_LAB_L2_PREFETCH=PERMILLE (lab, 0..1000): the decode attention (mma kernel) asks the
-// layer's wo weights (split layout) into L2 once each warp is that far through its steps
-// (attention_lab_l2_prefetch). Unset: off (1001).
-uint32_t lab_l2_prefetch_wo() {
-    static const uint32_t permille = lab_knob_uint("SPILLWAY_LAB_L2_PREFETCH", 1001, 1000);
-    return permille;
-}
-
 bool separate_attention_quant() {
     static const bool separate = lab_knob("SPILLWAY_ATTENTION_QUANT", "separate", "fused");
     return separate;
@@ -633,9 +625,6 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                 post.v_cache = cache.v[il];
             }
             if (st.attn_timeline != nullptr) attention_lab_timeline(st.attn_timeline + il * st.attn_timeline_stride);
-            if (lab_l2_prefetch_wo() <= 1000 && L.wo.q8_scales != nullptr)
-                attention_lab_l2_prefetch(lab_l2_prefetch_wo(), L.wo.data, (size_t)L.wo.n_out * L.wo.n_in, L.wo.q8_scales,
-                                          (size_t)L.wo.n_out * (L.wo.n_in / 32) * sizeof(uint16_t));
             attention_partial_cuda(shape, q, cache.k_type, cache.k[il], cache.v_type, cache.v[il], pos0 + 1,
                                    st.attn.data(), st.attn_lse.data(), st.attn_workspace.data(),
                                    st.attn_workspace.size(), st.sm_count, stream,
@@ -644,7 +633,6 @@ void enqueue_forward(const CudaModel& m, CudaKvCache& cache, CudaForwardState& s
                                    post_in_attention ? &post : nullptr,
                                    !fused && (!norm_chain || (norm_chain_wo_mode() & 2) != 0));
             if (st.attn_timeline != nullptr) attention_lab_timeline(nullptr);
-            attention_lab_l2_prefetch(UINT32_MAX, nullptr, 0, nullptr, 0);
         } else {
             if (!post_fused && !qkv_rope_gemm) {
                 kv_write_cuda(cache.k_type, k, cache.k[il], pos0, T, kd, stream);

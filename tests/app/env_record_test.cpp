@@ -44,7 +44,7 @@ TEST(EnvRecord, NamesTheTimingBounds) {
     EXPECT_TRUE(is_timing_bound({"SPILLWAY_SHORT_ATTENTION_LAB", "empty"}));
     EXPECT_TRUE(is_timing_bound({"SPILLWAY_SHORT_ATTENTION_LAB", "kvheads"}));
     EXPECT_FALSE(is_timing_bound({"SPILLWAY_SHORT_ATTENTION_LAB", "late"}));
-    EXPECT_FALSE(is_timing_bound({"SPILLWAY_LAB_L2_PREFETCH", "500"}));  // a lab, not a bound
+    EXPECT_FALSE(is_timing_bound({"SPILLWAY_ATTN_MERGE", "warp"}));  // a lab, not a bound
 }
 
 // `run --device cuda` and `bench` say so on stderr before any GPU work (so on any machine: the

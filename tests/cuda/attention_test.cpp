@@ -9,7 +9,6 @@
 #include "engine/cuda/attention_short.cuh"
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 
 #include "act_q16_ref.h"
@@ -509,54 +508,6 @@ TEST(CudaAttention, DefaultKernelChoice) {
                 EXPECT_GE(attention_workspace_bytes(s, 65536, 132), (size_t)n * s.n_head * (s.head_dim_v + 1) * 4);
             }
     EXPECT_FALSE(attention_kernel_supports(AttentionKernel::int_dot, s, KvType::f16, KvType::f16));
-}
-
-// The L2 prefetch lab's instances (attention_lab_l2_prefetch: the mma kernel for equal K/V
-// tiers, the split kernel for f16) against the default instances on the same inputs: the
-// prefetch only reads, so output and lse must be bit-identical, over one split and many,
-// with the prefetch early, midway and at the last step; the prefetched bytes stay as they were.
-TEST(CudaAttention, L2PrefetchInstancesEqualTheDefault) {
-    SPILLWAY_SKIP_WITHOUT_GPU();
-    const AttentionShape s = make_shape(40, 8, 128);
-    const uint32_t sms = sm_count();
-    std::mt19937 rng(fresh_seed());
-    // Two ranges to prefetch: 3 MiB and a part of a line past whole lines (only whole ones are asked).
-    const std::vector<float> pattern = random_floats(rng, 3u << 18);
-    auto range_a = to_device(pattern);
-    auto range_b = to_device(std::vector<float>(pattern.begin(), pattern.begin() + 1000));
-    const std::pair<AttentionKernel, KvType> cases[] = {{AttentionKernel::mma, KvType::f16},
-                                                        {AttentionKernel::mma, KvType::q8_0},
-                                                        {AttentionKernel::mma, KvType::q4_0},
-                                                        {AttentionKernel::tensor_core, KvType::f16}};
-    for (const auto& [kernel, kt] : cases)
-        for (uint32_t n_cells : {100u, 5000u}) {
-            SCOPED_TRACE(std::string(kernel_name(kernel)) + kv_type_name(kt) + " cells " + std::to_string(n_cells));
-            const auto q = random_floats(rng, (size_t)s.n_head * s.head_dim_k, 2.5f);
-            const KvCells cells = random_cells(rng, s, kt, kt, n_cells);
-            auto d_q = to_device(q);
-            auto d_k = to_device(cells.k);
-            auto d_v = to_device(cells.v);
-            DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
-            auto run = [&](uint32_t permille) {
-                PoisonedOutputs o((size_t)s.n_head * s.head_dim_v, s.n_head);
-                attention_lab_l2_prefetch(permille, range_a.data(), range_a.bytes(), range_b.data(), range_b.bytes());
-                attention_partial_cuda_with(kernel, s, d_q.data(), kt, d_k.data(), kt, d_v.data(), n_cells,
-                                            o.out.data(), o.lse.data(), ws.data(), ws.bytes(), sms, nullptr);
-                attention_lab_l2_prefetch(UINT32_MAX, nullptr, 0, nullptr, 0);
-                SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-                return GpuPartial{to_host(o.out), to_host(o.lse)};
-            };
-            const GpuPartial want = run(UINT32_MAX);
-            EXPECT_EQ(count_nan(want.out), 0u);
-            for (uint32_t permille : {0u, 500u, 1000u}) {
-                const GpuPartial got = run(permille);
-                EXPECT_EQ(0, std::memcmp(got.out.data(), want.out.data(), want.out.size() * sizeof(float)))
-                    << "output differs with the prefetch at " << permille;
-                EXPECT_EQ(0, std::memcmp(got.lse.data(), want.lse.data(), want.lse.size() * sizeof(float)))
-                    << "lse differs with the prefetch at " << permille;
-            }
-        }
-    EXPECT_EQ(to_host(range_a), pattern);
 }
 
 TEST(CudaAttention, EmptyRangeIsTheMergeIdentity) {
