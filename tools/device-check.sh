@@ -16,6 +16,9 @@
 #          elsewhere for sm_90). If the build fails and .dev/prebuilt exists, it is used.
 #          --engine-only (no tests, no kernel benchmarks, no probe / plan / gate block: only the
 #          engine block, i.e. spillway bench and its lab A/Bs, ~4 minutes).
+#          --quick (the GPU tests without the lab-knob reruns, then only the engine's main table:
+#          ~2.5 minutes with --prebuilt; for a session's last check when device time is short.
+#          Nothing after the table runs, --hf included).
 # Logs land in $OUT (or ./out) as build.log, ctest.log, bench.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +31,7 @@ ncu_regex=""
 test_filter=""
 hf=0
 engine_only=0
+quick=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench-only) bench_only="$2"; shift 2 ;;
@@ -37,7 +41,8 @@ while [ $# -gt 0 ]; do
     --filter) test_filter="$2"; shift 2 ;;
     --hf) hf=1; shift ;;
     --engine-only) engine_only=1; shift ;;
-    *) echo "usage: tools/device-check.sh [--bench-only SUBSTRING] [--sanitize] [--ncu LIST] [--filter GLOB] [--hf] [--prebuilt DIR] [--engine-only]"; exit 2 ;;
+    --quick) quick=1; shift ;;
+    *) echo "usage: tools/device-check.sh [--bench-only SUBSTRING] [--sanitize] [--ncu LIST] [--filter GLOB] [--hf] [--prebuilt DIR] [--engine-only] [--quick]"; exit 2 ;;
   esac
 done
 
@@ -90,8 +95,10 @@ if [ -z "$bench_only" ] && [ "$engine_only" = 0 ]; then
   # attention's grid dealt longest rows first over all heads, with the prefill suites too.
   # SPILLWAY_SHORT_ATTENTION=0 (session 51): qkv_post and the split kernel up to 128 cells, the
   # path before the short-context kernel.
-  for knob in SPILLWAY_HANDOVER=fence SPILLWAY_CHAIN_WO=4 SPILLWAY_QKV_EPILOGUE=1 SPILLWAY_ATTN_MERGE=warp \
-      SPILLWAY_PREFILL_QKV_ROPE=0 SPILLWAY_WS_ORDER=heads SPILLWAY_SHORT_ATTENTION=0; do
+  knob_reruns="SPILLWAY_HANDOVER=fence SPILLWAY_CHAIN_WO=4 SPILLWAY_QKV_EPILOGUE=1 SPILLWAY_ATTN_MERGE=warp
+      SPILLWAY_PREFILL_QKV_ROPE=0 SPILLWAY_WS_ORDER=heads SPILLWAY_SHORT_ATTENTION=0"
+  if [ "$quick" = 1 ]; then knob_reruns=""; echo "quick: the lab-knob reruns skipped"; fi
+  for knob in $knob_reruns; do
     suites='CudaForward.*'
     [ "$knob" = SPILLWAY_ATTN_MERGE=warp ] && suites='CudaForward.*:CudaAttention.*'
     [ "$knob" = SPILLWAY_WS_ORDER=heads ] && suites='CudaForward.*:CudaPrefillAttention.*:CudaPrefill.CausalAttention*'
@@ -108,7 +115,7 @@ fi
 bench_args=(--iters 50)
 if [ -n "$bench_only" ]; then bench_args+=(--only "$bench_only"); fi
 bench_rc=0
-if [ "$engine_only" = 0 ]; then
+if [ "$engine_only" = 0 ] && [ "$quick" = 0 ]; then
   "$bin/bench_kernels" "${bench_args[@]}" >"$out/bench.log" 2>&1
   bench_rc=$?
 fi
@@ -125,7 +132,7 @@ fi
 
 echo
 echo "== tests: $test_status"
-if [ "$engine_only" = 0 ]; then
+if [ "$engine_only" = 0 ] && [ "$quick" = 0 ]; then
   echo "== bench rc=$bench_rc"
   sed -n '/^device:/p;/^ceilings:/p;/^| kernel/,$p' "$out/bench.log"
   [ $bench_rc -eq 0 ] || tail -5 "$out/bench.log"
@@ -149,6 +156,7 @@ if [ -z "$bench_only" ]; then
       -ctk f16,q8_0,q4_0 -ctv f16,q8_0,q4_0 >"$out/engine-bench.log" 2>&1
     echo "engine bench rc=$?"
     cat "$out/engine-bench.log"
+    [ "$quick" = 1 ] && exit 0
     # An 8k prefill with the card's power and SM clock beside it (session 50: the prefill runs at
     # the 700 W cap, ~1.4 of 1.98 GHz on an H100).
     tools/power-trace.sh -- "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 8192 -b 4096 -n 0 -ctk f16 \
