@@ -154,9 +154,10 @@ if [ -z "$bench_only" ]; then
     "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 8192 -b 2048 -n 0 -ctk f16 >/dev/null 2>&1
     "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 512 -n 128 -d 0,8192,65536 \
       -ctk f16,q8_0,q4_0 -ctv f16,q8_0,q4_0 >"$out/engine-bench.log" 2>&1
-    echo "engine bench rc=$?"
+    engine_rc=$?
+    echo "engine bench rc=$engine_rc"
     cat "$out/engine-bench.log"
-    [ "$quick" = 1 ] && exit 0
+    [ "$quick" = 1 ] && exit "$engine_rc"
     # An 8k prefill with the card's power and SM clock beside it (session 50: the prefill runs at
     # the 700 W cap, ~1.4 of 1.98 GHz on an H100).
     tools/power-trace.sh -- "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 8192 -b 4096 -n 0 -ctk f16 \

@@ -114,7 +114,6 @@ GpuPartial run_gpu(const AttentionShape& s, const std::vector<float>& q, KvType 
     PoisonedOutputs o(n_out, s.n_head);
     const uint32_t sms = sm_count();
     DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
-    SPILLWAY_CUDA_CHECK(cudaMemset(ws.data(), 0, ws.bytes()));
     if (kernel)
         attention_partial_cuda_with(*kernel, s, d_q.data(), kt, d_k.data(), vt, d_v.data(), n_cells, o.out.data(),
                                     o.lse.data(), ws.data(), ws.bytes(), sms, nullptr, o.q16());
