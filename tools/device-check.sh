@@ -94,13 +94,15 @@ if [ -z "$bench_only" ] && [ "$engine_only" = 0 ]; then
   # launch, the path before the RoPE epilogue; SPILLWAY_WS_ORDER=heads (lab): the prefill
   # attention's grid dealt longest rows first over all heads, with the prefill suites too.
   # SPILLWAY_SHORT_ATTENTION=0 (session 51): qkv_post and the split kernel up to 128 cells, the
-  # path before the short-context kernel.
+  # path before the short-context kernel. SPILLWAY_ATTN_WS=1 (session 55): the warp-specialized
+  # decode attention, with the attention and spill suites too.
   knob_reruns="SPILLWAY_HANDOVER=fence SPILLWAY_CHAIN_WO=4 SPILLWAY_QKV_EPILOGUE=1 SPILLWAY_ATTN_MERGE=warp
-      SPILLWAY_PREFILL_QKV_ROPE=0 SPILLWAY_WS_ORDER=heads SPILLWAY_SHORT_ATTENTION=0"
+      SPILLWAY_PREFILL_QKV_ROPE=0 SPILLWAY_WS_ORDER=heads SPILLWAY_SHORT_ATTENTION=0 SPILLWAY_ATTN_WS=1"
   if [ "$quick" = 1 ]; then knob_reruns=""; echo "quick: the lab-knob reruns skipped"; fi
   for knob in $knob_reruns; do
     suites='CudaForward.*'
     [ "$knob" = SPILLWAY_ATTN_MERGE=warp ] && suites='CudaForward.*:CudaAttention.*'
+    [ "$knob" = SPILLWAY_ATTN_WS=1 ] && suites='CudaForward.*:CudaAttention.*:CudaSpill.*'
     [ "$knob" = SPILLWAY_WS_ORDER=heads ] && suites='CudaForward.*:CudaPrefillAttention.*:CudaPrefill.CausalAttention*'
     env "$knob" "$bin/test_cuda" --gtest_filter="$suites" >"$out/ctest-${knob//=/-}.log" 2>&1
     echo "$suites with $knob rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/ctest-${knob//=/-}.log" | head -2 | tr '\n' ' ')"
@@ -197,7 +199,8 @@ if [ -z "$bench_only" ]; then
     # (session 19), 64k; splits planned for 6 / 8 blocks per SM, i.e. more than resident, so
     # the hardware deals the rest out as blocks finish (session 39, H100: 8 blocks lost 2-5% at
     # 32k / 64k on every tier; the extra splits cost more than the shorter tail saves).
-    for knob in default SPILLWAY_ATTN_FAST_COPY=0 SPILLWAY_ATTN_Q_LOAD=scalar SPILLWAY_ATTN_MERGE=warp \
+    # SPILLWAY_ATTN_WS=1 (session 55): the warp-specialized decode attention.
+    for knob in default SPILLWAY_ATTN_WS=1 SPILLWAY_ATTN_FAST_COPY=0 SPILLWAY_ATTN_Q_LOAD=scalar SPILLWAY_ATTN_MERGE=warp \
         SPILLWAY_ATTN_MMA_BLOCKS=6 SPILLWAY_ATTN_MMA_BLOCKS=8; do
       if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
       env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 65536 \

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/cuda/attention.cuh"
+#include "engine/cuda/attention_mma.cuh"
 #include "engine/cuda/attention_timeline.h"
 #include "engine/cuda/bulk_copy_device.cuh"
 #include "engine/cuda/cuda_check.h"
@@ -1367,6 +1368,16 @@ int main(int argc, char** argv) {
             }
         for (AttentionKernel k : {AttentionKernel::int_dot, AttentionKernel::mma})
             bench_attention(r, o, KvType::q8_0, KvType::q4_0, 65536, prop.multiProcessorCount, &k);
+        // The mma kernel's warp-specialized variant (lab, session 55), beside the mma rows above.
+        {
+            const AttentionKernel mma = AttentionKernel::mma;
+            attention_mma::lab_warp_specialized(1);
+            for (uint32_t cells : {8192u, 32768u, 65536u})
+                for (KvType t : {KvType::f16, KvType::q8_0, KvType::q4_0})
+                    bench_attention(r, o, t, t, cells, prop.multiProcessorCount, &mma, "attention ws ");
+            bench_attention(r, o, KvType::q8_0, KvType::q4_0, 65536, prop.multiProcessorCount, &mma, "attention ws ");
+            attention_mma::lab_warp_specialized(-1);
+        }
         bench_small_ops(r, o);
         bench_sm_speed(o, prop.multiProcessorCount);
         bench_stream_shapes(r, o, prop.multiProcessorCount);

@@ -30,10 +30,12 @@
 // past the slice, so nothing beyond the cache is read. Readers add the cell's lead (0 or 8).
 #include "engine/cuda/attention_mma.cuh"
 #include "engine/cuda/attention_finish_device.cuh"
+#include "engine/cuda/bulk_copy_device.cuh"
 
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -630,6 +632,131 @@ __device__ __forceinline__ void pv_quantized_block(const uint8_t* sv, const uint
     }
 }
 
+// Q's B fragments from the block's Q area (q_in_smem): 4 conflict-free 16-byte loads per lane.
+__device__ __forceinline__ void load_q_fragments(uint32_t q_area, uint32_t lane, uint32_t (&qs)[8][2]) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w)
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(qs[2 * w][0]), "=r"(qs[2 * w][1]), "=r"(qs[2 * w + 1][0]), "=r"(qs[2 * w + 1][1])
+                     : "r"(q_area + 16 * (w * 32 + lane)));
+}
+
+// One 16-cell step's pieces, shared by attention_mma_kernel and its warp-specialized variant
+// (attention_ws_kernel), in the order the single-warp loop runs them.
+
+// S^T[cell][head] = K Q^T for the step: A rows = cells g and g + 8 (their slices at stage offsets
+// k_slice(g), k_slice(g + 8)), k = dims, B = qs (Q^T). s = (cell g: heads 2t, 2t + 1; cell g + 8: heads 2t,
+// 2t + 1).
+template <KvType KT, bool kBlockK, typename KSlice>
+__device__ __forceinline__ void qk_step(const uint8_t* sk, const KSlice& k_slice, uint32_t g, uint32_t t,
+                                        const uint32_t (&qs)[8][2], const float* k_bias_area, float (&s)[4]) {
+    if constexpr (!kBlockK) {
+        const KWords<KT> k0 = k_words<KT>(sk, k_slice(g), t), k1 = k_words<KT>(sk, k_slice(g + 8), t);
+        // Two accumulator chains of 4 MMAs instead of one of 8: half the dependent latency.
+        float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        s[0] = s[1] = s[2] = s[3] = 0.0f;
+#pragma unroll
+        for (int kt = 0; kt < 8; ++kt) {
+            uint32_t a0, a1, a2, a3;
+            k_fragment<KT>(k0, kt, a0, a2);
+            k_fragment<KT>(k1, kt, a1, a3);
+            mma16816(kt % 2 ? s_odd : s, a0, a1, a2, a3, qs[kt][0], qs[kt][1]);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) s[j] += s_odd[j];
+    } else {
+        // Four independent chains of 2 MMAs (one per K block), then the block scales.
+        const uint32_t r0 = k_slice(g), r1 = k_slice(g + 8);
+        float kbias[4][2];
+        load_k_bias_starts(k_bias_area, t, kbias);
+        float acc_b[4][4];
+        auto block = [&]<int b>() {
+            uint32_t a[2][4];
+            k_block_fragments<KT, b>(sk, r0, r1, t, a);
+            mma16816_from(acc_b[b], a[0][0], a[0][1], a[0][2], a[0][3], qs[2 * b][0], qs[2 * b][1], kbias[b][0],
+                          kbias[b][1]);
+            mma16816(acc_b[b], a[1][0], a[1][1], a[1][2], a[1][3], qs[2 * b + 1][0], qs[2 * b + 1][1]);
+        };
+        block.template operator()<0>();
+        block.template operator()<1>();
+        block.template operator()<2>();
+        block.template operator()<3>();
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {  // rows g (s[0], s[1]) and g + 8 (s[2], s[3])
+            const uint8_t* row = sk + (half ? r1 : r0);
+            float d[4];
+#pragma unroll
+            for (int b = 0; b < 4; ++b) d[b] = __half2float(*reinterpret_cast<const __half*>(row + k_block_bytes<KT>() * b));
+#pragma unroll
+            for (int j = 2 * half; j < 2 * half + 2; ++j)
+                s[j] = fmaf(d[3], acc_b[3][j], fmaf(d[2], acc_b[2][j], fmaf(d[1], acc_b[1][j], d[0] * acc_b[0][j])));
+        }
+    }
+}
+
+// Online softmax of one step per head (base 2). s = (cell g, heads 2t, 2t+1), (cell g+8, ...);
+// a head's 16 cells are spread over the 8 lane groups. Invalid cells: -inf -> p = 0. Returns
+// whether this lane's running max grew; alpha is exactly 1 where it did not.
+__device__ __forceinline__ bool online_softmax_step(float (&s)[4], uint32_t g, uint32_t valid, float (&m_run)[2],
+                                                    float (&l_run)[2], float (&alpha)[2], float (&e)[4]) {
+    if (g >= valid) s[0] = s[1] = -INFINITY;
+    if (g + 8 >= valid) s[2] = s[3] = -INFINITY;
+    bool grew = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float mx = fmaxf(s[h], s[2 + h]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));  // finite: cell 0 is valid
+        const float m_new = fmaxf(m_run[h], mx);
+        grew |= m_new > m_run[h];
+        // 0 on the first step; exactly 1 when the max did not grow (the skipped rescale
+        // relies on it).
+        alpha[h] = m_new > m_run[h] ? exp2_ftz(m_run[h] - m_new) : 1.0f;
+        e[h] = exp2_ftz(s[h] - m_new);
+        e[2 + h] = exp2_ftz(s[2 + h] - m_new);
+        l_run[h] = l_run[h] * alpha[h] + (e[h] + e[2 + h]);
+        m_run[h] = m_new;
+    }
+    return grew;
+}
+
+// O^T's columns (heads 2t, 2t + 1) times alpha.
+__device__ __forceinline__ void rescale_acc(float (&acc)[8][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) {
+        acc[mt][0] *= alpha[0], acc[mt][1] *= alpha[1], acc[mt][2] *= alpha[0], acc[mt][3] *= alpha[1];
+    }
+}
+
+// O^T[dim][head] += V^T P^T for the step: A rows = dims (v_tile_dim), k = cells; v_slice(c) is
+// cell c's slice offset in the stage; pb0 / pb1 = P^T for cells (2t, 2t+1)
+// and (2t+8, 2t+9), head g.
+template <KvType VT, typename VSlice>
+__device__ __forceinline__ void pv_step(const uint8_t* sv, const VSlice& v_slice, uint32_t g, uint32_t t,
+                                        uint32_t valid, uint32_t pb0, uint32_t pb1, const uint32_t (&q4_magic)[2],
+                                        float (&acc)[8][4]) {
+    const uint32_t c0 = 2 * t;
+    if constexpr (VT == KvType::f16) {
+        const VWordsF16 w0 = v_words_f16(sv, v_slice(c0), g, c0 < valid);
+        const VWordsF16 w1 = v_words_f16(sv, v_slice(c0 + 1), g, c0 + 1 < valid);
+        const VWordsF16 w2 = v_words_f16(sv, v_slice(c0 + 8), g, c0 + 8 < valid);
+        const VWordsF16 w3 = v_words_f16(sv, v_slice(c0 + 9), g, c0 + 9 < valid);
+#pragma unroll
+        for (int part = 0; part < 4; ++part) {
+            uint32_t lo[4], hi[4];  // dims 16g + 4part + 0..3; cells (2t, 2t+1) and (2t+8, 2t+9)
+            v_pair_fragments_f16(w0, w1, part, lo);
+            v_pair_fragments_f16(w2, w3, part, hi);
+            mma16816(acc[2 * part], lo[0], lo[1], hi[0], hi[1], pb0, pb1);
+            mma16816(acc[2 * part + 1], lo[2], lo[3], hi[2], hi[3], pb0, pb1);
+        }
+    } else {
+        const uint32_t off[4] = {v_slice(c0), v_slice(c0 + 1), v_slice(c0 + 8), v_slice(c0 + 9)};
+#pragma unroll
+        for (int b = 0; b < 4; ++b) pv_quantized_block<VT>(sv, off, b, g, valid, t, pb0, pb1, q4_magic, acc);
+    }
+}
+
 // kUniform: K and V rows are whole 16-byte chunks (every tier with 8 KV heads of dim 128), so
 // every cell of this head has the same lead: copy addresses and shared-memory offsets are the
 // same in every step and are computed once (the launch picks it; SPILLWAY_ATTN_FAST_COPY=0
@@ -817,130 +944,36 @@ __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) atten
         const uint32_t first = cell_begin + (warp + kWarps * i) * kStep;
         const uint32_t valid = min((uint32_t)kStep, cell_end - first);
 
-        // S^T[cell][head] = K Q^T: A rows = cells g and g+8 (this lane's), k = dims.
+        // A cell's slice: its window in the stage plus its lead (the same for every cell when
+        // rows are whole 16-byte chunks).
+        auto k_slice = [&](uint32_t c) {
+            if constexpr (kUniform) return c * L::kWinK + k_head16;
+            else return c * L::kWinK + (((first + c) * k_row16 + k_head16) & 15);
+        };
+        auto v_slice = [&](uint32_t c) {
+            if constexpr (kUniform) return c * L::kWinV + v_head16;
+            else return c * L::kWinV + (((first + c) * v_row16 + v_head16) & 15);
+        };
         float s[4];
         {
-            // A cell's slice: its window in the stage plus its lead (the same for every cell
-            // when rows are whole 16-byte chunks).
-            auto k_slice = [&](uint32_t c) {
-                if constexpr (kUniform) return c * L::kWinK + k_head16;
-                else return c * L::kWinK + (((first + c) * k_row16 + k_head16) & 15);
-            };
             uint32_t qs[8][2];
             if constexpr (L::kQSmem) {
-#pragma unroll
-                for (int w = 0; w < 4; ++w)
-                    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                                 : "=r"(qs[2 * w][0]), "=r"(qs[2 * w][1]), "=r"(qs[2 * w + 1][0]), "=r"(qs[2 * w + 1][1])
-                                 : "r"(q_area + 16 * (w * 32 + lane)));
+                load_q_fragments(q_area, lane, qs);
             } else {
 #pragma unroll
                 for (int kt = 0; kt < 8; ++kt) qs[kt][0] = qb[kt][0], qs[kt][1] = qb[kt][1];
             }
-            if constexpr (!kBlockK) {
-                const KWords<KT> k0 = k_words<KT>(sk, k_slice(g), t), k1 = k_words<KT>(sk, k_slice(g + 8), t);
-                // Two accumulator chains of 4 MMAs instead of one of 8: half the dependent latency.
-                float s_odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                s[0] = s[1] = s[2] = s[3] = 0.0f;
-#pragma unroll
-                for (int kt = 0; kt < 8; ++kt) {
-                    uint32_t a0, a1, a2, a3;
-                    k_fragment<KT>(k0, kt, a0, a2);
-                    k_fragment<KT>(k1, kt, a1, a3);
-                    mma16816(kt % 2 ? s_odd : s, a0, a1, a2, a3, qs[kt][0], qs[kt][1]);
-                }
-#pragma unroll
-                for (int j = 0; j < 4; ++j) s[j] += s_odd[j];
-            } else {
-                // Four independent chains of 2 MMAs (one per K block), then the block scales.
-                const uint32_t r0 = k_slice(g), r1 = k_slice(g + 8);
-                float kbias[4][2];
-                load_k_bias_starts(k_bias_area, t, kbias);
-                float acc_b[4][4];
-                auto block = [&]<int b>() {
-                    uint32_t a[2][4];
-                    k_block_fragments<KT, b>(sk, r0, r1, t, a);
-                    mma16816_from(acc_b[b], a[0][0], a[0][1], a[0][2], a[0][3], qs[2 * b][0], qs[2 * b][1], kbias[b][0],
-                                  kbias[b][1]);
-                    mma16816(acc_b[b], a[1][0], a[1][1], a[1][2], a[1][3], qs[2 * b + 1][0], qs[2 * b + 1][1]);
-                };
-                block.template operator()<0>();
-                block.template operator()<1>();
-                block.template operator()<2>();
-                block.template operator()<3>();
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {  // rows g (s[0], s[1]) and g + 8 (s[2], s[3])
-                    const uint8_t* row = sk + (half ? r1 : r0);
-                    float d[4];
-#pragma unroll
-                    for (int b = 0; b < 4; ++b) d[b] = __half2float(*reinterpret_cast<const __half*>(row + k_block_bytes<KT>() * b));
-#pragma unroll
-                    for (int j = 2 * half; j < 2 * half + 2; ++j)
-                        s[j] = fmaf(d[3], acc_b[3][j], fmaf(d[2], acc_b[2][j], fmaf(d[1], acc_b[1][j], d[0] * acc_b[0][j])));
-                }
-            }
+            qk_step<KT, kBlockK>(sk, k_slice, g, t, qs, k_bias_area, s);
         }
-
-        // Online softmax per head (base 2). s = (cell g, heads 2t, 2t+1), (cell g+8, ...);
-        // a head's 16 cells are spread over the 8 lane groups. Invalid cells: -inf -> p = 0.
-        if (g >= valid) s[0] = s[1] = -INFINITY;
-        if (g + 8 >= valid) s[2] = s[3] = -INFINITY;
         float alpha[2], e[4];
-        bool grew = false;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float mx = fmaxf(s[h], s[2 + h]);
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));  // finite: cell 0 is valid
-            const float m_new = fmaxf(m_run[h], mx);
-            grew |= m_new > m_run[h];
-            // 0 on the first step; exactly 1 when the max did not grow (the skipped rescale below
-            // relies on it).
-            alpha[h] = m_new > m_run[h] ? exp2_ftz(m_run[h] - m_new) : 1.0f;
-            e[h] = exp2_ftz(s[h] - m_new);
-            e[2 + h] = exp2_ftz(s[2 + h] - m_new);
-            l_run[h] = l_run[h] * alpha[h] + (e[h] + e[2 + h]);
-            m_run[h] = m_new;
-        }
+        const bool grew = online_softmax_step(s, g, valid, m_run, l_run, alpha, e);
         // Once the running maxima settle, most steps leave them unchanged: alpha = 1 exactly
         // for every head of the warp, and the 32 multiplies are skipped.
-        if (__any_sync(0xffffffffu, grew)) {
-#pragma unroll
-            for (int mt = 0; mt < 8; ++mt) {
-                acc[mt][0] *= alpha[0], acc[mt][1] *= alpha[1], acc[mt][2] *= alpha[0], acc[mt][3] *= alpha[1];
-            }
-        }
+        if (__any_sync(0xffffffffu, grew)) rescale_acc(acc, alpha);
         // P^T tiles (cells x heads) transposed into PV's B operand (k = cells 2t, 2t+1 and
         // 2t+8, 2t+9; n = head g).
         const uint32_t pb0 = transpose8x8(pack_h2(e[0], e[1])), pb1 = transpose8x8(pack_h2(e[2], e[3]));
-
-        // O^T[dim][head] += V^T P^T: A rows = dims (v_tile_dim), k = cells.
-        {
-            auto v_slice = [&](uint32_t c) {
-                if constexpr (kUniform) return c * L::kWinV + v_head16;
-                else return c * L::kWinV + (((first + c) * v_row16 + v_head16) & 15);
-            };
-            const uint32_t c0 = 2 * t;
-            if constexpr (VT == KvType::f16) {
-                const VWordsF16 w0 = v_words_f16(sv, v_slice(c0), g, c0 < valid);
-                const VWordsF16 w1 = v_words_f16(sv, v_slice(c0 + 1), g, c0 + 1 < valid);
-                const VWordsF16 w2 = v_words_f16(sv, v_slice(c0 + 8), g, c0 + 8 < valid);
-                const VWordsF16 w3 = v_words_f16(sv, v_slice(c0 + 9), g, c0 + 9 < valid);
-#pragma unroll
-                for (int part = 0; part < 4; ++part) {
-                    uint32_t lo[4], hi[4];  // dims 16g + 4part + 0..3; cells (2t, 2t+1) and (2t+8, 2t+9)
-                    v_pair_fragments_f16(w0, w1, part, lo);
-                    v_pair_fragments_f16(w2, w3, part, hi);
-                    mma16816(acc[2 * part], lo[0], lo[1], hi[0], hi[1], pb0, pb1);
-                    mma16816(acc[2 * part + 1], lo[2], lo[3], hi[2], hi[3], pb0, pb1);
-                }
-            } else {
-                const uint32_t off[4] = {v_slice(c0), v_slice(c0 + 1), v_slice(c0 + 8), v_slice(c0 + 9)};
-#pragma unroll
-                for (int b = 0; b < 4; ++b) pv_quantized_block<VT>(sv, off, b, g, valid, t, pb0, pb1, q4_magic, acc);
-            }
-        }
+        pv_step<VT>(sv, v_slice, g, t, valid, pb0, pb1, q4_magic, acc);
         __syncwarp();  // this stage is refilled by the next step's issue
     }
     cp_async_wait<0>();
@@ -999,6 +1032,305 @@ __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) atten
     attention_finish_single_split<kD>(p, kv_head);
 }
 
+// The warp-specialized variant (lab: SPILLWAY_ATTN_WS=1 or lab_warp_specialized(1)).
+// Why: the quantized loops above are latency-bound (session 22, Nsight: q8_0 issues in 45% of
+// the cycles at 3.8 warps per scheduler; every step is one dependent chain ring -> K -> QK MMAs
+// -> max shuffles -> exp -> transposes -> V -> PV MMAs), and the registers of one warp holding
+// Q, K words, S, P and all of O cap the warps per SM. Here a block runs kStreams streams of
+// steps; stream s takes the chunks s + kStreams i of the split, as warp s does above, and is two
+// warps: a QK warp (K ring, Q, S, the online max and sum) that hands each step's P^T and
+// per-head alpha to a PV warp (V ring, O) through a small shared ring with two mbarriers per
+// slot. Each warp holds about half the state, so the chain per warp is about half as long and
+// (at <= 64 registers) more warps fit per SM. The values, their order and the merge are the
+// single-warp kernel's, so its output is bit-equal to attention_mma_kernel's with the same plan.
+// Rows of whole 16-byte chunks only (kUniform); the launch falls back to the kernel above.
+constexpr int kStreams = kWarps;
+constexpr int kWsThreads = 2 * kStreams * 32;
+constexpr int kPSlots = 2;                    // steps the QK warp may run ahead of its PV warp
+constexpr size_t kPSlotBytes = 32 * 16;       // per lane: pb0, pb1, alpha of heads 2t, 2t + 1
+// Launch bounds: 4 blocks (<= 64 registers) for quantized K and V; f16 operands need more
+// registers for their words (at 64 ptxas spilled 4-56 bytes) and take 3 (<= 85).
+__host__ __device__ constexpr int ws_min_blocks(KvType kt, KvType vt) {
+    return kt == KvType::f16 || vt == KvType::f16 ? 3 : 4;
+}
+
+template <KvType KT, KvType VT>
+struct WsLayout {
+    using L = Layout<KT, VT>;
+    static constexpr int kMinBlocks = ws_min_blocks(KT, VT);
+    static constexpr size_t kPBytes = kStreams * kPSlots * kPSlotBytes;
+    static constexpr size_t kBarBytes = kStreams * 2 * kPSlots * sizeof(uint64_t);
+    static constexpr size_t kFixed = L::kBiasBytes + L::kQBytes + kPBytes + kBarBytes + L::kSlack;
+    // Three stages where they still fit kMinBlocks blocks per SM, else two.
+    static constexpr int kStages =
+        blocks_per_sm_for(kStreams * 3 * L::stage + kFixed, kMinBlocks) >= kMinBlocks ? 3 : 2;
+    static constexpr size_t stream_bytes = kStages * L::stage;
+    static constexpr size_t bias_offset = kStreams * stream_bytes;
+    static constexpr size_t q_offset = bias_offset + L::kBiasBytes;
+    static constexpr size_t p_offset = q_offset + L::kQBytes;
+    static constexpr size_t bar_offset = p_offset + kPBytes;
+    static constexpr size_t total = bar_offset + kBarBytes + L::kSlack;
+    static constexpr int blocks_per_sm =
+        blocks_per_sm_for(total, kMinBlocks) < 1 ? 1 : blocks_per_sm_for(total, kMinBlocks);
+    static_assert(stream_bytes >= L::merge_bytes, "merge area fits in the stream's ring");
+    static_assert(L::stage >= 32 * 64, "Q's f16 rows fit in a ring stage");
+    static_assert(p_offset % 16 == 0 && bar_offset % 8 == 0, "aligned P ring and barriers");
+};
+
+template <KvType KT, KvType VT>
+__global__ void __launch_bounds__(kWsThreads, WsLayout<KT, VT>::kMinBlocks) attention_ws_kernel(Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    using L = Layout<KT, VT>;
+    using W = WsLayout<KT, VT>;
+    constexpr int kStages = W::kStages;
+    constexpr bool kBlockK = L::kBlockK;
+    extern __shared__ __align__(128) uint8_t smem[];
+    const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const uint32_t g = lane / 4, t = lane % 4;
+    const bool qk_warp = warp < (uint32_t)kStreams;
+    const uint32_t stream = qk_warp ? warp : warp - kStreams;
+    uint8_t* ring = smem + stream * W::stream_bytes;
+    uint4* p_ring = reinterpret_cast<uint4*>(smem + W::p_offset) + stream * kPSlots * 32;
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + W::bar_offset) + stream * 2 * kPSlots;
+    uint64_t* empty = full + kPSlots;
+
+    const uint32_t kv_head = blockIdx.x, split = blockIdx.y;
+    uint32_t cell_begin = split * p.cells_per_split;
+    uint32_t cell_end = min(p.n_cells, cell_begin + p.cells_per_split);
+    if (p.splits_lo != 0) {  // whole waves (Plan): as attention_mma_kernel
+        const uint32_t splits = kv_head < p.hi_heads ? p.splits_hi : p.splits_lo;
+        const uint32_t n_steps = (p.n_cells + kStep - 1) / kStep, q = n_steps / splits, r = n_steps % splits;
+        cell_begin = split < splits ? (split * q + min(split, r)) * kStep : p.n_cells;
+        cell_end = split < splits ? min(p.n_cells, cell_begin + (q + (split < r ? 1u : 0u)) * kStep) : p.n_cells;
+        if (cell_begin >= cell_end) {
+            pdl_wait_for_producer();
+            pdl_release_dependents();
+            for (uint32_t idx = tid; idx < p.n_group * kD; idx += kWsThreads) {
+                const uint32_t head = kv_head * p.n_group + idx / kD;
+                p.part_out[((size_t)split * p.n_head + head) * kD + idx % kD] = 0.0f;
+                if (idx % kD == 0) p.part_lse[(size_t)split * p.n_head + head] = -INFINITY;
+            }
+            return;
+        }
+    }
+    const uint32_t n_chunks = (cell_end - cell_begin + kStep - 1) / kStep;
+    const uint32_t ng = p.n_group;
+    const uint64_t k_head_off = (uint64_t)kv_head * L::kSliceK, v_head_off = (uint64_t)kv_head * L::kSliceV;
+    const uint32_t k_head16 = (uint32_t)(k_head_off & 15), v_head16 = (uint32_t)(v_head_off & 15);
+    if (tid < (uint32_t)(kStreams * 2 * kPSlots)) mbarrier_init(reinterpret_cast<uint64_t*>(smem + W::bar_offset) + tid, 32);
+    mbarrier_init_fence();
+
+    // Each warp copies its own operand (QK warp: K, PV warp: V) into its half of the stream's
+    // stages; the lane's addresses are computed once (rows of whole 16-byte chunks).
+    constexpr uint32_t kLanesK = copy_lanes<L::kWinK>(), kLanesV = copy_lanes<L::kWinV>();
+    const uint32_t lanes = qk_warp ? kLanesK : kLanesV, win = qk_warp ? L::kWinK : L::kWinV;
+    const uint64_t row_bytes = qk_warp ? p.k_row_bytes : p.v_row_bytes;
+    const uint64_t head_off = qk_warp ? k_head_off : v_head_off;
+    const bool lane_on = lane % lanes < win / 16;
+    const uint64_t lane_src = (uint64_t)(lane / lanes) * row_bytes + head_off - (head_off & 15) + 16 * (lane % lanes);
+    const uint32_t part = qk_warp ? 0u : kStep * L::kWinK;  // the operand's place in a stage
+    const uint32_t lane_dst = (uint32_t)__cvta_generic_to_shared(ring) + part + (lane / lanes) * win + 16 * (lane % lanes);
+    const uint8_t* const src_base = qk_warp ? p.k : p.v;
+    auto issue = [&](uint32_t i) {
+        const uint32_t chunk = stream + kStreams * i;
+        if (chunk < n_chunks) {
+            const uint32_t slot = i % kStages;
+            const uint32_t first = cell_begin + chunk * kStep;
+            const uint32_t count = min((uint32_t)kStep, cell_end - first);
+            if (qk_warp) {
+                if (count == kStep) {
+                    if (lane_on)
+                        copy_windows_hoisted<L::kWinK, kLanesK>(lane_dst + slot * (uint32_t)L::stage,
+                                                                src_base + (uint64_t)first * row_bytes + lane_src,
+                                                                (32 / kLanesK) * (uint32_t)row_bytes);
+                } else {
+                    copy_windows<L::kSliceK, L::kWinK>(ring + slot * L::stage, p.k + first * p.k_row_bytes + k_head_off,
+                                                       (uint32_t)p.k_row_bytes, count, lane);
+                }
+            } else {
+                if (count == kStep) {
+                    if (lane_on)
+                        copy_windows_hoisted<L::kWinV, kLanesV>(lane_dst + slot * (uint32_t)L::stage,
+                                                                src_base + (uint64_t)first * row_bytes + lane_src,
+                                                                (32 / kLanesV) * (uint32_t)row_bytes);
+                } else {
+                    copy_windows<L::kSliceV, L::kWinV>(ring + slot * L::stage + kStep * L::kWinK,
+                                                       p.v + first * p.v_row_bytes + v_head_off,
+                                                       (uint32_t)p.v_row_bytes, count, lane);
+                }
+            }
+        }
+        cp_async_commit();  // empty groups keep the wait count uniform
+    };
+    // As attention_mma_kernel: settled splits copy their first stages before the dependency wait.
+    const bool settled = min(cell_end, cell_begin + (kStages - 1) * kStreams * kStep) <= p.settled_cells;
+    if (settled) {
+#pragma unroll
+        for (int s = 0; s < kStages - 1; ++s) issue(s);
+    }
+    pdl_wait_for_producer();
+    pdl_release_dependents();
+
+    // The QK warps build Q's B fragments (the last stage of their stream serves as scratch; the
+    // PV warp copies into it only after the block barrier below).
+    uint32_t qb[8][2];
+    float* const k_bias_area = reinterpret_cast<float*>(smem + W::bias_offset) + stream * 32;
+    const uint32_t q_area = (uint32_t)__cvta_generic_to_shared(smem + W::q_offset);
+    if (qk_warp) {
+        const float* q_group = p.q + (size_t)kv_head * ng * kD;
+        float4 qv[8];
+        if (p.q_load == 2) load_q_coalesced(q_group, ng, lane, qv);
+        if (!settled) {
+#pragma unroll
+            for (int s = 0; s < kStages - 1; ++s) issue(s);
+        }
+        uint8_t* scratch = ring + (kStages - 1) * L::stage;
+        if (p.q_load == 2) {
+            if constexpr (kBlockK) q_block_fragments_from_coalesced<KT>(qv, p.scale_log2, lane, scratch, qb);
+            else q_fragments_from_coalesced(qv, p.scale_log2, lane, scratch, qb);
+        } else {  // q not 16-byte aligned: scalar loads in the fragments' order
+            const float* qg = p.q + (size_t)(kv_head * ng + g) * kD;
+#pragma unroll
+            for (int kt = 0; kt < 8; ++kt) {
+                float x[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    // per-block K: dims 16 kt + 4t + i; otherwise 32t + 4kt + i (k_fragment's order)
+                    const uint32_t d = kBlockK ? 16 * kt + 4 * t + i : 32 * t + 4 * kt + i;
+                    x[i] = g < ng ? qg[d] * p.scale_log2 : 0.0f;
+                }
+                if constexpr (kBlockK) {
+                    q_block_fragment<KT>(pack_h2(x[0], x[1]), pack_h2(x[2], x[3]), qb[kt]);
+                } else {
+                    qb[kt][0] = pack_h2(x[0], x[1]);
+                    qb[kt][1] = pack_h2(x[2], x[3]);
+                }
+            }
+        }
+        if constexpr (kBlockK) k_bias_starts<KT>(qb, g, t, k_bias_area);
+        if constexpr (L::kQSmem) {
+            uint4* area = reinterpret_cast<uint4*>(smem + W::q_offset);
+#pragma unroll
+            for (uint32_t w = 0; w < 4; ++w)
+                if (warp == w) area[w * 32 + lane] = make_uint4(qb[2 * w][0], qb[2 * w][1], qb[2 * w + 1][0], qb[2 * w + 1][1]);
+        }
+    } else if (!settled) {
+#pragma unroll
+        for (int s = 0; s < kStages - 1; ++s) issue(s);
+    }
+    __syncthreads();  // barriers initialized, Q area written, scratch stages free
+
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    float acc[8][4];
+    if (qk_warp) {
+        for (uint32_t i = 0; stream + kStreams * i < n_chunks; ++i) {
+            issue(i + kStages - 1);
+            cp_async_wait<kStages - 1>();
+            __syncwarp();
+            const uint8_t* sk = ring + (i % kStages) * L::stage;
+            const uint32_t first = cell_begin + (stream + kStreams * i) * kStep;
+            const uint32_t valid = min((uint32_t)kStep, cell_end - first);
+            auto k_slice = [&](uint32_t c) { return c * L::kWinK + k_head16; };
+            float s[4];
+            {
+                uint32_t qs[8][2];
+                if constexpr (L::kQSmem) {
+                    load_q_fragments(q_area, lane, qs);
+                } else {
+#pragma unroll
+                    for (int kt = 0; kt < 8; ++kt) qs[kt][0] = qb[kt][0], qs[kt][1] = qb[kt][1];
+                }
+                qk_step<KT, kBlockK>(sk, k_slice, g, t, qs, k_bias_area, s);
+            }
+            float alpha[2], e[4];
+            online_softmax_step(s, g, valid, m_run, l_run, alpha, e);
+            const uint32_t pb0 = transpose8x8(pack_h2(e[0], e[1])), pb1 = transpose8x8(pack_h2(e[2], e[3]));
+            const uint32_t ps = i % kPSlots;
+            if (i >= (uint32_t)kPSlots) mbarrier_wait_parity(empty + ps, (i / kPSlots - 1) & 1);
+            p_ring[ps * 32 + lane] = make_uint4(pb0, pb1, __float_as_uint(alpha[0]), __float_as_uint(alpha[1]));
+            mbarrier_arrive(full + ps);
+            __syncwarp();  // this stage is refilled by the next step's issue
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 4);
+            l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 8);
+            l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 16);
+        }
+    } else {
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
+        uint32_t q4_magic[2];
+        asm volatile("mov.b32 %0, 0x64006400;\n" : "=r"(q4_magic[0]));
+        asm volatile("mov.b32 %0, 0x54005400;\n" : "=r"(q4_magic[1]));
+        for (uint32_t i = 0; stream + kStreams * i < n_chunks; ++i) {
+            issue(i + kStages - 1);
+            cp_async_wait<kStages - 1>();
+            __syncwarp();
+            const uint8_t* sv = ring + (i % kStages) * L::stage + kStep * L::kWinK;
+            const uint32_t first = cell_begin + (stream + kStreams * i) * kStep;
+            const uint32_t valid = min((uint32_t)kStep, cell_end - first);
+            auto v_slice = [&](uint32_t c) { return c * L::kWinV + v_head16; };
+            const uint32_t ps = i % kPSlots;
+            mbarrier_wait_parity(full + ps, (i / kPSlots) & 1);
+            const uint4 hand = p_ring[ps * 32 + lane];
+            mbarrier_arrive(empty + ps);
+            const float alpha[2] = {__uint_as_float(hand.z), __uint_as_float(hand.w)};
+            // alpha is exactly 1 for a head whose max did not grow: the same skip as above.
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) rescale_acc(acc, alpha);
+            pv_step<VT>(sv, v_slice, g, t, valid, hand.x, hand.y, q4_magic, acc);
+            __syncwarp();  // this stage is refilled by the next step's issue
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // both warps of every stream are done with its ring
+    {
+        float* mw = reinterpret_cast<float*>(ring);
+        float* lw = mw + kMaxGroup;
+        float* aw = lw + kMaxGroup;
+        if (qk_warp) {
+            if (g == 0) {
+                mw[2 * t] = m_run[0], mw[2 * t + 1] = m_run[1];
+                lw[2 * t] = l_run[0], lw[2 * t + 1] = l_run[1];
+            }
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < 8; ++mt) {
+                const uint32_t d = v_tile_dim<VT>(mt, g);
+                aw[(2 * t) * kD + d] = acc[mt][0];
+                aw[(2 * t + 1) * kD + d] = acc[mt][1];
+                aw[(2 * t) * kD + d + 1] = acc[mt][2];
+                aw[(2 * t + 1) * kD + d + 1] = acc[mt][3];
+            }
+        }
+    }
+    __syncthreads();
+    for (uint32_t idx = tid; idx < ng * kD; idx += kWsThreads) {
+        const uint32_t h = idx / kD, d = idx % kD;
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kStreams; ++w) m = fmaxf(m, reinterpret_cast<const float*>(smem + w * W::stream_bytes)[h]);
+        float l = 0.0f, o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kStreams; ++w) {
+            const float* mw = reinterpret_cast<const float*>(smem + w * W::stream_bytes);
+            const float mv = mw[h];
+            if (mv != -INFINITY) {  // a stream with no step contributes nothing
+                const float sc = exp2f(mv - m);
+                l += mw[kMaxGroup + h] * sc;
+                o += mw[2 * kMaxGroup + h * kD + d] * sc;
+            }
+        }
+        const uint32_t head = kv_head * ng + h;
+        p.part_out[((size_t)split * p.n_head + head) * kD + d] = o / l;
+        if (d == 0) p.part_lse[(size_t)split * p.n_head + head] = (m + log2f(l)) / kLog2e;
+    }
+    attention_finish_single_split<kD>(p, kv_head);
+#else
+    __trap();  // launched only on sm_90 (ws_runs_here)
+#endif
+}
+
 // SPILLWAY_ATTN_MMA_BLOCKS=N (lab): plan the splits for N blocks per SM instead of the
 // resident count (more than resident: several waves). 0 or unset: the resident count.
 uint32_t lab_blocks_per_sm() {
@@ -1012,6 +1344,26 @@ bool lab_whole_waves() {
     return on;
 }
 
+// The warp-specialized kernel's switch (lab_warp_specialized): -1 follows SPILLWAY_ATTN_WS.
+std::atomic<int> g_ws_mode{-1};
+std::atomic<uint64_t> g_ws_launches{0};
+bool ws_enabled() {
+    const int mode = g_ws_mode.load(std::memory_order_relaxed);
+    if (mode >= 0) return mode != 0;
+    static const bool knob = lab_knob("SPILLWAY_ATTN_WS", "1", "0");
+    return knob;
+}
+// Its code exists for sm_90 only (mbarrier waits); elsewhere the single-warp kernel runs.
+bool ws_runs_here() {
+    static const bool yes = [] {
+        int dev = 0, major = 0;
+        SPILLWAY_CUDA_CHECK(cudaGetDevice(&dev));
+        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        return major >= 9;
+    }();
+    return yes;
+}
+
 // Blocks per SM the splits are planned for: as many as fit, except quantized K with q4_0 V up
 // to 16384 cells, where half of them measured faster in the engine (fewer splits shorten the
 // merge). Session 20 (before V's scale went into P) had q4_0 / q4_0 at 2 blocks up to 64k;
@@ -1021,6 +1373,7 @@ bool lab_whole_waves() {
 template <KvType KT, KvType VT>
 uint32_t planned_blocks_per_sm(uint32_t n_cells) {
     if (KT != KvType::f16 && VT == KvType::q4_0 && n_cells <= 16384) return 2;
+    if (ws_enabled()) return (uint32_t)WsLayout<KT, VT>::blocks_per_sm;
     return (uint32_t)Layout<KT, VT>::blocks_per_sm;
 }
 
@@ -1062,6 +1415,19 @@ void configure_once() {
     (void)configured;
 }
 
+template <KvType KT, KvType VT>
+void configure_ws_once() {
+    static const bool configured = [] {
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_ws_kernel<KT, VT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 (int)WsLayout<KT, VT>::total));
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_ws_kernel<KT, VT>,
+                                                 cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                 (int)cudaSharedmemCarveoutMaxShared));
+        return true;
+    }();
+    (void)configured;
+}
+
 // SPILLWAY_ATTN_Q_LOAD (lab): scalar (per-lane loads after the copies, as before session
 // 19), vec (per-lane 16-byte loads ahead of them) or coalesced (the default).
 uint32_t lab_q_load() {
@@ -1078,7 +1444,18 @@ void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cud
     Params p = params;
     p.q_load = reinterpret_cast<uintptr_t>(p.q) % 16 == 0 ? lab_q_load() : 0;
     const dim3 grid(n_head_kv, n_splits);
-    if (fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0) {
+    const bool uniform = fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0;
+    // The lab timeline's stamps are the single-warp kernel's (it keeps running where they are asked for).
+    if (uniform && ws_enabled() && ws_runs_here() && p.timeline == nullptr) {
+        if (p.q_load == 1) p.q_load = 0;  // the variant loads Q coalesced or by scalars
+        configure_ws_once<KT, VT>();
+        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_ws_kernel<KT, VT>, grid, dim3(kWsThreads),
+                        WsLayout<KT, VT>::total, stream, p);
+        SPILLWAY_CUDA_CHECK(cudaGetLastError());
+        g_ws_launches.fetch_add(1, std::memory_order_relaxed);
+        return;
+    }
+    if (uniform) {
         configure_once<KT, VT, true>();
         launch_with_pdl(pdl_site_on(PdlSite::attention), attention_mma_kernel<KT, VT, true>, grid, dim3(kThreads),
                         smem, stream, p);
@@ -1112,6 +1489,9 @@ auto with_types(KvType kt, KvType vt, F&& f) {
 uint32_t resident_blocks_per_sm(KvType k_type, KvType v_type) {
     return with_types(k_type, v_type, [&]<KvType KT, KvType VT>() { return (uint32_t)Layout<KT, VT>::blocks_per_sm; });
 }
+
+void lab_warp_specialized(int mode) { g_ws_mode.store(mode < 0 ? -1 : mode != 0 ? 1 : 0, std::memory_order_relaxed); }
+uint64_t lab_warp_specialized_launches() { return g_ws_launches.load(std::memory_order_relaxed); }
 
 Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     return with_types(k_type, v_type, [&]<KvType KT, KvType VT>() { return plan_for<KT, VT>(n_head_kv, n_cells, sm_count); });

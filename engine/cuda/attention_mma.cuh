@@ -88,6 +88,14 @@ uint32_t resident_blocks_per_sm(KvType k_type, KvType v_type);
 // Splits for n_cells: one wave of blocks (at most resident_blocks_per_sm per SM).
 Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count);
 
+// Lab (tests, benchmarks; not thread-safe): the warp-specialized variant of the kernel (a QK
+// warp and a PV warp per stream of steps, bit-equal to the single-warp kernel with the same
+// plan), used for rows of whole 16-byte chunks on sm_90 while on; plan() then plans for its
+// resident blocks. mode -1 follows SPILLWAY_ATTN_WS (off unless =1), 0 off, 1 on.
+void lab_warp_specialized(int mode);
+// Launches of the warp-specialized variant so far (tests check that it ran).
+uint64_t lab_warp_specialized_launches();
+
 // Grid (n_head_kv, n_splits); every CUDA return code checked.
 void launch(KvType k_type, KvType v_type, const Params& p, uint32_t n_head_kv, uint32_t n_splits,
             cudaStream_t stream);

@@ -9,6 +9,7 @@
 #include "engine/cuda/attention_short.cuh"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "act_q16_ref.h"
@@ -220,6 +221,60 @@ TEST(CudaAttention, MmaKernelMatchesCpu) {
             for (KvType kt : kTypes) check_attention(s, kt, kt == KvType::f16 ? KvType::q4_0 : kt, n_cells, &kernel);
     // One KV head over many cells: hundreds of splits, past the merge's first 64 partials.
     check_attention(make_shape(8, 1, 128), KvType::q8_0, KvType::q8_0, 20000, &kernel);
+}
+
+// The warp-specialized variant of the mma kernel (lab: a QK warp hands each step's P^T and
+// alpha to a PV warp) runs the single-warp kernel's values in the same order, so with the same
+// plan its out and lse equal that kernel's bit for bit, and both match the CPU. sm_count 1000
+// gives both the same plan (one split per 64 cells). The launch counter shows the variant ran
+// (it falls back to the single-warp kernel where rows are not whole 16-byte chunks or the GPU
+// is older than sm_90).
+TEST(CudaAttention, WarpSpecializedKernelEqualsTheSingleWarpKernel) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    struct ResetMode {
+        ~ResetMode() { attention_mma::lab_warp_specialized(-1); }
+    } reset;
+    int major = 0;
+    SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+    if (major < 9) GTEST_SKIP() << "the warp-specialized variant runs on sm_90 only";
+    const AttentionKernel kernel = AttentionKernel::mma;
+    constexpr uint32_t kSms = 1000;
+    const AttentionShape s = make_shape(40, 8, 128);
+    for (KvType kt : kTypes)
+        for (KvType vt : kTypes)
+            for (uint32_t n_cells : {1u, 15u, 17u, 65u, 4099u, 20000u}) {
+                const uint32_t seed = fresh_seed();
+                SCOPED_TRACE(std::string("K ") + kv_type_name(kt) + " V " + kv_type_name(vt) + " cells " +
+                             std::to_string(n_cells) + " seed " + std::to_string(seed));
+                std::mt19937 rng(seed);
+                const auto q = random_floats(rng, (size_t)s.n_head * s.head_dim_k, 2.5f);
+                const KvCells cells = random_cells(rng, s, kt, vt, n_cells);
+                auto d_q = to_device(q);
+                auto d_k = to_device(cells.k);
+                auto d_v = to_device(cells.v);
+                const size_t n_out = (size_t)s.n_head * s.head_dim_v;
+                GpuPartial got[2];
+                for (int mode = 0; mode < 2; ++mode) {
+                    attention_mma::lab_warp_specialized(mode);
+                    PoisonedOutputs o(n_out, s.n_head);
+                    DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, kSms)));
+                    const uint64_t launches = attention_mma::lab_warp_specialized_launches();
+                    attention_partial_cuda_with(kernel, s, d_q.data(), kt, d_k.data(), vt, d_v.data(), n_cells,
+                                                o.out.data(), o.lse.data(), ws.data(), ws.bytes(), kSms, nullptr,
+                                                o.q16());
+                    SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+                    EXPECT_EQ(attention_mma::lab_warp_specialized_launches() - launches, (uint64_t)mode);
+                    got[mode] = GpuPartial{to_host(o.out), to_host(o.lse)};
+                }
+                size_t differ = 0;
+                for (size_t i = 0; i < n_out; ++i) differ += std::memcmp(&got[0].out[i], &got[1].out[i], 4) != 0;
+                for (size_t h = 0; h < s.n_head; ++h) differ += std::memcmp(&got[0].lse[h], &got[1].lse[h], 4) != 0;
+                EXPECT_EQ(differ, 0u) << "values differing from the single-warp kernel";
+                std::vector<float> out(n_out), lse(s.n_head);
+                attention_partial_cpu(s, q.data(), kt, cells.k.data(), vt, cells.v.data(), n_cells, out.data(),
+                                      lse.data());
+                expect_close(got[1], out, lse);
+            }
 }
 
 // The decode attention launched programmatically behind the kernel that writes q and the
