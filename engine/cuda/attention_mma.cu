@@ -1077,6 +1077,31 @@ struct WsLayout {
     static_assert(p_offset % 16 == 0 && bar_offset % 8 == 0, "aligned P ring and barriers");
 };
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// The hand-over waits, bounded: a hand-over that never comes (a bug) traps instead of hanging
+// the GPU (2^26 try_waits are many seconds).
+// The loop is inside the asm: written in C++ around a one-shot try_wait it moved ptxas's
+// register allocation (q8_0 / q8_0: 0 -> 112 spilled bytes).
+__device__ __forceinline__ void ws_wait(uint64_t* bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        ".reg .u32 polls;\n"
+        "mov.u32 polls, 0;\n"
+        "WS_WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@done bra WS_DONE_%=;\n"
+        "add.u32 polls, polls, 1;\n"
+        "setp.gt.u32 done, polls, %2;\n"
+        "@done trap;\n"
+        "bra WS_WAIT_%=;\n"
+        "WS_DONE_%=:\n"
+        "}\n" ::"r"(shared_addr(bar)),
+        "r"(parity), "n"(1u << 26)
+        : "memory");
+}
+#endif
+
 template <KvType KT, KvType VT>
 __global__ void __launch_bounds__(kWsThreads, WsLayout<KT, VT>::kMinBlocks) attention_ws_kernel(Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1246,7 +1271,7 @@ __global__ void __launch_bounds__(kWsThreads, WsLayout<KT, VT>::kMinBlocks) atte
             online_softmax_step(s, g, valid, m_run, l_run, alpha, e);
             const uint32_t pb0 = transpose8x8(pack_h2(e[0], e[1])), pb1 = transpose8x8(pack_h2(e[2], e[3]));
             const uint32_t ps = i % kPSlots;
-            if (i >= (uint32_t)kPSlots) mbarrier_wait_parity(empty + ps, (i / kPSlots - 1) & 1);
+            if (i >= (uint32_t)kPSlots) ws_wait(empty + ps, (i / kPSlots - 1) & 1);
             p_ring[ps * 32 + lane] = make_uint4(pb0, pb1, __float_as_uint(alpha[0]), __float_as_uint(alpha[1]));
             mbarrier_arrive(full + ps);
             __syncwarp();  // this stage is refilled by the next step's issue
@@ -1272,7 +1297,7 @@ __global__ void __launch_bounds__(kWsThreads, WsLayout<KT, VT>::kMinBlocks) atte
             const uint32_t valid = min((uint32_t)kStep, cell_end - first);
             auto v_slice = [&](uint32_t c) { return c * L::kWinV + v_head16; };
             const uint32_t ps = i % kPSlots;
-            mbarrier_wait_parity(full + ps, (i / kPSlots) & 1);
+            ws_wait(full + ps, (i / kPSlots) & 1);
             const uint4 hand = p_ring[ps * 32 + lane];
             mbarrier_arrive(empty + ps);
             const float alpha[2] = {__uint_as_float(hand.z), __uint_as_float(hand.w)};
