@@ -199,13 +199,14 @@ if [ -z "$bench_only" ]; then
     # (session 19), 64k; splits planned for 6 / 8 blocks per SM, i.e. more than resident, so
     # the hardware deals the rest out as blocks finish (session 39, H100: 8 blocks lost 2-5% at
     # 32k / 64k on every tier; the extra splits cost more than the shorter tail saves).
-    # SPILLWAY_ATTN_WS=1 (session 55): the warp-specialized decode attention.
-    for knob in default SPILLWAY_ATTN_WS=1 SPILLWAY_ATTN_FAST_COPY=0 SPILLWAY_ATTN_Q_LOAD=scalar SPILLWAY_ATTN_MERGE=warp \
+    # SPILLWAY_ATTN_WS=1 / 2 (session 55): the warp-specialized decode attention, 4 / 8 streams
+    # per block.
+    for knob in default SPILLWAY_ATTN_WS=1 SPILLWAY_ATTN_WS=2 SPILLWAY_ATTN_FAST_COPY=0 SPILLWAY_ATTN_Q_LOAD=scalar SPILLWAY_ATTN_MERGE=warp \
         SPILLWAY_ATTN_MMA_BLOCKS=6 SPILLWAY_ATTN_MMA_BLOCKS=8; do
       if [ "$knob" = default ]; then knob_env=(); else knob_env=("$knob"); fi
       env "${knob_env[@]}" "$bin/spillway" bench --synthetic qwen2.5-14b --wtype q8_0 -p 0 -n 32 -d 65536 \
-        -ctk f16,q8_0,q4_0 -ctv f16,q8_0,q4_0 >"$out/engine-ab-fast-copy-${knob%%=*}.log" 2>&1
-      echo "engine A/B $knob rc=$?: $(grep -E '^\| (f16|q)' "$out/engine-ab-fast-copy-${knob%%=*}.log" | awk -F'|' '{printf "%s d=%s %s tok/s  ", $2, $5, $6}')"
+        -ctk f16,q8_0,q4_0 -ctv f16,q8_0,q4_0 >"$out/engine-ab-fast-copy-${knob//=/-}.log" 2>&1
+      echo "engine A/B $knob rc=$?: $(grep -E '^\| (f16|q)' "$out/engine-ab-fast-copy-${knob//=/-}.log" | awk -F'|' '{printf "%s d=%s %s tok/s  ", $2, $5, $6}')"
     done
     # The quantized decode attention's kernel by range length (sessions 20-21): mma from 2048
     # cells for quantized K with q4_0 V (2 blocks per SM up to 16k cells) and from 6144 with

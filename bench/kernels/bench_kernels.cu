@@ -1368,14 +1368,16 @@ int main(int argc, char** argv) {
             }
         for (AttentionKernel k : {AttentionKernel::int_dot, AttentionKernel::mma})
             bench_attention(r, o, KvType::q8_0, KvType::q4_0, 65536, prop.multiProcessorCount, &k);
-        // The mma kernel's warp-specialized variant (lab, session 55), beside the mma rows above.
-        {
+        // The mma kernel's warp-specialized variant (lab, session 55) at 4 and 8 streams per block,
+        // beside the mma rows above.
+        for (int streams : {4, 8}) {
             const AttentionKernel mma = AttentionKernel::mma;
-            attention_mma::lab_warp_specialized(1);
+            const std::string prefix = "attention ws" + std::to_string(streams) + " ";
+            attention_mma::lab_warp_specialized(streams);
             for (uint32_t cells : {8192u, 32768u, 65536u})
                 for (KvType t : {KvType::f16, KvType::q8_0, KvType::q4_0})
-                    bench_attention(r, o, t, t, cells, prop.multiProcessorCount, &mma, "attention ws ");
-            bench_attention(r, o, KvType::q8_0, KvType::q4_0, 65536, prop.multiProcessorCount, &mma, "attention ws ");
+                    bench_attention(r, o, t, t, cells, prop.multiProcessorCount, &mma, prefix.c_str());
+            bench_attention(r, o, KvType::q8_0, KvType::q4_0, 65536, prop.multiProcessorCount, &mma, prefix.c_str());
             attention_mma::lab_warp_specialized(-1);
         }
         bench_small_ops(r, o);

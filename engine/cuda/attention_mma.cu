@@ -1036,37 +1036,42 @@ __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) atten
 // Why: the quantized loops above are latency-bound (session 22, Nsight: q8_0 issues in 45% of
 // the cycles at 3.8 warps per scheduler; every step is one dependent chain ring -> K -> QK MMAs
 // -> max shuffles -> exp -> transposes -> V -> PV MMAs), and the registers of one warp holding
-// Q, K words, S, P and all of O cap the warps per SM. Here a block runs kStreams streams of
-// steps; stream s takes the chunks s + kStreams i of the split, as warp s does above, and is two
+// Q, K words, S, P and all of O cap the warps per SM. Here a block runs kS streams of
+// steps; stream s takes the chunks s + kS i of the split, as warp s does above, and is two
 // warps: a QK warp (K ring, Q, S, the online max and sum) that hands each step's P^T and
 // per-head alpha to a PV warp (V ring, O) through a small shared ring with two mbarriers per
 // slot. Each warp holds about half the state, so the chain per warp is about half as long and
 // (at <= 64 registers) more warps fit per SM. The values, their order and the merge are the
 // single-warp kernel's, so its output is bit-equal to attention_mma_kernel's with the same plan.
 // Rows of whole 16-byte chunks only (kUniform); the launch falls back to the kernel above.
-constexpr int kStreams = kWarps;
-constexpr int kWsThreads = 2 * kStreams * 32;
 constexpr int kPSlots = 2;                    // steps the QK warp may run ahead of its PV warp
 constexpr size_t kPSlotBytes = 32 * 16;       // per lane: pb0, pb1, alpha of heads 2t, 2t + 1
-// Launch bounds: 4 blocks (<= 64 registers) for quantized K and V; f16 operands need more
-// registers for their words (at 64 ptxas spilled 4-56 bytes) and take 3 (<= 85).
-__host__ __device__ constexpr int ws_min_blocks(KvType kt, KvType vt) {
-    return kt == KvType::f16 || vt == KvType::f16 ? 3 : 4;
+// Streams per block: 4 (as many as the single-warp kernel's warps: the same chunks per stream,
+// so the same sums) or 8 (half the blocks, so half the splits and a shorter split merge; the
+// chunks are dealt over 8 streams, so the partial sums group differently).
+__host__ __device__ constexpr int ws_threads(int streams) { return 2 * streams * 32; }
+// Launch bounds: at 4 streams 4 blocks (<= 64 registers) for quantized K and V; f16 operands
+// need more registers for their words (at 64 ptxas spilled 4-56 bytes) and take 3 (<= 85). At
+// 8 streams half as many blocks.
+__host__ __device__ constexpr int ws_min_blocks(KvType kt, KvType vt, int streams) {
+    return (kt == KvType::f16 || vt == KvType::f16 ? 3 : 4) * 4 / streams;
 }
 
-template <KvType KT, KvType VT>
+template <KvType KT, KvType VT, int kS>
 struct WsLayout {
     using L = Layout<KT, VT>;
-    static constexpr int kMinBlocks = ws_min_blocks(KT, VT);
-    static constexpr size_t kPBytes = kStreams * kPSlots * kPSlotBytes;
-    static constexpr size_t kBarBytes = kStreams * 2 * kPSlots * sizeof(uint64_t);
-    static constexpr size_t kFixed = L::kBiasBytes + L::kQBytes + kPBytes + kBarBytes + L::kSlack;
+    static constexpr int kMinBlocks = ws_min_blocks(KT, VT, kS) < 1 ? 1 : ws_min_blocks(KT, VT, kS);
+    static constexpr size_t kPBytes = kS * kPSlots * kPSlotBytes;
+    static constexpr size_t kBarBytes = kS * 2 * kPSlots * sizeof(uint64_t);
+    // Per-block K's bias starts: 32 floats per QK warp (Layout's area holds 4 warps').
+    static constexpr size_t kBiasBytes = L::kBlockK ? kS * 32 * sizeof(float) : 0;
+    static constexpr size_t kFixed = kBiasBytes + L::kQBytes + kPBytes + kBarBytes + L::kSlack;
     // Three stages where they still fit kMinBlocks blocks per SM, else two.
     static constexpr int kStages =
-        blocks_per_sm_for(kStreams * 3 * L::stage + kFixed, kMinBlocks) >= kMinBlocks ? 3 : 2;
+        blocks_per_sm_for(kS * 3 * L::stage + kFixed, kMinBlocks) >= kMinBlocks ? 3 : 2;
     static constexpr size_t stream_bytes = kStages * L::stage;
-    static constexpr size_t bias_offset = kStreams * stream_bytes;
-    static constexpr size_t q_offset = bias_offset + L::kBiasBytes;
+    static constexpr size_t bias_offset = kS * stream_bytes;
+    static constexpr size_t q_offset = bias_offset + kBiasBytes;
     static constexpr size_t p_offset = q_offset + L::kQBytes;
     static constexpr size_t bar_offset = p_offset + kPBytes;
     static constexpr size_t total = bar_offset + kBarBytes + L::kSlack;
@@ -1102,18 +1107,19 @@ __device__ __forceinline__ void ws_wait(uint64_t* bar, uint32_t parity) {
 }
 #endif
 
-template <KvType KT, KvType VT>
-__global__ void __launch_bounds__(kWsThreads, WsLayout<KT, VT>::kMinBlocks) attention_ws_kernel(Params p) {
+template <KvType KT, KvType VT, int kS>
+__global__ void __launch_bounds__(ws_threads(kS), WsLayout<KT, VT, kS>::kMinBlocks) attention_ws_kernel(Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using L = Layout<KT, VT>;
-    using W = WsLayout<KT, VT>;
+    using W = WsLayout<KT, VT, kS>;
     constexpr int kStages = W::kStages;
+    constexpr uint32_t kWsThreads = ws_threads(kS);
     constexpr bool kBlockK = L::kBlockK;
     extern __shared__ __align__(128) uint8_t smem[];
     const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const uint32_t g = lane / 4, t = lane % 4;
-    const bool qk_warp = warp < (uint32_t)kStreams;
-    const uint32_t stream = qk_warp ? warp : warp - kStreams;
+    const bool qk_warp = warp < (uint32_t)kS;
+    const uint32_t stream = qk_warp ? warp : warp - kS;
     uint8_t* ring = smem + stream * W::stream_bytes;
     uint4* p_ring = reinterpret_cast<uint4*>(smem + W::p_offset) + stream * kPSlots * 32;
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + W::bar_offset) + stream * 2 * kPSlots;
@@ -1142,7 +1148,7 @@ __global__ void __launch_bounds__(kWsThreads, WsLayout<KT, VT>::kMinBlocks) atte
     const uint32_t ng = p.n_group;
     const uint64_t k_head_off = (uint64_t)kv_head * L::kSliceK, v_head_off = (uint64_t)kv_head * L::kSliceV;
     const uint32_t k_head16 = (uint32_t)(k_head_off & 15), v_head16 = (uint32_t)(v_head_off & 15);
-    if (tid < (uint32_t)(kStreams * 2 * kPSlots)) mbarrier_init(reinterpret_cast<uint64_t*>(smem + W::bar_offset) + tid, 32);
+    if (tid < (uint32_t)(kS * 2 * kPSlots)) mbarrier_init(reinterpret_cast<uint64_t*>(smem + W::bar_offset) + tid, 32);
     mbarrier_init_fence();
 
     // Each warp copies its own operand (QK warp: K, PV warp: V) into its half of the stream's
@@ -1157,7 +1163,7 @@ __global__ void __launch_bounds__(kWsThreads, WsLayout<KT, VT>::kMinBlocks) atte
     const uint32_t lane_dst = (uint32_t)__cvta_generic_to_shared(ring) + part + (lane / lanes) * win + 16 * (lane % lanes);
     const uint8_t* const src_base = qk_warp ? p.k : p.v;
     auto issue = [&](uint32_t i) {
-        const uint32_t chunk = stream + kStreams * i;
+        const uint32_t chunk = stream + kS * i;
         if (chunk < n_chunks) {
             const uint32_t slot = i % kStages;
             const uint32_t first = cell_begin + chunk * kStep;
@@ -1188,7 +1194,7 @@ __global__ void __launch_bounds__(kWsThreads, WsLayout<KT, VT>::kMinBlocks) atte
         cp_async_commit();  // empty groups keep the wait count uniform
     };
     // As attention_mma_kernel: settled splits copy their first stages before the dependency wait.
-    const bool settled = min(cell_end, cell_begin + (kStages - 1) * kStreams * kStep) <= p.settled_cells;
+    const bool settled = min(cell_end, cell_begin + (kStages - 1) * kS * kStep) <= p.settled_cells;
     if (settled) {
 #pragma unroll
         for (int s = 0; s < kStages - 1; ++s) issue(s);
@@ -1248,12 +1254,12 @@ __global__ void __launch_bounds__(kWsThreads, WsLayout<KT, VT>::kMinBlocks) atte
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     float acc[8][4];
     if (qk_warp) {
-        for (uint32_t i = 0; stream + kStreams * i < n_chunks; ++i) {
+        for (uint32_t i = 0; stream + kS * i < n_chunks; ++i) {
             issue(i + kStages - 1);
             cp_async_wait<kStages - 1>();
             __syncwarp();
             const uint8_t* sk = ring + (i % kStages) * L::stage;
-            const uint32_t first = cell_begin + (stream + kStreams * i) * kStep;
+            const uint32_t first = cell_begin + (stream + kS * i) * kStep;
             const uint32_t valid = min((uint32_t)kStep, cell_end - first);
             auto k_slice = [&](uint32_t c) { return c * L::kWinK + k_head16; };
             float s[4];
@@ -1288,12 +1294,12 @@ __global__ void __launch_bounds__(kWsThreads, WsLayout<KT, VT>::kMinBlocks) atte
         uint32_t q4_magic[2];
         asm volatile("mov.b32 %0, 0x64006400;\n" : "=r"(q4_magic[0]));
         asm volatile("mov.b32 %0, 0x54005400;\n" : "=r"(q4_magic[1]));
-        for (uint32_t i = 0; stream + kStreams * i < n_chunks; ++i) {
+        for (uint32_t i = 0; stream + kS * i < n_chunks; ++i) {
             issue(i + kStages - 1);
             cp_async_wait<kStages - 1>();
             __syncwarp();
             const uint8_t* sv = ring + (i % kStages) * L::stage + kStep * L::kWinK;
-            const uint32_t first = cell_begin + (stream + kStreams * i) * kStep;
+            const uint32_t first = cell_begin + (stream + kS * i) * kStep;
             const uint32_t valid = min((uint32_t)kStep, cell_end - first);
             auto v_slice = [&](uint32_t c) { return c * L::kWinV + v_head16; };
             const uint32_t ps = i % kPSlots;
@@ -1334,10 +1340,10 @@ __global__ void __launch_bounds__(kWsThreads, WsLayout<KT, VT>::kMinBlocks) atte
         const uint32_t h = idx / kD, d = idx % kD;
         float m = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < kStreams; ++w) m = fmaxf(m, reinterpret_cast<const float*>(smem + w * W::stream_bytes)[h]);
+        for (int w = 0; w < kS; ++w) m = fmaxf(m, reinterpret_cast<const float*>(smem + w * W::stream_bytes)[h]);
         float l = 0.0f, o = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kStreams; ++w) {
+        for (int w = 0; w < kS; ++w) {
             const float* mw = reinterpret_cast<const float*>(smem + w * W::stream_bytes);
             const float mv = mw[h];
             if (mv != -INFINITY) {  // a stream with no step contributes nothing
@@ -1370,12 +1376,16 @@ bool lab_whole_waves() {
 }
 
 // The warp-specialized kernel's switch (lab_warp_specialized): -1 follows SPILLWAY_ATTN_WS.
-std::atomic<int> g_ws_mode{-1};
+std::atomic<int> g_ws_mode{-1};  // -1, or 0 (off), 4 or 8 (streams per block)
 std::atomic<uint64_t> g_ws_launches{0};
-bool ws_enabled() {
+// Streams per block of the warp-specialized kernel, 0 when it is off.
+int ws_streams() {
     const int mode = g_ws_mode.load(std::memory_order_relaxed);
-    if (mode >= 0) return mode != 0;
-    static const bool knob = lab_knob("SPILLWAY_ATTN_WS", "1", "0");
+    if (mode >= 0) return mode;
+    static const int knob = [] {
+        const uint32_t v = lab_knob_uint("SPILLWAY_ATTN_WS", 0, 2);  // 1: 4 streams, 2: 8 streams
+        return v == 0 ? 0 : v == 1 ? 4 : 8;
+    }();
     return knob;
 }
 // Its code exists for sm_90 only (mbarrier waits); elsewhere the single-warp kernel runs.
@@ -1398,7 +1408,8 @@ bool ws_runs_here() {
 template <KvType KT, KvType VT>
 uint32_t planned_blocks_per_sm(uint32_t n_cells) {
     if (KT != KvType::f16 && VT == KvType::q4_0 && n_cells <= 16384) return 2;
-    if (ws_enabled()) return (uint32_t)WsLayout<KT, VT>::blocks_per_sm;
+    if (ws_streams() == 4) return (uint32_t)WsLayout<KT, VT, 4>::blocks_per_sm;
+    if (ws_streams() == 8) return (uint32_t)WsLayout<KT, VT, 8>::blocks_per_sm;
     return (uint32_t)Layout<KT, VT>::blocks_per_sm;
 }
 
@@ -1440,17 +1451,27 @@ void configure_once() {
     (void)configured;
 }
 
-template <KvType KT, KvType VT>
+template <KvType KT, KvType VT, int kS>
 void configure_ws_once() {
     static const bool configured = [] {
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_ws_kernel<KT, VT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 (int)WsLayout<KT, VT>::total));
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_ws_kernel<KT, VT>,
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_ws_kernel<KT, VT, kS>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 (int)WsLayout<KT, VT, kS>::total));
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_ws_kernel<KT, VT, kS>,
                                                  cudaFuncAttributePreferredSharedMemoryCarveout,
                                                  (int)cudaSharedmemCarveoutMaxShared));
         return true;
     }();
     (void)configured;
+}
+
+template <KvType KT, KvType VT, int kS>
+void launch_ws(const Params& p, dim3 grid, cudaStream_t stream) {
+    configure_ws_once<KT, VT, kS>();
+    launch_with_pdl(pdl_site_on(PdlSite::attention), attention_ws_kernel<KT, VT, kS>, grid, dim3(ws_threads(kS)),
+                    WsLayout<KT, VT, kS>::total, stream, p);
+    SPILLWAY_CUDA_CHECK(cudaGetLastError());
+    g_ws_launches.fetch_add(1, std::memory_order_relaxed);
 }
 
 // SPILLWAY_ATTN_Q_LOAD (lab): scalar (per-lane loads after the copies, as before session
@@ -1471,13 +1492,10 @@ void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cud
     const dim3 grid(n_head_kv, n_splits);
     const bool uniform = fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0;
     // The lab timeline's stamps are the single-warp kernel's (it keeps running where they are asked for).
-    if (uniform && ws_enabled() && ws_runs_here() && p.timeline == nullptr) {
+    if (uniform && ws_streams() != 0 && ws_runs_here() && p.timeline == nullptr) {
         if (p.q_load == 1) p.q_load = 0;  // the variant loads Q coalesced or by scalars
-        configure_ws_once<KT, VT>();
-        launch_with_pdl(pdl_site_on(PdlSite::attention), attention_ws_kernel<KT, VT>, grid, dim3(kWsThreads),
-                        WsLayout<KT, VT>::total, stream, p);
-        SPILLWAY_CUDA_CHECK(cudaGetLastError());
-        g_ws_launches.fetch_add(1, std::memory_order_relaxed);
+        if (ws_streams() == 4) launch_ws<KT, VT, 4>(p, grid, stream);
+        else launch_ws<KT, VT, 8>(p, grid, stream);
         return;
     }
     if (uniform) {
@@ -1515,7 +1533,9 @@ uint32_t resident_blocks_per_sm(KvType k_type, KvType v_type) {
     return with_types(k_type, v_type, [&]<KvType KT, KvType VT>() { return (uint32_t)Layout<KT, VT>::blocks_per_sm; });
 }
 
-void lab_warp_specialized(int mode) { g_ws_mode.store(mode < 0 ? -1 : mode != 0 ? 1 : 0, std::memory_order_relaxed); }
+void lab_warp_specialized(int streams) {
+    g_ws_mode.store(streams < 0 ? -1 : streams == 4 || streams == 8 ? streams : 0, std::memory_order_relaxed);
+}
 uint64_t lab_warp_specialized_launches() { return g_ws_launches.load(std::memory_order_relaxed); }
 
 Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {

@@ -90,9 +90,10 @@ Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, ui
 
 // Lab (tests, benchmarks; not thread-safe): the warp-specialized variant of the kernel (a QK
 // warp and a PV warp per stream of steps, bit-equal to the single-warp kernel with the same
-// plan), used for rows of whole 16-byte chunks on sm_90 while on; plan() then plans for its
-// resident blocks. mode -1 follows SPILLWAY_ATTN_WS (off unless =1), 0 off, 1 on.
-void lab_warp_specialized(int mode);
+// plan and 4 streams per block), used for rows of whole 16-byte chunks on sm_90 while on; plan()
+// then plans for its resident blocks. streams: 4 or 8 per block, 0 off, -1 as SPILLWAY_ATTN_WS
+// (unset or 0 off, 1 four streams, 2 eight).
+void lab_warp_specialized(int streams);
 // Launches of the warp-specialized variant so far (tests check that it ran).
 uint64_t lab_warp_specialized_launches();
 

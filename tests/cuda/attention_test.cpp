@@ -224,11 +224,11 @@ TEST(CudaAttention, MmaKernelMatchesCpu) {
 }
 
 // The warp-specialized variant of the mma kernel (lab: a QK warp hands each step's P^T and
-// alpha to a PV warp) runs the single-warp kernel's values in the same order, so with the same
-// plan its out and lse equal that kernel's bit for bit, and both match the CPU. sm_count 1000
-// gives both the same plan (one split per 64 cells). The launch counter shows the variant ran
-// (it falls back to the single-warp kernel where rows are not whole 16-byte chunks or the GPU
-// is older than sm_90).
+// alpha to a PV warp). With 4 streams per block it runs the single-warp kernel's values in the
+// same order, so with the same plan its out and lse equal that kernel's bit for bit; with 8 the
+// partial sums group differently and it matches the CPU. sm_count 1000 gives every run the same
+// plan (one split per 64 cells). The launch counter shows the variant ran (it falls back to the
+// single-warp kernel where rows are not whole 16-byte chunks or the GPU is older than sm_90).
 TEST(CudaAttention, WarpSpecializedKernelEqualsTheSingleWarpKernel) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     struct ResetMode {
@@ -239,6 +239,7 @@ TEST(CudaAttention, WarpSpecializedKernelEqualsTheSingleWarpKernel) {
     if (major < 9) GTEST_SKIP() << "the warp-specialized variant runs on sm_90 only";
     const AttentionKernel kernel = AttentionKernel::mma;
     constexpr uint32_t kSms = 1000;
+    constexpr int kModes[] = {0, 4, 8};  // single-warp, then 4 and 8 streams per block
     const AttentionShape s = make_shape(40, 8, 128);
     for (KvType kt : kTypes)
         for (KvType vt : kTypes)
@@ -253,9 +254,9 @@ TEST(CudaAttention, WarpSpecializedKernelEqualsTheSingleWarpKernel) {
                 auto d_k = to_device(cells.k);
                 auto d_v = to_device(cells.v);
                 const size_t n_out = (size_t)s.n_head * s.head_dim_v;
-                GpuPartial got[2];
-                for (int mode = 0; mode < 2; ++mode) {
-                    attention_mma::lab_warp_specialized(mode);
+                GpuPartial got[3];
+                for (int m = 0; m < 3; ++m) {
+                    attention_mma::lab_warp_specialized(kModes[m]);
                     PoisonedOutputs o(n_out, s.n_head);
                     DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, kSms)));
                     const uint64_t launches = attention_mma::lab_warp_specialized_launches();
@@ -263,17 +264,19 @@ TEST(CudaAttention, WarpSpecializedKernelEqualsTheSingleWarpKernel) {
                                                 o.out.data(), o.lse.data(), ws.data(), ws.bytes(), kSms, nullptr,
                                                 o.q16());
                     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-                    EXPECT_EQ(attention_mma::lab_warp_specialized_launches() - launches, (uint64_t)mode);
-                    got[mode] = GpuPartial{to_host(o.out), to_host(o.lse)};
+                    EXPECT_EQ(attention_mma::lab_warp_specialized_launches() - launches, m == 0 ? 0u : 1u)
+                        << "streams " << kModes[m];
+                    got[m] = GpuPartial{to_host(o.out), to_host(o.lse)};
                 }
                 size_t differ = 0;
                 for (size_t i = 0; i < n_out; ++i) differ += std::memcmp(&got[0].out[i], &got[1].out[i], 4) != 0;
                 for (size_t h = 0; h < s.n_head; ++h) differ += std::memcmp(&got[0].lse[h], &got[1].lse[h], 4) != 0;
-                EXPECT_EQ(differ, 0u) << "values differing from the single-warp kernel";
+                EXPECT_EQ(differ, 0u) << "values of the 4-stream variant differing from the single-warp kernel";
                 std::vector<float> out(n_out), lse(s.n_head);
                 attention_partial_cpu(s, q.data(), kt, cells.k.data(), vt, cells.v.data(), n_cells, out.data(),
                                       lse.data());
                 expect_close(got[1], out, lse);
+                expect_close(got[2], out, lse);
             }
 }
 
