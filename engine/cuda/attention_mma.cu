@@ -641,6 +641,18 @@ __device__ __forceinline__ void load_q_fragments(uint32_t q_area, uint32_t lane,
                      : "r"(q_area + 16 * (w * 32 + lane)));
 }
 
+// Q's B fragments for one step: from the Q area (kQSmem) or the registers that hold them.
+template <bool kQSmem>
+__device__ __forceinline__ void step_q_fragments(const uint32_t (&qb)[8][2], uint32_t q_area, uint32_t lane,
+                                                 uint32_t (&qs)[8][2]) {
+    if constexpr (kQSmem) {
+        load_q_fragments(q_area, lane, qs);
+    } else {
+#pragma unroll
+        for (int kt = 0; kt < 8; ++kt) qs[kt][0] = qb[kt][0], qs[kt][1] = qb[kt][1];
+    }
+}
+
 // One 16-cell step's pieces, shared by attention_mma_kernel and its warp-specialized variant
 // (attention_ws_kernel), in the order the single-warp loop runs them.
 
@@ -757,6 +769,86 @@ __device__ __forceinline__ void pv_step(const uint8_t* sv, const VSlice& v_slice
     }
 }
 
+// The block's cells [begin, end) of its KV head: split * cells_per_split on, or with Plan's
+// whole waves this head's steps dealt to its splits. False for an empty split (a head with one
+// split fewer), whose partial write_empty_partial writes.
+__device__ __forceinline__ bool split_cells(const Params& p, uint32_t kv_head, uint32_t split, uint32_t& begin,
+                                            uint32_t& end) {
+    begin = split * p.cells_per_split;
+    end = min(p.n_cells, begin + p.cells_per_split);
+    if (p.splits_lo != 0) {
+        const uint32_t splits = kv_head < p.hi_heads ? p.splits_hi : p.splits_lo;
+        const uint32_t n_steps = (p.n_cells + kStep - 1) / kStep, q = n_steps / splits, r = n_steps % splits;
+        begin = split < splits ? (split * q + min(split, r)) * kStep : p.n_cells;
+        end = split < splits ? min(p.n_cells, begin + (q + (split < r ? 1u : 0u)) * kStep) : p.n_cells;
+        return begin < end;
+    }
+    return true;
+}
+// An empty split's partial: the merge identity (out 0, lse -inf), by the block's kBlockThreads.
+template <uint32_t kBlockThreads>
+__device__ __forceinline__ void write_empty_partial(const Params& p, uint32_t kv_head, uint32_t split, uint32_t tid) {
+    pdl_wait_for_producer();
+    pdl_release_dependents();
+    for (uint32_t idx = tid; idx < p.n_group * kD; idx += kBlockThreads) {
+        const uint32_t head = kv_head * p.n_group + idx / kD;
+        p.part_out[((size_t)split * p.n_head + head) * kD + idx % kD] = 0.0f;
+        if (idx % kD == 0) p.part_lse[(size_t)split * p.n_head + head] = -INFINITY;
+    }
+}
+
+// The end-of-split merge area of one warp (or stream) in its ring: m[8], l[8], acc[8][128].
+// write_merge_ml stores a lane's running max and (group-summed) sum of heads 2t, 2t + 1,
+// write_merge_acc its O^T accumulators.
+__device__ __forceinline__ void write_merge_ml(uint8_t* ring, const float (&m_run)[2], const float (&l_run)[2],
+                                               uint32_t g, uint32_t t) {
+    float* mw = reinterpret_cast<float*>(ring);
+    float* lw = mw + kMaxGroup;
+    if (g == 0) {
+        mw[2 * t] = m_run[0], mw[2 * t + 1] = m_run[1];
+        lw[2 * t] = l_run[0], lw[2 * t + 1] = l_run[1];
+    }
+}
+template <KvType VT>
+__device__ __forceinline__ void write_merge_acc(uint8_t* ring, const float (&acc)[8][4], uint32_t g, uint32_t t) {
+    float* aw = reinterpret_cast<float*>(ring) + 2 * kMaxGroup;
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) {
+        const uint32_t d = v_tile_dim<VT>(mt, g);
+        aw[(2 * t) * kD + d] = acc[mt][0];
+        aw[(2 * t + 1) * kD + d] = acc[mt][1];
+        aw[(2 * t) * kD + d + 1] = acc[mt][2];
+        aw[(2 * t + 1) * kD + d + 1] = acc[mt][3];
+    }
+}
+// The block's partial from its kParts merge areas (part w's at smem + w * part_bytes), by the
+// block's kBlockThreads.
+template <int kParts, uint32_t kBlockThreads>
+__device__ __forceinline__ void write_block_partial(const Params& p, const uint8_t* smem, size_t part_bytes,
+                                                    uint32_t kv_head, uint32_t split, uint32_t tid) {
+    const uint32_t ng = p.n_group;
+    for (uint32_t idx = tid; idx < ng * kD; idx += kBlockThreads) {
+        const uint32_t h = idx / kD, d = idx % kD;
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kParts; ++w) m = fmaxf(m, reinterpret_cast<const float*>(smem + w * part_bytes)[h]);
+        float l = 0.0f, o = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kParts; ++w) {
+            const float* mw = reinterpret_cast<const float*>(smem + w * part_bytes);
+            const float mv = mw[h];
+            if (mv != -INFINITY) {  // a part with no step contributes nothing
+                const float sc = exp2f(mv - m);
+                l += mw[kMaxGroup + h] * sc;
+                o += mw[2 * kMaxGroup + h * kD + d] * sc;
+            }
+        }
+        const uint32_t head = kv_head * ng + h;
+        p.part_out[((size_t)split * p.n_head + head) * kD + d] = o / l;
+        if (d == 0) p.part_lse[(size_t)split * p.n_head + head] = (m + log2f(l)) / kLog2e;
+    }
+}
+
 // kUniform: K and V rows are whole 16-byte chunks (every tier with 8 KV heads of dim 128), so
 // every cell of this head has the same lead: copy addresses and shared-memory offsets are the
 // same in every step and are computed once (the launch picks it; SPILLWAY_ATTN_FAST_COPY=0
@@ -773,23 +865,10 @@ __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) atten
     uint8_t* ring = smem + warp * L::warp_bytes;
 
     const uint32_t kv_head = blockIdx.x, split = blockIdx.y;
-    uint32_t cell_begin = split * p.cells_per_split;
-    uint32_t cell_end = min(p.n_cells, cell_begin + p.cells_per_split);
-    if (p.splits_lo != 0) {  // whole waves (Plan): this head's steps dealt to its splits
-        const uint32_t splits = kv_head < p.hi_heads ? p.splits_hi : p.splits_lo;
-        const uint32_t n_steps = (p.n_cells + kStep - 1) / kStep, q = n_steps / splits, r = n_steps % splits;
-        cell_begin = split < splits ? (split * q + min(split, r)) * kStep : p.n_cells;
-        cell_end = split < splits ? min(p.n_cells, cell_begin + (q + (split < r ? 1u : 0u)) * kStep) : p.n_cells;
-        if (cell_begin >= cell_end) {  // a head with one split fewer: an empty partial
-            pdl_wait_for_producer();
-            pdl_release_dependents();
-            for (uint32_t idx = tid; idx < p.n_group * kD; idx += kThreads) {
-                const uint32_t head = kv_head * p.n_group + idx / kD;
-                p.part_out[((size_t)split * p.n_head + head) * kD + idx % kD] = 0.0f;
-                if (idx % kD == 0) p.part_lse[(size_t)split * p.n_head + head] = -INFINITY;
-            }
-            return;
-        }
+    uint32_t cell_begin, cell_end;
+    if (!split_cells(p, kv_head, split, cell_begin, cell_end)) {
+        write_empty_partial<kThreads>(p, kv_head, split, tid);
+        return;
     }
     const uint32_t n_chunks = (cell_end - cell_begin + kStep - 1) / kStep;
     const uint32_t ng = p.n_group;
@@ -957,12 +1036,7 @@ __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) atten
         float s[4];
         {
             uint32_t qs[8][2];
-            if constexpr (L::kQSmem) {
-                load_q_fragments(q_area, lane, qs);
-            } else {
-#pragma unroll
-                for (int kt = 0; kt < 8; ++kt) qs[kt][0] = qb[kt][0], qs[kt][1] = qb[kt][1];
-            }
+            step_q_fragments<L::kQSmem>(qb, q_area, lane, qs);
             qk_step<KT, kBlockK>(sk, k_slice, g, t, qs, k_bias_area, s);
         }
         float alpha[2], e[4];
@@ -989,45 +1063,11 @@ __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) atten
     }
     __syncthreads();  // every warp is done with its ring
     timeline_stamp(p, 5);
-    {
-        float* mw = reinterpret_cast<float*>(ring);
-        float* lw = mw + kMaxGroup;
-        float* aw = lw + kMaxGroup;
-        if (g == 0) {
-            mw[2 * t] = m_run[0], mw[2 * t + 1] = m_run[1];
-            lw[2 * t] = l_run[0], lw[2 * t + 1] = l_run[1];
-        }
-#pragma unroll
-        for (int mt = 0; mt < 8; ++mt) {
-            const uint32_t d = v_tile_dim<VT>(mt, g);
-            aw[(2 * t) * kD + d] = acc[mt][0];
-            aw[(2 * t + 1) * kD + d] = acc[mt][1];
-            aw[(2 * t) * kD + d + 1] = acc[mt][2];
-            aw[(2 * t + 1) * kD + d + 1] = acc[mt][3];
-        }
-    }
+    write_merge_ml(ring, m_run, l_run, g, t);
+    write_merge_acc<VT>(ring, acc, g, t);
     __syncthreads();
     timeline_stamp(p, 8);
-    for (uint32_t idx = tid; idx < ng * kD; idx += kThreads) {
-        const uint32_t h = idx / kD, d = idx % kD;
-        float m = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) m = fmaxf(m, reinterpret_cast<const float*>(smem + w * L::warp_bytes)[h]);
-        float l = 0.0f, o = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-            const float* mw = reinterpret_cast<const float*>(smem + w * L::warp_bytes);
-            const float mv = mw[h];
-            if (mv != -INFINITY) {  // a warp with no step contributes nothing
-                const float sc = exp2f(mv - m);
-                l += mw[kMaxGroup + h] * sc;
-                o += mw[2 * kMaxGroup + h * kD + d] * sc;
-            }
-        }
-        const uint32_t head = kv_head * ng + h;
-        p.part_out[((size_t)split * p.n_head + head) * kD + d] = o / l;
-        if (d == 0) p.part_lse[(size_t)split * p.n_head + head] = (m + log2f(l)) / kLog2e;
-    }
+    write_block_partial<kWarps, kThreads>(p, smem, L::warp_bytes, kv_head, split, tid);
     timeline_stamp(p, 6);
     attention_finish_single_split<kD>(p, kv_head);
 }
@@ -1126,23 +1166,10 @@ __global__ void __launch_bounds__(ws_threads(kS), WsLayout<KT, VT, kS>::kMinBloc
     uint64_t* empty = full + kPSlots;
 
     const uint32_t kv_head = blockIdx.x, split = blockIdx.y;
-    uint32_t cell_begin = split * p.cells_per_split;
-    uint32_t cell_end = min(p.n_cells, cell_begin + p.cells_per_split);
-    if (p.splits_lo != 0) {  // whole waves (Plan): as attention_mma_kernel
-        const uint32_t splits = kv_head < p.hi_heads ? p.splits_hi : p.splits_lo;
-        const uint32_t n_steps = (p.n_cells + kStep - 1) / kStep, q = n_steps / splits, r = n_steps % splits;
-        cell_begin = split < splits ? (split * q + min(split, r)) * kStep : p.n_cells;
-        cell_end = split < splits ? min(p.n_cells, cell_begin + (q + (split < r ? 1u : 0u)) * kStep) : p.n_cells;
-        if (cell_begin >= cell_end) {
-            pdl_wait_for_producer();
-            pdl_release_dependents();
-            for (uint32_t idx = tid; idx < p.n_group * kD; idx += kWsThreads) {
-                const uint32_t head = kv_head * p.n_group + idx / kD;
-                p.part_out[((size_t)split * p.n_head + head) * kD + idx % kD] = 0.0f;
-                if (idx % kD == 0) p.part_lse[(size_t)split * p.n_head + head] = -INFINITY;
-            }
-            return;
-        }
+    uint32_t cell_begin, cell_end;
+    if (!split_cells(p, kv_head, split, cell_begin, cell_end)) {
+        write_empty_partial<kWsThreads>(p, kv_head, split, tid);
+        return;
     }
     const uint32_t n_chunks = (cell_end - cell_begin + kStep - 1) / kStep;
     const uint32_t ng = p.n_group;
@@ -1265,12 +1292,7 @@ __global__ void __launch_bounds__(ws_threads(kS), WsLayout<KT, VT, kS>::kMinBloc
             float s[4];
             {
                 uint32_t qs[8][2];
-                if constexpr (L::kQSmem) {
-                    load_q_fragments(q_area, lane, qs);
-                } else {
-#pragma unroll
-                    for (int kt = 0; kt < 8; ++kt) qs[kt][0] = qb[kt][0], qs[kt][1] = qb[kt][1];
-                }
+                step_q_fragments<L::kQSmem>(qb, q_area, lane, qs);
                 qk_step<KT, kBlockK>(sk, k_slice, g, t, qs, k_bias_area, s);
             }
             float alpha[2], e[4];
@@ -1315,47 +1337,10 @@ __global__ void __launch_bounds__(ws_threads(kS), WsLayout<KT, VT, kS>::kMinBloc
     }
     cp_async_wait<0>();
     __syncthreads();  // both warps of every stream are done with its ring
-    {
-        float* mw = reinterpret_cast<float*>(ring);
-        float* lw = mw + kMaxGroup;
-        float* aw = lw + kMaxGroup;
-        if (qk_warp) {
-            if (g == 0) {
-                mw[2 * t] = m_run[0], mw[2 * t + 1] = m_run[1];
-                lw[2 * t] = l_run[0], lw[2 * t + 1] = l_run[1];
-            }
-        } else {
-#pragma unroll
-            for (int mt = 0; mt < 8; ++mt) {
-                const uint32_t d = v_tile_dim<VT>(mt, g);
-                aw[(2 * t) * kD + d] = acc[mt][0];
-                aw[(2 * t + 1) * kD + d] = acc[mt][1];
-                aw[(2 * t) * kD + d + 1] = acc[mt][2];
-                aw[(2 * t + 1) * kD + d + 1] = acc[mt][3];
-            }
-        }
-    }
+    if (qk_warp) write_merge_ml(ring, m_run, l_run, g, t);
+    else write_merge_acc<VT>(ring, acc, g, t);
     __syncthreads();
-    for (uint32_t idx = tid; idx < ng * kD; idx += kWsThreads) {
-        const uint32_t h = idx / kD, d = idx % kD;
-        float m = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < kS; ++w) m = fmaxf(m, reinterpret_cast<const float*>(smem + w * W::stream_bytes)[h]);
-        float l = 0.0f, o = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kS; ++w) {
-            const float* mw = reinterpret_cast<const float*>(smem + w * W::stream_bytes);
-            const float mv = mw[h];
-            if (mv != -INFINITY) {  // a stream with no step contributes nothing
-                const float sc = exp2f(mv - m);
-                l += mw[kMaxGroup + h] * sc;
-                o += mw[2 * kMaxGroup + h * kD + d] * sc;
-            }
-        }
-        const uint32_t head = kv_head * ng + h;
-        p.part_out[((size_t)split * p.n_head + head) * kD + d] = o / l;
-        if (d == 0) p.part_lse[(size_t)split * p.n_head + head] = (m + log2f(l)) / kLog2e;
-    }
+    write_block_partial<kS, kWsThreads>(p, smem, W::stream_bytes, kv_head, split, tid);
     attention_finish_single_split<kD>(p, kv_head);
 #else
     __trap();  // launched only on sm_90 (ws_runs_here)
