@@ -19,6 +19,9 @@
 #          --quick (the GPU tests without the lab-knob reruns, then only the engine's main table:
 #          ~2.5 minutes with --prebuilt; for a session's last check when device time is short.
 #          Nothing after the table runs, --hf included).
+#          --ws (only the warp-specialized decode attention's check, session 55: the attention
+#          tests, the forward / attention / spill suites under SPILLWAY_ATTN_WS=1, the mma and ws
+#          kernel rows, and engine A/Bs of the default against SPILLWAY_ATTN_WS=1 and =2; ~5 minutes).
 # Logs land in $OUT (or ./out) as build.log, ctest.log, bench.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +35,7 @@ test_filter=""
 hf=0
 engine_only=0
 quick=0
+ws=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bench-only) bench_only="$2"; shift 2 ;;
@@ -42,7 +46,8 @@ while [ $# -gt 0 ]; do
     --hf) hf=1; shift ;;
     --engine-only) engine_only=1; shift ;;
     --quick) quick=1; shift ;;
-    *) echo "usage: tools/device-check.sh [--bench-only SUBSTRING] [--sanitize] [--ncu LIST] [--filter GLOB] [--hf] [--prebuilt DIR] [--engine-only] [--quick]"; exit 2 ;;
+    --ws) ws=1; shift ;;
+    *) echo "usage: tools/device-check.sh [--bench-only SUBSTRING] [--sanitize] [--ncu LIST] [--filter GLOB] [--hf] [--prebuilt DIR] [--engine-only] [--quick] [--ws]"; exit 2 ;;
   esac
 done
 
@@ -65,6 +70,28 @@ else
   bin=.dev/prebuilt
   export SPILLWAY_TEST_BINARY="$(realpath "$bin")/spillway"
   echo "falling back to the binaries in $bin"
+fi
+
+if [ "$ws" = 1 ]; then
+  # The warp-specialized decode attention (lab SPILLWAY_ATTN_WS, docs/perf-notes.md session 55).
+  echo "== ws: tests"
+  "$bin/test_cuda" --gtest_filter='CudaAttention.*' >"$out/ws-tests.log" 2>&1
+  echo "CudaAttention.* rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/ws-tests.log" | head -2 | tr '\n' ' ')"
+  SPILLWAY_ATTN_WS=1 "$bin/test_cuda" --gtest_filter='CudaForward.*:CudaAttention.*:CudaSpill.*' \
+    >"$out/ws-tests-knob.log" 2>&1
+  echo "CudaForward.*:CudaAttention.*:CudaSpill.* with SPILLWAY_ATTN_WS=1 rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/ws-tests-knob.log" | head -2 | tr '\n' ' ')"
+  grep -hE "Failure|FAILED  \]|differing|error" "$out/ws-tests.log" "$out/ws-tests-knob.log" | head -20
+  echo "== ws: kernel rows (mma and ws4 / ws8)"
+  "$bin/bench_kernels" --iters 50 --only " mma" >"$out/ws-bench.log" 2>&1
+  echo "bench_kernels rc=$?"
+  sed -n '/^device:/p;/^ceilings:/p;/^| kernel/,$p' "$out/ws-bench.log"
+  echo "== ws: engine A/B, default vs SPILLWAY_ATTN_WS=1"
+  OUT="$out/ab-ws1" tools/engine-ab.sh --rounds 2 -d 8192,65536 -n 48 -ctk q8_0,q4_0,f16 \
+    "$bin/spillway" "$bin/spillway SPILLWAY_ATTN_WS=1" 2>&1 | tail -12
+  echo "== ws: engine A/B, default vs SPILLWAY_ATTN_WS=2"
+  OUT="$out/ab-ws2" tools/engine-ab.sh --no-warm-up --rounds 1 -d 65536 -n 48 -ctk q8_0,q4_0 \
+    "$bin/spillway" "$bin/spillway SPILLWAY_ATTN_WS=2" 2>&1 | tail -8
+  exit 0
 fi
 
 test_status="skipped"
