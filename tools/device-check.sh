@@ -21,7 +21,8 @@
 #          Nothing after the table runs, --hf included).
 #          --ws (only the warp-specialized decode attention's check, session 55: the attention
 #          tests, the forward / attention / spill suites under SPILLWAY_ATTN_WS=1, the mma and ws
-#          kernel rows, and engine A/Bs of the default against SPILLWAY_ATTN_WS=1 and =2; ~5 minutes).
+#          kernel rows, and engine A/Bs of the default against SPILLWAY_ATTN_WS=1 and =2, and of
+#          =1 against =1 with SPILLWAY_ATTN_WS_BLOCK_K=1; ~6 minutes).
 # Logs land in $OUT (or ./out) as build.log, ctest.log, bench.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -91,6 +92,9 @@ if [ "$ws" = 1 ]; then
   echo "== ws: engine A/B, default vs SPILLWAY_ATTN_WS=2"
   OUT="$out/ab-ws2" tools/engine-ab.sh --no-warm-up --rounds 1 -d 65536 -n 48 -ctk q8_0,q4_0 \
     "$bin/spillway" "$bin/spillway SPILLWAY_ATTN_WS=2" 2>&1 | tail -8
+  echo "== ws: engine A/B, SPILLWAY_ATTN_WS=1 vs the same with per-block K (SPILLWAY_ATTN_WS_BLOCK_K=1)"
+  OUT="$out/ab-ws1bk" tools/engine-ab.sh --no-warm-up --rounds 1 -d 65536 -n 48 -ctk q8_0,q4_0 \
+    "$bin/spillway SPILLWAY_ATTN_WS=1" "$bin/spillway SPILLWAY_ATTN_WS=1 SPILLWAY_ATTN_WS_BLOCK_K=1" 2>&1 | tail -8
   exit 0
 fi
 

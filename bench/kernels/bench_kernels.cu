@@ -1370,15 +1370,17 @@ int main(int argc, char** argv) {
             bench_attention(r, o, KvType::q8_0, KvType::q4_0, 65536, prop.multiProcessorCount, &k);
         // The mma kernel's warp-specialized variant (lab, session 55) at 4 and 8 streams per block,
         // beside the mma rows above.
-        for (int streams : {4, 8}) {
+        // "bk": per-block K steps for the equal quantized pairs too.
+        for (int variant : {4, 8, -4}) {
             const AttentionKernel mma = AttentionKernel::mma;
-            const std::string prefix = "attention ws" + std::to_string(streams) + " ";
-            attention_mma::lab_warp_specialized(streams);
+            const int streams = variant < 0 ? -variant : variant;
+            const std::string prefix = "attention ws" + std::to_string(streams) + (variant < 0 ? "bk " : " ");
+            attention_mma::lab_warp_specialized(streams, variant < 0 ? 1 : 0);
             for (uint32_t cells : {8192u, 32768u, 65536u})
                 for (KvType t : {KvType::f16, KvType::q8_0, KvType::q4_0})
                     bench_attention(r, o, t, t, cells, prop.multiProcessorCount, &mma, prefix.c_str());
             bench_attention(r, o, KvType::q8_0, KvType::q4_0, 65536, prop.multiProcessorCount, &mma, prefix.c_str());
-            attention_mma::lab_warp_specialized(-1);
+            attention_mma::lab_warp_specialized(-1, -1);
         }
         bench_small_ops(r, o);
         bench_sm_speed(o, prop.multiProcessorCount);

@@ -1097,14 +1097,18 @@ __host__ __device__ constexpr int ws_min_blocks(KvType kt, KvType vt, int stream
     return (kt == KvType::f16 || vt == KvType::f16 ? 3 : 4) * 4 / streams;
 }
 
-template <KvType KT, KvType VT, int kS>
+// kBK: per-block K (k_block_fragments) for the QK warps. The single-warp kernel's choice
+// (per_block_k: the mixed pairs of quantized K) by default; the lab may turn it on for equal
+// quantized pairs too (SPILLWAY_ATTN_WS_BLOCK_K=1), where it cuts the QK warp's K instructions
+// (~30% q8_0, ~40% q4_0, session 39) at no register cost here (64, no spills).
+template <KvType KT, KvType VT, int kS, bool kBK = per_block_k(KT, VT)>
 struct WsLayout {
     using L = Layout<KT, VT>;
     static constexpr int kMinBlocks = ws_min_blocks(KT, VT, kS) < 1 ? 1 : ws_min_blocks(KT, VT, kS);
     static constexpr size_t kPBytes = kS * kPSlots * kPSlotBytes;
     static constexpr size_t kBarBytes = kS * 2 * kPSlots * sizeof(uint64_t);
     // Per-block K's bias starts: 32 floats per QK warp (Layout's area holds 4 warps').
-    static constexpr size_t kBiasBytes = L::kBlockK ? kS * 32 * sizeof(float) : 0;
+    static constexpr size_t kBiasBytes = kBK ? kS * 32 * sizeof(float) : 0;
     static constexpr size_t kFixed = kBiasBytes + L::kQBytes + kPBytes + kBarBytes + L::kSlack;
     // Three stages where they still fit kMinBlocks blocks per SM, else two.
     static constexpr int kStages =
@@ -1147,14 +1151,15 @@ __device__ __forceinline__ void ws_wait(uint64_t* bar, uint32_t parity) {
 }
 #endif
 
-template <KvType KT, KvType VT, int kS>
-__global__ void __launch_bounds__(ws_threads(kS), WsLayout<KT, VT, kS>::kMinBlocks) attention_ws_kernel(Params p) {
+template <KvType KT, KvType VT, int kS, bool kBK>
+__global__ void __launch_bounds__(ws_threads(kS), WsLayout<KT, VT, kS, kBK>::kMinBlocks) attention_ws_kernel(Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using L = Layout<KT, VT>;
-    using W = WsLayout<KT, VT, kS>;
+    using W = WsLayout<KT, VT, kS, kBK>;
     constexpr int kStages = W::kStages;
     constexpr uint32_t kWsThreads = ws_threads(kS);
-    constexpr bool kBlockK = L::kBlockK;
+    constexpr bool kBlockK = kBK;
+    static_assert(!kBK || KT != KvType::f16, "per-block K is for quantized K");
     extern __shared__ __align__(128) uint8_t smem[];
     const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const uint32_t g = lane / 4, t = lane % 4;
@@ -1373,6 +1378,13 @@ int ws_streams() {
     }();
     return knob;
 }
+std::atomic<int> g_ws_block_k{-1};  // -1 (as SPILLWAY_ATTN_WS_BLOCK_K), 0 or 1
+bool ws_block_k() {
+    const int mode = g_ws_block_k.load(std::memory_order_relaxed);
+    if (mode >= 0) return mode != 0;
+    static const bool knob = lab_knob("SPILLWAY_ATTN_WS_BLOCK_K", "1", "0");
+    return knob;
+}
 // Its code exists for sm_90 only (mbarrier waits); elsewhere the single-warp kernel runs.
 bool ws_runs_here() {
     static const bool yes = [] {
@@ -1393,6 +1405,7 @@ bool ws_runs_here() {
 template <KvType KT, KvType VT>
 uint32_t planned_blocks_per_sm(uint32_t n_cells) {
     if (KT != KvType::f16 && VT == KvType::q4_0 && n_cells <= 16384) return 2;
+    // (per-block K's bias area does not change the resident blocks: static_assert below)
     if (ws_streams() == 4) return (uint32_t)WsLayout<KT, VT, 4>::blocks_per_sm;
     if (ws_streams() == 8) return (uint32_t)WsLayout<KT, VT, 8>::blocks_per_sm;
     return (uint32_t)Layout<KT, VT>::blocks_per_sm;
@@ -1436,13 +1449,15 @@ void configure_once() {
     (void)configured;
 }
 
-template <KvType KT, KvType VT, int kS>
+template <KvType KT, KvType VT, int kS, bool kBK>
 void configure_ws_once() {
+    static_assert(WsLayout<KT, VT, kS, kBK>::blocks_per_sm == WsLayout<KT, VT, kS>::blocks_per_sm,
+                  "plan_for plans the default variant's resident blocks");
     static const bool configured = [] {
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_ws_kernel<KT, VT, kS>,
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_ws_kernel<KT, VT, kS, kBK>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 (int)WsLayout<KT, VT, kS>::total));
-        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_ws_kernel<KT, VT, kS>,
+                                                 (int)WsLayout<KT, VT, kS, kBK>::total));
+        SPILLWAY_CUDA_CHECK(cudaFuncSetAttribute(attention_ws_kernel<KT, VT, kS, kBK>,
                                                  cudaFuncAttributePreferredSharedMemoryCarveout,
                                                  (int)cudaSharedmemCarveoutMaxShared));
         return true;
@@ -1450,11 +1465,11 @@ void configure_ws_once() {
     (void)configured;
 }
 
-template <KvType KT, KvType VT, int kS>
+template <KvType KT, KvType VT, int kS, bool kBK>
 void launch_ws(const Params& p, dim3 grid, cudaStream_t stream) {
-    configure_ws_once<KT, VT, kS>();
-    launch_with_pdl(pdl_site_on(PdlSite::attention), attention_ws_kernel<KT, VT, kS>, grid, dim3(ws_threads(kS)),
-                    WsLayout<KT, VT, kS>::total, stream, p);
+    configure_ws_once<KT, VT, kS, kBK>();
+    launch_with_pdl(pdl_site_on(PdlSite::attention), attention_ws_kernel<KT, VT, kS, kBK>, grid,
+                    dim3(ws_threads(kS)), WsLayout<KT, VT, kS, kBK>::total, stream, p);
     SPILLWAY_CUDA_CHECK(cudaGetLastError());
     g_ws_launches.fetch_add(1, std::memory_order_relaxed);
 }
@@ -1479,8 +1494,16 @@ void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cud
     // The lab timeline's stamps are the single-warp kernel's (it keeps running where they are asked for).
     if (uniform && ws_streams() != 0 && ws_runs_here() && p.timeline == nullptr) {
         if (p.q_load == 1) p.q_load = 0;  // the variant loads Q coalesced or by scalars
-        if (ws_streams() == 4) launch_ws<KT, VT, 4>(p, grid, stream);
-        else launch_ws<KT, VT, 8>(p, grid, stream);
+        constexpr bool kDefaultBK = per_block_k(KT, VT);
+        if constexpr (KT != KvType::f16 && KT == VT) {  // equal quantized pairs: the lab may turn per-block K on
+            if (ws_block_k()) {
+                if (ws_streams() == 4) launch_ws<KT, VT, 4, true>(p, grid, stream);
+                else launch_ws<KT, VT, 8, true>(p, grid, stream);
+                return;
+            }
+        }
+        if (ws_streams() == 4) launch_ws<KT, VT, 4, kDefaultBK>(p, grid, stream);
+        else launch_ws<KT, VT, 8, kDefaultBK>(p, grid, stream);
         return;
     }
     if (uniform) {
@@ -1518,8 +1541,9 @@ uint32_t resident_blocks_per_sm(KvType k_type, KvType v_type) {
     return with_types(k_type, v_type, [&]<KvType KT, KvType VT>() { return (uint32_t)Layout<KT, VT>::blocks_per_sm; });
 }
 
-void lab_warp_specialized(int streams) {
+void lab_warp_specialized(int streams, int block_k) {
     g_ws_mode.store(streams < 0 ? -1 : streams == 4 || streams == 8 ? streams : 0, std::memory_order_relaxed);
+    g_ws_block_k.store(block_k < 0 ? -1 : block_k != 0 ? 1 : 0, std::memory_order_relaxed);
 }
 uint64_t lab_warp_specialized_launches() { return g_ws_launches.load(std::memory_order_relaxed); }
 

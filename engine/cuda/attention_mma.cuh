@@ -92,8 +92,10 @@ Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, ui
 // warp and a PV warp per stream of steps, bit-equal to the single-warp kernel with the same
 // plan and 4 streams per block), used for rows of whole 16-byte chunks on sm_90 while on; plan()
 // then plans for its resident blocks. streams: 4 or 8 per block, 0 off, -1 as SPILLWAY_ATTN_WS
-// (unset or 0 off, 1 four streams, 2 eight).
-void lab_warp_specialized(int streams);
+// (unset or 0 off, 1 four streams, 2 eight). block_k 1: per-block K steps for equal quantized
+// pairs too (the mixed pairs of quantized K always use them), 0 not, -1 as
+// SPILLWAY_ATTN_WS_BLOCK_K (off unless =1); values then differ from the single-warp kernel's.
+void lab_warp_specialized(int streams, int block_k = -1);
 // Launches of the warp-specialized variant so far (tests check that it ran).
 uint64_t lab_warp_specialized_launches();
 

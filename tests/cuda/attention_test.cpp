@@ -226,20 +226,23 @@ TEST(CudaAttention, MmaKernelMatchesCpu) {
 // The warp-specialized variant of the mma kernel (lab: a QK warp hands each step's P^T and
 // alpha to a PV warp). With 4 streams per block it runs the single-warp kernel's values in the
 // same order, so with the same plan its out and lse equal that kernel's bit for bit; with 8 the
-// partial sums group differently and it matches the CPU. sm_count 1000 gives every run the same
+// partial sums group differently, and with per-block K for the equal quantized pairs (lab) the
+// scores are summed per K block: those match the CPU. sm_count 1000 gives every run the same
 // plan (one split per 64 cells). The launch counter shows the variant ran (it falls back to the
 // single-warp kernel where rows are not whole 16-byte chunks or the GPU is older than sm_90).
 TEST(CudaAttention, WarpSpecializedKernelEqualsTheSingleWarpKernel) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     struct ResetMode {
-        ~ResetMode() { attention_mma::lab_warp_specialized(-1); }
+        ~ResetMode() { attention_mma::lab_warp_specialized(-1, -1); }
     } reset;
     int major = 0;
     SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
     if (major < 9) GTEST_SKIP() << "the warp-specialized variant runs on sm_90 only";
     const AttentionKernel kernel = AttentionKernel::mma;
     constexpr uint32_t kSms = 1000;
-    constexpr int kModes[] = {0, 4, 8};  // single-warp, then 4 and 8 streams per block
+    // single-warp; 4 and 8 streams per block; 4 streams with per-block K
+    constexpr int kStreams[] = {0, 4, 8, 4};
+    constexpr int kBlockK[] = {0, 0, 0, 1};
     const AttentionShape s = make_shape(40, 8, 128);
     for (KvType kt : kTypes)
         for (KvType vt : kTypes)
@@ -254,9 +257,9 @@ TEST(CudaAttention, WarpSpecializedKernelEqualsTheSingleWarpKernel) {
                 auto d_k = to_device(cells.k);
                 auto d_v = to_device(cells.v);
                 const size_t n_out = (size_t)s.n_head * s.head_dim_v;
-                GpuPartial got[3];
-                for (int m = 0; m < 3; ++m) {
-                    attention_mma::lab_warp_specialized(kModes[m]);
+                GpuPartial got[4];
+                for (int m = 0; m < 4; ++m) {
+                    attention_mma::lab_warp_specialized(kStreams[m], kBlockK[m]);
                     PoisonedOutputs o(n_out, s.n_head);
                     DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, kSms)));
                     const uint64_t launches = attention_mma::lab_warp_specialized_launches();
@@ -265,7 +268,7 @@ TEST(CudaAttention, WarpSpecializedKernelEqualsTheSingleWarpKernel) {
                                                 o.q16());
                     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
                     EXPECT_EQ(attention_mma::lab_warp_specialized_launches() - launches, m == 0 ? 0u : 1u)
-                        << "streams " << kModes[m];
+                        << "streams " << kStreams[m] << " block K " << kBlockK[m];
                     got[m] = GpuPartial{to_host(o.out), to_host(o.lse)};
                 }
                 size_t differ = 0;
@@ -277,6 +280,7 @@ TEST(CudaAttention, WarpSpecializedKernelEqualsTheSingleWarpKernel) {
                                       lse.data());
                 expect_close(got[1], out, lse);
                 expect_close(got[2], out, lse);
+                expect_close(got[3], out, lse);
             }
 }
 
