@@ -87,7 +87,7 @@ if [ "$ws" = 1 ]; then
   echo "bench_kernels rc=$?"
   sed -n '/^device:/p;/^ceilings:/p;/^| kernel/,$p' "$out/ws-bench.log"
   echo "== ws: engine A/B, default vs SPILLWAY_ATTN_WS=1"
-  OUT="$out/ab-ws1" tools/engine-ab.sh --rounds 2 -d 8192,65536 -n 48 -ctk q8_0,q4_0,f16 \
+  OUT="$out/ab-ws1" tools/engine-ab.sh --rounds 2 -d 8192,65536 -n 48 -ctk q8_0,q4_0 \
     "$bin/spillway" "$bin/spillway SPILLWAY_ATTN_WS=1" 2>&1 | tail -12
   echo "== ws: engine A/B, default vs SPILLWAY_ATTN_WS=2"
   OUT="$out/ab-ws2" tools/engine-ab.sh --no-warm-up --rounds 1 -d 65536 -n 48 -ctk q8_0,q4_0 \

@@ -1090,9 +1090,9 @@ constexpr size_t kPSlotBytes = 32 * 16;       // per lane: pb0, pb1, alpha of he
 // so the same sums) or 8 (half the blocks, so half the splits and a shorter split merge; the
 // chunks are dealt over 8 streams, so the partial sums group differently).
 __host__ __device__ constexpr int ws_threads(int streams) { return 2 * streams * 32; }
-// Launch bounds: at 4 streams 4 blocks (<= 64 registers) for quantized K and V; f16 operands
-// need more registers for their words (at 64 ptxas spilled 4-56 bytes) and take 3 (<= 85). At
-// 8 streams half as many blocks.
+// Launch bounds: at 4 streams 4 blocks (<= 64 registers) for quantized K and V; f16 K needs more
+// registers for its words (at 64 ptxas spilled 4-56 bytes) and takes 3 (<= 85). At 8 streams
+// half as many blocks. (f16 V is not launched: launch_for.)
 __host__ __device__ constexpr int ws_min_blocks(KvType kt, KvType vt, int streams) {
     return (kt == KvType::f16 || vt == KvType::f16 ? 3 : 4) * 4 / streams;
 }
@@ -1405,9 +1405,10 @@ bool ws_runs_here() {
 template <KvType KT, KvType VT>
 uint32_t planned_blocks_per_sm(uint32_t n_cells) {
     if (KT != KvType::f16 && VT == KvType::q4_0 && n_cells <= 16384) return 2;
-    // (per-block K's bias area does not change the resident blocks: static_assert below)
-    if (ws_streams() == 4) return (uint32_t)WsLayout<KT, VT, 4>::blocks_per_sm;
-    if (ws_streams() == 8) return (uint32_t)WsLayout<KT, VT, 8>::blocks_per_sm;
+    // The warp-specialized kernel's (not for f16 V: launch_for). Per-block K's bias area does not
+    // change its resident blocks (static_assert in configure_ws_once).
+    if (VT != KvType::f16 && ws_streams() == 4) return (uint32_t)WsLayout<KT, VT, 4>::blocks_per_sm;
+    if (VT != KvType::f16 && ws_streams() == 8) return (uint32_t)WsLayout<KT, VT, 8>::blocks_per_sm;
     return (uint32_t)Layout<KT, VT>::blocks_per_sm;
 }
 
@@ -1492,19 +1493,23 @@ void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cud
     const dim3 grid(n_head_kv, n_splits);
     const bool uniform = fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0;
     // The lab timeline's stamps are the single-warp kernel's (it keeps running where they are asked for).
-    if (uniform && ws_streams() != 0 && ws_runs_here() && p.timeline == nullptr) {
-        if (p.q_load == 1) p.q_load = 0;  // the variant loads Q coalesced or by scalars
-        constexpr bool kDefaultBK = per_block_k(KT, VT);
-        if constexpr (KT != KvType::f16 && KT == VT) {  // equal quantized pairs: the lab may turn per-block K on
-            if (ws_block_k()) {
-                if (ws_streams() == 4) launch_ws<KT, VT, 4, true>(p, grid, stream);
-                else launch_ws<KT, VT, 8, true>(p, grid, stream);
-                return;
+    // Not for f16 V: its 32 V words per lane make the PV warp spill at 4 streams (44-48 bytes),
+    // and f16 K and V already read HBM at ~92% of its rate at 64k in the single-warp kernel.
+    if constexpr (VT != KvType::f16) {
+        if (uniform && ws_streams() != 0 && ws_runs_here() && p.timeline == nullptr) {
+            if (p.q_load == 1) p.q_load = 0;  // the variant loads Q coalesced or by scalars
+            constexpr bool kDefaultBK = per_block_k(KT, VT);
+            if constexpr (KT != KvType::f16 && KT == VT) {  // equal quantized pairs: the lab may turn per-block K on
+                if (ws_block_k()) {
+                    if (ws_streams() == 4) launch_ws<KT, VT, 4, true>(p, grid, stream);
+                    else launch_ws<KT, VT, 8, true>(p, grid, stream);
+                    return;
+                }
             }
+            if (ws_streams() == 4) launch_ws<KT, VT, 4, kDefaultBK>(p, grid, stream);
+            else launch_ws<KT, VT, 8, kDefaultBK>(p, grid, stream);
+            return;
         }
-        if (ws_streams() == 4) launch_ws<KT, VT, 4, kDefaultBK>(p, grid, stream);
-        else launch_ws<KT, VT, 8, kDefaultBK>(p, grid, stream);
-        return;
     }
     if (uniform) {
         configure_once<KT, VT, true>();

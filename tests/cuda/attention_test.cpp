@@ -229,7 +229,8 @@ TEST(CudaAttention, MmaKernelMatchesCpu) {
 // partial sums group differently, and with per-block K for the equal quantized pairs (lab) the
 // scores are summed per K block: those match the CPU. sm_count 1000 gives every run the same
 // plan (one split per 64 cells). The launch counter shows the variant ran (it falls back to the
-// single-warp kernel where rows are not whole 16-byte chunks or the GPU is older than sm_90).
+// single-warp kernel for f16 V, where rows are not whole 16-byte chunks, or on GPUs older than
+// sm_90).
 TEST(CudaAttention, WarpSpecializedKernelEqualsTheSingleWarpKernel) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     struct ResetMode {
@@ -267,7 +268,9 @@ TEST(CudaAttention, WarpSpecializedKernelEqualsTheSingleWarpKernel) {
                                                 o.out.data(), o.lse.data(), ws.data(), ws.bytes(), kSms, nullptr,
                                                 o.q16());
                     SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-                    EXPECT_EQ(attention_mma::lab_warp_specialized_launches() - launches, m == 0 ? 0u : 1u)
+                    // f16 V stays on the single-warp kernel.
+                    EXPECT_EQ(attention_mma::lab_warp_specialized_launches() - launches,
+                              m == 0 || vt == KvType::f16 ? 0u : 1u)
                         << "streams " << kStreams[m] << " block K " << kBlockK[m];
                     got[m] = GpuPartial{to_host(o.out), to_host(o.lse)};
                 }
