@@ -1072,7 +1072,7 @@ __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) atten
     attention_finish_single_split<kD>(p, kv_head);
 }
 
-// The warp-specialized variant (lab: SPILLWAY_ATTN_WS=1 or lab_warp_specialized(1)).
+// The warp-specialized variant (lab: SPILLWAY_ATTN_WS=1|2, or lab_warp_specialized(4|8)).
 // Why: the quantized loops above are latency-bound (session 22, Nsight: q8_0 issues in 45% of
 // the cycles at 3.8 warps per scheduler; every step is one dependent chain ring -> K -> QK MMAs
 // -> max shuffles -> exp -> transposes -> V -> PV MMAs), and the registers of one warp holding
@@ -1083,7 +1083,8 @@ __global__ void __launch_bounds__(kThreads, Layout<KT, VT>::launch_blocks) atten
 // slot. Each warp holds about half the state, so the chain per warp is about half as long and
 // (at <= 64 registers) more warps fit per SM. The values, their order and the merge are the
 // single-warp kernel's, so its output is bit-equal to attention_mma_kernel's with the same plan.
-// Rows of whole 16-byte chunks only (kUniform); the launch falls back to the kernel above.
+// Quantized V with rows of whole 16-byte chunks (kUniform) on sm_90 only; elsewhere the launch
+// falls back to the kernel above.
 constexpr int kPSlots = 2;                    // steps the QK warp may run ahead of its PV warp
 constexpr size_t kPSlotBytes = 32 * 16;       // per lane: pb0, pb1, alpha of heads 2t, 2t + 1
 // Streams per block: 4 (as many as the single-warp kernel's warps: the same chunks per stream,
