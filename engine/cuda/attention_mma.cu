@@ -1111,10 +1111,14 @@ struct WsLayout {
     // Per-block K's bias starts: 32 floats per QK warp (Layout's area holds 4 warps').
     static constexpr size_t kBiasBytes = kBK ? kS * 32 * sizeof(float) : 0;
     static constexpr size_t kFixed = kBiasBytes + L::kQBytes + kPBytes + kBarBytes + L::kSlack;
+    // A stage: K windows, 16 bytes, V windows, 16 bytes. The word loads past a window's last
+    // cell (ignored bytes, see Layout::kSlack) then read a pad, not the other warp's half of
+    // the ring while its copies land there (compute-sanitizer racecheck saw those reads).
+    static constexpr uint32_t kVPart = kStep * L::kWinK + 16;
+    static constexpr size_t stage = kVPart + kStep * L::kWinV + 16;
     // Three stages where they still fit kMinBlocks blocks per SM, else two.
-    static constexpr int kStages =
-        blocks_per_sm_for(kS * 3 * L::stage + kFixed, kMinBlocks) >= kMinBlocks ? 3 : 2;
-    static constexpr size_t stream_bytes = kStages * L::stage;
+    static constexpr int kStages = blocks_per_sm_for(kS * 3 * stage + kFixed, kMinBlocks) >= kMinBlocks ? 3 : 2;
+    static constexpr size_t stream_bytes = kStages * stage;
     static constexpr size_t bias_offset = kS * stream_bytes;
     static constexpr size_t q_offset = bias_offset + kBiasBytes;
     static constexpr size_t p_offset = q_offset + L::kQBytes;
@@ -1123,7 +1127,7 @@ struct WsLayout {
     static constexpr int blocks_per_sm =
         blocks_per_sm_for(total, kMinBlocks) < 1 ? 1 : blocks_per_sm_for(total, kMinBlocks);
     static_assert(stream_bytes >= L::merge_bytes, "merge area fits in the stream's ring");
-    static_assert(L::stage >= 32 * 64, "Q's f16 rows fit in a ring stage");
+    static_assert(stage >= 32 * 64 && stage % 16 == 0, "Q's f16 rows fit in a 16-byte-aligned ring stage");
     static_assert(p_offset % 16 == 0 && bar_offset % 8 == 0, "aligned P ring and barriers");
 };
 
@@ -1192,7 +1196,7 @@ __global__ void __launch_bounds__(ws_threads(kS), WsLayout<KT, VT, kS, kBK>::kMi
     const uint64_t head_off = qk_warp ? k_head_off : v_head_off;
     const bool lane_on = lane % lanes < win / 16;
     const uint64_t lane_src = (uint64_t)(lane / lanes) * row_bytes + head_off - (head_off & 15) + 16 * (lane % lanes);
-    const uint32_t part = qk_warp ? 0u : kStep * L::kWinK;  // the operand's place in a stage
+    const uint32_t part = qk_warp ? 0u : W::kVPart;  // the operand's place in a stage
     const uint32_t lane_dst = (uint32_t)__cvta_generic_to_shared(ring) + part + (lane / lanes) * win + 16 * (lane % lanes);
     const uint8_t* const src_base = qk_warp ? p.k : p.v;
     auto issue = [&](uint32_t i) {
@@ -1204,21 +1208,21 @@ __global__ void __launch_bounds__(ws_threads(kS), WsLayout<KT, VT, kS, kBK>::kMi
             if (qk_warp) {
                 if (count == kStep) {
                     if (lane_on)
-                        copy_windows_hoisted<L::kWinK, kLanesK>(lane_dst + slot * (uint32_t)L::stage,
+                        copy_windows_hoisted<L::kWinK, kLanesK>(lane_dst + slot * (uint32_t)W::stage,
                                                                 src_base + (uint64_t)first * row_bytes + lane_src,
                                                                 (32 / kLanesK) * (uint32_t)row_bytes);
                 } else {
-                    copy_windows<L::kSliceK, L::kWinK>(ring + slot * L::stage, p.k + first * p.k_row_bytes + k_head_off,
+                    copy_windows<L::kSliceK, L::kWinK>(ring + slot * W::stage, p.k + first * p.k_row_bytes + k_head_off,
                                                        (uint32_t)p.k_row_bytes, count, lane);
                 }
             } else {
                 if (count == kStep) {
                     if (lane_on)
-                        copy_windows_hoisted<L::kWinV, kLanesV>(lane_dst + slot * (uint32_t)L::stage,
+                        copy_windows_hoisted<L::kWinV, kLanesV>(lane_dst + slot * (uint32_t)W::stage,
                                                                 src_base + (uint64_t)first * row_bytes + lane_src,
                                                                 (32 / kLanesV) * (uint32_t)row_bytes);
                 } else {
-                    copy_windows<L::kSliceV, L::kWinV>(ring + slot * L::stage + kStep * L::kWinK,
+                    copy_windows<L::kSliceV, L::kWinV>(ring + slot * W::stage + W::kVPart,
                                                        p.v + first * p.v_row_bytes + v_head_off,
                                                        (uint32_t)p.v_row_bytes, count, lane);
                 }
@@ -1248,7 +1252,7 @@ __global__ void __launch_bounds__(ws_threads(kS), WsLayout<KT, VT, kS, kBK>::kMi
 #pragma unroll
             for (int s = 0; s < kStages - 1; ++s) issue(s);
         }
-        uint8_t* scratch = ring + (kStages - 1) * L::stage;
+        uint8_t* scratch = ring + (kStages - 1) * W::stage;
         if (p.q_load == 2) {
             if constexpr (kBlockK) q_block_fragments_from_coalesced<KT>(qv, p.scale_log2, lane, scratch, qb);
             else q_fragments_from_coalesced(qv, p.scale_log2, lane, scratch, qb);
@@ -1291,7 +1295,7 @@ __global__ void __launch_bounds__(ws_threads(kS), WsLayout<KT, VT, kS, kBK>::kMi
             issue(i + kStages - 1);
             cp_async_wait<kStages - 1>();
             __syncwarp();
-            const uint8_t* sk = ring + (i % kStages) * L::stage;
+            const uint8_t* sk = ring + (i % kStages) * W::stage;
             const uint32_t first = cell_begin + (stream + kS * i) * kStep;
             const uint32_t valid = min((uint32_t)kStep, cell_end - first);
             auto k_slice = [&](uint32_t c) { return c * L::kWinK + k_head16; };
@@ -1326,7 +1330,7 @@ __global__ void __launch_bounds__(ws_threads(kS), WsLayout<KT, VT, kS, kBK>::kMi
             issue(i + kStages - 1);
             cp_async_wait<kStages - 1>();
             __syncwarp();
-            const uint8_t* sv = ring + (i % kStages) * L::stage + kStep * L::kWinK;
+            const uint8_t* sv = ring + (i % kStages) * W::stage + W::kVPart;
             const uint32_t first = cell_begin + (stream + kS * i) * kStep;
             const uint32_t valid = min((uint32_t)kStep, cell_end - first);
             auto v_slice = [&](uint32_t c) { return c * L::kWinV + v_head16; };
@@ -1386,15 +1390,33 @@ bool ws_block_k() {
     static const bool knob = lab_knob("SPILLWAY_ATTN_WS_BLOCK_K", "1", "0");
     return knob;
 }
-// Its code exists for sm_90 only (mbarrier waits); elsewhere the single-warp kernel runs.
+// Its code exists for sm_90 only (mbarrier waits; elsewhere the body is a trap): the variant
+// runs where the kernel that would launch was compiled for sm_90 (a build without a 90 target,
+// or a newer GPU running JIT-compiled older PTX, keeps the single-warp kernel). No CUDA error
+// escapes: plan() asks this too, also where no GPU is usable.
 bool ws_runs_here() {
     static const bool yes = [] {
-        int dev = 0, major = 0;
-        SPILLWAY_CUDA_CHECK(cudaGetDevice(&dev));
-        SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        return major >= 9;
+        cudaFuncAttributes attr{};
+        if (cudaFuncGetAttributes(&attr, attention_ws_kernel<KvType::q8_0, KvType::q8_0, 4, false>) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return false;
+        }
+        return attr.binaryVersion == 90;
     }();
     return yes;
+}
+// SPILLWAY_ATTN_FAST_COPY=0 (lab): every step through the generic per-cell copy.
+bool fast_copy_on() {
+    static const bool on = !lab_knob("SPILLWAY_ATTN_FAST_COPY", "0", "1");
+    return on;
+}
+// Whether a launch of this pair runs the warp-specialized kernel, for plan and launch alike:
+// quantized V, the knob on, rows of whole 16-byte chunks (every cell of a head at the same
+// lead) and sm_90 code. (The lab timeline keeps the single-warp kernel at launch only.)
+template <KvType KT, KvType VT>
+bool ws_launches(uint64_t k_row_bytes, uint64_t v_row_bytes) {
+    return VT != KvType::f16 && ws_streams() != 0 && fast_copy_on() && k_row_bytes % 16 == 0 &&
+           v_row_bytes % 16 == 0 && ws_runs_here();
 }
 
 // Blocks per SM the splits are planned for: as many as fit, except quantized K with q4_0 V up
@@ -1404,19 +1426,19 @@ bool ws_runs_here() {
 // 180.1, 32k 167.4 -> 170.0; q8_0 / q4_0 8k 185.3 -> 183.8, 16k 177.1 -> 177.3; q8_0 / q8_0 8k
 // 178.4 -> 180.8, 16k 167.2 -> 172.5 (so q8_0 V keeps every block).
 template <KvType KT, KvType VT>
-uint32_t planned_blocks_per_sm(uint32_t n_cells) {
+uint32_t planned_blocks_per_sm(uint32_t n_head_kv, uint32_t n_cells) {
     if (KT != KvType::f16 && VT == KvType::q4_0 && n_cells <= 16384) return 2;
-    // The warp-specialized kernel's (not for f16 V: launch_for). Per-block K's bias area does not
-    // change its resident blocks (static_assert in configure_ws_once).
-    if (VT != KvType::f16 && ws_streams() == 4) return (uint32_t)WsLayout<KT, VT, 4>::blocks_per_sm;
-    if (VT != KvType::f16 && ws_streams() == 8) return (uint32_t)WsLayout<KT, VT, 8>::blocks_per_sm;
+    // The warp-specialized kernel's where it will run (ws_launches). Per-block K's bias area does
+    // not change its resident blocks (static_assert in configure_ws_once).
+    if (ws_launches<KT, VT>((uint64_t)n_head_kv * slice_bytes(KT, kD), (uint64_t)n_head_kv * slice_bytes(VT, kD)))
+        return (uint32_t)(ws_streams() == 4 ? WsLayout<KT, VT, 4>::blocks_per_sm : WsLayout<KT, VT, 8>::blocks_per_sm);
     return (uint32_t)Layout<KT, VT>::blocks_per_sm;
 }
 
 template <KvType KT, KvType VT>
 Plan plan_for(uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     if (n_cells == 0) return {0, 0};
-    const uint32_t per_sm = lab_blocks_per_sm() > 0 ? lab_blocks_per_sm() : planned_blocks_per_sm<KT, VT>(n_cells);
+    const uint32_t per_sm = lab_blocks_per_sm() > 0 ? lab_blocks_per_sm() : planned_blocks_per_sm<KT, VT>(n_head_kv, n_cells);
     if (lab_whole_waves()) {
         // The per-SM timeline (session 19) showed 392 or 512 blocks on 396 or 528 slots; filling
         // them exactly moved the engine by under 1% (SM speed, not placement, sets the tail).
@@ -1487,17 +1509,15 @@ uint32_t lab_q_load() {
 template <KvType KT, KvType VT>
 void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cudaStream_t stream) {
     constexpr size_t smem = Layout<KT, VT>::total;
-    // SPILLWAY_ATTN_FAST_COPY=0 (lab): every step through the generic per-cell copy.
-    static const bool fast_copy = !lab_knob("SPILLWAY_ATTN_FAST_COPY", "0", "1");
     Params p = params;
     p.q_load = reinterpret_cast<uintptr_t>(p.q) % 16 == 0 ? lab_q_load() : 0;
     const dim3 grid(n_head_kv, n_splits);
-    const bool uniform = fast_copy && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0;
+    const bool uniform = fast_copy_on() && p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0;
     // The lab timeline's stamps are the single-warp kernel's (it keeps running where they are asked for).
     // Not for f16 V: its 32 V words per lane make the PV warp spill at 4 streams (44-48 bytes),
     // and f16 K and V already read HBM at ~92% of its rate at 64k in the single-warp kernel.
     if constexpr (VT != KvType::f16) {
-        if (uniform && ws_streams() != 0 && ws_runs_here() && p.timeline == nullptr) {
+        if (ws_launches<KT, VT>(p.k_row_bytes, p.v_row_bytes) && p.timeline == nullptr) {
             if (p.q_load == 1) p.q_load = 0;  // the variant loads Q coalesced or by scalars
             constexpr bool kDefaultBK = per_block_k(KT, VT);
             if constexpr (KT != KvType::f16 && KT == VT) {  // equal quantized pairs: the lab may turn per-block K on
