@@ -9,6 +9,7 @@
 #include "engine/cuda/attention_short.cuh"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -223,6 +224,57 @@ TEST(CudaAttention, MmaKernelMatchesCpu) {
     check_attention(make_shape(8, 1, 128), KvType::q8_0, KvType::q8_0, 20000, &kernel);
 }
 
+// One case of CudaAttention.WarpSpecializedKernelEqualsTheSingleWarpKernel: the single-warp kernel and the variants on the same cells.
+void check_warp_specialized(const AttentionShape& s, KvType kt, KvType vt, uint32_t sms, uint32_t n_cells,
+                            bool q_aligned) {
+    const AttentionKernel kernel = AttentionKernel::mma;
+    // single-warp; 4 and 8 streams per block; 4 streams with per-block K
+    constexpr int kStreams[] = {0, 4, 8, 4};
+    constexpr int kBlockK[] = {0, 0, 0, 1};
+    const uint32_t seed = fresh_seed();
+    SCOPED_TRACE(std::string("K ") + kv_type_name(kt) + " V " + kv_type_name(vt) + " sm_count " +
+                 std::to_string(sms) + " cells " + std::to_string(n_cells) + (q_aligned ? "" : " q unaligned") +
+                 " seed " + std::to_string(seed));
+    attention_mma::lab_warp_specialized(0, 0);
+    const uint32_t splits = attention_split_count(kernel, s, kt, vt, n_cells, sms);
+    attention_mma::lab_warp_specialized(4, 0);
+    ASSERT_EQ(attention_split_count(kernel, s, kt, vt, n_cells, sms), splits) << "plans differ";
+    std::mt19937 rng(seed);
+    const auto q = random_floats(rng, (size_t)s.n_head * s.head_dim_k, 2.5f);
+    const KvCells cells = random_cells(rng, s, kt, vt, n_cells);
+    // q 4 bytes off a 16-byte boundary: both kernels take their scalar Q loads.
+    std::vector<float> q_host(q.size() + 1, 0.0f);
+    std::copy(q.begin(), q.end(), q_host.begin() + (q_aligned ? 0 : 1));
+    auto d_q_buffer = to_device(q_host);
+    const float* d_q = d_q_buffer.data() + (q_aligned ? 0 : 1);
+    auto d_k = to_device(cells.k);
+    auto d_v = to_device(cells.v);
+    const size_t n_out = (size_t)s.n_head * s.head_dim_v;
+    GpuPartial got[4];
+    std::vector<int16_t> got_q16[2];
+    for (int m = 0; m < 4; ++m) {
+        attention_mma::lab_warp_specialized(kStreams[m], kBlockK[m]);
+        PoisonedOutputs o(n_out, s.n_head);
+        DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
+        const uint64_t launches = attention_mma::lab_warp_specialized_launches();
+        attention_partial_cuda_with(kernel, s, d_q, kt, d_k.data(), vt, d_v.data(), n_cells, o.out.data(),
+                                    o.lse.data(), ws.data(), ws.bytes(), sms, nullptr, o.q16());
+        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_EQ(attention_mma::lab_warp_specialized_launches() - launches, m == 0 ? 0u : 1u)
+            << "streams " << kStreams[m] << " block K " << kBlockK[m];
+        got[m] = GpuPartial{to_host(o.out), to_host(o.lse)};
+        if (m < 2) got_q16[m] = to_host(o.oq);
+    }
+    size_t differ = 0;
+    for (size_t i = 0; i < n_out; ++i) differ += std::memcmp(&got[0].out[i], &got[1].out[i], 4) != 0;
+    for (size_t h = 0; h < s.n_head; ++h) differ += std::memcmp(&got[0].lse[h], &got[1].lse[h], 4) != 0;
+    EXPECT_EQ(differ, 0u) << "values of the 4-stream variant differing from the single-warp kernel";
+    EXPECT_EQ(got_q16[0], got_q16[1]) << "int16 output of the 4-stream variant";
+    std::vector<float> out(n_out), lse(s.n_head);
+    attention_partial_cpu(s, q.data(), kt, cells.k.data(), vt, cells.v.data(), n_cells, out.data(), lse.data());
+    for (int m = 1; m < 4; ++m) expect_close(got[m], out, lse);
+}
+
 // The warp-specialized variant of the mma kernel (lab: a QK warp hands each step's P^T and
 // alpha to a PV warp). With 4 streams per block it runs the single-warp kernel's values in the
 // same order, so with the same plan its out, lse and int16 output equal that kernel's bit for
@@ -232,7 +284,8 @@ TEST(CudaAttention, MmaKernelMatchesCpu) {
 // and sm_count 1 (one split: hundreds of steps per stream, so the hand-over ring's slots,
 // parities and refills and the in-loop copies all run). The launch counter shows the variant
 // ran (it falls back to the single-warp kernel for f16 V, where rows are not whole 16-byte
-// chunks, or without sm_90 code).
+// chunks, or without sm_90 code). One size also runs with q off a 16-byte boundary (the kernels'
+// scalar Q loads).
 TEST(CudaAttention, WarpSpecializedKernelEqualsTheSingleWarpKernel) {
     SPILLWAY_SKIP_WITHOUT_GPU();
     struct ResetMode {
@@ -241,56 +294,17 @@ TEST(CudaAttention, WarpSpecializedKernelEqualsTheSingleWarpKernel) {
     int major = 0;
     SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
     if (major != 9) GTEST_SKIP() << "the warp-specialized variant runs on sm_90 only";
-    const AttentionKernel kernel = AttentionKernel::mma;
-    // single-warp; 4 and 8 streams per block; 4 streams with per-block K
-    constexpr int kStreams[] = {0, 4, 8, 4};
-    constexpr int kBlockK[] = {0, 0, 0, 1};
+    const char* fast_copy = std::getenv("SPILLWAY_ATTN_FAST_COPY");
+    if (fast_copy != nullptr && std::string(fast_copy) == "0")
+        GTEST_SKIP() << "SPILLWAY_ATTN_FAST_COPY=0 keeps the single-warp kernel";
     const AttentionShape s = make_shape(40, 8, 128);
     for (KvType kt : kTypes)
         for (KvType vt : {KvType::q8_0, KvType::q4_0})  // f16 V stays on the single-warp kernel
-            for (uint32_t sms : {1000u, 1u})
-                for (uint32_t n_cells : {1u, 15u, 17u, 65u, 4099u, 20000u}) {
-                    const uint32_t seed = fresh_seed();
-                    SCOPED_TRACE(std::string("K ") + kv_type_name(kt) + " V " + kv_type_name(vt) + " sm_count " +
-                                 std::to_string(sms) + " cells " + std::to_string(n_cells) + " seed " +
-                                 std::to_string(seed));
-                    attention_mma::lab_warp_specialized(0, 0);
-                    const uint32_t splits = attention_split_count(kernel, s, kt, vt, n_cells, sms);
-                    attention_mma::lab_warp_specialized(4, 0);
-                    ASSERT_EQ(attention_split_count(kernel, s, kt, vt, n_cells, sms), splits) << "plans differ";
-                    std::mt19937 rng(seed);
-                    const auto q = random_floats(rng, (size_t)s.n_head * s.head_dim_k, 2.5f);
-                    const KvCells cells = random_cells(rng, s, kt, vt, n_cells);
-                    auto d_q = to_device(q);
-                    auto d_k = to_device(cells.k);
-                    auto d_v = to_device(cells.v);
-                    const size_t n_out = (size_t)s.n_head * s.head_dim_v;
-                    GpuPartial got[4];
-                    std::vector<int16_t> got_q16[2];
-                    for (int m = 0; m < 4; ++m) {
-                        attention_mma::lab_warp_specialized(kStreams[m], kBlockK[m]);
-                        PoisonedOutputs o(n_out, s.n_head);
-                        DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
-                        const uint64_t launches = attention_mma::lab_warp_specialized_launches();
-                        attention_partial_cuda_with(kernel, s, d_q.data(), kt, d_k.data(), vt, d_v.data(), n_cells,
-                                                    o.out.data(), o.lse.data(), ws.data(), ws.bytes(), sms, nullptr,
-                                                    o.q16());
-                        SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
-                        EXPECT_EQ(attention_mma::lab_warp_specialized_launches() - launches, m == 0 ? 0u : 1u)
-                            << "streams " << kStreams[m] << " block K " << kBlockK[m];
-                        got[m] = GpuPartial{to_host(o.out), to_host(o.lse)};
-                        if (m < 2) got_q16[m] = to_host(o.oq);
-                    }
-                    size_t differ = 0;
-                    for (size_t i = 0; i < n_out; ++i) differ += std::memcmp(&got[0].out[i], &got[1].out[i], 4) != 0;
-                    for (size_t h = 0; h < s.n_head; ++h) differ += std::memcmp(&got[0].lse[h], &got[1].lse[h], 4) != 0;
-                    EXPECT_EQ(differ, 0u) << "values of the 4-stream variant differing from the single-warp kernel";
-                    EXPECT_EQ(got_q16[0], got_q16[1]) << "int16 output of the 4-stream variant";
-                    std::vector<float> out(n_out), lse(s.n_head);
-                    attention_partial_cpu(s, q.data(), kt, cells.k.data(), vt, cells.v.data(), n_cells, out.data(),
-                                          lse.data());
-                    for (int m = 1; m < 4; ++m) expect_close(got[m], out, lse);
-                }
+            for (uint32_t sms : {1000u, 1u}) {
+                for (uint32_t n_cells : {1u, 15u, 17u, 65u, 4099u, 20000u})
+                    check_warp_specialized(s, kt, vt, sms, n_cells, true);
+                check_warp_specialized(s, kt, vt, sms, 4099, false);
+            }
 }
 
 // The decode attention launched programmatically behind the kernel that writes q and the
