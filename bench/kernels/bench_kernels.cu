@@ -1359,6 +1359,9 @@ int main(int argc, char** argv) {
                 for (uint32_t cells : {8192u, 65536u}) bench_attention(r, o, t, t, cells, prop.multiProcessorCount, &k);
         // Every kernel for f16 KV and the mixed pair, at 8k and 64k (the default rows above
         // are the pick).
+        // The explicit mma rows are the single-warp kernel (the default rows above take the
+        // warp-specialized one where it is the default; the ws rows below force it).
+        attention_mma::lab_warp_specialized(0, 0);
         for (AttentionKernel k : {AttentionKernel::tensor_core, AttentionKernel::mma})
             for (uint32_t cells : {8192u, 65536u}) {
                 bench_attention(r, o, KvType::f16, KvType::f16, cells, prop.multiProcessorCount, &k);
@@ -1368,6 +1371,7 @@ int main(int argc, char** argv) {
             }
         for (AttentionKernel k : {AttentionKernel::int_dot, AttentionKernel::mma})
             bench_attention(r, o, KvType::q8_0, KvType::q4_0, 65536, prop.multiProcessorCount, &k);
+        attention_mma::lab_warp_specialized(-1, -1);
         // The mma kernel's warp-specialized variant (lab, session 55) at 4 and 8 streams per block,
         // beside the mma rows above.
         // "bk": per-block K steps for the equal quantized pairs too.

@@ -1373,15 +1373,36 @@ bool lab_whole_waves() {
 // The warp-specialized kernel's switch (lab_warp_specialized): -1 follows SPILLWAY_ATTN_WS.
 std::atomic<int> g_ws_mode{-1};  // -1, or 0 (off), 4 or 8 (streams per block)
 std::atomic<uint64_t> g_ws_launches{0};
-// Streams per block of the warp-specialized kernel, 0 when it is off.
-int ws_streams() {
+// Streams per block forced for every quantized-V pair at any range (0: the single-warp kernel),
+// or -1 for the default (ws_streams_for).
+int ws_forced_streams() {
     const int mode = g_ws_mode.load(std::memory_order_relaxed);
     if (mode >= 0) return mode;
     static const int knob = [] {
-        const uint32_t v = lab_knob_uint("SPILLWAY_ATTN_WS", 0, 2);  // 1: 4 streams, 2: 8 streams
-        return v == 0 ? 0 : v == 1 ? 4 : 8;
+        // unset: the default; 0: off; 1: 4 streams; 2: 8 streams (every quantized-V pair)
+        const uint32_t v = lab_knob_uint("SPILLWAY_ATTN_WS", 3, 2);
+        return v == 3 ? -1 : v == 0 ? 0 : v == 1 ? 4 : 8;
     }();
     return knob;
+}
+// By default the equal quantized pairs run the warp-specialized kernel at 8 streams from this
+// many cells (session 56, H100, engine A/B against the single-warp kernel, docs/perf-notes.md:
+// q8_0 / q8_0 +1.2% and q4_0 / q4_0 +1.4..1.6% at 65536 cells). SPILLWAY_ATTN_WS_MIN_CELLS
+// (lab) moves the threshold for a sweep.
+constexpr uint32_t kWsDefaultMinCells = 16384;
+uint32_t ws_default_min_cells() {
+    static const uint32_t n = lab_knob_uint("SPILLWAY_ATTN_WS_MIN_CELLS", kWsDefaultMinCells, 1u << 30);
+    return n;
+}
+// Streams per block of the warp-specialized kernel for this pair over n_cells, 0 for the
+// single-warp kernel. Eight streams by default: the same warps per SM as four, but half the
+// blocks, so half the splits and a shorter merge (+1% against four at 64k). The mixed pairs were
+// not measured in the engine and keep the single-warp kernel unless forced.
+template <KvType KT, KvType VT>
+int ws_streams_for(uint32_t n_cells) {
+    const int forced = ws_forced_streams();
+    if (forced >= 0) return forced;
+    return KT != KvType::f16 && KT == VT && n_cells >= ws_default_min_cells() ? 8 : 0;
 }
 std::atomic<int> g_ws_block_k{-1};  // -1 (as SPILLWAY_ATTN_WS_BLOCK_K), 0 or 1
 bool ws_block_k() {
@@ -1414,8 +1435,8 @@ bool fast_copy_on() {
 // quantized V, the knob on, rows of whole 16-byte chunks (every cell of a head at the same
 // lead) and sm_90 code. (The lab timeline keeps the single-warp kernel at launch only.)
 template <KvType KT, KvType VT>
-bool ws_launches(uint64_t k_row_bytes, uint64_t v_row_bytes) {
-    return VT != KvType::f16 && ws_streams() != 0 && fast_copy_on() && k_row_bytes % 16 == 0 &&
+bool ws_launches(uint64_t k_row_bytes, uint64_t v_row_bytes, uint32_t n_cells) {
+    return VT != KvType::f16 && ws_streams_for<KT, VT>(n_cells) != 0 && fast_copy_on() && k_row_bytes % 16 == 0 &&
            v_row_bytes % 16 == 0 && ws_runs_here();
 }
 
@@ -1430,8 +1451,9 @@ uint32_t planned_blocks_per_sm(uint32_t n_head_kv, uint32_t n_cells) {
     if (KT != KvType::f16 && VT == KvType::q4_0 && n_cells <= 16384) return 2;
     // The warp-specialized kernel's where it will run (ws_launches). Per-block K's bias area does
     // not change its resident blocks (static_assert in configure_ws_once).
-    if (ws_launches<KT, VT>((uint64_t)n_head_kv * slice_bytes(KT, kD), (uint64_t)n_head_kv * slice_bytes(VT, kD)))
-        return (uint32_t)(ws_streams() == 4 ? WsLayout<KT, VT, 4>::blocks_per_sm : WsLayout<KT, VT, 8>::blocks_per_sm);
+    if (ws_launches<KT, VT>((uint64_t)n_head_kv * slice_bytes(KT, kD), (uint64_t)n_head_kv * slice_bytes(VT, kD), n_cells))
+        return (uint32_t)(ws_streams_for<KT, VT>(n_cells) == 4 ? WsLayout<KT, VT, 4>::blocks_per_sm
+                                                              : WsLayout<KT, VT, 8>::blocks_per_sm);
     return (uint32_t)Layout<KT, VT>::blocks_per_sm;
 }
 
@@ -1517,17 +1539,18 @@ void launch_for(const Params& params, uint32_t n_head_kv, uint32_t n_splits, cud
     // Not for f16 V: its 32 V words per lane make the PV warp spill at 4 streams (44-48 bytes),
     // and f16 K and V already read HBM at ~92% of its rate at 64k in the single-warp kernel.
     if constexpr (VT != KvType::f16) {
-        if (ws_launches<KT, VT>(p.k_row_bytes, p.v_row_bytes) && p.timeline == nullptr) {
+        if (ws_launches<KT, VT>(p.k_row_bytes, p.v_row_bytes, p.n_cells) && p.timeline == nullptr) {
             if (p.q_load == 1) p.q_load = 0;  // the variant loads Q coalesced or by scalars
+            const bool four = ws_streams_for<KT, VT>(p.n_cells) == 4;
             constexpr bool kDefaultBK = per_block_k(KT, VT);
             if constexpr (KT != KvType::f16 && KT == VT) {  // equal quantized pairs: the lab may turn per-block K on
                 if (ws_block_k()) {
-                    if (ws_streams() == 4) launch_ws<KT, VT, 4, true>(p, grid, stream);
+                    if (four) launch_ws<KT, VT, 4, true>(p, grid, stream);
                     else launch_ws<KT, VT, 8, true>(p, grid, stream);
                     return;
                 }
             }
-            if (ws_streams() == 4) launch_ws<KT, VT, 4, kDefaultBK>(p, grid, stream);
+            if (four) launch_ws<KT, VT, 4, kDefaultBK>(p, grid, stream);
             else launch_ws<KT, VT, 8, kDefaultBK>(p, grid, stream);
             return;
         }

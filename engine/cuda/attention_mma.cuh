@@ -88,11 +88,13 @@ uint32_t resident_blocks_per_sm(KvType k_type, KvType v_type);
 // Splits for n_cells: one wave of blocks (at most resident_blocks_per_sm per SM).
 Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count);
 
-// Lab (tests, benchmarks; not thread-safe): the warp-specialized variant of the kernel (a QK
-// warp and a PV warp per stream of steps, bit-equal to the single-warp kernel with the same
-// plan and 4 streams per block), used for rows of whole 16-byte chunks on sm_90 while on; plan()
-// then plans for its resident blocks. streams: 4 or 8 per block, 0 off, -1 as SPILLWAY_ATTN_WS
-// (unset or 0 off, 1 four streams, 2 eight). block_k 1: per-block K steps for equal quantized
+// The warp-specialized variant of the kernel (a QK warp and a PV warp per stream of steps,
+// bit-equal to the single-warp kernel with the same plan and 4 streams per block) runs for rows
+// of whole 16-byte chunks on sm_90: by default for the equal quantized pairs at 8 streams from
+// 16384 cells (SPILLWAY_ATTN_WS_MIN_CELLS moves it); plan() then plans for its resident blocks.
+// Lab (tests, benchmarks; not thread-safe): streams 4 or 8 per block for every quantized-V pair
+// at any range, 0 off (the single-warp kernel everywhere), -1 as SPILLWAY_ATTN_WS (unset: the
+// default; 0 off; 1 four streams, 2 eight, for every quantized-V pair). block_k 1: per-block K steps for equal quantized
 // pairs too (the mixed pairs of quantized K always use them), 0 not, -1 as
 // SPILLWAY_ATTN_WS_BLOCK_K (off unless =1); values then differ from the single-warp kernel's.
 void lab_warp_specialized(int streams, int block_k = -1);
