@@ -19,10 +19,10 @@
 #          --quick (the GPU tests without the lab-knob reruns, then only the engine's main table:
 #          ~2.5 minutes with --prebuilt; for a session's last check when device time is short.
 #          Nothing after the table runs, --hf included).
-#          --ws (only the warp-specialized decode attention's check, session 55: the attention
+#          --ws (only the warp-specialized decode attention's check, sessions 55-56: the attention
 #          tests, the forward / attention / spill suites under SPILLWAY_ATTN_WS=1, the mma and ws
-#          kernel rows, and engine A/Bs of the default against SPILLWAY_ATTN_WS=1 and =2, and of
-#          =1 against =1 with SPILLWAY_ATTN_WS_BLOCK_K=1; ~6 minutes).
+#          kernel rows, and engine A/Bs of SPILLWAY_ATTN_WS=0 against the default and against =1,
+#          and of =1 against =1 with SPILLWAY_ATTN_WS_BLOCK_K=1; ~4 minutes).
 # Logs land in $OUT (or ./out) as build.log, ctest.log, bench.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -86,12 +86,12 @@ if [ "$ws" = 1 ]; then
   "$bin/bench_kernels" --iters 50 --only " mma" >"$out/ws-bench.log" 2>&1
   echo "bench_kernels rc=$?"
   sed -n '/^device:/p;/^ceilings:/p;/^| kernel/,$p' "$out/ws-bench.log"
-  echo "== ws: engine A/B, default vs SPILLWAY_ATTN_WS=1"
-  OUT="$out/ab-ws1" tools/engine-ab.sh --rounds 2 -d 8192,65536 -n 48 -ctk q8_0,q4_0 \
-    "$bin/spillway" "$bin/spillway SPILLWAY_ATTN_WS=1" 2>&1 | tail -12
-  echo "== ws: engine A/B, default vs SPILLWAY_ATTN_WS=2"
-  OUT="$out/ab-ws2" tools/engine-ab.sh --no-warm-up --rounds 1 -d 65536 -n 48 -ctk q8_0,q4_0 \
-    "$bin/spillway" "$bin/spillway SPILLWAY_ATTN_WS=2" 2>&1 | tail -8
+  echo "== ws: engine A/B, the single-warp kernel (SPILLWAY_ATTN_WS=0) vs the default (8 streams from 16384 cells)"
+  OUT="$out/ab-ws-default" tools/engine-ab.sh --rounds 2 -d 8192,16384,65536 -n 48 -ctk q8_0,q4_0 \
+    "$bin/spillway SPILLWAY_ATTN_WS=0" "$bin/spillway" 2>&1 | tail -10
+  echo "== ws: engine A/B, SPILLWAY_ATTN_WS=0 vs SPILLWAY_ATTN_WS=1 (4 streams)"
+  OUT="$out/ab-ws1" tools/engine-ab.sh --no-warm-up --rounds 1 -d 8192,65536 -n 48 -ctk q8_0,q4_0 \
+    "$bin/spillway SPILLWAY_ATTN_WS=0" "$bin/spillway SPILLWAY_ATTN_WS=1" 2>&1 | tail -8
   echo "== ws: engine A/B, SPILLWAY_ATTN_WS=1 vs the same with per-block K (SPILLWAY_ATTN_WS_BLOCK_K=1)"
   OUT="$out/ab-ws1bk" tools/engine-ab.sh --no-warm-up --rounds 1 -d 65536 -n 48 -ctk q8_0,q4_0 \
     "$bin/spillway SPILLWAY_ATTN_WS=1" "$bin/spillway SPILLWAY_ATTN_WS=1 SPILLWAY_ATTN_WS_BLOCK_K=1" 2>&1 | tail -8
@@ -126,14 +126,17 @@ if [ -z "$bench_only" ] && [ "$engine_only" = 0 ]; then
   # attention's grid dealt longest rows first over all heads, with the prefill suites too.
   # SPILLWAY_SHORT_ATTENTION=0 (session 51): qkv_post and the split kernel up to 128 cells, the
   # path before the short-context kernel. SPILLWAY_ATTN_WS=1 (session 55): the warp-specialized
-  # decode attention, with the attention and spill suites too.
+  # decode attention, with the attention and spill suites too; SPILLWAY_ATTN_WS=0 (session 56):
+  # the single-warp kernel where the warp-specialized one is now the default.
   knob_reruns="SPILLWAY_HANDOVER=fence SPILLWAY_CHAIN_WO=4 SPILLWAY_QKV_EPILOGUE=1 SPILLWAY_ATTN_MERGE=warp
-      SPILLWAY_PREFILL_QKV_ROPE=0 SPILLWAY_WS_ORDER=heads SPILLWAY_SHORT_ATTENTION=0 SPILLWAY_ATTN_WS=1"
+      SPILLWAY_PREFILL_QKV_ROPE=0 SPILLWAY_WS_ORDER=heads SPILLWAY_SHORT_ATTENTION=0 SPILLWAY_ATTN_WS=1
+      SPILLWAY_ATTN_WS=0"
   if [ "$quick" = 1 ]; then knob_reruns=""; echo "quick: the lab-knob reruns skipped"; fi
   for knob in $knob_reruns; do
     suites='CudaForward.*'
     [ "$knob" = SPILLWAY_ATTN_MERGE=warp ] && suites='CudaForward.*:CudaAttention.*'
     [ "$knob" = SPILLWAY_ATTN_WS=1 ] && suites='CudaForward.*:CudaAttention.*:CudaSpill.*'
+    [ "$knob" = SPILLWAY_ATTN_WS=0 ] && suites='CudaAttention.*:CudaSpill.*'
     [ "$knob" = SPILLWAY_WS_ORDER=heads ] && suites='CudaForward.*:CudaPrefillAttention.*:CudaPrefill.CausalAttention*'
     env "$knob" "$bin/test_cuda" --gtest_filter="$suites" >"$out/ctest-${knob//=/-}.log" 2>&1
     echo "$suites with $knob rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/ctest-${knob//=/-}.log" | head -2 | tr '\n' ' ')"
