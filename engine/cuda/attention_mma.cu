@@ -1389,9 +1389,8 @@ int ws_forced_streams() {
 // many cells (session 56, H100, engine A/B against the single-warp kernel, docs/perf-notes.md:
 // q8_0 / q8_0 +1.2% and q4_0 / q4_0 +1.4..1.6% at 65536 cells). SPILLWAY_ATTN_WS_MIN_CELLS
 // (lab) moves the threshold for a sweep.
-constexpr uint32_t kWsDefaultMinCells = 16384;
 uint32_t ws_default_min_cells() {
-    static const uint32_t n = lab_knob_uint("SPILLWAY_ATTN_WS_MIN_CELLS", kWsDefaultMinCells, 1u << 30);
+    static const uint32_t n = lab_knob_uint("SPILLWAY_ATTN_WS_MIN_CELLS", kWarpSpecializedMinCells, 1u << 30);
     return n;
 }
 // Streams per block of the warp-specialized kernel for this pair over n_cells, 0 for the
@@ -1595,6 +1594,13 @@ void lab_warp_specialized(int streams, int block_k) {
     g_ws_block_k.store(block_k < 0 ? -1 : block_k != 0 ? 1 : 0, std::memory_order_relaxed);
 }
 uint64_t lab_warp_specialized_launches() { return g_ws_launches.load(std::memory_order_relaxed); }
+
+int warp_specialized_streams(KvType k_type, KvType v_type, uint64_t k_row_bytes, uint64_t v_row_bytes,
+                             uint32_t n_cells) {
+    return with_types(k_type, v_type, [&]<KvType KT, KvType VT>() {
+        return ws_launches<KT, VT>(k_row_bytes, v_row_bytes, n_cells) ? ws_streams_for<KT, VT>(n_cells) : 0;
+    });
+}
 
 Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, uint32_t sm_count) {
     return with_types(k_type, v_type, [&]<KvType KT, KvType VT>() { return plan_for<KT, VT>(n_head_kv, n_cells, sm_count); });

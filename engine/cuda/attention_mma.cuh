@@ -98,6 +98,13 @@ Plan plan(KvType k_type, KvType v_type, uint32_t n_head_kv, uint32_t n_cells, ui
 // pairs too (the mixed pairs of quantized K always use them), 0 not, -1 as
 // SPILLWAY_ATTN_WS_BLOCK_K (off unless =1); values then differ from the single-warp kernel's.
 void lab_warp_specialized(int streams, int block_k = -1);
+// The default's threshold (SPILLWAY_ATTN_WS_MIN_CELLS moves it).
+constexpr uint32_t kWarpSpecializedMinCells = 16384;
+// Streams per block of the warp-specialized kernel that launch() runs for this pair, these row
+// strides and this range (0: the single-warp kernel), whatever sets it (the default, the lab
+// setting, the knobs, where the variant's code runs); the lab timeline aside.
+int warp_specialized_streams(KvType k_type, KvType v_type, uint64_t k_row_bytes, uint64_t v_row_bytes,
+                             uint32_t n_cells);
 // Launches of the warp-specialized variant so far (tests check that it ran).
 uint64_t lab_warp_specialized_launches();
 

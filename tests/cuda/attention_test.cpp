@@ -307,6 +307,61 @@ TEST(CudaAttention, WarpSpecializedKernelEqualsTheSingleWarpKernel) {
             }
 }
 
+// The default's use of the warp-specialized kernel: 8 streams for q8_0 / q8_0 and q4_0 / q4_0 from
+// kWarpSpecializedMinCells cells on sm_90 (unless the knobs say otherwise), the single-warp kernel
+// below it and for the other pairs; a one-wave plan for its 2 blocks of 16 warps per SM; the
+// launch counter follows the choice, and the output matches the CPU.
+TEST(CudaAttention, WarpSpecializedDefault) {
+    SPILLWAY_SKIP_WITHOUT_GPU();
+    attention_mma::lab_warp_specialized(-1, -1);
+    const AttentionShape s = make_shape(40, 8, 128);
+    const uint32_t sms = sm_count(), min_cells = attention_mma::kWarpSpecializedMinCells;
+    int major = 0;
+    SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+    const bool knobs_unset = std::getenv("SPILLWAY_ATTN_WS") == nullptr &&
+                             std::getenv("SPILLWAY_ATTN_WS_MIN_CELLS") == nullptr &&
+                             std::getenv("SPILLWAY_ATTN_FAST_COPY") == nullptr;
+    auto streams = [&](KvType kt, KvType vt, uint32_t n_cells) {
+        return attention_mma::warp_specialized_streams(kt, vt, kv_row_bytes(kt, s.n_head_kv * s.head_dim_k),
+                                                       kv_row_bytes(vt, s.n_head_kv * s.head_dim_v), n_cells);
+    };
+    EXPECT_EQ(streams(KvType::f16, KvType::f16, 65536), 0) << "f16 V never runs the variant";
+    if (major == 9 && knobs_unset) {
+        for (KvType t : {KvType::q8_0, KvType::q4_0}) {
+            EXPECT_EQ(streams(t, t, min_cells), 8) << kv_type_name(t);
+            EXPECT_EQ(streams(t, t, 65536), 8) << kv_type_name(t);
+            EXPECT_EQ(streams(t, t, min_cells - 1), 0) << kv_type_name(t);
+            // 512 threads of <= 64 registers: 2 blocks per SM, one wave.
+            EXPECT_LE(attention_split_count(AttentionKernel::mma, s, t, t, 65536, sms) * s.n_head_kv,
+                      2u * sms + s.n_head_kv);
+        }
+        EXPECT_EQ(streams(KvType::q8_0, KvType::q4_0, 65536), 0) << "mixed pairs: the single-warp kernel";
+        EXPECT_EQ(streams(KvType::f16, KvType::q8_0, 65536), 0);
+    }
+    for (KvType t : {KvType::q8_0, KvType::q4_0})
+        for (uint32_t n_cells : {min_cells - 1, min_cells + 17}) {
+            const uint32_t seed = fresh_seed();
+            SCOPED_TRACE(std::string("KV ") + kv_type_name(t) + " cells " + std::to_string(n_cells) + " seed " +
+                         std::to_string(seed));
+            std::mt19937 rng(seed);
+            const auto q = random_floats(rng, (size_t)s.n_head * s.head_dim_k, 2.5f);
+            const KvCells cells = random_cells(rng, s, t, t, n_cells);
+            auto d_q = to_device(q);
+            auto d_k = to_device(cells.k);
+            auto d_v = to_device(cells.v);
+            PoisonedOutputs o((size_t)s.n_head * s.head_dim_v, s.n_head);
+            DeviceBuffer<uint8_t> ws(std::max<size_t>(1, attention_workspace_bytes(s, n_cells, sms)));
+            const uint64_t launches = attention_mma::lab_warp_specialized_launches();
+            attention_partial_cuda_with(AttentionKernel::mma, s, d_q.data(), t, d_k.data(), t, d_v.data(), n_cells,
+                                        o.out.data(), o.lse.data(), ws.data(), ws.bytes(), sms, nullptr);
+            SPILLWAY_CUDA_CHECK(cudaDeviceSynchronize());
+            EXPECT_EQ(attention_mma::lab_warp_specialized_launches() - launches, streams(t, t, n_cells) != 0 ? 1u : 0u);
+            std::vector<float> out((size_t)s.n_head * s.head_dim_v), lse(s.n_head);
+            attention_partial_cpu(s, q.data(), t, cells.k.data(), t, cells.v.data(), n_cells, out.data(), lse.data());
+            expect_close(GpuPartial{to_host(o.out), to_host(o.lse)}, out, lse);
+        }
+}
+
 // The decode attention launched programmatically behind the kernel that writes q and the
 // step's new cell (the engine: bias + RoPE + KV write): splits of settled cells (earlier
 // steps') copy before waiting for that producer, the split with the new cell after. Here the
@@ -556,7 +611,12 @@ TEST(CudaAttention, DefaultKernelChoice) {
     EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::q8_0, kAttentionMmaMinCellsQ4V), AttentionKernel::int_dot);
     EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::f16, kAttentionMmaMinCellsQ8V), AttentionKernel::int_dot);
     EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::f16, kAttentionMmaMinCellsQuantizedKF16V), AttentionKernel::mma);
-    // Quantized K with q4_0 V plans half the blocks up to 16k cells, the other pairs all that fit.
+    // The single-warp kernel: quantized K with q4_0 V plans half the blocks up to 16k cells, the
+    // other pairs all that fit (the warp-specialized default: CudaAttention.WarpSpecializedDefault).
+    struct ResetMode {
+        ~ResetMode() { attention_mma::lab_warp_specialized(-1, -1); }
+    } reset;
+    attention_mma::lab_warp_specialized(0, 0);
     EXPECT_LE(attention_split_count(AttentionKernel::mma, s, KvType::q4_0, KvType::q4_0, 16384, 132) * s.n_head_kv,
               2u * 132 + s.n_head_kv);
     EXPECT_LE(attention_split_count(AttentionKernel::mma, s, KvType::q8_0, KvType::q4_0, 16384, 132) * s.n_head_kv,
@@ -565,6 +625,7 @@ TEST(CudaAttention, DefaultKernelChoice) {
               2u * 132 + s.n_head_kv);
     EXPECT_GT(attention_split_count(AttentionKernel::mma, s, KvType::q8_0, KvType::q8_0, 16384, 132) * s.n_head_kv,
               2u * 132 + s.n_head_kv);
+    attention_mma::lab_warp_specialized(-1, -1);
     EXPECT_EQ(attention_default_kernel(s, KvType::q8_0, KvType::f16, 12288), AttentionKernel::mma);
     EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::f16, 12288), AttentionKernel::tensor_core);
     EXPECT_EQ(attention_default_kernel(s, KvType::f16, KvType::q4_0, kAttentionMmaMinCellsF16KQuantizedV - 1),
