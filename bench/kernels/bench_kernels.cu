@@ -901,6 +901,12 @@ void bench_attention_timeline(const Options& o, KvType kt, KvType vt, uint32_t n
     if (!o.only.empty() && name.find(o.only) == std::string::npos) return;
     const AttentionShape s{40, 8, 128, 128, 1.0f / std::sqrt(128.0f)};
     if (attention_default_kernel(s, kt, vt, n_cells) != AttentionKernel::mma) return;
+    // The stamps are the single-warp kernel's: plan for it too (the warp-specialized default
+    // would plan half the blocks, and the timeline's launch runs the single-warp kernel).
+    struct SingleWarp {
+        SingleWarp() { attention_mma::lab_warp_specialized(0, 0); }
+        ~SingleWarp() { attention_mma::lab_warp_specialized(-1, -1); }
+    } single_warp;
     const size_t k_bytes = kv_row_bytes(kt, 8 * 128) * n_cells, v_bytes = kv_row_bytes(vt, 8 * 128) * n_cells;
     DeviceBuffer<uint8_t> k(k_bytes), v(v_bytes);
     fill_type(ggml_of(kt), k.data(), k_bytes, 200);

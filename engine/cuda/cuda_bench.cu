@@ -18,6 +18,7 @@
 #include "common/sample_stats.h"
 #include "engine/cpu/cpu_model.h"
 #include "engine/cuda/attention.cuh"
+#include "engine/cuda/attention_mma.cuh"
 #include "engine/cuda/attention_timeline.h"
 #include "engine/cuda/cuda_forward.h"
 #include "engine/cuda/cuda_model.h"
@@ -106,6 +107,9 @@ CudaBenchReport run_cuda_bench(const CudaBenchOptions& o) {
                                     1.0f / std::sqrt((float)s.head_dim_k)};
     DeviceBuffer<uint64_t> attn_stamps;
     if (lab_knob("SPILLWAY_ATTN_ENGINE_TIMELINE", "1", "0")) {
+        // The stamps are the single-warp kernel's, so it runs (and plans) wherever the
+        // warp-specialized one would be the default.
+        attention_mma::lab_warp_specialized(0, 0);
         uint32_t splits = 1;
         for (const auto& [kt, vt] : o.kv_types)
             splits = std::max(splits, attention_split_count(AttentionKernel::mma, attn_shape, kt, vt, n_ctx, st.sm_count));
