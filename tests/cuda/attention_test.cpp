@@ -224,6 +224,12 @@ TEST(CudaAttention, MmaKernelMatchesCpu) {
     check_attention(make_shape(8, 1, 128), KvType::q8_0, KvType::q8_0, 20000, &kernel);
 }
 
+// Puts the warp-specialized kernel's lab switch back to the default when a test ends, also on a
+// failed assertion.
+struct WsModeReset {
+    ~WsModeReset() { attention_mma::lab_warp_specialized(-1, -1); }
+};
+
 // One case of CudaAttention.WarpSpecializedKernelEqualsTheSingleWarpKernel: the single-warp kernel and the variants on the same cells.
 void check_warp_specialized(const AttentionShape& s, KvType kt, KvType vt, uint32_t sms, uint32_t n_cells,
                             bool q_aligned) {
@@ -288,9 +294,7 @@ void check_warp_specialized(const AttentionShape& s, KvType kt, KvType vt, uint3
 // scalar Q loads).
 TEST(CudaAttention, WarpSpecializedKernelEqualsTheSingleWarpKernel) {
     SPILLWAY_SKIP_WITHOUT_GPU();
-    struct ResetMode {
-        ~ResetMode() { attention_mma::lab_warp_specialized(-1, -1); }
-    } reset;
+    const WsModeReset reset;
     int major = 0;
     SPILLWAY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
     if (major != 9) GTEST_SKIP() << "the warp-specialized variant runs on sm_90 only";
@@ -613,9 +617,7 @@ TEST(CudaAttention, DefaultKernelChoice) {
     EXPECT_EQ(attention_default_kernel(s, KvType::q4_0, KvType::f16, kAttentionMmaMinCellsQuantizedKF16V), AttentionKernel::mma);
     // The single-warp kernel: quantized K with q4_0 V plans half the blocks up to 16k cells, the
     // other pairs all that fit (the warp-specialized default: CudaAttention.WarpSpecializedDefault).
-    struct ResetMode {
-        ~ResetMode() { attention_mma::lab_warp_specialized(-1, -1); }
-    } reset;
+    const WsModeReset reset;
     attention_mma::lab_warp_specialized(0, 0);
     EXPECT_LE(attention_split_count(AttentionKernel::mma, s, KvType::q4_0, KvType::q4_0, 16384, 132) * s.n_head_kv,
               2u * 132 + s.n_head_kv);
